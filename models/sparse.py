@@ -1,0 +1,35 @@
+"""sparse: Child et al.'s fixed block pattern, as used by the DP paper.
+
+Position i attends j iff  j <= i  and  (i - j < k B  or  j mod B = B - 1):  a local window of k B tokens plus
+the last token of every block as a global summary (c = 1). B = 2^floor(log2(sqrt(L))) with L the dataset's
+maximum length, so B = 8 for L up to 223 and 16 for 342..506.
+"""
+
+import math
+
+from models.attention import Pattern, SoftmaxAttention
+from models.registry import register
+from models.transformer import LanguageModel
+
+
+def block_size(length: int) -> int:
+    """B = 2^floor(log2(sqrt(L)))."""
+    return 2 ** int(math.floor(math.log2(math.sqrt(length))))
+
+
+class BlockSparse(Pattern):
+    causal_only = False
+
+    def __init__(self, block: int, k: int):
+        self.block, self.k = block, k
+
+    def allowed(self, i, j):
+        return (j <= i) & ((i - j < self.k * self.block) | (j % self.block == self.block - 1))
+
+
+@register("sparse", block=None, k=1)
+def build(*, vocab_size, width, depth, heads, max_len, dropout, block, k):
+    """Block-sparse causal attention: local window k*B plus one summary token per block."""
+    pattern = BlockSparse(block or block_size(max_len), k)
+    return LanguageModel(vocab_size, width, depth, heads, max_len, dropout,
+                         lambda: SoftmaxAttention(width, heads, dropout, pattern), "sparse")

@@ -1,0 +1,184 @@
+"""Typed, validated configuration: ``params.yaml`` picks a profile in ``conf/`` and may override any key.
+
+Effective config = the model defaults below  <-  ``conf/<profile>.yaml``  <-  the sections of ``params.yaml``.
+Sections mirror the stages of ``dvc.yaml``: ``generate``, ``sweep``, ``report``; ``cluster`` says where Ray
+and MLflow run (not tracked by DVC: moving to another server does not invalidate results).
+Every check that can fail runs here, before any data is generated or Ray starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
+
+
+class ConfigError(ValueError):
+    """A profile or parameter that cannot work; the message names the key and the allowed values."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GenerateConfig(Section):
+    seed: int = 2023
+    train_samples: PositiveInt
+    test_samples: PositiveInt
+    datasets: dict[str, list[PositiveInt]] = Field(description="task name -> sizes to generate")
+    task_params: dict[str, dict[str, Any]] = Field(default_factory=dict, description="task name -> generator parameters")
+    row_group_size: PositiveInt = 65_536
+
+
+class SweepConfig(Section):
+    architectures: list[str]
+    widths: list[PositiveInt]
+    depths: list[PositiveInt]
+    seeds: list[int] = [0]
+    datasets: dict[str, list[PositiveInt]] | None = Field(None, description="subset of generate.datasets; None = all")
+    heads: PositiveInt = 4
+    dropout: float = Field(0.1, ge=0, lt=1)
+    arch_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="architecture -> options")
+    # optimisation (AdamW with linear warm-up and linear decay to 0, as in Feng et al.)
+    batch_size: PositiveInt = 512
+    epochs: PositiveInt = 100
+    max_steps: int = Field(-1, ge=-1, description="-1: run all epochs")
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_fraction: float = Field(0.05, ge=0, le=1)
+    grad_clip: float | None = 1.0
+    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
+    # evaluation
+    val_samples: PositiveInt = Field(1024, description="test samples for the per-epoch teacher-forced accuracy")
+    eval_samples: PositiveInt | None = Field(None, description="test samples decoded greedily at the end; None = all")
+    val_every_steps: PositiveInt | None = Field(None, description="validate every N steps; None = every epoch")
+    eval_batch_size: PositiveInt = 256
+    # resources per trial
+    cpus_per_trial: PositiveInt = 1
+    gpus_per_trial: float = Field(0, ge=0)
+    max_concurrent_trials: PositiveInt | None = None
+    experiment: str = "capacity-atlas"
+
+
+class ReportConfig(Section):
+    accuracy_threshold: float = Field(0.9, gt=0, le=1)
+
+
+class ClusterConfig(Section):
+    ray_address: str | None = Field(None, description="Ray head to join; None: $RAY_ADDRESS, else a local ray.init")
+    mlflow_tracking_uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the repo")
+
+    def ray(self) -> str | None:
+        return self.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+    def mlflow(self) -> str:
+        return (self.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                or f"sqlite:///{ROOT / 'mlflow.db'}")
+
+
+class Config(Section):
+    profile: str
+    tasks: list[str] = Field(description="tasks with a generate stage in dvc.yaml's matrix")
+    generate: GenerateConfig
+    sweep: SweepConfig
+    report: ReportConfig = ReportConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="after")
+    def check(self) -> "Config":
+        check_semantics(self)
+        return self
+
+    def sweep_datasets(self) -> list[tuple[str, int]]:
+        chosen = self.sweep.datasets if self.sweep.datasets is not None else self.generate.datasets
+        return [(task, size) for task, sizes in chosen.items() for size in sizes]
+
+
+def one_of(key: str, value: Any, allowed) -> ConfigError:
+    return ConfigError(f"{key}: {value!r} is not allowed; allowed values: {', '.join(map(str, sorted(allowed)))}")
+
+
+def check_semantics(cfg: Config) -> None:
+    """Cross-field checks: names exist in the registries, sizes are possible, the grid is not empty."""
+    import models
+    import tasks
+
+    for name in cfg.tasks:
+        if name not in tasks.TASKS:
+            raise one_of("tasks", name, tasks.TASKS)
+    for task, sizes in cfg.generate.datasets.items():
+        if task not in cfg.tasks:
+            raise one_of("generate.datasets", task, cfg.tasks)
+        for size in sizes:
+            try:
+                tasks.get_task(task, size, **cfg.generate.task_params.get(task, {}))
+            except tasks.TaskError as err:
+                raise ConfigError(f"generate.datasets.{task}: {err}") from None
+    for task in cfg.generate.task_params:
+        if task not in cfg.generate.datasets:
+            raise one_of("generate.task_params", task, cfg.generate.datasets)
+    for task, sizes in (cfg.sweep.datasets or {}).items():
+        for size in sizes:
+            if size not in cfg.generate.datasets.get(task, []):
+                raise one_of(f"sweep.datasets.{task}", size,
+                             [f"{t}={s}" for t, ss in cfg.generate.datasets.items() for s in ss])
+    for arch in cfg.sweep.architectures:
+        if arch not in models.ARCHITECTURES:
+            raise one_of("sweep.architectures", arch, models.ARCHITECTURES)
+    for arch, options in cfg.sweep.arch_options.items():
+        if arch not in models.ARCHITECTURES:
+            raise one_of("sweep.arch_options", arch, models.ARCHITECTURES)
+        models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
+    for width in cfg.sweep.widths:
+        if width % cfg.sweep.heads:
+            raise ConfigError(f"sweep.widths: {width} is not divisible by sweep.heads = {cfg.sweep.heads}; "
+                              f"allowed widths are multiples of {cfg.sweep.heads}")
+    for key in ("architectures", "widths", "depths", "seeds"):
+        if not getattr(cfg.sweep, key):
+            raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
+    if not cfg.sweep_datasets():
+        raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
+    if cfg.sweep.gpus_per_trial == 0 and cfg.sweep.precision == "16-mixed":
+        raise ConfigError("sweep.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
+
+
+def merge(base: dict, over: dict) -> dict:
+    """Deep merge: ``over`` wins; nested dicts merge key by key."""
+    out = dict(base)
+    for key, value in (over or {}).items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def read_yaml(path: Path) -> dict:
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections, not {type(data).__name__}")
+    return data
+
+
+def profiles() -> list[str]:
+    return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+
+
+def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = None) -> Config:
+    """The effective, validated config. ``profile`` overrides ``params.yaml``'s choice (used by tests)."""
+    params = read_yaml(Path(params_path))
+    name = profile or params.get("profile")
+    if name not in profiles():
+        raise one_of("profile", name, profiles())
+    data = merge(read_yaml(CONF_DIR / f"{name}.yaml"), {k: v for k, v in params.items() if v is not None})
+    data["profile"] = name
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in err.errors())
+        raise ConfigError(f"profile {name!r} with {params_path}: {problems}") from None

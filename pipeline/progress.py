@@ -1,0 +1,13 @@
+"""Progress a person can follow: a live bar on a terminal, a line every 30 s in logs (CI, dvc repro > file)."""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm import tqdm
+
+
+def progress(total: int, desc: str, unit: str = "it") -> tqdm:
+    live = sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True,
+                mininterval=0.2 if live else 30.0, leave=True)

@@ -1,0 +1,104 @@
+"""MLflow bookkeeping, all of it in the driver process: one parent run per sweep, one child run per trial.
+
+Trials never talk to MLflow: they report to Ray Tune, and ``ChildRuns`` (a Tune callback, so it runs in the
+driver) turns each report into metrics of that trial's child run. One writer means no SQLite lock contention and
+no half-created experiments when many trials start at once.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from ray import tune
+
+from pipeline.config import ROOT
+
+
+class ServiceError(RuntimeError):
+    """MLflow or Ray cannot be reached or used; the message names the address."""
+
+
+def check_mlflow(uri: str) -> None:
+    """Fail fast, before any compute, on a store that cannot work."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10) as r:
+                if r.status != 200:
+                    raise ServiceError(f"MLflow server at {uri} answered /health with HTTP {r.status}")
+        except (urllib.error.URLError, OSError) as err:
+            raise ServiceError(f"MLflow server at {uri} is unreachable ({err}); start it with `mlflow server` "
+                               "or unset MLFLOW_TRACKING_URI / cluster.mlflow_tracking_uri") from None
+    elif uri.startswith("sqlite:///"):
+        parent = Path(uri.removeprefix("sqlite:///")).parent
+        if not parent.is_dir():
+            raise ServiceError(f"MLflow SQLite store {uri}: directory {parent} does not exist")
+    else:
+        raise ServiceError(f"MLflow tracking URI {uri!r}: use sqlite:///path/to/mlflow.db or http(s)://server "
+                           "(the file store is deprecated)")
+
+
+def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: dict) -> tuple[MlflowClient, str]:
+    """Create (or reuse) the experiment and a parent run; returns the client and the parent run id."""
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        location = (ROOT / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
+        exp_id = client.create_experiment(experiment, artifact_location=location)
+    else:
+        exp_id = exp.experiment_id
+    run = client.create_run(exp_id, run_name=run_name, tags=tags)
+    for key, value in params.items():
+        client.log_param(run.info.run_id, key, value)
+    return client, run.info.run_id
+
+
+def numeric(result: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in result.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class ChildRuns(tune.Callback):
+    """Tune callback: a child run per trial, tagged with its cell id; every report becomes metrics at its step."""
+
+    METRICS = ("train_loss", "val_loss", "val_token_accuracy", "final_accuracy", "train_pflops", "lr")
+
+    def __init__(self, client: MlflowClient, experiment_id: str, parent_id: str):
+        self.client, self.experiment_id, self.parent_id = client, experiment_id, parent_id
+        self.runs: dict[str, str] = {}  # trial id -> MLflow run id
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        cell = trial.config["cell"]
+        run = self.client.create_run(self.experiment_id, run_name=cell["name"],
+                                     tags={"mlflow.parentRunId": self.parent_id, "cell_id": cell["cell_id"],
+                                           "ray_trial_id": trial.trial_id})
+        self.runs[trial.trial_id] = run.info.run_id
+        for key in ("task", "size", "arch", "width", "depth", "seed", "max_len", "data_hash", "cell_id"):
+            self.client.log_param(run.info.run_id, key, cell[key])
+        for key, value in trial.config["train"].items():
+            self.client.log_param(run.info.run_id, f"train.{key}", value)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        run_id = self.runs[trial.trial_id]
+        step = int(result.get("step", iteration))
+        metrics = numeric({k: result[k] for k in self.METRICS if k in result})
+        if result.get("final"):
+            metrics.update(numeric({k: v for k, v in result.items() if k in FINAL_KEYS}))
+        for key, value in metrics.items():
+            self.client.log_metric(run_id, key, value, step=step)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.client.set_terminated(self.runs[trial.trial_id], "FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.client.set_tag(self.runs[trial.trial_id], "error", str(trial.error_file))
+        self.client.set_terminated(self.runs[trial.trial_id], "FAILED")
+
+
+FINAL_KEYS = ("final_accuracy", "token_accuracy", "train_steps", "train_seconds", "eval_seconds", "params",
+              "paper_gflops", "exact_gflops", "train_pflops", "state_bytes", "eval_samples")

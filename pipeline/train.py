@@ -1,0 +1,247 @@
+"""One trial: train an architecture on one dataset with Lightning, then score it by greedy decoding.
+
+Loss: next-token cross-entropy on every token after the prompt (chain of thought, answer, <eos>).
+Per-validation signal: teacher-forced token accuracy on those tokens (cheap). Final score: the DP paper's
+final-answer accuracy, decoding greedily from the prompt with the model's cache and comparing the token just
+before the first <eos> with the true answer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Sampler
+
+import models
+from pipeline.datasets import Dataset, read_dataset
+from tasks import EOS_ID, PAD_ID
+
+IGNORE = -100
+
+
+@dataclass
+class TrialSpec:
+    """Everything one trial needs; plain values so that Ray can ship it to any worker."""
+
+    arch: str
+    width: int
+    depth: int
+    seed: int
+    train_path: str
+    test_path: str
+    max_len: int  # the dataset's L
+    vocab_size: int
+    heads: int
+    dropout: float
+    arch_options: dict
+    batch_size: int
+    epochs: int
+    max_steps: int
+    lr: float
+    weight_decay: float
+    warmup_fraction: float
+    grad_clip: float | None
+    precision: str
+    val_samples: int
+    val_every_steps: int | None
+    eval_samples: int | None
+    eval_batch_size: int
+    threads: int
+    use_gpu: bool
+
+
+# ---- data ---------------------------------------------------------------------------------------------------
+class LengthBuckets(Sampler):
+    """Batches of similar length (pad to the batch's longest, not the dataset's): shuffle, sort within chunks of
+    50 batches, then shuffle the batch order."""
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True):
+        self.lengths, self.batch_size, self.seed, self.shuffle, self.epoch = lengths, batch_size, seed, shuffle, 0
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        self.epoch += 1
+        order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
+        chunk = self.batch_size * 50
+        batches = []
+        for c in range(0, len(order), chunk):
+            part = order[c:c + chunk]
+            part = part[np.argsort(self.lengths[part], kind="stable")]
+            batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)]
+        for b in (rng.permutation(len(batches)) if self.shuffle else range(len(batches))):
+            yield batches[b].tolist()
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+
+class Collate:
+    """Samples -> (inputs, targets): inputs = seq[:-1], targets = seq[1:], prompt targets and padding ignored."""
+
+    def __init__(self, data: Dataset):
+        self.data = data
+
+    def __call__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        seqs = [self.data.sequence(i) for i in idx]
+        T = max(len(s) for s in seqs) - 1
+        inputs = np.full((len(seqs), T), PAD_ID, dtype=np.int64)
+        targets = np.full((len(seqs), T), IGNORE, dtype=np.int64)
+        for r, (i, s) in enumerate(zip(idx, seqs)):
+            n = len(s) - 1
+            inputs[r, :n] = s[:-1]
+            p = int(self.data.prompt_len[i])
+            targets[r, p - 1:n] = s[p:]  # predict every token after the prompt
+        return torch.from_numpy(inputs), torch.from_numpy(targets)
+
+
+def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool) -> DataLoader:
+    return DataLoader(list(range(len(data))), batch_sampler=LengthBuckets(data.lengths, batch_size, seed, shuffle),
+                      collate_fn=Collate(data), num_workers=0)
+
+
+# ---- model --------------------------------------------------------------------------------------------------
+class SequenceModel(L.LightningModule):
+    """Wraps any registered architecture: next-token loss after the prompt, AdamW with linear warm-up/decay."""
+
+    def __init__(self, spec: TrialSpec):
+        super().__init__()
+        self.spec = spec
+        self.model = models.build_model(spec.arch, vocab_size=spec.vocab_size, width=spec.width, depth=spec.depth,
+                                        heads=spec.heads, max_len=spec.max_len, dropout=spec.dropout,
+                                        **spec.arch_options)
+        self.train_flops = 0  # 3 x exact forward FLOPs of every sequence trained on (forward + backward)
+        self.flops_by_length = {}
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        logits = self.model(inputs)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        lengths = (inputs != PAD_ID).sum(1).tolist()  # real tokens per sequence (pad id never occurs inside one)
+        self.train_flops += 3 * sum(self.exact_flops(n) for n in lengths)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(inputs))
+        return loss
+
+    def exact_flops(self, length: int) -> int:
+        if length not in self.flops_by_length:
+            self.flops_by_length[length] = self.model.exact_flops(length)
+        return self.flops_by_length[length]
+
+    def validation_step(self, batch, batch_idx):
+        inputs, targets = batch
+        logits = self.model(inputs)
+        mask = targets != IGNORE
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        correct = ((logits.argmax(-1) == targets) & mask).sum()
+        self.log("val_loss", loss, batch_size=len(inputs))
+        self.log("val_token_accuracy", correct / mask.sum(), batch_size=int(mask.sum()))
+
+    def configure_optimizers(self):
+        s = self.spec
+        decay = [p for n, p in self.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in self.named_parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.999))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = max(1, int(s.warmup_fraction * total))
+
+        def factor(step: int) -> float:  # linear warm-up to lr, then linear decay to 0 at the last step
+            return min((step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup)))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+# ---- evaluation ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def greedy_accuracy(model: models.LanguageModel, data: Dataset, batch_size: int,
+                    device: torch.device | str = "cpu", on_batch: Callable[[int], None] | None = None) -> float:
+    """Final-answer accuracy: decode greedily from each prompt with the cache until <eos> or max_len, and
+    compare the token before the first <eos> with the answer. Prompts of equal length decode together."""
+    model.eval()
+    correct = 0
+    prompt_lens = data.prompt_len
+    for p in np.unique(prompt_lens):
+        rows = np.flatnonzero(prompt_lens == p)
+        for b in range(0, len(rows), batch_size):
+            idx = rows[b:b + batch_size]
+            prompts = torch.from_numpy(np.stack([data.sequence(i)[:p] for i in idx])).to(device)  # (B, p)
+            out = decode(model, prompts)  # (B, <= max_len + 1)
+            correct += int((final_answers(out, p) == torch.from_numpy(data.answer[idx]).to(device)).sum())
+            if on_batch:
+                on_batch(len(idx))
+    return correct / len(data)
+
+
+def decode(model: models.LanguageModel, prompts: torch.Tensor) -> torch.Tensor:
+    """Greedy continuation with the model's cache; stops when every row has produced <eos>."""
+    B, P = prompts.shape
+    cache = model.new_cache(B)
+    logits = model(prompts, cache)[:, -1]  # (B, V)
+    out, done = [prompts], torch.zeros(B, dtype=torch.bool, device=prompts.device)
+    while True:
+        nxt = logits.argmax(-1)  # (B,)
+        out.append(nxt[:, None])
+        done |= nxt == EOS_ID
+        if done.all() or cache.pos >= model.max_len:
+            break
+        logits = model(nxt[:, None], cache)[:, -1]
+    return torch.cat(out, 1)
+
+
+def final_answers(out: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Token just before the first <eos> after the prompt; -1 where no <eos> was produced."""
+    gen = out[:, prompt_len:]
+    is_eos = gen == EOS_ID
+    has = is_eos.any(1)
+    first = is_eos.float().argmax(1)  # first <eos> position (0 if none)
+    prev = out.gather(1, (prompt_len + first - 1)[:, None])[:, 0]
+    return torch.where(has, prev, torch.full_like(prev, -1))
+
+
+# ---- one trial ----------------------------------------------------------------------------------------------
+def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50) -> dict:
+    """Train and evaluate; returns the final metrics. Deterministic for a given spec on a given machine."""
+    torch.set_num_threads(spec.threads)
+    L.seed_everything(spec.seed, workers=True, verbose=False)
+    train = read_dataset(spec.train_path)
+    test = read_dataset(spec.test_path)
+    val = read_dataset(spec.test_path, limit=spec.val_samples)
+    module = SequenceModel(spec)
+    trainer = L.Trainer(
+        accelerator="gpu" if spec.use_gpu else "cpu", devices=1, precision=spec.precision,
+        max_epochs=spec.epochs, max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip,
+        val_check_interval=spec.val_every_steps, check_val_every_n_epoch=None if spec.val_every_steps else 1,
+        num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, log_every_n_steps=log_every, callbacks=list(callbacks), deterministic=False)
+    start = time.perf_counter()
+    trainer.fit(module, loader(train, spec.batch_size, spec.seed, True), loader(val, spec.eval_batch_size, 0, False))
+    train_seconds = time.perf_counter() - start
+    if spec.eval_samples is not None and spec.eval_samples < len(test):
+        test = read_dataset(spec.test_path, limit=spec.eval_samples)
+    start = time.perf_counter()
+    device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")
+    accuracy = greedy_accuracy(module.model.to(device), test, spec.eval_batch_size, device)
+    model = module.model
+    return {
+        "final_accuracy": accuracy,
+        "eval_samples": len(test),
+        "token_accuracy": float(trainer.callback_metrics.get("val_token_accuracy", float("nan"))),
+        "train_steps": trainer.global_step,
+        "train_seconds": train_seconds,
+        "eval_seconds": time.perf_counter() - start,
+        "params": model.num_params(),
+        "paper_gflops": model.paper_flops(spec.max_len) / 1e9,
+        "exact_gflops": model.exact_flops(spec.max_len) / 1e9,
+        "train_pflops": module.train_flops / 1e15,
+        "state_bytes": model.state_size(spec.max_len),
+    }
