@@ -33,8 +33,8 @@ class Pattern:
         return sum(int(self.mask(i, 1, i + 1, "cpu").sum()) for i in range(length))
 
     def attended(self, length: int) -> int:
-        """Key positions the next query (position ``length``) may attend: what a cache must keep."""
-        return int(self.mask(length, 1, length + 1, "cpu").sum())
+        """Earlier positions the next query (position ``length``) may attend: what a cache must keep."""
+        return int(self.mask(length, 1, length, "cpu").sum())
 
 
 class SoftmaxAttention(Mixer):

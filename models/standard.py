@@ -12,7 +12,7 @@ class Causal(Pattern):
         return length * (length + 1) // 2
 
     def attended(self, length: int) -> int:
-        return length + 1
+        return length
 
 
 @register("standard")

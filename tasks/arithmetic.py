@@ -55,10 +55,15 @@ def needs_brackets(left: str | None, right: str | None, op: str) -> bool:
 
 
 class Parser:
-    """Recursive-descent evaluation mod 11 with the usual precedence; the checker's own, independent code."""
+    """Recursive-descent evaluation mod 11 with the usual precedence; the checker's own, independent code.
+
+    ``spans`` collects the (start, end) token span of every operation whose operands are both plain numbers:
+    the operations that may collapse next.
+    """
 
     def __init__(self, words: list[str]):
         self.words, self.i = words, 0
+        self.spans: set[tuple[int, int]] = set()
 
     def parse(self) -> tuple[int, int]:
         """(value, number of operators) of the whole expression."""
@@ -71,35 +76,61 @@ class Parser:
         return self.words[self.i] if self.i < len(self.words) else None
 
     def sum(self) -> tuple[int, int]:
-        value, ops = self.product()
-        while self.peek() in ("+", "-"):
-            op = self.words[self.i]
-            self.i += 1
-            rhs, n = self.product()
-            value, ops = apply(value, op, rhs), ops + n + 1
-        return value, ops
+        return self.chain(("+", "-"), self.product)
 
     def product(self) -> tuple[int, int]:
-        value, ops = self.atom()
-        while self.peek() in ("*", "/"):
+        return self.chain(("*", "/"), self.atom)
+
+    def chain(self, ops_here: tuple[str, str], operand) -> tuple[int, int]:
+        """Left-associative run of ``ops_here`` over operands parsed by ``operand``.
+
+        A pair of plain numbers ``x op y`` inside the run may collapse when it is first or follows ``+`` / ``*``
+        (a + (x - y) = a + x - y), but not after ``-`` / ``/`` (a - (x + y) != a - x + y).
+        """
+        starts, plain, ops_seen = [self.i], [], []
+        value, ops = operand()
+        plain.append(ops == 0)
+        while self.peek() in ops_here:
             op = self.words[self.i]
+            ops_seen.append(op)
             self.i += 1
-            rhs, n = self.atom()
+            starts.append(self.i)
+            rhs, n = operand()
+            plain.append(n == 0)
             value, ops = apply(value, op, rhs), ops + n + 1
+        starts.append(self.i)
+        for k in range(len(ops_seen)):
+            if plain[k] and plain[k + 1] and (k == 0 or ops_seen[k - 1] in ("+", "*")):
+                self.spans.add((starts[k], starts[k + 2] - (1 if k + 2 < len(starts) - 1 else 0)))
         return value, ops
 
     def atom(self) -> tuple[int, int]:
         word = self.peek()
         self.i += 1
         if word == "(":
+            start = self.i - 1
             value, ops = self.sum()
             if self.peek() != ")":
                 raise TaskError("unbalanced brackets")
             self.i += 1
+            if (start + 1, self.i - 1) in self.spans:
+                self.spans.add((start, self.i))  # "( a op b )" collapses with its brackets
             return value, ops
         if word is None or not word.isdigit():
             raise TaskError(f"expected a number, got {word!r}")
         return int(word), 0
+
+
+def collapses(before: list[str], spans: set[tuple[int, int]], after: list[str]) -> bool:
+    """Whether ``after`` is ``before`` with one collapsible span (see Parser.spans) replaced by its value."""
+    for i in range(len(after)):
+        tail = len(after) - i - 1
+        end = len(before) - tail
+        if (i, end) in spans and before[:i] == after[:i] and before[end:] == after[i + 1:]:
+            inner = [w for w in before[i:end] if w not in "()"]
+            if str(apply(int(inner[0]), inner[1], int(inner[2]))) == after[i]:
+                return True
+    return False
 
 
 @register
@@ -164,7 +195,8 @@ class Arithmetic(Task):
         steps.append(current)
         if prompt_len != len(steps[0]) + 1:
             raise TaskError("prompt must be the first expression through the first '='")
-        values = [Parser(s).parse() for s in steps]
+        parsers = [Parser(s) for s in steps]
+        values = [p.parse() for p in parsers]
         truth = values[0][0]
         if values[-1][1] != 0 or len(steps) < 2:
             raise TaskError("the chain must end with a single number")
@@ -173,5 +205,8 @@ class Arithmetic(Task):
                 raise TaskError(f"step {k} evaluates to {value}, the expression to {truth}")
             if ops != values[0][1] - k:
                 raise TaskError(f"step {k} must collapse exactly one operation")
+        for k in range(len(steps) - 1):
+            if not collapses(steps[k], parsers[k].spans, steps[k + 1]):
+                raise TaskError(f"step {k + 1} is not step {k} with one innermost operation replaced by its value")
         if self.tokens[answer] != str(truth) or words[-1] != str(truth):
             raise TaskError(f"answer must be {truth}")

@@ -1,0 +1,76 @@
+import pytest
+import yaml
+
+import models
+import tasks
+from pipeline import config as config_mod
+from tests.conftest import ROOT, write_params
+
+
+@pytest.mark.parametrize("profile", config_mod.profiles())
+def test_every_profile_validates_and_builds_every_model_of_its_grid(profile):
+    cfg = config_mod.load(profile=profile)
+    assert cfg.profile == profile and cfg.sweep_datasets()
+    for task, size in cfg.sweep_datasets():
+        task_obj = tasks.get_task(task, size, **cfg.generate.task_params.get(task, {}))
+        for arch in cfg.sweep.architectures:  # the smallest width, to keep it fast at paper sizes
+            models.build_model(arch, vocab_size=task_obj.vocab_size, width=min(cfg.sweep.widths),
+                               depth=min(cfg.sweep.depths), heads=cfg.sweep.heads, max_len=64,
+                               **cfg.sweep.arch_options.get(arch, {}))
+
+
+def test_params_yaml_gives_every_registered_task_a_generate_stage():
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert sorted(params["tasks"]) == sorted(tasks.TASKS)
+    assert params["profile"] in config_mod.profiles()
+
+
+def test_paper_profile_declares_the_dp_papers_grid():
+    cfg = config_mod.load(profile="paper")
+    assert cfg.generate.train_samples == 1_000_000 and cfg.generate.test_samples == 100_000
+    assert cfg.generate.datasets["arithmetic"] == [6, 10, 13, 16] and cfg.generate.datasets["lis"] == [40, 110, 175, 250]
+    assert cfg.sweep.widths == [32, 64, 128, 256, 512, 1024] and cfg.sweep.depths == [3, 5]
+    assert cfg.sweep.batch_size == 512 and cfg.sweep.epochs == 100 and cfg.sweep.gpus_per_trial == 1
+    assert sorted(cfg.sweep.architectures) == ["linear", "sparse", "standard"]
+
+
+def test_params_overrides_win_over_the_profile(tmp_path):
+    p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {seeds: [0, 1, 2]}\n")
+    cfg = config_mod.load(p)
+    assert cfg.sweep.seeds == [0, 1, 2] and cfg.sweep.widths == config_mod.load(profile="tiny").sweep.widths
+
+
+@pytest.mark.parametrize("override, message", [
+    ("profile: nope", "profile: 'nope' is not allowed; allowed values: laptop, paper, tiny"),
+    ("sweep: {architectures: [standard, transformerx]}",
+     "sweep.architectures: 'transformerx' is not allowed; allowed values: linear, sparse, standard"),
+    ("sweep: {widths: [16, 15]}", "sweep.widths: 15 is not divisible by sweep.heads = 2"),
+    ("sweep: {widths: []}", "sweep.widths is empty"),
+    ("sweep: {depths: [0]}", "sweep.depths.0: Input should be greater than 0"),
+    ("generate: {datasets: {lis: [-4]}}", "generate.datasets.lis.0: Input should be greater than 0"),
+    ("generate: {datasets: {sorting: [4]}}", "generate.datasets: 'sorting' is not allowed; allowed values: arithmetic, lis"),
+    ("generate: {datasets: {lis: [2]}}", "generate.datasets.lis: lis size n must be >= 3"),
+    ("generate: {task_params: {lis: {value_range: 5}}}", "value_range must be >= 2n \\+ 1"),
+    ("sweep: {datasets: {lis: [99]}}", "sweep.datasets.lis: 99 is not allowed"),
+    ("sweep: {learning_rate: 0.1}", "sweep.learning_rate: Extra inputs are not permitted"),
+    ("sweep: {arch_options: {sparse: {window: 3}}}", "sweep.arch_options.sparse: unknown option"),
+    ("tasks: [arithmetic, lis, sorting]", "tasks: 'sorting' is not allowed"),
+])
+def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, override, message):
+    base = {"profile": "tiny", "tasks": ["arithmetic", "lis"]}
+    base.update(yaml.safe_load(override))
+    p = write_params(tmp_path / "params.yaml", yaml.safe_dump(base))
+    with pytest.raises(config_mod.ConfigError, match=message):
+        config_mod.load(p)
+
+
+def test_cluster_settings_come_from_params_then_environment(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    default = config_mod.ClusterConfig()
+    assert default.ray() is None and default.mlflow() == f"sqlite:///{ROOT / 'mlflow.db'}"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    assert default.ray() == "10.0.0.1:6379" and default.mlflow() == "http://mlflow:5000"
+    explicit = config_mod.ClusterConfig(ray_address="head:6379", mlflow_tracking_uri="sqlite:////x.db")
+    assert explicit.ray() == "head:6379" and explicit.mlflow() == "sqlite:////x.db"

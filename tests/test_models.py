@@ -1,0 +1,108 @@
+import pytest
+import torch
+
+import models
+from models.sparse import BlockSparse, block_size
+from models.standard import Causal
+from pipeline.train import decode
+
+ARCHS = sorted(models.ARCHITECTURES)
+
+
+def tiny(arch: str, **kw):
+    torch.manual_seed(0)
+    args = dict(vocab_size=23, width=32, depth=2, heads=4, max_len=48, dropout=0.0) | kw
+    return models.build_model(arch, **args).eval()
+
+
+def test_sparse_mask_is_the_spec_definition_element_by_element():
+    for length, block, k in [(40, 8, 1), (70, 8, 2), (64, 4, 1)]:
+        mask = BlockSparse(block, k).mask(0, length, length, "cpu")
+        for i in range(length):
+            for j in range(length):
+                spec = j <= i and (i - j < k * block or j % block == block - 1)
+                assert bool(mask[i, j]) == spec, (length, block, k, i, j)
+        assert BlockSparse(block, k).pairs(length) == int(mask.sum())
+
+
+def test_sparse_block_size_from_the_dataset_length():
+    assert [block_size(L) for L in (72, 83, 87, 210, 221, 223, 342, 355, 503, 506)] == [8] * 6 + [16] * 4
+
+
+@pytest.mark.parametrize("depth, width, vocab, length", [(3, 32, 20, 85), (5, 256, 60, 506), (3, 1024, 553, 503)])
+def test_paper_flops_of_standard_equal_the_closed_form(depth, width, vocab, length):
+    model = models.build_model("standard", vocab_size=vocab, width=width, depth=depth, heads=4, max_len=length)
+    closed = 2 * (length + 2) * (12 * depth * width**2 + width * vocab + 4 * (2 * depth + 2) * width)
+    assert model.paper_flops(length) == closed
+
+
+def test_exact_flops_count_the_pattern_pairs():
+    L, D = 40, 32
+    std, sp = tiny("standard", width=D), tiny("sparse", width=D, block=4)
+    linear_part = 2 * L * sum(m.in_features * m.out_features for m in std.modules() if isinstance(m, torch.nn.Linear))
+    assert std.exact_flops(L) == linear_part + 2 * 4 * D * L * (L + 1) // 2
+    assert sp.exact_flops(L) == linear_part + 2 * 4 * D * BlockSparse(4, 1).pairs(L)
+    assert sp.exact_flops(L) < std.exact_flops(L)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_logits_equal_full_forward_at_every_position(arch):
+    model = tiny(arch)
+    x = torch.randint(0, 23, (3, 40))
+    full = model(x)
+    cache = model.new_cache(3)
+    steps = [model(x[:, :9], cache)] + [model(x[:, t:t + 1], cache) for t in range(9, 40)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_greedy_decoding_equals_recomputing_the_prefix(arch):
+    model = tiny(arch)
+    prompts = torch.randint(2, 23, (4, 6))
+    out = decode(model, prompts)
+    seq = prompts
+    with torch.no_grad():
+        while seq.shape[1] < out.shape[1]:
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
+
+
+def test_linear_attention_chunking_does_not_change_the_result():
+    x = torch.randint(0, 23, (2, 45))
+    torch.testing.assert_close(tiny("linear", chunk=4)(x), tiny("linear", chunk=64)(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_trains_and_reports_its_sizes(arch):
+    model = tiny(arch).train()
+    x = torch.randint(0, 23, (4, 30))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]  # memorises a fixed batch
+    assert model.num_params() == sum(p.numel() for p in model.parameters()) > 0
+    assert 0 < model.state_size(40) and 0 < model.exact_flops(40) and 0 < model.paper_flops(40)
+
+
+def test_state_size_grows_with_length_only_where_the_pattern_says():
+    std, sp, lin = tiny("standard"), tiny("sparse", block=8), tiny("linear")
+    assert std.state_size(400) == 10 * std.state_size(40) > std.state_size(39)
+    assert lin.state_size(400) == lin.state_size(40)
+    assert sp.state_size(400) < std.state_size(400)
+    assert Causal().attended(9) == 9 and BlockSparse(4, 1).attended(9) == 4  # window 6..8, summary 3 (7 is both)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(name="nope"), "unknown architecture 'nope'; registered: linear, sparse, standard"),
+    (dict(name="standard", width=30), "width 30 is not divisible by heads 4"),
+    (dict(name="standard", block=4), "unknown option"),
+])
+def test_bad_architecture_arguments_name_the_problem(kwargs, match):
+    args = dict(vocab_size=10, width=32, depth=1, heads=4, max_len=8) | kwargs
+    with pytest.raises(models.ArchitectureError, match=match):
+        models.build_model(args.pop("name"), **args)
