@@ -1,0 +1,142 @@
+"""End to end: the real `dvc repro` (real DVC, a local Ray, SQLite MLflow) on the tiny profile, in a copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline import config as config_mod
+from pipeline.datasets import dataset_path
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def run(cmd: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env['PATH']}"
+    return subprocess.run(cmd, cwd=cwd, env=full_env | env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A copy of this checkout (tracked and new files, not ignored ones) on the tiny profile, after `dvc repro`."""
+    dst = tmp_path_factory.mktemp("repo")
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dst / name)
+    params = dst / "params.yaml"
+    params.write_text(params.read_text().replace("profile: laptop", "profile: tiny"))
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
+        subprocess.run(cmd, cwd=dst, check=True)
+    result = run(["dvc", "repro"], dst)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return dst
+
+
+def mlflow_runs(repo: Path):
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("capacity-atlas")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return client, parents, children
+
+
+def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
+    cfg = config_mod.load(repo / "params.yaml")
+    grid = len(cfg.sweep.architectures) * len(cfg.sweep.widths) * len(cfg.sweep.depths) * len(cfg.sweep.seeds) \
+        * len(cfg.sweep_datasets())
+    for task, size in cfg.sweep_datasets():
+        for split in ("train", "test"):
+            assert dataset_path(repo / "data", task, size, split).is_file()
+    table = pd.read_csv(repo / "results" / "sweep.csv")
+    assert len(table) == grid and set(table.status) == {"ok"} and table.cell_id.is_unique
+    assert table.final_accuracy.between(0, 1).all() and (table.paper_gflops > 0).all()
+    report = repo / "report"
+    assert (report / "index.html").is_file() and (report / "min_gflops.md").is_file()
+    best = pd.read_csv(report / "min_gflops.csv")
+    assert len(best) == len(cfg.sweep_datasets()) * len(cfg.sweep.architectures)
+    for task in cfg.generate.datasets:
+        for arch in cfg.sweep.architectures:
+            assert (report / f"heatmap_{task}_{arch}_d{cfg.sweep.depths[0]}.png").stat().st_size > 1000
+    metrics = json.loads((repo / "results" / "report.json").read_text())
+    assert metrics["trials"] == grid and metrics["failed"] == 0
+
+    client, parents, children = mlflow_runs(repo)
+    assert len(parents) == 1 and len(children) == grid
+    parent = parents[0].info.run_id
+    assert metrics["mlflow_parent_run"] == parent and set(table.parent_run_id) == {parent}
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent}
+    assert {c.data.tags["cell_id"] for c in children} == set(table.cell_id)
+    assert set(table.mlflow_run_id) == {c.info.run_id for c in children}
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert 0 <= child.data.metrics["final_accuracy"] <= 1 and child.data.metrics["paper_gflops"] > 0
+        assert child.data.params["arch"] in cfg.sweep.architectures
+        assert len(client.get_metric_history(child.info.run_id, "val_token_accuracy")) >= 2  # a per-step curve
+    row = table.set_index("mlflow_run_id").loc[children[0].info.run_id]
+    assert children[0].data.metrics["final_accuracy"] == pytest.approx(row.final_accuracy)
+    artifacts = {a.path for a in client.list_artifacts(parent, "report")}
+    assert "report/index.html" in artifacts and "report/min_gflops.md" in artifacts
+
+
+def test_second_repro_does_no_work(repo):
+    before = (repo / "results" / "sweep.csv").stat().st_mtime_ns
+    result = run(["dvc", "repro"], repo)
+    assert result.returncode == 0
+    assert result.stdout.count("didn't change, skipping") == 4 and "Running stage" not in result.stdout
+    assert (repo / "results" / "sweep.csv").stat().st_mtime_ns == before
+    assert len(mlflow_runs(repo)[1]) == 1
+
+
+def test_bad_param_fails_before_ray_and_mlflow(repo):
+    params = repo / "params.yaml"
+    original = params.read_text()
+    ray_dirs = set((repo / "ray_results").iterdir())
+    try:
+        params.write_text(original.replace("sweep: {}", "sweep: {widths: [16, 15]}"))
+        result = run(["dvc", "repro"], repo)
+        assert result.returncode != 0
+        assert "sweep.widths: 15 is not divisible by sweep.heads = 2" in result.stdout + result.stderr
+    finally:
+        params.write_text(original)
+    assert set((repo / "ray_results").iterdir()) == ray_dirs and len(mlflow_runs(repo)[1]) == 1
+
+
+def test_unreachable_mlflow_fails_before_ray(repo):
+    ray_dirs = set((repo / "ray_results").iterdir())
+    result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "elsewhere")], repo,
+                 MLFLOW_TRACKING_URI="http://127.0.0.1:9")
+    assert result.returncode == 2
+    assert "MLflow server at http://127.0.0.1:9 is unreachable" in result.stderr
+    assert set((repo / "ray_results").iterdir()) == ray_dirs and not (repo / "elsewhere").exists()
+
+
+def test_corrupt_dataset_is_named_before_any_compute(repo):
+    cfg = config_mod.load(repo / "params.yaml")
+    task, size = cfg.sweep_datasets()[0]
+    path = dataset_path(repo / "data", task, size, "test")
+    saved = path.read_bytes()
+    try:
+        path.write_bytes(saved[: len(saved) // 2])
+        result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "elsewhere")], repo)
+        assert result.returncode == 2 and f"dataset file {path} is corrupt" in result.stderr
+        path.unlink()
+        result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "elsewhere")], repo)
+        assert result.returncode == 2 and f"dataset file {path} is missing" in result.stderr
+    finally:
+        path.write_bytes(saved)
+    assert not (repo / "elsewhere").exists()

@@ -1,0 +1,88 @@
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import models
+import tasks
+from pipeline.datasets import dataset_path, read_dataset
+from pipeline.train import IGNORE, Collate, LengthBuckets, TrialSpec, final_answers, greedy_accuracy, run_trial
+
+EOS = tasks.EOS_ID
+
+
+def test_final_answer_is_the_token_before_the_first_eos():
+    out = torch.tensor([[5, 6, 7, 8, EOS, 9, EOS],   # prompt of 2, answer 8
+                        [5, 6, 8, EOS, 3, 3, 3],     # answer 8
+                        [5, 6, 7, 7, 7, 7, 7],       # never ends: wrong
+                        [5, 6, EOS, 1, 1, 1, 1]])    # <eos> right after the prompt: the prompt's last token
+    assert final_answers(out, 2).tolist() == [8, 8, -1, 6]
+
+
+def test_collate_trains_only_after_the_prompt(tiny_data):
+    data = read_dataset(dataset_path(tiny_data, "lis", 3, "train"))
+    inputs, targets = Collate(data)([0, 1])
+    seq, p = data.sequence(0), int(data.prompt_len[0])
+    assert torch.equal(inputs[0, :len(seq) - 1], torch.from_numpy(seq[:-1]))
+    assert (targets[0, :p - 1] == IGNORE).all() and torch.equal(targets[0, p - 1:len(seq) - 1], torch.from_numpy(seq[p:]))
+
+
+def test_length_buckets_cover_every_sample_once_per_epoch():
+    lengths = np.random.default_rng(0).integers(5, 50, size=1000)
+    sampler = LengthBuckets(lengths, 64, seed=1)
+    for _ in range(2):
+        batches = list(sampler)
+        assert sorted(i for b in batches for i in b) == list(range(1000))
+        spread = np.mean([np.ptp(lengths[b]) for b in batches])
+        assert spread < 0.5 * np.ptp(lengths)  # batches group similar lengths
+
+
+class Oracle(torch.nn.Module):
+    """Predicts each test sequence's next token by looking it up: greedy accuracy must be exactly 1."""
+
+    def __init__(self, data, vocab):
+        super().__init__()
+        self.seqs = {tuple(data.sequence(i)[:int(data.prompt_len[i])]): data.sequence(i) for i in range(len(data))}
+        self.vocab, self.max_len = vocab, 64
+
+    def new_cache(self, batch):
+        return models.Cache(1, batch, self.max_len)
+
+    def forward(self, tokens, cache):
+        if cache.pos == 0:
+            cache.rows = [self.seqs[tuple(r.tolist())] for r in tokens]
+        cache.pos += tokens.shape[1]
+        logits = torch.zeros(len(tokens), tokens.shape[1], self.vocab)
+        for r, seq in enumerate(cache.rows):
+            logits[r, -1, seq[cache.pos]] = 1
+        return logits
+
+
+def test_greedy_accuracy_is_one_for_an_oracle_and_counts_wrong_answers(tiny_data):
+    data = read_dataset(dataset_path(tiny_data, "arithmetic", 2, "test"))
+    vocab = len(data.meta["vocab"])
+    assert greedy_accuracy(Oracle(data, vocab), data, batch_size=7) == 1.0
+    data.answer = data.answer.copy()
+    data.answer[:10] = (data.answer[:10] + 1) % vocab  # ten answers no decoding can match
+    assert greedy_accuracy(Oracle(data, vocab), data, batch_size=7) == pytest.approx(1 - 10 / len(data))
+
+
+@pytest.mark.parametrize("arch", sorted(models.ARCHITECTURES))
+@pytest.mark.parametrize("task", ["arithmetic", "lis"])
+def test_every_architecture_trains_on_every_task_and_decodes(tiny_cfg, tiny_data, arch, task):
+    size = tiny_cfg.generate.datasets[task][0]
+    train, test = (dataset_path(tiny_data, task, size, s) for s in ("train", "test"))
+    meta = read_dataset(train).meta
+    s = tiny_cfg.sweep
+    spec = TrialSpec(arch=arch, width=16, depth=1, seed=0, train_path=str(train), test_path=str(test),
+                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]), heads=s.heads, dropout=0.1,
+                     arch_options={}, batch_size=32, epochs=1, max_steps=6, lr=3e-3, weight_decay=0.01,
+                     warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16, val_every_steps=3,
+                     eval_samples=20, eval_batch_size=8, threads=1, use_gpu=False)
+    result = run_trial(spec)
+    assert result["train_steps"] == 6 and result["eval_samples"] == 20
+    assert 0 <= result["final_accuracy"] <= 1 and 0 <= result["token_accuracy"] <= 1
+    assert result["train_pflops"] > 0 and result["paper_gflops"] > 0 and result["params"] > 0
+    again = run_trial(dataclasses.replace(spec))
+    assert again["final_accuracy"] == result["final_accuracy"]  # seeded: same spec, same answer
