@@ -1,7 +1,8 @@
 """Architectures, one module per architecture; importing this package registers them all."""
 
-from models import linear, sparse, standard  # noqa: F401  (registration side effect)
+from models import (  # noqa: F401  (registration side effect)
+    linear, linear_nofm, retnet, sinks, sliding_window, sparse, standard, transformer)
+from models.backbone import Cache, LanguageModel
 from models.registry import ARCHITECTURES, ArchitectureError, build_model
-from models.transformer import Cache, LanguageModel
 
 __all__ = ["ARCHITECTURES", "ArchitectureError", "Cache", "LanguageModel", "build_model"]

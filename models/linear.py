@@ -1,57 +1,72 @@
-"""linear: Katharopoulos et al.'s linear attention with phi = elu + 1 (the DP paper's "linear Transformer").
+"""linear: Katharopoulos et al.'s linear attention with phi = elu + 1 (the DP paper's "linear Transformer"),
+and the chunked scan it shares with retention (retnet) and the unnormalised linear Transformer (linear_nofm).
 
-Per head, with S_i = sum_{j<=i} phi(k_j) v_j^T (hd x hd) and z_i = sum_{j<=i} phi(k_j):
+Per head, with S_t = gamma S_{t-1} + k_t v_t^T (dk x dv) and z_t = gamma z_{t-1} + k_t:
 
-    out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps)           no 1/sqrt(hd) scaling
+    out_t = q_t^T S_t / (q_t^T z_t + eps)      normalised (linear; gamma = 1, q, k = phi(.))
+    out_t = q_t^T S_t                          unnormalised (retnet: gamma_h < 1; linear_nofm: gamma = 1)
 
-Computed chunk by chunk from a carried state (S, z): inside a chunk the masked quadratic form, across chunks
-the state. Training runs the chunks from a zero state; decoding is the same code with chunks of one token,
-so both forms agree by construction and a step costs O(hd^2) per head whatever the position.
+Computed chunk by chunk from a carried state: inside a chunk the masked quadratic form
+(q k^T * Gamma) v with Gamma[t, s] = gamma^(t-s) for s <= t, across chunks the state. Training runs the chunks
+from a zero state; decoding is the same code with chunks of one token, so both forms agree by construction and
+a step costs O(dk dv) per head whatever the position.
 """
+
+from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.backbone import BlockStack, Cache, Mixer, heads_view, merge_heads
 from models.registry import register
-from models.transformer import Cache, LanguageModel, Mixer, heads_view, merge_heads
 
 
-def phi(x: torch.Tensor) -> torch.Tensor:
-    return F.elu(x) + 1
+def chunked_scan(q, k, v, state: dict, gamma: torch.Tensor, normalize: bool, chunk: int, eps: float = 1e-6):
+    """q, k (B, H, T, dk), v (B, H, T, dv), gamma (H,) -> (B, H, T, dv); updates ``state`` (S, and z if normalised)."""
+    B, H, T, dk = q.shape
+    S = state.get("S", q.new_zeros(B, H, dk, v.shape[-1]))  # (B, H, dk, dv)
+    z = state.get("z", q.new_zeros(B, H, dk))  # (B, H, dk)
+    out = []
+    for c in range(0, T, chunk):
+        qc, kc, vc = q[:, :, c:c + chunk], k[:, :, c:c + chunk], v[:, :, c:c + chunk]
+        C = qc.shape[2]
+        n = torch.arange(C, device=q.device, dtype=q.dtype)
+        logg = torch.log(gamma)[:, None]  # (H, 1)
+        decay = torch.exp(logg[..., None] * (n[:, None] - n[None, :])).tril()  # (H, C, C): gamma^(t-s), s <= t
+        into = torch.exp(logg * (n + 1))[..., None]  # (H, C, 1): how much of the carried state reaches t
+        out_of = torch.exp(logg * (C - 1 - n))[..., None]  # (H, C, 1): how much of s is left at the chunk end
+        A = (qc @ kc.transpose(-1, -2)) * decay  # (B, H, C, C)
+        num = (qc @ S) * into + A @ vc  # (B, H, C, dv)
+        if normalize:
+            den = (qc @ z.unsqueeze(-1)) * into + A.sum(-1, keepdim=True)  # (B, H, C, 1)
+            num = num / (den + eps)
+            z = gamma[:, None] ** C * z + (kc * out_of).sum(2)
+        out.append(num)
+        S = gamma[:, None, None] ** C * S + (kc * out_of).transpose(-1, -2) @ vc
+    state["S"] = S
+    if normalize:
+        state["z"] = z
+    return torch.cat(out, dim=2)
 
 
 class LinearAttention(Mixer):
-    def __init__(self, width: int, heads: int, chunk: int, eps: float = 1e-6):
+    """Normalised linear attention, phi = elu + 1, no 1/sqrt(hd) scaling (Katharopoulos et al. 2020, eq. 6)."""
+
+    def __init__(self, width: int, heads: int, chunk: int):
         super().__init__()
-        self.heads, self.chunk, self.eps = heads, chunk, eps
+        self.heads, self.chunk = heads, chunk
         self.qkv = nn.Linear(width, 3 * width)
+        self.register_buffer("gamma", torch.ones(heads), persistent=False)
 
     def forward(self, x: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
-        B, T, D = x.shape
-        q, k, v = (heads_view(t, self.heads) for t in self.qkv(x).split(D, dim=2))  # (B, H, T, hd)
-        q, k = phi(q), phi(k)
-        hd = D // self.heads
+        q, k, v = (heads_view(t, self.heads) for t in self.qkv(x).split(x.shape[-1], dim=2))  # (B, H, T, hd)
         state = cache.layers[layer] if cache is not None else {}
-        S = state.get("S", q.new_zeros(B, self.heads, hd, hd))  # (B, H, hd, hd)
-        z = state.get("z", q.new_zeros(B, self.heads, hd))  # (B, H, hd)
-        out = []
-        for c in range(0, T, self.chunk):
-            qc, kc, vc = q[:, :, c:c + self.chunk], k[:, :, c:c + self.chunk], v[:, :, c:c + self.chunk]
-            A = torch.tril(qc @ kc.transpose(-1, -2))  # (B, H, C, C): phi(q_i)^T phi(k_j), j <= i
-            num = qc @ S + A @ vc  # (B, H, C, hd)
-            den = (qc @ z.unsqueeze(-1)).squeeze(-1) + A.sum(-1)  # (B, H, C)
-            out.append(num / (den.unsqueeze(-1) + self.eps))
-            S = S + kc.transpose(-1, -2) @ vc
-            z = z + kc.sum(2)
-        if cache is not None:
-            state["S"], state["z"] = S, z
-        return merge_heads(torch.cat(out, dim=2))  # (B, T, D)
+        return merge_heads(chunked_scan(F.elu(q) + 1, F.elu(k) + 1, v, state, self.gamma, True, self.chunk))
 
     def exact_flops(self, length: int) -> int:
         # recurrent form per token and head: S += k v^T (hd^2), z += k (hd), q^T S (hd^2), q^T z (hd)
-        width = self.qkv.in_features
-        hd = width // self.heads
+        hd = self.qkv.in_features // self.heads
         return 2 * length * self.heads * (2 * hd * hd + 2 * hd)
 
     def state_bytes(self, length: int, bytes_per_value: int = 4) -> int:
@@ -62,5 +77,4 @@ class LinearAttention(Mixer):
 @register("linear", chunk=64)
 def build(*, vocab_size, width, depth, heads, max_len, dropout, chunk):
     """Normalised linear attention, phi = elu + 1, chunked prefix sums in training, O(1) state in decoding."""
-    return LanguageModel(vocab_size, width, depth, heads, max_len, dropout,
-                         lambda: LinearAttention(width, heads, chunk), "linear")
+    return BlockStack("linear", vocab_size, width, depth, max_len, dropout, lambda: LinearAttention(width, heads, chunk))

@@ -7,9 +7,8 @@ maximum length, so B = 8 for L up to 223 and 16 for 342..506.
 
 import math
 
-from models.attention import Pattern, SoftmaxAttention
+from models.attention import Pattern, attention_model
 from models.registry import register
-from models.transformer import LanguageModel
 
 
 def block_size(length: int) -> int:
@@ -28,8 +27,6 @@ class BlockSparse(Pattern):
 
 
 @register("sparse", block=None, k=1)
-def build(*, vocab_size, width, depth, heads, max_len, dropout, block, k):
-    """Block-sparse causal attention: local window k*B plus one summary token per block."""
-    pattern = BlockSparse(block or block_size(max_len), k)
-    return LanguageModel(vocab_size, width, depth, heads, max_len, dropout,
-                         lambda: SoftmaxAttention(width, heads, dropout, pattern), "sparse")
+def build(*, block, k, **shape):
+    """Block-sparse causal attention: local window k*B plus one summary token per block (B from L if unset)."""
+    return attention_model("sparse", BlockSparse(block or block_size(shape["max_len"]), k), **shape)

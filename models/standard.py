@@ -1,8 +1,7 @@
 """standard: causal softmax attention (the DP paper's baseline Transformer)."""
 
-from models.attention import Pattern, SoftmaxAttention
+from models.attention import Pattern, attention_model
 from models.registry import register
-from models.transformer import LanguageModel
 
 
 class Causal(Pattern):
@@ -16,7 +15,6 @@ class Causal(Pattern):
 
 
 @register("standard")
-def build(*, vocab_size, width, depth, heads, max_len, dropout):
-    """Causal softmax attention, scale 1/sqrt(D/H)."""
-    return LanguageModel(vocab_size, width, depth, heads, max_len, dropout,
-                         lambda: SoftmaxAttention(width, heads, dropout, Causal()), "standard")
+def build(**shape):
+    """Causal softmax attention, scale 1/sqrt(D/H), sinusoidal positions."""
+    return attention_model("standard", Causal(), **shape)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
-
 import lightning as L
 import numpy as np
 import torch
@@ -164,7 +162,7 @@ class SequenceModel(L.LightningModule):
 # ---- evaluation ---------------------------------------------------------------------------------------------
 @torch.no_grad()
 def greedy_accuracy(model: models.LanguageModel, data: Dataset, batch_size: int,
-                    device: torch.device | str = "cpu", on_batch: Callable[[int], None] | None = None) -> float:
+                    device: torch.device | str = "cpu") -> float:
     """Final-answer accuracy: decode greedily from each prompt with the cache until <eos> or max_len, and
     compare the token before the first <eos> with the answer. Prompts of equal length decode together."""
     model.eval()
@@ -177,8 +175,6 @@ def greedy_accuracy(model: models.LanguageModel, data: Dataset, batch_size: int,
             prompts = torch.from_numpy(np.stack([data.sequence(i)[:p] for i in idx])).to(device)  # (B, p)
             out = decode(model, prompts)  # (B, <= max_len + 1)
             correct += int((final_answers(out, p) == torch.from_numpy(data.answer[idx]).to(device)).sum())
-            if on_batch:
-                on_batch(len(idx))
     return correct / len(data)
 
 

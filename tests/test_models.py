@@ -17,7 +17,8 @@ def tiny(arch: str, **kw):
 
 def test_sparse_mask_is_the_spec_definition_element_by_element():
     for length, block, k in [(40, 8, 1), (70, 8, 2), (64, 4, 1)]:
-        mask = BlockSparse(block, k).mask(0, length, length, "cpu")
+        pos = torch.arange(length)
+        mask = BlockSparse(block, k).mask(pos, pos)
         for i in range(length):
             for j in range(length):
                 spec = j <= i and (i - j < k * block or j % block == block - 1)
@@ -53,6 +54,19 @@ def test_cached_logits_equal_full_forward_at_every_position(arch):
     cache = model.new_cache(3)
     steps = [model(x[:, :9], cache)] + [model(x[:, t:t + 1], cache) for t in range(9, 40)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch, options, kept", [("sliding_window", {"window": 5}, 4),
+                                                  ("sinks", {"window": 5, "sinks": 2}, 6),
+                                                  ("sparse", {"block": 4}, 3 + 40 // 4 - 1)])
+def test_limited_patterns_drop_what_no_later_token_can_attend(arch, options, kept):
+    model = tiny(arch, **options)
+    x = torch.randint(0, 23, (2, 40))
+    cache = model.new_cache(2)
+    steps = [model(x[:, :7], cache)] + [model(x[:, t:t + 1], cache) for t in range(7, 40)]
+    torch.testing.assert_close(torch.cat(steps, 1), model(x), rtol=1e-5, atol=1e-5)
+    assert cache.layers[0]["k"].shape[2] == kept == model.blocks[0].mixer.pattern.attended(40)
+    assert model.state_size(40) == model.depth * 2 * kept * model.width * 4
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -98,7 +112,7 @@ def test_state_size_grows_with_length_only_where_the_pattern_says():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(name="nope"), "unknown architecture 'nope'; registered: linear, sparse, standard"),
+    (dict(name="nope"), "unknown architecture 'nope'; registered: " + ", ".join(sorted(models.ARCHITECTURES))),
     (dict(name="standard", width=30), "width 30 is not divisible by heads 4"),
     (dict(name="standard", block=4), "unknown option"),
 ])

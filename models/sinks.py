@@ -1,0 +1,20 @@
+"""sinks: StreamingLLM's attention sinks: the first s tokens plus a sliding window of the last w tokens."""
+
+from models.attention import Pattern, attention_model
+from models.registry import register
+from models.sliding_window import Window
+
+
+class Sinks(Window):
+    def __init__(self, window: int, sinks: int):
+        super().__init__(window)
+        self.sinks = sinks
+
+    def allowed(self, i, j):
+        return (j <= i) & ((i - j < self.window) | (j < self.sinks))
+
+
+@register("sinks", window=64, sinks=4)
+def build(*, window, sinks, **shape):
+    """Each token attends the first ``sinks`` tokens and its last ``window`` tokens."""
+    return attention_model("sinks", Sinks(window, sinks), **shape)
