@@ -120,13 +120,17 @@ class SequenceModel(L.LightningModule):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
 
-    def training_step(self, batch, batch_idx):
+    def training_loss(self, batch) -> torch.Tensor:
+        """Next-token cross-entropy after the prompt; also adds the batch to the training-compute count."""
         inputs, targets = batch
         logits = self.model(inputs)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
         lengths = (inputs != PAD_ID).sum(1).tolist()  # real tokens per sequence (pad id never occurs inside one)
         self.train_flops += 3 * sum(self.exact_flops(n) for n in lengths)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(inputs))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.training_loss(batch)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[0]))
         return loss
 
     def exact_flops(self, length: int) -> int:
@@ -144,15 +148,19 @@ class SequenceModel(L.LightningModule):
         self.log("val_token_accuracy", correct / mask.sum(), batch_size=int(mask.sum()))
 
     def configure_optimizers(self):
+        return self.configure_optimizers_for(int(self.trainer.estimated_stepping_batches))
+
+    def configure_optimizers_for(self, total_steps: int) -> dict:
+        """AdamW (0.9, 0.999), weight decay on matrices only, linear warm-up then linear decay to 0."""
         s = self.spec
-        decay = [p for n, p in self.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in self.named_parameters() if p.dim() < 2]
+        decay = [p for p in self.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.dim() < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.999))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        total = max(1, total_steps)
         warmup = max(1, int(s.warmup_fraction * total))
 
-        def factor(step: int) -> float:  # linear warm-up to lr, then linear decay to 0 at the last step
+        def factor(step: int) -> float:
             return min((step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup)))
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
