@@ -47,6 +47,7 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> list[dict]:
         meta = [read_metadata(train), read_metadata(test)]
         datasets[task, size] = {
             "train_path": str(train), "test_path": str(test), "vocab_size": len(meta[0]["vocab"]),
+            "family": meta[0]["family"], "vocab": meta[0]["vocab"],
             "max_len": max(m["stats"]["max_length"] for m in meta),
             "data_hash": hashlib.sha256((file_hash(train) + file_hash(test)).encode()).hexdigest()[:16]}
     s = cfg.sweep

@@ -1,9 +1,14 @@
-"""One trial: train an architecture on one dataset with Lightning, then score it by greedy decoding.
+"""One trial: train an architecture on one dataset with Lightning, then score it.
 
-Loss: next-token cross-entropy on every token after the prompt (chain of thought, answer, <eos>).
-Per-validation signal: teacher-forced token accuracy on those tokens (cheap). Final score: the DP paper's
-final-answer accuracy, decoding greedily from the prompt with the model's cache and comparing the token just
-before the first <eos> with the true answer.
+Task families (``family`` in the dataset metadata):
+- ``cot`` and ``classify``: next-token cross-entropy on every token after the prompt (chain of thought or the
+  label, then <eos>). Final score: decode greedily from the prompt with the model's cache and compare the token
+  just before the first <eos> with the answer (the DP paper's final-answer accuracy; for a classifier, the
+  label read out after the input).
+- ``ncp`` (next-character prediction, eq_ncp): at every prefix the target is the set of valid next tokens (any
+  symbol or the separator before it, exactly the copied symbol after it), learned by a per-token sigmoid. Final
+  score: a sequence counts only if every prefix's thresholded prediction (0.5) equals its target set.
+Per-validation signal: teacher-forced token accuracy after the prompt (cheap), logged as a curve.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class TrialSpec:
     eval_batch_size: int
     threads: int
     use_gpu: bool
+    family: str = "cot"
+    vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
 
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -105,6 +112,21 @@ def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool) -> DataLoad
 
 
 # ---- model --------------------------------------------------------------------------------------------------
+class NextCharacterTargets:
+    """Target sets of next-character prediction: before the separator (in w1, or the separator itself) any
+    symbol or the separator may come next; after it exactly the copied symbol (then <eos>)."""
+
+    def __init__(self, vocab: tuple[str, ...]):
+        self.sep = vocab.index("[sep]")
+        self.free = torch.tensor([not (t.startswith("<") and t.endswith(">")) for t in vocab])  # (V,)
+
+    def targets(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(B, T) inputs and next tokens -> (B, T, V) multi-hot float targets."""
+        before = (inputs == self.sep).cumsum(1) == 0  # (B, T): the separator is not among inputs[:t+1]
+        one_hot = F.one_hot(targets.clamp(min=0), len(self.free)).bool()  # (B, T, V)
+        return torch.where(before[..., None], self.free.to(inputs.device), one_hot).float()
+
+
 class SequenceModel(L.LightningModule):
     """Wraps any registered architecture: next-token loss after the prompt, AdamW with linear warm-up/decay."""
 
@@ -116,17 +138,31 @@ class SequenceModel(L.LightningModule):
                                         **spec.arch_options)
         self.train_flops = 0  # 3 x exact forward FLOPs of every sequence trained on (forward + backward)
         self.flops_by_length = {}
+        self.ncp = NextCharacterTargets(spec.vocab) if spec.family == "ncp" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
 
     def training_loss(self, batch) -> torch.Tensor:
-        """Next-token cross-entropy after the prompt; also adds the batch to the training-compute count."""
+        """The family's loss after the prompt; also adds the batch to the training-compute count."""
         inputs, targets = batch
         logits = self.model(inputs)  # (B, T, V)
         lengths = (inputs != PAD_ID).sum(1).tolist()  # real tokens per sequence (pad id never occurs inside one)
         self.train_flops += 3 * sum(self.exact_flops(n) for n in lengths)
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        return self.loss(logits, inputs, targets)
+
+    def loss(self, logits, inputs, targets) -> torch.Tensor:
+        if self.spec.family != "ncp":
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        mask = targets != IGNORE  # (B, T)
+        bce = F.binary_cross_entropy_with_logits(logits, self.ncp.targets(inputs, targets), reduction="none")
+        return bce.sum(-1)[mask].mean()  # summed over the vocabulary, averaged over predicted positions
+
+    def correct(self, logits, inputs, targets) -> torch.Tensor:
+        """(B, T) bool: the prediction at each position is right (argmax token, or the whole ncp target set)."""
+        if self.spec.family != "ncp":
+            return logits.argmax(-1) == targets
+        return ((logits > 0) == self.ncp.targets(inputs, targets).bool()).all(-1)
 
     def training_step(self, batch, batch_idx):
         loss = self.training_loss(batch)
@@ -142,8 +178,8 @@ class SequenceModel(L.LightningModule):
         inputs, targets = batch
         logits = self.model(inputs)
         mask = targets != IGNORE
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
-        correct = ((logits.argmax(-1) == targets) & mask).sum()
+        loss = self.loss(logits, inputs, targets)
+        correct = (self.correct(logits, inputs, targets) & mask).sum()
         self.log("val_loss", loss, batch_size=len(inputs))
         self.log("val_token_accuracy", correct / mask.sum(), batch_size=int(mask.sum()))
 
@@ -212,6 +248,18 @@ def final_answers(out: torch.Tensor, prompt_len: int) -> torch.Tensor:
     return torch.where(has, prev, torch.full_like(prev, -1))
 
 
+@torch.no_grad()
+def all_prefixes_accuracy(module: SequenceModel, data: Dataset, batch_size: int, device) -> float:
+    """ncp: fraction of sequences whose prediction is right at every prefix (teacher-forced, one pass)."""
+    module.eval()
+    correct = 0
+    for inputs, targets in loader(data, batch_size, 0, False):
+        inputs, targets = inputs.to(device), targets.to(device)
+        ok = module.correct(module.model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
+        correct += int(ok.all(1).sum())
+    return correct / len(data)
+
+
 # ---- one trial ----------------------------------------------------------------------------------------------
 def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50) -> dict:
     """Train and evaluate; returns the final metrics. Deterministic for a given spec on a given machine."""
@@ -234,7 +282,11 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
         test = read_dataset(spec.test_path, limit=spec.eval_samples)
     start = time.perf_counter()
     device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")
-    accuracy = greedy_accuracy(module.model.to(device), test, spec.eval_batch_size, device)
+    module.to(device)
+    if spec.family == "ncp":
+        accuracy = all_prefixes_accuracy(module, test, spec.eval_batch_size, device)
+    else:
+        accuracy = greedy_accuracy(module.model, test, spec.eval_batch_size, device)
     model = module.model
     return {
         "final_accuracy": accuracy,
