@@ -98,7 +98,7 @@ def heatmap(cells: pd.DataFrame, task: str, arch: str, depth: int, path: Path) -
     ax.set_title(f"{task} - {arch} - depth {depth}", fontsize=9)
     for (y, x), value in pd.DataFrame(grid.values).stack().items():
         ax.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=8, color="white" if value < 0.6 else "black")
-    fig.colorbar(image, ax=ax, fraction=0.05, label="final-answer accuracy")
+    fig.colorbar(image, ax=ax, fraction=0.05, label="accuracy")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -117,8 +117,13 @@ def page(cfg: config_mod.Config, table: pd.DataFrame, figures: dict, best_md: st
     for task, images in figures.items():
         parts.append(f"<h3>{task}</h3>" + "".join(f"<img src='{name}' alt='{name}'>" for name in images))
     parts += ["<h2>Conventions</h2><ul>",
-              "<li>Accuracy: greedy decoding from the prompt with the model's cache; only the token before the "
-              "first &lt;eos&gt; is scored (mean over seeds).</li>",
+              "<li>Accuracy (mean over seeds): for chain-of-thought tasks, greedy decoding from the prompt with the "
+              "model's cache, scoring only the token before the first &lt;eos&gt;; for classification tasks the "
+              "label read out after the input; for eq_ncp, the share of strings whose prediction is right at "
+              "every prefix.</li>",
+              "<li>The separations paper samples a fresh batch every step; this pipeline pre-generates large "
+              "datasets (profile <code>generate.train_samples</code>) instead. eq_random and eq_one have "
+              "shortcuts (compare a prefix; count symbols); eq_ncp is the shortcut-free version.</li>",
               "<li>Paper GFLOPs: thop-style forward count over L + 2 tokens, 2 (L+2)(sum Linear in*out + 4D per "
               "LayerNorm); attention products are free. Exact GFLOPs: every matmul of one forward pass over L "
               "tokens, attention under the architecture's real pattern.</li>",
