@@ -8,14 +8,21 @@ of the prompt (the first expression through the first ``=``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from tasks.base import Sample, Task, TaskError, split_tokens
+from tasks.base import Batch, Task, TaskError, check_answer, split_tokens
+from tasks.kernels import kernel
 from tasks.registry import register
 
 P = 11  # the modulus: numbers are the residues 0..10
 OPS = "+-*/"
 INV = [0] + [pow(a, -1, P) for a in range(1, P)]  # INV[b] * b = 1 (mod 11)
+INV_TABLE = np.array(INV)
+SYMBOLS = [str(v) for v in range(P)] + list("()" + OPS + "=")
+# token ids (after <pad>, <eos>), compile-time constants of the kernel
+NUM0, LPAREN, RPAREN, PLUS, MINUS, TIMES, DIV, EQUALS = (2 + SYMBOLS.index(w) for w in ("0", *"()+-*/="))
 
 
 def apply(a: int, op: str, b: int) -> int:
@@ -30,28 +37,83 @@ def apply(a: int, op: str, b: int) -> int:
     return (a * INV[b]) % P
 
 
-def split_value(v: int, op: str, rng: np.random.Generator) -> tuple[int, int]:
-    """Operands (a, b) with ``a op b = v`` (mod 11); never divides by 0, and ``*`` uses 0 only for v = 0."""
-    if op == "+":
-        a = int(rng.integers(P))
-        return a, (v - a) % P
-    if op == "-":
-        a = int(rng.integers(P))
-        return a, (a - v) % P
-    if op == "*":
-        if v == 0:
-            a = int(rng.integers(P))
-            return (a, int(rng.integers(P))) if a == 0 else (a, 0)
-        a = int(rng.integers(1, P))
-        return a, (v * INV[a]) % P
-    b = int(rng.integers(1, P))
-    return (v * b) % P, b
+@kernel
+def needs_brackets(left: int, right: int, op: int) -> bool:
+    """Whether ``a op b`` replacing a number between token ids ``left`` and ``right`` (-1: none) keeps its brackets:
+    always after ``/``; for + and -, also after ``*`` or ``-`` and before ``*`` or ``/``."""
+    low = op == PLUS or op == MINUS
+    return left == DIV or (low and (left == TIMES or left == MINUS or right == TIMES or right == DIV))
 
 
-def needs_brackets(left: str | None, right: str | None, op: str) -> bool:
-    """Whether ``a op b`` replacing a number between tokens ``left`` and ``right`` must keep its brackets."""
-    low = op in "+-"
-    return left == "/" or (low and (left in ("*", "-") or right in ("*", "/")))
+@kernel
+def replacement(rng, v: int) -> tuple[int, int, int]:
+    """(a, op, b) with ``a op b = v`` (mod 11): a uniform operand and operator among the valid pairs (redrawn
+    together otherwise, as in Feng et al.'s generator): ``*`` takes a = 0 only for v = 0, ``/`` never divides by 0."""
+    while True:
+        a, op = rng.integers(0, P), PLUS + rng.integers(0, 4)
+        if op == PLUS:
+            return a, op, (v - a) % P
+        if op == MINUS:
+            return a, op, (a - v) % P
+        if op == TIMES:
+            if a == 0:
+                if v == 0:
+                    return a, op, rng.integers(0, P)
+            else:
+                return a, op, (v * INV_TABLE[a]) % P
+        elif v == 0 and a == 0:  # 0 / b with b != 0
+            b = rng.integers(0, P)
+            if b != 0:
+                return a, op, b
+        elif v != 0 and a != 0:
+            return a, op, (a * INV_TABLE[v]) % P
+
+
+@kernel
+def arithmetic_kernel(rng, size, mixture, values, offsets, prompt_len, answer):
+    """``mixture``: 1 draws the operator count i with probability i / (1 + ... + N), 0 uses N."""
+    width = 4 * size + 1  # longest expression: the first operator adds 2 tokens, each later one at most 4
+    history = np.empty((size + 1, width), np.int64)  # history[k]: the expression after k replacements
+    lengths = np.empty(size + 1, np.int64)
+    for s in range(len(prompt_len)):
+        ops = size
+        if mixture:
+            u = rng.integers(0, size * (size + 1) // 2)
+            ops = 1
+            while ops * (ops + 1) // 2 <= u:
+                ops += 1
+        v = rng.integers(0, P)
+        history[0, 0], lengths[0] = NUM0 + v, 1
+        for k in range(1, ops + 1):
+            prev, n, new = history[k - 1], lengths[k - 1], history[k]
+            pick = rng.integers(0, k)  # the expression holds k numbers: pick one uniformly
+            i = -1
+            while pick >= 0:
+                i += 1
+                pick -= prev[i] < NUM0 + P
+            a, op, b = replacement(rng, prev[i] - NUM0)
+            brackets = needs_brackets(prev[i - 1] if i > 0 else -1, prev[i + 1] if i + 1 < n else -1, op)
+            new[:i] = prev[:i]
+            j = i
+            if brackets:
+                new[j] = LPAREN
+                j += 1
+            new[j], new[j + 1], new[j + 2] = NUM0 + a, op, NUM0 + b
+            j += 3
+            if brackets:
+                new[j] = RPAREN
+                j += 1
+            new[j:j + n - i - 1] = prev[i + 1:n]
+            lengths[k] = j + n - i - 1
+        pos = offsets[s]
+        for k in range(ops, -1, -1):  # the history reversed, joined by '='
+            values[pos:pos + lengths[k]] = history[k, :lengths[k]]
+            pos += lengths[k]
+            values[pos] = EQUALS if k else 1  # '=' between steps, <eos> at the end
+            pos += 1
+        offsets[s + 1] = pos
+        prompt_len[s] = lengths[ops] + 1
+        answer[s] = NUM0 + v
 
 
 class Parser:
@@ -151,37 +213,27 @@ class Arithmetic(Task):
         return {"mixture": mixture}
 
     def symbols(self) -> list[str]:
-        return [str(v) for v in range(P)] + list("()+-*/=")
+        return SYMBOLS
 
-    def operators_for(self, rng: np.random.Generator, split: str) -> int:
-        n = self.size
+    def max_length(self) -> int:
+        # expressions after k >= 1 replacements hold at most 4k - 1 tokens; N + 1 of them joined by N '='
+        return 2 * self.size * (self.size + 1) + 1
+
+    def space(self, split: str) -> int:
+        # a sequence is its replacement history: at step k, one of k numbers, then an operator and operands
+        # (at most 11 + 11 + 21 + 10 = 53 choices, for the value 0); 11 answers to start from
+        def histories(ops: int) -> int:
+            return P * 53 ** ops * math.factorial(ops)
+
         if split == "test" or self.params["mixture"] == "exact":
-            return n
-        # "under" mixture: i operators with probability i / (1 + ... + N)
-        return int(rng.choice(np.arange(1, n + 1), p=np.arange(1, n + 1) / (n * (n + 1) / 2)))
+            return histories(self.size)
+        return sum(histories(i) for i in range(1, self.size + 1))
 
-    def sample(self, rng: np.random.Generator, split: str) -> Sample:
-        answer = int(rng.integers(P))
-        expr = [str(answer)]
-        history = [expr]
-        for _ in range(self.operators_for(rng, split)):
-            numbers = [i for i, w in enumerate(expr) if w.isdigit()]
-            i = numbers[int(rng.integers(len(numbers)))]
-            op = OPS[int(rng.integers(4))]
-            a, b = split_value(int(expr[i]), op, rng)
-            left = expr[i - 1] if i > 0 else None
-            right = expr[i + 1] if i + 1 < len(expr) else None
-            inner = [str(a), op, str(b)]
-            if needs_brackets(left, right, op):
-                inner = ["(", *inner, ")"]
-            expr = expr[:i] + inner + expr[i + 1:]
-            history.append(expr)
-        words: list[str] = []
-        for step in reversed(history):
-            words += step + ["="]
-        words.pop()  # no '=' after the answer
-        prompt_len = len(history[-1]) + 1
-        return Sample(self.encode(words), prompt_len, self.index[str(answer)])
+    def generate(self, rng, split, fill, out: Batch) -> None:
+        # "under" (the paper's train mixture): i operators with share i / (1 + ... + N); the draws that replace
+        # duplicates beyond the planned count ("fill") have N operators, as in Feng et al.'s generator
+        mixture = split == "train" and not fill and self.params["mixture"] == "under"
+        arithmetic_kernel(rng, self.size, mixture, out.values, out.offsets, out.prompt_len, out.answer)
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         words = self.decode(split_tokens(tokens))
@@ -198,8 +250,8 @@ class Arithmetic(Task):
         parsers = [Parser(s) for s in steps]
         values = [p.parse() for p in parsers]
         truth = values[0][0]
-        if values[-1][1] != 0 or len(steps) < 2:
-            raise TaskError("the chain must end with a single number")
+        if values[-1][1] != 0 or not 1 <= values[0][1] <= self.size:
+            raise TaskError(f"the chain must go from 1..{self.size} operators down to a single number")
         for k, (value, ops) in enumerate(values):
             if value != truth:
                 raise TaskError(f"step {k} evaluates to {value}, the expression to {truth}")
@@ -208,5 +260,6 @@ class Arithmetic(Task):
         for k in range(len(steps) - 1):
             if not collapses(steps[k], parsers[k].spans, steps[k + 1]):
                 raise TaskError(f"step {k + 1} is not step {k} with one innermost operation replaced by its value")
-        if self.tokens[answer] != str(truth) or words[-1] != str(truth):
+        if words[-1] != str(truth):
             raise TaskError(f"answer must be {truth}")
+        check_answer(self, words, answer)

@@ -1,20 +1,26 @@
-"""What every task is: a vocabulary, a generator of token sequences, and an independent checker.
+"""What every task is: a vocabulary, a compiled batch generator, and an independent per-sample checker.
 
-A chain-of-thought (``cot``) sample is stored as one token sequence ``prompt + chain of thought + answer + <eos>``
-with the prompt length and the answer token beside it. Training predicts every token after the prompt;
-evaluation decodes greedily from the prompt and scores only the token just before ``<eos>``
-(the DP paper's final-answer accuracy).
+A sample is stored as one token sequence ending in ``<eos>``, with the prompt length and the answer token beside it:
+- ``cot`` (DP paper): ``prompt + chain of thought + answer + <eos>``. Training predicts every token after the prompt;
+  evaluation decodes greedily from the prompt and scores only the token just before ``<eos>``.
+- ``classify`` (separations paper): ``input + label + <eos>``; the prompt is the input, the answer the label.
+- ``ncp`` (next-character prediction): ``w1 [sep] w2 + <eos>`` with ``prompt_len = 1``; the trainer derives the
+  per-prefix targets from the sequence itself.
+
+Generators run as numba kernels over a whole batch (``Task.generate``); checkers are plain Python, written from the
+spec without the generator's code, so a bug in one is caught by the other.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 PAD, EOS = "<pad>", "<eos>"
 PAD_ID, EOS_ID = 0, 1
+SPLITS = ("test", "train")  # test first: train samples are then drawn distinct from it
 
 
 class TaskError(ValueError):
@@ -23,7 +29,7 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One chain-of-thought sample: ``tokens`` ends with ``<eos>``; ``length`` counts tokens without it."""
+    """One sample: ``tokens`` ends with ``<eos>``; ``length`` counts tokens without it."""
 
     tokens: np.ndarray  # (length + 1,) int
     prompt_len: int
@@ -34,12 +40,56 @@ class Sample:
         return len(self.tokens) - 1
 
 
+@dataclass
+class Batch:
+    """Samples packed without padding: sample i is ``values[offsets[i]:offsets[i + 1]]`` (``<eos>`` included)."""
+
+    values: np.ndarray  # (total tokens,) uint16
+    offsets: np.ndarray  # (N + 1,) int64
+    prompt_len: np.ndarray  # (N,) int32
+    answer: np.ndarray  # (N,) int32
+    features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (N,) int64, reduced to a max in stats
+
+    @classmethod
+    def empty(cls, count: int, max_tokens: int, features: tuple[str, ...] = ()) -> "Batch":
+        """Buffers for a kernel to fill: room for ``count`` sequences of up to ``max_tokens`` tokens each."""
+        return cls(np.empty(count * max_tokens, np.uint16), np.zeros(count + 1, np.int64),
+                   np.empty(count, np.int32), np.empty(count, np.int32),
+                   {name: np.empty(count, np.int64) for name in features})
+
+    def __len__(self) -> int:
+        return len(self.prompt_len)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets) - 1  # without <eos>
+
+    def sequence(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i]:self.offsets[i + 1]]
+
+    def sample(self, i: int) -> Sample:
+        return Sample(self.sequence(i).astype(np.int32), int(self.prompt_len[i]), int(self.answer[i]))
+
+    def trimmed(self) -> "Batch":
+        """The filled part of the buffers only (a copy, so the oversized buffer can be freed)."""
+        return Batch(self.values[:self.offsets[-1]].copy(), self.offsets, self.prompt_len, self.answer, self.features)
+
+    def select(self, keep: np.ndarray) -> "Batch":
+        """The samples where the (N,) bool mask ``keep`` is set, in order."""
+        if keep.all():
+            return self
+        sizes = np.diff(self.offsets)
+        return Batch(self.values[np.repeat(keep, sizes)], np.concatenate([[0], np.cumsum(sizes[keep])]),
+                     self.prompt_len[keep], self.answer[keep], {k: v[keep] for k, v in self.features.items()})
+
+
 class Task(ABC):
-    """A task at one size. Subclasses set ``name`` and implement the four abstract methods."""
+    """A task at one size. Subclasses set ``name`` (and ``family``) and implement the abstract methods."""
 
     name: str
-    family: str = "cot"
-    version: str = "1"  # bump when the generator's output for a given seed changes
+    family: str = "cot"  # cot | classify | ncp (see the module docstring)
+    version: str = "2"  # bump when the generator's output for a given seed changes
+    features: tuple[str, ...] = ()  # per-sample statistics the kernel reports (their maximum goes in the stats)
 
     def __init__(self, size: int, **params):
         self.size = size
@@ -57,20 +107,53 @@ class Task(ABC):
         """The task's own tokens (``<pad>`` and ``<eos>`` come first and are added by the base class)."""
 
     @abstractmethod
-    def sample(self, rng: np.random.Generator, split: str) -> Sample:
-        """Draw one sample. ``split`` is 'train' or 'test' (some tasks mix sizes in train only)."""
+    def max_length(self) -> int:
+        """Longest possible sequence (without ``<eos>``): exact, or for arithmetic a bound (it sizes buffers)."""
+
+    @abstractmethod
+    def space(self, split: str) -> int:
+        """How many distinct sequences ``split`` can hold (an upper bound), so impossible counts fail up front.
+
+        For the balanced-label tasks it is twice the smaller class: beyond that, distinct samples would break the
+        50/50 balance. Every task's test space lies inside its train space.
+        """
+
+    @abstractmethod
+    def generate(self, rng: np.random.Generator, split: str, fill: bool, out: Batch) -> None:
+        """Fill ``out`` (from ``Batch.empty``) with ``len(out)`` samples, one compiled kernel call."""
 
     @abstractmethod
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         """Re-derive the answer and every chain-of-thought value from the prompt alone; raise TaskError if wrong."""
 
+    def check_space(self, test_samples: int, train_samples: int) -> None:
+        """Fail before anything is written when that many distinct samples cannot exist (test lies inside train's
+        space, and train must avoid every test sample)."""
+        for split, count, what in (("test", test_samples, "test"), ("train", test_samples + train_samples,
+                                                                     "test + train")):
+            if count > self.space(split):
+                raise TaskError(f"{self.name} size {self.size}: {count} distinct {what} samples asked, but the space "
+                                f"of distinct samples is too small (at most {self.space(split)} {split} sequences "
+                                f"exist): lower generate.{split}_samples, or set generate.unique: false")
+
+    def sample_batch(self, rng: np.random.Generator, split: str, count: int, fill: bool = False) -> Batch:
+        """``count`` samples of ``split`` ('train' or 'test'). ``fill`` marks draws that replace duplicates beyond
+        the planned count (only arithmetic's train mixture treats them differently, as the spec says)."""
+        if split not in SPLITS:
+            raise TaskError(f"split must be one of {SPLITS}, got {split!r}")
+        out = Batch.empty(count, self.max_length() + 1, self.features)
+        self.generate(rng, split, fill, out)
+        if out.offsets[-1] > len(out.values):  # compiled kernels do not check bounds: max_length() was wrong
+            raise AssertionError(f"{self.name} {self.size}: a sequence is longer than max_length() = {self.max_length()}")
+        return out.trimmed()
+
+    def sample(self, rng: np.random.Generator, split: str) -> Sample:
+        """One sample (a batch of one)."""
+        return self.sample_batch(rng, split, 1).sample(0)
+
     @property
     def vocab_size(self) -> int:
         return len(self.tokens)
-
-    def max_length(self) -> int | None:
-        """Longest possible sequence (without <eos>) when it is known in closed form, else None."""
-        return None
 
     def encode(self, words: list[str]) -> np.ndarray:
         return np.array([self.index[w] for w in words] + [EOS_ID], dtype=np.int32)
@@ -89,3 +172,18 @@ def split_tokens(tokens: np.ndarray) -> np.ndarray:
     if tokens.size == 0 or tokens[-1] != EOS_ID or (tokens[:-1] == EOS_ID).any():
         raise TaskError("sequence must end with exactly one <eos>")
     return tokens[:-1]
+
+
+def expect(words: list[str], expected: list[str], what: str) -> None:
+    """Raise naming the first token of ``words`` that differs from the re-derived ``expected`` sequence."""
+    for i, (got, want) in enumerate(zip(words, expected)):
+        if got != want:
+            raise TaskError(f"{what}: token {i} is {got!r}, expected {want!r}")
+    if len(words) != len(expected):
+        raise TaskError(f"{what}: {len(words)} tokens, expected {len(expected)}")
+
+
+def check_answer(task: Task, words: list[str], answer: int) -> None:
+    """The stored answer id must be the token just before ``<eos>``."""
+    if not words or answer != task.index.get(words[-1]):
+        raise TaskError(f"answer id {answer} is not the last token {words[-1] if words else None!r}")

@@ -3,26 +3,82 @@
 Sequence: ``x_1 .. x_n <sep> cot_1 .. cot_n <sep> answer`` with ``cot_l = 1 + max{cot_i : i < l, x_i < x_l}``
 (0 when the set is empty, so cot_l >= 1) and ``answer = max(cot)``: length exactly 2n + 3.
 Inputs take values n+1..R-1 and DP values 1..n, one shared number vocabulary 0..R-1.
+
+Input generator (spec): 1, 2 or 3 runs; a planted length uniform in 3..n split among them at random cut points;
+each run a sorted sample without replacement from [n+1, R-1]; the planted values at sorted random positions; the
+other positions uniform.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tasks.base import Sample, Task, TaskError, split_tokens
+from tasks.base import Batch, Task, TaskError, check_answer, expect, split_tokens
+from tasks.kernels import choose, kernel
 from tasks.registry import register
 
 SEP = "<sep>"
+SEP_ID, NUM0 = 2, 3  # token ids: <sep>, then the numbers 0..R-1 (see LIS.symbols)
 
 
-def lis_chain(x: np.ndarray) -> np.ndarray:
-    """cot values for a batch of inputs, (B, n) -> (B, n), vectorised over the batch."""
-    batch, n = x.shape
-    cot = np.zeros((batch, n), dtype=np.int64)
-    for l in range(n):
-        smaller = x[:, :l] < x[:, l:l + 1]  # (B, l)
-        cot[:, l] = 1 + np.where(smaller, cot[:, :l], 0).max(axis=1, initial=0)
-    return cot
+@kernel
+def lis_kernel(rng, n, r, values, offsets, prompt_len, answer):
+    low = n + 1  # inputs live in [n+1, R-1]
+    value_pool = np.arange(low, r)
+    position_pool = np.arange(n)
+    x = np.empty(n, np.int64)
+    cot = np.empty(n, np.int64)
+    planted_values = np.empty(n, np.int64)
+    best = np.zeros(r + 1, np.int64)  # Fenwick tree over values: prefix maximum of cot
+    for s in range(len(prompt_len)):
+        runs = rng.integers(1, 4)
+        planted = rng.integers(3, n + 1)
+        # runs - 1 distinct cut points in 1..planted-1 (planted >= 3 >= runs, so there are enough)
+        cut1 = rng.integers(1, planted) if runs > 1 else planted
+        cut2 = planted
+        if runs == 3:
+            cut2 = rng.integers(1, planted)
+            while cut2 == cut1:
+                cut2 = rng.integers(1, planted)
+            cut1, cut2 = min(cut1, cut2), max(cut1, cut2)
+        start = 0
+        for end in (cut1, cut2, planted):
+            if end > start:
+                planted_values[start:end] = np.sort(choose(rng, value_pool, end - start))
+                start = end
+        x[:] = rng.integers(low, r, size=n)  # the array form: 3x cheaper per value than scalar draws
+        x[np.sort(choose(rng, position_pool, planted))] = planted_values[:planted]
+        # cot[l] = 1 + max cot over earlier smaller values: a Fenwick prefix-max query, O(n log R) per sample
+        best[:] = 0
+        for l in range(n):
+            v, m = x[l] - 1, 0
+            while v > 0:
+                m = max(m, best[v])
+                v -= v & -v
+            cot[l] = m + 1
+            v = x[l]
+            while v <= r:
+                best[v] = max(best[v], cot[l])
+                v += v & -v
+        pos = offsets[s]
+        values[pos:pos + n] = x + NUM0
+        values[pos + n] = SEP_ID
+        values[pos + n + 1:pos + 2 * n + 1] = cot + NUM0
+        top = cot.max()
+        values[pos + 2 * n + 1] = SEP_ID
+        values[pos + 2 * n + 2] = top + NUM0
+        values[pos + 2 * n + 3] = 1  # <eos>
+        offsets[s + 1] = pos + 2 * n + 4
+        prompt_len[s] = n + 1
+        answer[s] = top + NUM0
+
+
+def lis_values(x: list[int]) -> list[int]:
+    """The chain of thought by the spec's plain O(n^2) DP (the checker's own code, not the kernel's)."""
+    best: list[int] = []
+    for l in range(len(x)):
+        best.append(1 + max([best[i] for i in range(l) if x[i] < x[l]], default=0))
+    return best
 
 
 @register
@@ -48,33 +104,22 @@ class LIS(Task):
     def max_length(self) -> int:
         return 2 * self.size + 3
 
-    def sample(self, rng: np.random.Generator, split: str) -> Sample:
-        n, r = self.size, self.params["value_range"]
-        low = n + 1  # inputs live in [n+1, R-1]
-        runs = int(rng.integers(1, 4))
-        planted = int(rng.integers(3, n + 1))
-        cuts = np.sort(rng.choice(np.arange(1, planted), size=min(runs, planted) - 1, replace=False))
-        values = [np.sort(rng.choice(np.arange(low, r), size=len(part), replace=False))
-                  for part in np.split(np.arange(planted), cuts)]
-        x = rng.integers(low, r, size=n)
-        x[np.sort(rng.choice(n, size=planted, replace=False))] = np.concatenate(values)
-        cot = lis_chain(x[None, :])[0]
-        answer = int(cot.max())
-        words = [str(v) for v in x] + [SEP] + [str(v) for v in cot] + [SEP, str(answer)]
-        return Sample(self.encode(words), n + 1, self.index[str(answer)])
+    def space(self, split: str) -> int:
+        return (self.params["value_range"] - self.size - 1) ** self.size  # the input decides the rest
+
+    def generate(self, rng, split, fill, out: Batch) -> None:
+        lis_kernel(rng, self.size, self.params["value_range"], out.values, out.offsets, out.prompt_len, out.answer)
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         n = self.size
         words = self.decode(split_tokens(tokens))
-        if len(words) != 2 * n + 3 or words[n] != SEP or words[2 * n + 1] != SEP or prompt_len != n + 1:
+        if len(words) != 2 * n + 3 or prompt_len != n + 1 or words[n] != SEP:
             raise TaskError(f"lis sequence must be x(n) <sep> cot(n) <sep> answer with n = {n}")
+        if not all(w.isdigit() for w in words[:n]):
+            raise TaskError("lis inputs must be numbers")
         x = [int(w) for w in words[:n]]
         if min(x) <= n or max(x) >= self.params["value_range"]:
             raise TaskError("lis inputs must lie in [n+1, R-1]")
-        best = []  # plain O(n^2) DP, independent of lis_chain
-        for l in range(n):
-            best.append(1 + max([best[i] for i in range(l) if x[i] < x[l]], default=0))
-        if [int(w) for w in words[n + 1:2 * n + 1]] != best:
-            raise TaskError("lis chain of thought differs from the DP")
-        if int(words[-1]) != max(best) or self.tokens[answer] != str(max(best)):
-            raise TaskError(f"lis answer must be {max(best)}")
+        best = lis_values(x)
+        expect(words, words[:n + 1] + [str(v) for v in best] + [SEP, str(max(best))], "lis chain of thought")
+        check_answer(self, words, answer)

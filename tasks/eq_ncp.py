@@ -1,0 +1,19 @@
+"""eq_ncp: next-character prediction on ``w1 [sep] w1`` (alphabet 1024; see tasks/equality.py).
+
+``ncp`` family: ``prompt_len = 1`` and no label; the trainer derives the target of every prefix from the sequence
+(any symbol or ``[sep]`` before the separator, exactly the copied symbol after it). Shortcut-free, unlike
+eq_random and eq_one.
+"""
+
+from __future__ import annotations
+
+from tasks.equality import NCP, Equality
+from tasks.registry import register
+
+
+@register
+class EqNCP(Equality):
+    name = "eq_ncp"
+    family = "ncp"
+    mode = NCP
+    default_alphabet = 1024

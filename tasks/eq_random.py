@@ -1,0 +1,17 @@
+"""eq_random: is ``w2`` equal to ``w1``? Binary alphabet; negatives are uniform strings (see tasks/equality.py).
+
+Shortcut (the report should note it): comparing a prefix, or counting symbols, already separates most negatives.
+"""
+
+from __future__ import annotations
+
+from tasks.equality import RANDOM, Equality
+from tasks.registry import register
+
+
+@register
+class EqRandom(Equality):
+    name = "eq_random"
+    family = "classify"
+    mode = RANDOM
+    default_alphabet = 2

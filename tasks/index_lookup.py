@@ -1,0 +1,81 @@
+"""Index lookup (separations paper): ``k`` symbols, then a position token ``p``; the label is the p-th symbol.
+
+Sequence: ``s_1 .. s_k @p label <eos>`` (classify family: the prompt is ``s_1 .. s_k @p``, the answer the label,
+one of the |Sigma| = 64 symbol tokens, chance 1/64). k is uniform in 10..N for train and exactly N for test; p is
+uniform in 1..k and has its own vocabulary of N position tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.base import Batch, Task, TaskError, check_answer, split_tokens
+from tasks.kernels import kernel
+from tasks.registry import register
+
+SYM0 = 2  # token ids: the symbols, then the position tokens (see IndexLookup.symbols)
+
+
+@kernel
+def index_lookup_kernel(rng, n, min_k, symbols, test, values, offsets, prompt_len, answer):
+    pos0 = SYM0 + symbols  # id of position token @1
+    for s in range(len(prompt_len)):
+        k = n if test else rng.integers(min_k, n + 1)
+        pos = offsets[s]
+        for i in range(k):
+            values[pos + i] = SYM0 + rng.integers(0, symbols)
+        p = rng.integers(1, k + 1)
+        label = values[pos + p - 1]
+        values[pos + k], values[pos + k + 1], values[pos + k + 2] = pos0 + p - 1, label, 1  # @p, label, <eos>
+        offsets[s + 1] = pos + k + 3
+        prompt_len[s] = k + 1
+        answer[s] = label
+
+
+@register
+class IndexLookup(Task):
+    """``size`` = N, the longest input (every test input)."""
+
+    name = "index_lookup"
+    family = "classify"
+
+    @classmethod
+    def validate(cls, size: int, **params) -> dict:
+        symbols = params.pop("symbols", 64)
+        min_k = params.pop("min_length", 10)
+        if params:
+            raise TaskError(f"unknown index_lookup parameters: {sorted(params)}")
+        if not 2 <= symbols <= 60_000:
+            raise TaskError(f"index_lookup symbols must be in 2..60000, got {symbols}")
+        if not 1 <= min_k <= size:
+            raise TaskError(f"index_lookup size N must be >= min_length = {min_k}, got N = {size}")
+        return {"symbols": symbols, "min_length": min_k}
+
+    def symbols(self) -> list[str]:
+        return [str(v) for v in range(self.params["symbols"])] + [f"@{p}" for p in range(1, self.size + 1)]
+
+    def max_length(self) -> int:
+        return self.size + 2
+
+    def space(self, split: str) -> int:
+        lengths = [self.size] if split == "test" else range(self.params["min_length"], self.size + 1)
+        return sum(self.params["symbols"] ** k * k for k in lengths)
+
+    def generate(self, rng, split, fill, out: Batch) -> None:
+        index_lookup_kernel(rng, self.size, self.params["min_length"], self.params["symbols"], split == "test",
+                            out.values, out.offsets, out.prompt_len, out.answer)
+
+    def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
+        words = self.decode(split_tokens(tokens))
+        k = len(words) - 2
+        if not self.params["min_length"] <= k <= self.size or prompt_len != k + 1:
+            raise TaskError(f"index_lookup input must be {self.params['min_length']}..{self.size} symbols and a "
+                            f"position, got {k} tokens and prompt length {prompt_len}")
+        if not all(w.isdigit() for w in words[:k] + words[-1:]):
+            raise TaskError("index_lookup input and label must be symbols")
+        if not words[k].startswith("@") or not 1 <= int(words[k][1:]) <= k:
+            raise TaskError(f"index_lookup token {k} must be a position in 1..{k}, got {words[k]!r}")
+        label = words[int(words[k][1:]) - 1]
+        if words[-1] != label:
+            raise TaskError(f"index_lookup label must be {label!r} (symbol at {words[k]}), got {words[-1]!r}")
+        check_answer(self, words, answer)
