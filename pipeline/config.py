@@ -34,6 +34,14 @@ class GenerateConfig(Section):
     datasets: dict[str, list[PositiveInt]] = Field(description="task name -> sizes to generate")
     task_params: dict[str, dict[str, Any]] = Field(default_factory=dict, description="task name -> generator parameters")
     row_group_size: PositiveInt = 65_536
+    unique: bool = Field(True, description="train samples distinct and disjoint from test; false: i.i.d. draws "
+                                           "with repeats, as the separations paper samples online")
+    chunk_size: PositiveInt = Field(4096, description="samples per seeded generator chunk: part of the seed, "
+                                                      "changing it changes the data")
+    workers: PositiveInt = Field(1, description="generator and checker processes (1: in the stage's own process); "
+                                                "the files are byte-identical for any value")
+    validate_samples: PositiveInt | None = Field(None, description="samples per file re-checked after writing by "
+                                                                   "the task's checker; None = every sample")
 
 
 class SweepConfig(Section):
@@ -117,7 +125,9 @@ def check_semantics(cfg: Config) -> None:
             raise one_of("generate.datasets", task, cfg.tasks)
         for size in sizes:
             try:
-                tasks.get_task(task, size, **cfg.generate.task_params.get(task, {}))
+                built = tasks.get_task(task, size, **cfg.generate.task_params.get(task, {}))
+                if cfg.generate.unique:
+                    built.check_space(cfg.generate.test_samples, cfg.generate.train_samples)
             except tasks.TaskError as err:
                 raise ConfigError(f"generate.datasets.{task}: {err}") from None
     for task in cfg.generate.task_params:

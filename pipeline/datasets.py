@@ -5,8 +5,9 @@ Schema (one row per sample):
     prompt_len  int32         tokens before the first generated one
     answer      int32         id of the final-answer token (the one just before <eos>)
     length      int32         len(tokens) - 1, the sequence length L as the DP paper counts it
-File metadata key ``capacity_atlas``: JSON with task, size, split, seed, generator version and parameters,
-vocabulary (list of token strings, id = index) and statistics (max/mean length, answer counts).
+File metadata key ``capacity_atlas``: JSON with task, family, size, split, seed, generator version and parameters,
+vocabulary (list of token strings, id = index) and statistics (samples, max/mean length, length and answer counts,
+the task's per-sample features such as the locality window).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.base import Batch
+
 META_KEY = b"capacity_atlas"
 SCHEMA = pa.schema([("tokens", pa.list_(pa.uint16())), ("prompt_len", pa.int32()),
                     ("answer", pa.int32()), ("length", pa.int32())])
@@ -34,48 +37,86 @@ def dataset_path(data_dir: Path, task: str, size: int, split: str) -> Path:
     return Path(data_dir) / task / f"{task}_{size}_{split}.parquet"
 
 
+class Stats:
+    """Running distributions of one file: lengths, answers and the task's per-sample features (their maxima)."""
+
+    def __init__(self):
+        self.lengths = np.zeros(0, np.int64)  # lengths[L] = samples of length L
+        self.answers = np.zeros(0, np.int64)
+        self.features: dict[str, int] = {}
+
+    def update(self, batch: Batch) -> None:
+        self.lengths = add_counts(self.lengths, np.bincount(batch.lengths))
+        self.answers = add_counts(self.answers, np.bincount(batch.answer))
+        for name, values in batch.features.items():
+            self.features[name] = max(self.features.get(name, 0), int(values.max(initial=0)))
+
+    def summary(self) -> dict:
+        samples = int(self.lengths.sum())
+        return {"samples": samples, "max_length": int(np.flatnonzero(self.lengths).max(initial=0)),
+                "mean_length": round(float(self.lengths @ np.arange(len(self.lengths))) / max(samples, 1), 3),
+                "length_counts": nonzero_counts(self.lengths), "answer_counts": nonzero_counts(self.answers),
+                **self.features}
+
+
+def add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.zeros(max(len(a), len(b)), np.int64)
+    out[:len(a)] += a
+    out[:len(b)] += b
+    return out
+
+
+def nonzero_counts(counts: np.ndarray) -> dict[str, int]:
+    return {str(i): int(counts[i]) for i in np.flatnonzero(counts)}
+
+
+def to_table(batch: Batch) -> pa.Table:
+    offsets = pa.array(batch.offsets.astype(np.int32))
+    return pa.table({"tokens": pa.ListArray.from_arrays(offsets, pa.array(batch.values.astype(np.uint16, copy=False))),
+                     "prompt_len": pa.array(batch.prompt_len, pa.int32()), "answer": pa.array(batch.answer, pa.int32()),
+                     "length": pa.array(batch.lengths.astype(np.int32), pa.int32())}, schema=SCHEMA)
+
+
 class ParquetSink:
-    """Append samples in row groups to ``path.tmp``; ``close`` renames it into place only when complete."""
+    """Append batches to ``path.tmp`` in row groups of exactly ``row_group_size`` samples (the last one shorter), so
+    memory stays bounded and the bytes depend only on the samples; ``close`` renames it into place when complete."""
 
     def __init__(self, path: Path, metadata: dict, row_group_size: int):
         self.path, self.tmp = Path(path), Path(f"{path}.tmp")
         self.metadata, self.row_group_size = metadata, row_group_size
-        self.rows: list[tuple] = []
-        self.count, self.max_len, self.total_len = 0, 0, 0
-        self.answers: dict[int, int] = {}
+        self.pending: list[pa.Table] = []
+        self.pending_rows = self.count = 0
+        self.stats = Stats()
         self.writer = None
 
-    def add(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
-        self.rows.append((tokens, prompt_len, answer))
-        length = len(tokens) - 1
-        self.count, self.total_len, self.max_len = self.count + 1, self.total_len + length, max(self.max_len, length)
-        self.answers[answer] = self.answers.get(answer, 0) + 1
-        if len(self.rows) >= self.row_group_size:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.rows:
+    def add(self, batch: Batch) -> None:
+        if not len(batch):
             return
-        tokens, prompt_len, answer = zip(*self.rows)
-        offsets = np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int32)
-        values = pa.array(np.concatenate(tokens).astype(np.uint16))
-        table = pa.table({"tokens": pa.ListArray.from_arrays(pa.array(offsets), values),
-                          "prompt_len": pa.array(prompt_len, pa.int32()), "answer": pa.array(answer, pa.int32()),
-                          "length": pa.array(np.diff(offsets) - 1, pa.int32())}, schema=SCHEMA)
+        self.stats.update(batch)
+        self.pending.append(to_table(batch))
+        self.pending_rows += len(batch)
+        self.count += len(batch)
+        if self.pending_rows >= self.row_group_size:
+            self.flush(self.pending_rows - self.pending_rows % self.row_group_size)
+
+    def flush(self, rows: int) -> None:
+        """Write the first ``rows`` pending samples as full row groups (and the rest too, if it is the end)."""
+        if not rows:
+            return
+        table = pa.concat_tables(self.pending)
         if self.writer is None:
             self.tmp.parent.mkdir(parents=True, exist_ok=True)
             self.writer = pq.ParquetWriter(self.tmp, SCHEMA, compression="zstd")
-        self.writer.write_table(table)
-        self.rows = []
+        self.writer.write_table(table.slice(0, rows), row_group_size=self.row_group_size)
+        self.pending = [table.slice(rows)] if rows < len(table) else []
+        self.pending_rows = len(table) - rows
 
     def close(self) -> dict:
         """Write the footer with metadata and statistics, then move the file into place. Returns the stats."""
-        stats = {"samples": self.count, "max_length": self.max_len,
-                 "mean_length": round(self.total_len / max(self.count, 1), 3),
-                 "answer_counts": {str(k): v for k, v in sorted(self.answers.items())}}
-        self.flush()
+        self.flush(self.pending_rows)
         if self.writer is None:
             raise DatasetError(f"{self.path}: no samples to write")
+        stats = self.stats.summary()
         self.writer.add_key_value_metadata({META_KEY.decode(): json.dumps({**self.metadata, "stats": stats})})
         self.writer.close()
         os.replace(self.tmp, self.path)

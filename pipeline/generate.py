@@ -1,107 +1,147 @@
 """Stage `generate`: write the train and test Parquet files of every size of one task in the active profile.
 
-    python -m pipeline.generate --task lis          (dvc.yaml runs one of these per task, as a matrix)
+    python -m pipeline.generate --task lis              (dvc.yaml runs one of these per task, as a matrix)
+    python -m pipeline.generate --task lis --workers 2  (the same bytes, made by two worker processes)
 
-Test samples are drawn first, then train samples that are unique and never equal a test sample (whole
-sequences compared through 64-bit hashes). Every written sample is re-checked by the task's checker unless
-``--no-check``. Files appear under their final name only once complete.
+Samples come in chunks of ``generate.chunk_size`` from the task's compiled generator, chunk c of a split seeded by
+(seed, task, size, split, c), so the files are the same whichever process made which chunk. Test samples are drawn
+first, then train samples; with ``generate.unique`` (the default) every kept sample is new, whole sequences
+compared through 64-bit hashes, so train is unique and disjoint from test. Before anything is written, every size
+is validated and the sample counts compared with the space of distinct samples. Each written file is re-checked
+by the task's independent checker (``generate.validate_samples`` per file, null = all; ``--no-check`` skips it).
+Everything is written into ``<out>/.<task>.partial/`` and renamed to ``<out>/<task>/`` only once every file is
+complete: an interrupted or failed run leaves no file that looks complete.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import shutil
 import sys
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 import tasks
 from pipeline import config as config_mod
-from pipeline.datasets import DatasetError, ParquetSink, dataset_path, read_dataset
+from pipeline.datasets import DatasetError, ParquetSink, dataset_path, read_metadata
+from pipeline.dedup import SeenSet, row_hashes
+from pipeline.parallel import Pool
 from pipeline.progress import progress
+from pipeline.validate import cached_task, validate_file
+from tasks import SPLITS
 
-SPLITS = ("test", "train")
 MAX_DRAWS_PER_SAMPLE = 20  # give up when unique samples are this rare: the space is too small
 
 
 def seq_hash(tokens: np.ndarray) -> int:
-    """64-bit digest of a whole sequence; a collision can only drop a sample, never admit a duplicate."""
+    """64-bit digest of a whole sequence, independent of the generator's own hashes (for tests and checks)."""
     return int.from_bytes(hashlib.blake2b(tokens.astype(np.int32).tobytes(), digest_size=8).digest(), "little")
 
 
-def rng_for(seed: int, task: str, size: int, split: str) -> np.random.Generator:
-    """Independent stream per (task, size, split): files do not depend on which other datasets exist."""
-    return np.random.default_rng([seed, zlib.crc32(task.encode()), size, SPLITS.index(split)])
+def rng_for(seed: int, task: str, size: int, split: str, chunk: int) -> np.random.Generator:
+    """Independent stream per (task, size, split, chunk): files do not depend on which other datasets exist."""
+    return np.random.default_rng([seed, zlib.crc32(task.encode()), size, SPLITS.index(split), chunk])
 
 
-def write_split(task: tasks.Task, split: str, count: int, seed: int, seen: set[int], path: Path,
-                row_group_size: int) -> dict:
-    rng = rng_for(seed, task.name, task.size, split)
-    meta = {**task.metadata(), "split": split, "seed": seed}
-    sink = ParquetSink(path, meta, row_group_size)
+@dataclass(frozen=True)
+class Stream:
+    """Everything a chunk of raw samples depends on (and so nothing about the process that makes it)."""
+
+    task: str
+    size: int
+    params: str  # JSON, sorted keys
+    split: str
+    seed: int
+    chunk_size: int
+    planned: int  # samples wanted: later chunks only replace duplicates ("fill" draws)
+    hashed: bool  # whether the kept samples must be distinct
+
+
+def make_chunk(stream: Stream, index: int) -> tuple[tasks.Batch, np.ndarray | None]:
+    """Chunk ``index`` of the stream, and its row hashes when samples must be distinct."""
+    task = cached_task(stream.task, stream.size, stream.params)
+    rng = rng_for(stream.seed, stream.task, stream.size, stream.split, index)
+    batch = task.sample_batch(rng, stream.split, stream.chunk_size, fill=index * stream.chunk_size >= stream.planned)
+    return batch, row_hashes(batch.values, batch.offsets) if stream.hashed else None
+
+
+def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.GenerateConfig, seen: SeenSet | None,
+                path: Path, pool: Pool) -> dict:
+    chunk = min(gen.chunk_size, count)
+    stream = Stream(task.name, task.size, json.dumps(task.params, sort_keys=True), split, gen.seed, chunk, count,
+                    seen is not None)
+    meta = {**task.metadata(), "split": split, "seed": gen.seed, "unique": gen.unique, "chunk_size": chunk}
+    sink = ParquetSink(path, meta, gen.row_group_size)
     bar = progress(count, f"{task.name} {task.size} {split}", unit="samples")
-    draws = 0
+    chunks = pool.imap(make_chunk, ((stream, c) for c in itertools.count()))
     try:
-        while sink.count < count:
-            draws += 1
-            if draws > MAX_DRAWS_PER_SAMPLE * count:
+        for c, (batch, hashes) in enumerate(chunks):
+            need = count - sink.count
+            keep = seen.add_new(hashes, need) if seen is not None else np.arange(len(batch)) < need
+            sink.add(batch.select(keep))
+            bar.update(int(keep.sum()))
+            if sink.count == count:
+                break
+            if (c + 1) * chunk >= MAX_DRAWS_PER_SAMPLE * count:
                 raise tasks.TaskError(
-                    f"{task.name} size {task.size}: only {sink.count} distinct {split} samples after {draws - 1} "
-                    f"draws; the space of distinct samples is too small for {count}: lower "
-                    f"generate.{split}_samples")
-            s = task.sample(rng, split)
-            h = seq_hash(s.tokens)
-            if h in seen:
-                continue
-            seen.add(h)
-            sink.add(s.tokens, s.prompt_len, s.answer)
-            bar.update(1)
+                    f"{task.name} size {task.size}: only {sink.count} distinct {split} samples after {(c + 1) * chunk} "
+                    f"draws; the space of distinct samples is too small for {count}: lower generate.{split}_samples")
         stats = sink.close()
     except BaseException:
         sink.abort()
         raise
     finally:
+        chunks.close()
         bar.close()
     return stats
 
 
 def check_file(task: tasks.Task, path: Path) -> int:
     """Run the task's checker over every sample of a written file; returns the number checked."""
-    data = read_dataset(path)
-    for i in range(len(data)):
-        try:
-            task.check(data.sequence(i), int(data.prompt_len[i]), int(data.answer[i]))
-        except tasks.TaskError as err:
-            raise tasks.TaskError(f"{path} sample {i}: {err}") from None
-    return len(data)
+    meta = read_metadata(path)
+    if (meta["task"], meta["size"]) != (task.name, task.size):
+        raise DatasetError(f"{path} holds {meta['task']} size {meta['size']}, not {task.name} size {task.size}")
+    return validate_file(path)
 
 
-def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool = True) -> dict:
+def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool = True,
+                  workers: int | None = None) -> dict:
+    """Write every size of task ``name`` under ``out_dir/name`` (``workers``: default generate.workers)."""
     gen = cfg.generate
-    sizes = gen.datasets.get(name, [])
     params = gen.task_params.get(name, {})
-    built = [tasks.get_task(name, size, **params) for size in sizes]  # every size validated before writing
-    task_dir = out_dir / name
-    if task_dir.exists():
-        shutil.rmtree(task_dir)  # never mix files of an earlier, possibly interrupted, run
-    task_dir.mkdir(parents=True)
-    manifest = {"task": name, "profile": cfg.profile, "datasets": []}
+    built = [tasks.get_task(name, size, **params) for size in gen.datasets.get(name, [])]  # all validated first
     for task in built:
-        seen: set[int] = set()
-        for split in SPLITS:
-            count = gen.test_samples if split == "test" else gen.train_samples
-            path = dataset_path(out_dir, name, task.size, split)
-            stats = write_split(task, split, count, gen.seed, seen, path, gen.row_group_size)
-            if check:
-                check_file(task, path)
-            manifest["datasets"].append({"size": task.size, "split": split, "file": path.name,
-                                         "samples": stats["samples"], "max_length": stats["max_length"],
-                                         "mean_length": stats["mean_length"], "checked": check})
-    (task_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if gen.unique:
+            task.check_space(gen.test_samples, gen.train_samples)
+    final, staging = out_dir / name, out_dir / f".{name}.partial"
+    for stale in (final, staging):  # never mix files of an earlier, possibly interrupted, run
+        if stale.exists():
+            shutil.rmtree(stale)
+    staging.mkdir(parents=True)
+    manifest = {"task": name, "profile": cfg.profile, "datasets": []}
+    try:
+        with Pool(workers or gen.workers) as pool:
+            for task in built:
+                seen = SeenSet(gen.test_samples + gen.train_samples) if gen.unique else None
+                for split in SPLITS:
+                    count = gen.test_samples if split == "test" else gen.train_samples
+                    path = staging / dataset_path(out_dir, name, task.size, split).name
+                    stats = write_split(task, split, count, gen, seen, path, pool)
+                    checked = validate_file(path, gen.validate_samples, gen.seed, pool) if check else 0
+                    manifest["datasets"].append({"size": task.size, "split": split, "file": path.name,
+                                                 "samples": stats["samples"], "max_length": stats["max_length"],
+                                                 "mean_length": stats["mean_length"], "checked": checked})
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        staging.rename(final)  # the task's files appear together, and only when all are complete
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return manifest
 
 
@@ -111,18 +151,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", required=True, help="registered task name (see params.yaml `tasks`)")
     ap.add_argument("--params", default=str(config_mod.ROOT / "params.yaml"), help="params file (default: %(default)s)")
     ap.add_argument("--out", default=str(config_mod.ROOT / "data"), help="data directory (default: %(default)s)")
-    ap.add_argument("--no-check", action="store_true", help="skip re-checking every written sample")
+    ap.add_argument("--workers", type=int, help="generator processes (default: generate.workers); same output")
+    ap.add_argument("--no-check", action="store_true", help="skip re-checking the written samples")
     args = ap.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        ap.error("--workers must be >= 1")
     try:
         cfg = config_mod.load(args.params)  # validates the whole config, sweep included, before any work
         if args.task not in cfg.tasks:
             raise config_mod.one_of("--task", args.task, cfg.tasks)
-        manifest = generate_task(cfg, args.task, Path(args.out), check=not args.no_check)
+        manifest = generate_task(cfg, args.task, Path(args.out), check=not args.no_check, workers=args.workers)
     except (config_mod.ConfigError, tasks.TaskError, DatasetError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for d in manifest["datasets"]:
-        print(f"{args.task} size {d['size']} {d['split']}: {d['samples']} samples, max length {d['max_length']}")
+        print(f"{args.task} size {d['size']} {d['split']}: {d['samples']} samples, max length {d['max_length']}, "
+              f"{d['checked']} re-checked")
+    if not manifest["datasets"]:
+        print(f"{args.task}: no sizes in profile {manifest['profile']!r}; wrote only the manifest")
     return 0
 
 

@@ -28,10 +28,22 @@ def test_params_yaml_gives_every_registered_task_a_generate_stage():
 def test_paper_profile_declares_the_dp_papers_grid():
     cfg = config_mod.load(profile="paper")
     assert cfg.generate.train_samples == 1_000_000 and cfg.generate.test_samples == 100_000
-    assert cfg.generate.datasets["arithmetic"] == [6, 10, 13, 16] and cfg.generate.datasets["lis"] == [40, 110, 175, 250]
+    assert cfg.generate.datasets == {"arithmetic": [6, 10, 13, 16], "ed": [6, 12, 16, 20],
+                                     "ed_local": [6, 12, 16, 20], "lis": [40, 110, 175, 250]}
+    assert cfg.generate.unique and cfg.generate.seed == 2023
     assert cfg.sweep.widths == [32, 64, 128, 256, 512, 1024] and cfg.sweep.depths == [3, 5]
     assert cfg.sweep.batch_size == 512 and cfg.sweep.epochs == 100 and cfg.sweep.gpus_per_trial == 1
     assert sorted(cfg.sweep.architectures) == ["linear", "sparse", "standard"]
+
+
+def test_separations_profile_declares_the_separations_papers_grid():
+    cfg = config_mod.load(profile="separations")
+    lengths = [20, 50, 100, 200, 400]
+    assert cfg.generate.datasets == {"index_lookup": lengths, "dyck": lengths, "eq_random": lengths,
+                                     "eq_one": lengths, "eq_ncp": lengths + [800]}
+    assert cfg.generate.train_samples == 1_000_000 and cfg.generate.test_samples == 5_000
+    assert not cfg.generate.unique  # i.i.d., like the paper's online sampling
+    assert cfg.sweep.widths == [64, 128, 256, 512] and cfg.sweep.depths == [1, 2, 4, 6] and cfg.sweep.batch_size == 64
 
 
 def test_params_overrides_win_over_the_profile(tmp_path):
@@ -41,9 +53,9 @@ def test_params_overrides_win_over_the_profile(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("profile: nope", "profile: 'nope' is not allowed; allowed values: laptop, paper, tiny"),
+    ("profile: nope", "profile: 'nope' is not allowed; allowed values: laptop, paper, separations, tiny"),
     ("sweep: {architectures: [standard, transformerx]}",
-     "sweep.architectures: 'transformerx' is not allowed; allowed values: linear, sparse, standard"),
+     "sweep.architectures: 'transformerx' is not allowed; allowed values: " + ", ".join(sorted(models.ARCHITECTURES))),
     ("sweep: {widths: [16, 15]}", "sweep.widths: 15 is not divisible by sweep.heads = 2"),
     ("sweep: {widths: []}", "sweep.widths is empty"),
     ("sweep: {depths: [0]}", "sweep.depths.0: Input should be greater than 0"),

@@ -1,9 +1,12 @@
+import duckdb
 import numpy as np
 import pandas as pd
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.datasets import DatasetError, ParquetSink, dataset_path, read_dataset, read_metadata
+from tasks import Batch
 
 
 def test_datasets_read_back_without_padding_and_in_pandas(tiny_cfg, tiny_data):
@@ -32,8 +35,22 @@ def test_missing_corrupt_and_foreign_files_are_named(tmp_path, tiny_data):
 def test_an_interrupted_write_leaves_no_file_that_looks_complete(tmp_path):
     path = tmp_path / "t.parquet"
     sink = ParquetSink(path, {"task": "x"}, row_group_size=2)
+    sample = Batch(np.array([3, 4, 1], np.uint16), np.array([0, 3]), np.array([1], np.int32), np.array([4], np.int32))
     for _ in range(5):  # two row groups already on disk, in the temporary file
-        sink.add(np.array([3, 4, 1]), 1, 4)
+        sink.add(sample)
     assert not path.exists() and sink.tmp.exists()
     sink.abort()
     assert not path.exists() and not sink.tmp.exists()
+
+
+def test_datasets_read_in_polars_and_duckdb_with_the_documented_schema(tiny_data):
+    path = dataset_path(tiny_data, "arithmetic", 2, "train")
+    data = read_dataset(path)
+    frame = pl.read_parquet(path)
+    assert frame.schema == pl.Schema({"tokens": pl.List(pl.UInt16), "prompt_len": pl.Int32, "answer": pl.Int32,
+                                      "length": pl.Int32})
+    assert frame["tokens"][5].to_list() == data.sequence(5).tolist()
+    # the answer is the token just before <eos>, the length excludes <eos>: checked over every row, in SQL
+    bad = duckdb.sql(f"SELECT count(*) FROM '{path}' WHERE tokens[len(tokens) - 1] != answer "
+                     f"OR len(tokens) - 1 != length OR tokens[len(tokens)] != 1").fetchall()[0][0]
+    assert bad == 0 and duckdb.sql(f"SELECT max(length) FROM '{path}'").fetchall()[0][0] == data.lengths.max()

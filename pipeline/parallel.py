@@ -1,0 +1,46 @@
+"""Worker processes for the data stages: results come back in submission order, so output never depends on how
+many workers made it. ``workers = 1`` runs everything in this process (no start-up cost, for small data)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+
+
+class Pool:
+    def __init__(self, workers: int):
+        self.workers = workers
+        # spawn, not fork: the parent holds pyarrow and numba thread pools, which a forked child must not inherit
+        self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) \
+            if workers > 1 else None
+
+    def imap(self, fn: Callable, args: Iterable[tuple]) -> Iterator:
+        """``fn(*a)`` for each ``a`` in ``args`` (which may be endless), in order, with 2 tasks per worker in
+        flight so memory stays bounded. Closing the iterator early drops the tasks still queued."""
+        if self.executor is None:
+            yield from (fn(*a) for a in args)
+            return
+        pending: deque = deque()
+        todo = iter(args)
+        try:
+            while True:
+                while len(pending) < 2 * self.workers and (a := next(todo, None)) is not None:
+                    pending.append(self.executor.submit(fn, *a))
+                if not pending:
+                    return
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(cancel_futures=True)
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,116 @@
+"""Command `validate`: re-derive every answer and chain-of-thought value of stored datasets from the prompts alone.
+
+    python -m pipeline.validate --task lis                      every file in data/lis, every sample
+    python -m pipeline.validate --task lis --samples 10000      a seeded random subset of each file
+    python -m pipeline.validate data/lis/lis_250_train.parquet --workers 2
+
+Each file's task is rebuilt from the file's own metadata (name, size, parameters) and must give the same
+vocabulary; the footer's statistics must match the data (sample count, maximum length). Then the task's
+independent checker (plain Python, none of the generator's code) runs on every chosen sample, one row group per
+work unit, spread over worker processes, with a progress bar. The generate stage runs the same check on each file
+it writes (``generate.validate_samples`` per file; null = every sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+import tasks
+from pipeline import config as config_mod
+from pipeline.datasets import DatasetError, read_metadata
+from pipeline.parallel import Pool
+from pipeline.progress import progress
+
+
+@functools.lru_cache(maxsize=8)
+def cached_task(name: str, size: int, params: str) -> tasks.Task:
+    """One task object per worker process and dataset (``params`` as sorted JSON, to be hashable)."""
+    return tasks.get_task(name, size, **json.loads(params))
+
+
+def task_key(meta: dict) -> tuple[str, int, str]:
+    return meta["task"], meta["size"], json.dumps(meta["params"], sort_keys=True)
+
+
+def check_rows(path: Path, key: tuple[str, int, str], group: int, first: int, rows: np.ndarray) -> int:
+    """Run the checker on ``rows`` (indices inside row group ``group``, which starts at sample ``first``)."""
+    task = cached_task(*key)
+    table = pq.ParquetFile(path).read_row_group(group, columns=["tokens", "prompt_len", "answer"])
+    tokens = table.column("tokens").combine_chunks()
+    offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
+    prompt_len, answer = table.column("prompt_len").to_numpy(), table.column("answer").to_numpy()
+    for r in rows:
+        try:
+            task.check(values[offsets[r]:offsets[r + 1]], int(prompt_len[r]), int(answer[r]))  # offsets index .values
+        except tasks.TaskError as err:
+            raise tasks.TaskError(f"{path} sample {first + r}: {err}") from None
+    return len(rows)
+
+
+def validate_file(path: Path, samples: int | None = None, seed: int = 0, pool: Pool | None = None) -> int:
+    """Check ``samples`` random samples of one file (None: all of them); returns how many were checked."""
+    path = Path(path)
+    meta = read_metadata(path)
+    try:
+        task = tasks.get_task(meta["task"], meta["size"], **meta["params"])
+    except (KeyError, tasks.TaskError) as err:
+        raise DatasetError(f"{path}: metadata does not describe a valid task ({err})") from None
+    if task.tokens != meta["vocab"]:
+        raise DatasetError(f"{path}: the vocabulary in the metadata differs from the task's (generator changed?)")
+    parquet = pq.ParquetFile(path)
+    count = parquet.metadata.num_rows
+    max_length = pc.max(parquet.read(columns=["length"]).column("length")).as_py()
+    if (meta["stats"]["samples"], meta["stats"]["max_length"]) != (count, max_length):
+        raise DatasetError(f"{path}: stats say {meta['stats']['samples']} samples of max length "
+                           f"{meta['stats']['max_length']}, the data has {count} of max length {max_length}")
+    chosen = np.arange(count) if samples is None or samples >= count else \
+        np.sort(np.random.default_rng(seed).choice(count, samples, replace=False))
+    starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
+    units = []
+    for g in range(parquet.num_row_groups):
+        rows = chosen[(chosen >= starts[g]) & (chosen < starts[g + 1])] - starts[g]
+        if len(rows):
+            units.append((path, task_key(meta), g, int(starts[g]), rows))
+    pool = pool or Pool(1)
+    with progress(len(chosen), f"validate {path.name}", unit="samples") as bar:
+        for done in pool.imap(check_rows, units):
+            bar.update(done)
+    return len(chosen)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.validate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", type=Path, help="Parquet files to check (or use --task)")
+    ap.add_argument("--task", help="check every file in DATA/<task>/")
+    ap.add_argument("--data", type=Path, default=config_mod.ROOT / "data", help="data directory (default: %(default)s)")
+    ap.add_argument("--samples", type=int, help="random samples per file (default: every sample)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random subset (default: %(default)s)")
+    ap.add_argument("--workers", type=int, default=1, help="checker processes (default: %(default)s)")
+    args = ap.parse_args(argv)
+    files = list(args.files) + (sorted((args.data / args.task).glob("*.parquet")) if args.task else [])
+    if not files:
+        ap.error("name Parquet files or --task (with its files in --data)")
+    if args.samples is not None and args.samples < 1 or args.workers < 1:
+        ap.error("--samples and --workers must be >= 1")
+    try:
+        with Pool(args.workers) as pool:
+            for path in files:
+                checked = validate_file(path, args.samples, args.seed, pool)
+                print(f"{path}: {checked} samples re-derived from their prompts, all correct")
+    except (DatasetError, tasks.TaskError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

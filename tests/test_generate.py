@@ -1,0 +1,144 @@
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tasks
+from pipeline import generate as generate_mod
+from pipeline import validate as validate_mod
+from pipeline import config as config_mod
+from pipeline.config import ConfigError
+from pipeline.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
+from pipeline.generate import SPLITS, check_file, generate_task, seq_hash
+from tests.conftest import write_params
+from tests.test_tasks import SMALL_SIZES
+
+
+def small_config(tiny_cfg, datasets: dict, train: int = 300, test: int = 60, **generate):
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.tasks = sorted(tasks.TASKS)
+    cfg.generate.datasets, cfg.generate.train_samples, cfg.generate.test_samples = datasets, train, test
+    for key, value in generate.items():
+        setattr(cfg.generate, key, value)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def small_data(tiny_cfg, tmp_path_factory):
+    """Every task at its small sizes (distinct samples for the DP tasks, i.i.d. for the separations tasks, as the
+    paper and separations profiles do), every sample re-checked by the stage."""
+    out = tmp_path_factory.mktemp("small")
+    for name, sizes in SMALL_SIZES.items():
+        unique = tasks.TASKS[name].family == "cot"
+        generate_task(small_config(tiny_cfg, {name: sizes}, unique=unique, chunk_size=128), name, out)
+    return out
+
+
+def test_generated_files_are_unique_disjoint_checked_and_documented(tiny_cfg, tiny_data):
+    for task_name, sizes in tiny_cfg.generate.datasets.items():
+        for size in sizes:
+            hashes = {}
+            for split in SPLITS:
+                path = dataset_path(tiny_data, task_name, size, split)
+                data = read_dataset(path)
+                hashes[split] = {seq_hash(data.sequence(i)) for i in range(len(data))}
+                assert len(hashes[split]) == len(data)  # unique within the split
+                meta = read_metadata(path)
+                assert meta["vocab"][:2] == ["<pad>", "<eos>"] and meta["seed"] == 2023 and meta["unique"]
+                assert meta["stats"]["max_length"] == int(data.lengths.max())
+                assert meta["stats"]["samples"] == sum(meta["stats"]["length_counts"].values()) == len(data)
+                assert check_file(tasks.get_task(task_name, size), path) == len(data)
+            assert not hashes["train"] & hashes["test"]
+
+
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
+def test_validate_rederives_every_sample_of_every_size(small_data, name):
+    for size in SMALL_SIZES[name]:
+        for split in SPLITS:
+            path = dataset_path(small_data, name, size, split)
+            meta = read_metadata(path)
+            assert meta["task"] == name and meta["family"] == tasks.TASKS[name].family
+            assert validate_mod.validate_file(path) == meta["stats"]["samples"] == (300 if split == "train" else 60)
+    manifest = json.loads((small_data / name / "manifest.json").read_text())
+    assert all(d["checked"] == d["samples"] for d in manifest["datasets"])
+
+
+def test_ed_files_record_the_locality_windows(small_data):
+    meta = read_metadata(dataset_path(small_data, "ed_local", 8, "train"))
+    assert meta["stats"]["cell_locality_window"] <= 2 * 10 + 4 < meta["stats"]["locality_window"]
+    assert meta["stats"]["max_length"] <= tasks.get_task("ed_local", 8).max_length()
+
+
+def test_validate_catches_a_corrupted_sample_and_wrong_stats(small_data, tmp_path):
+    src = dataset_path(small_data, "lis", 12, "train")
+    table, meta = pq.read_table(src), read_metadata(src)
+    rows = table.column("tokens").to_pylist()
+    rows[123][20] = rows[123][20] + 1  # one chain-of-thought value off by one
+    bad = tmp_path / "lis_12_train.parquet"
+
+    def write(tokens: list, meta: dict) -> None:
+        fixed = table.set_column(0, "tokens", pa.array(tokens, pa.list_(pa.uint16())))
+        pq.write_table(fixed.replace_schema_metadata({"capacity_atlas": json.dumps(meta)}), bad)
+
+    write(rows, meta)
+    with pytest.raises(tasks.TaskError, match=f"{bad} sample 123: lis chain of thought: token 20"):
+        validate_mod.validate_file(bad)
+    assert validate_mod.validate_file(bad, samples=50, seed=1) == 50  # a subset may miss it
+    meta["stats"]["max_length"] += 1
+    write(table.column("tokens").to_pylist(), meta)
+    with pytest.raises(DatasetError, match="stats say"):
+        validate_mod.validate_file(bad)
+    assert validate_mod.main([str(bad)]) == 1
+    assert validate_mod.main(["--task", "lis", "--data", str(small_data), "--samples", "20"]) == 0
+
+
+def test_same_seed_gives_identical_files(tiny_cfg, tiny_data, tmp_path):
+    generate_task(tiny_cfg, "lis", tmp_path, check=False)
+    for split in SPLITS:
+        size = tiny_cfg.generate.datasets["lis"][0]
+        assert dataset_path(tmp_path, "lis", size, split).read_bytes() == \
+            dataset_path(tiny_data, "lis", size, split).read_bytes()
+
+
+def test_worker_count_does_not_change_a_byte(tiny_cfg, tmp_path):
+    """Many chunks, duplicates dropped, arithmetic's fill draws: 1 process and 2 workers write the same files."""
+    cfg = small_config(tiny_cfg, {"arithmetic": [3]}, train=3000, test=300, chunk_size=256, row_group_size=1000)
+    for workers in (1, 2):
+        generate_task(cfg, "arithmetic", tmp_path / str(workers), check=False, workers=workers)
+    for split in SPLITS:
+        one, two = (dataset_path(tmp_path / w, "arithmetic", 3, split) for w in ("1", "2"))
+        assert file_hash(one) == file_hash(two)
+        assert pq.ParquetFile(one).metadata.num_row_groups == (3 if split == "train" else 1)
+
+
+def test_too_many_samples_for_the_space_fails_before_writing(tiny_cfg, tmp_path):
+    cfg = small_config(tiny_cfg, {"arithmetic": [1]}, test=1000)  # only 473 distinct one-operator expressions
+    with pytest.raises(tasks.TaskError, match="space of distinct samples is too small"):
+        generate_task(cfg, "arithmetic", tmp_path)
+    assert not list(tmp_path.iterdir())
+    params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n"
+                                                    "generate: {train_samples: 1000000000000000}\n")
+    with pytest.raises(ConfigError, match="generate.datasets.arithmetic: arithmetic size 2: 1000000000000040 "
+                                          "distinct test \\+ train samples asked, but the space of distinct"):
+        config_mod.load(params)
+
+
+def test_an_interrupted_run_leaves_no_file_that_looks_complete(tiny_cfg, tmp_path, monkeypatch):
+    cfg = small_config(tiny_cfg, {"arithmetic": [1]}, train=500, test=20)  # within the bound 583, beyond the 473
+    with pytest.raises(tasks.TaskError, match="only [0-9]+ distinct train samples after"):
+        generate_task(cfg, "arithmetic", tmp_path)
+    assert not list(tmp_path.iterdir())  # not even the finished test file
+    make_chunk = generate_mod.make_chunk
+
+    def interrupted(stream, index):
+        if stream.split == "train" and index == 2:
+            raise KeyboardInterrupt
+        return make_chunk(stream, index)
+
+    monkeypatch.setattr(generate_mod, "make_chunk", interrupted)
+    cfg = small_config(tiny_cfg, {"lis": [5, 6]}, train=1000, chunk_size=100)
+    with pytest.raises(KeyboardInterrupt):
+        generate_task(cfg, "lis", tmp_path)
+    assert not list(tmp_path.iterdir())
