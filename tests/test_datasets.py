@@ -10,7 +10,7 @@ from tasks import Batch
 
 
 def test_datasets_read_back_without_padding_and_in_pandas(tiny_cfg, tiny_data):
-    path = dataset_path(tiny_data, "lis", 4, "train")
+    path = dataset_path(tiny_data, "lis", 3, "train")
     data = read_dataset(path)
     frame = pd.read_parquet(path)
     assert len(frame) == len(data) == tiny_cfg.generate.train_samples
@@ -23,7 +23,7 @@ def test_missing_corrupt_and_foreign_files_are_named(tmp_path, tiny_data):
     with pytest.raises(DatasetError, match="is missing"):
         read_metadata(tmp_path / "nope.parquet")
     bad = tmp_path / "bad.parquet"
-    bad.write_bytes(dataset_path(tiny_data, "lis", 4, "test").read_bytes()[:300])
+    bad.write_bytes(dataset_path(tiny_data, "lis", 3, "test").read_bytes()[:300])
     with pytest.raises(DatasetError, match=f"dataset file {bad} is corrupt"):
         read_dataset(bad)
     foreign = tmp_path / "foreign.parquet"

@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+import models
+
 from pipeline import config as config_mod
 from pipeline.datasets import dataset_path
 from tests.conftest import ROOT
@@ -69,9 +71,12 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     assert (report / "index.html").is_file() and (report / "min_gflops.md").is_file()
     best = pd.read_csv(report / "min_gflops.csv")
     assert len(best) == len(cfg.sweep_datasets()) * len(cfg.sweep.architectures)
+    assert set(cfg.sweep.architectures) == set(models.ARCHITECTURES)  # the sweep selects any of them by name
+    page = (report / "index.html").read_text()
     for task in cfg.generate.datasets:
         for arch in cfg.sweep.architectures:
-            assert (report / f"heatmap_{task}_{arch}_d{cfg.sweep.depths[0]}.png").stat().st_size > 1000
+            name = f"heatmap_{task}_{arch}_d{cfg.sweep.depths[0]}.png"
+            assert (report / name).stat().st_size > 1000 and name in page
     metrics = json.loads((repo / "results" / "report.json").read_text())
     assert metrics["trials"] == grid and metrics["failed"] == 0
 
@@ -97,7 +102,8 @@ def test_second_repro_does_no_work(repo):
     before = (repo / "results" / "sweep.csv").stat().st_mtime_ns
     result = run(["dvc", "repro"], repo)
     assert result.returncode == 0
-    assert result.stdout.count("didn't change, skipping") == 4 and "Running stage" not in result.stdout
+    stages = len(config_mod.load(repo / "params.yaml").tasks) + 2  # a generate per task, sweep, report
+    assert result.stdout.count("didn't change, skipping") == stages and "Running stage" not in result.stdout
     assert (repo / "results" / "sweep.csv").stat().st_mtime_ns == before
     assert len(mlflow_runs(repo)[1]) == 1
 
