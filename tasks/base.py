@@ -144,7 +144,8 @@ class Task(ABC):
         out = Batch.empty(count, self.max_length() + 1, self.features)
         self.generate(rng, split, fill, out)
         if out.offsets[-1] > len(out.values):  # compiled kernels do not check bounds: max_length() was wrong
-            raise AssertionError(f"{self.name} {self.size}: a sequence is longer than max_length() = {self.max_length()}")
+            raise AssertionError(f"{self.name} {self.size}: a sequence is longer than max_length() = "
+                                 f"{self.max_length()}")
         return out.trimmed()
 
     def sample(self, rng: np.random.Generator, split: str) -> Sample:

@@ -1,15 +1,13 @@
 import json
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import tasks
+from pipeline import config as config_mod
 from pipeline import generate as generate_mod
 from pipeline import validate as validate_mod
-from pipeline import config as config_mod
-from pipeline.config import ConfigError
 from pipeline.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
 from pipeline.generate import SPLITS, check_file, generate_task, seq_hash
 from tests.conftest import write_params
@@ -120,7 +118,7 @@ def test_too_many_samples_for_the_space_fails_before_writing(tiny_cfg, tmp_path)
     assert not list(tmp_path.iterdir())
     params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n"
                                                     "generate: {train_samples: 1000000000000000}\n")
-    with pytest.raises(ConfigError, match="generate.datasets.arithmetic: arithmetic size 2: 1000000000000040 "
+    with pytest.raises(config_mod.ConfigError, match="generate.datasets.arithmetic: arithmetic size 2: 1000000000000040 "
                                           "distinct test \\+ train samples asked, but the space of distinct"):
         config_mod.load(params)
 

@@ -5,8 +5,7 @@ import pytest
 
 import tasks
 from benchmarks.reference import reference_sample
-from pipeline.generate import SPLITS, check_file, generate_task, seq_hash
-from pipeline.datasets import dataset_path, read_dataset, read_metadata
+from pipeline.generate import SPLITS
 from tasks.arithmetic import DIV, MINUS, PLUS, TIMES, Parser, needs_brackets
 
 SMALL_SIZES = {"arithmetic": [1, 3, 6], "lis": [3, 5, 12], "ed": [4, 5, 8], "ed_local": [4, 5, 8],
