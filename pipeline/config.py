@@ -27,6 +27,14 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TaskGenerate(Section):
+    """Per-task exceptions to the generate section (the DP and separations papers use different scales)."""
+
+    train_samples: PositiveInt | None = None
+    test_samples: PositiveInt | None = None
+    unique: bool | None = None
+
+
 class GenerateConfig(Section):
     seed: int = 2023
     train_samples: PositiveInt
@@ -42,6 +50,13 @@ class GenerateConfig(Section):
                                                 "the files are byte-identical for any value")
     validate_samples: PositiveInt | None = Field(None, description="samples per file re-checked after writing by "
                                                                    "the task's checker; None = every sample")
+    per_task: dict[str, TaskGenerate] = Field(default_factory=dict, description="task name -> train_samples, "
+                                              "test_samples or unique for that task only")
+
+    def for_task(self, task: str) -> "GenerateConfig":
+        """This section as it applies to ``task``: its per_task entry, if any, wins."""
+        over = self.per_task.get(task)
+        return self if over is None else self.model_copy(update=over.model_dump(exclude_none=True))
 
 
 class SweepConfig(Section):
@@ -123,16 +138,18 @@ def check_semantics(cfg: Config) -> None:
     for task, sizes in cfg.generate.datasets.items():
         if task not in cfg.tasks:
             raise one_of("generate.datasets", task, cfg.tasks)
+        gen = cfg.generate.for_task(task)
         for size in sizes:
             try:
-                built = tasks.get_task(task, size, **cfg.generate.task_params.get(task, {}))
-                if cfg.generate.unique:
-                    built.check_space(cfg.generate.test_samples, cfg.generate.train_samples)
+                built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
+                if gen.unique:
+                    built.check_space(gen.test_samples, gen.train_samples)
             except tasks.TaskError as err:
                 raise ConfigError(f"generate.datasets.{task}: {err}") from None
-    for task in cfg.generate.task_params:
-        if task not in cfg.generate.datasets:
-            raise one_of("generate.task_params", task, cfg.generate.datasets)
+    for key in ("task_params", "per_task"):
+        for task in getattr(cfg.generate, key):
+            if task not in cfg.generate.datasets:
+                raise one_of(f"generate.{key}", task, cfg.generate.datasets)
     for task, sizes in (cfg.sweep.datasets or {}).items():
         for size in sizes:
             if size not in cfg.generate.datasets.get(task, []):

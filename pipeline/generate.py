@@ -113,7 +113,7 @@ def check_file(task: tasks.Task, path: Path) -> int:
 def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool = True,
                   workers: int | None = None) -> dict:
     """Write every size of task ``name`` under ``out_dir/name`` (``workers``: default generate.workers)."""
-    gen = cfg.generate
+    gen = cfg.generate.for_task(name)
     params = gen.task_params.get(name, {})
     built = [tasks.get_task(name, size, **params) for size in gen.datasets.get(name, [])]  # all validated first
     for task in built:

@@ -25,12 +25,18 @@ def test_params_yaml_gives_every_registered_task_a_generate_stage():
     assert params["profile"] in config_mod.profiles()
 
 
-def test_paper_profile_declares_the_dp_papers_grid():
+def test_paper_profile_declares_both_papers_data_and_the_dp_papers_grid():
     cfg = config_mod.load(profile="paper")
-    assert cfg.generate.train_samples == 1_000_000 and cfg.generate.test_samples == 100_000
-    assert cfg.generate.datasets == {"arithmetic": [6, 10, 13, 16], "ed": [6, 12, 16, 20],
-                                     "ed_local": [6, 12, 16, 20], "lis": [40, 110, 175, 250]}
-    assert cfg.generate.unique and cfg.generate.seed == 2023
+    separations = config_mod.load(profile="separations")
+    dp = {"arithmetic": [6, 10, 13, 16], "ed": [6, 12, 16, 20], "ed_local": [6, 12, 16, 20], "lis": [40, 110, 175, 250]}
+    assert cfg.generate.datasets == dp | separations.generate.datasets
+    for task in dp:
+        gen = cfg.generate.for_task(task)
+        assert (gen.train_samples, gen.test_samples, gen.unique) == (1_000_000, 100_000, True)
+    for task in separations.generate.datasets:
+        gen = cfg.generate.for_task(task)
+        assert (gen.train_samples, gen.test_samples, gen.unique) == (1_000_000, 5_000, False)
+    assert cfg.sweep.datasets == dp and cfg.generate.seed == 2023
     assert cfg.sweep.widths == [32, 64, 128, 256, 512, 1024] and cfg.sweep.depths == [3, 5]
     assert cfg.sweep.batch_size == 512 and cfg.sweep.epochs == 100 and cfg.sweep.gpus_per_trial == 1
     assert sorted(cfg.sweep.architectures) == ["linear", "sparse", "standard"]
@@ -63,6 +69,8 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("generate: {datasets: {sorting: [4]}}", "generate.datasets: 'sorting' is not allowed; allowed values: arithmetic, lis"),
     ("generate: {datasets: {lis: [2]}}", "generate.datasets.lis: lis size n must be >= 3"),
     ("generate: {task_params: {lis: {value_range: 5}}}", "value_range must be >= 2n \\+ 1"),
+    ("generate: {per_task: {dyck: {unique: false}}}", "generate.per_task: 'dyck' is not allowed; allowed values: "
+     "arithmetic, lis"),
     ("sweep: {datasets: {lis: [99]}}", "sweep.datasets.lis: 99 is not allowed"),
     ("sweep: {learning_rate: 0.1}", "sweep.learning_rate: Extra inputs are not permitted"),
     ("sweep: {arch_options: {sparse: {window: 3}}}", "sweep.arch_options.sparse: unknown option"),
