@@ -134,7 +134,7 @@ class Dataset:
 
     path: Path
     meta: dict
-    values: np.ndarray  # (total tokens,) int64
+    values: np.ndarray  # (total tokens,) uint16, as stored: 2 bytes a token in memory too
     offsets: np.ndarray  # (N + 1,)
     prompt_len: np.ndarray  # (N,)
     answer: np.ndarray  # (N,)
@@ -175,7 +175,7 @@ def read_dataset(path: Path, limit: int | None = None) -> Dataset:
         table = table.slice(0, limit)
     tokens = table.column("tokens").combine_chunks()
     offsets = tokens.offsets.to_numpy()
-    values = tokens.values.to_numpy().astype(np.int64)
+    values = tokens.values.to_numpy()
     return Dataset(Path(path), meta, values[offsets[0]:offsets[-1]], offsets - offsets[0],
                    table.column("prompt_len").to_numpy(), table.column("answer").to_numpy())
 

@@ -216,7 +216,7 @@ def greedy_accuracy(model: models.LanguageModel, data: Dataset, batch_size: int,
         rows = np.flatnonzero(prompt_lens == p)
         for b in range(0, len(rows), batch_size):
             idx = rows[b:b + batch_size]
-            prompts = torch.from_numpy(np.stack([data.sequence(i)[:p] for i in idx])).to(device)  # (B, p)
+            prompts = torch.from_numpy(np.stack([data.sequence(i)[:p] for i in idx]).astype(np.int64)).to(device)
             out = decode(model, prompts)  # (B, <= max_len + 1)
             correct += int((final_answers(out, p) == torch.from_numpy(data.answer[idx]).to(device)).sum())
     return correct / len(data)
