@@ -6,8 +6,9 @@
     h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t           A = -exp(A_log), (E, N) diagonal   (Alg. 2, selective scan)
     y_t = C_t . h_t + D x_t,   out = out_proj(y * SiLU(z))
 
-The scan runs token by token in training and decoding alike: on a CPU a loop over (B, E, N) states is faster
-than materialising the chunked parallel form, whose (B, E, N, C, C) decay tensor costs C times the work.
+The scan runs token by token in training and decoding alike. The chunked parallel form would materialise a
+(B, E, N, C, C) decay tensor, about C times the work of this loop over (B, E, N) states; on a CPU, without a
+fused kernel, we expect the loop to win (an estimate: the parallel form is not implemented here to measure).
 The block is Mamba's own: x += Mamba(LN(x)), no FFN.
 """
 
