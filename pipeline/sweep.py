@@ -138,11 +138,12 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic trial table, not a box per trial and result
     from ray import tune
 
-    from pipeline.tracking import ChildRuns, check_mlflow, start_parent
+    from pipeline.tracking import ChildRuns, check_mlflow, check_ray, start_parent
 
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
     uri = cfg.cluster.mlflow()
     check_mlflow(uri)
+    check_ray(cfg.cluster.ray())
     s = cfg.sweep
     train = {k: getattr(s, k) for k in TRAIN_KEYS} | {"threads": s.cpus_per_trial, "use_gpu": s.gpus_per_trial > 0}
     print(f"sweep: profile {cfg.profile}, {len(cells)} trials, MLflow {uri}", flush=True)

@@ -8,6 +8,7 @@ no half-created experiments when many trials start at once.
 from __future__ import annotations
 
 import math
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -40,6 +41,21 @@ def check_mlflow(uri: str) -> None:
     else:
         raise ServiceError(f"MLflow tracking URI {uri!r}: use sqlite:///path/to/mlflow.db or http(s)://server "
                            "(the file store is deprecated)")
+
+
+def check_ray(address: str | None) -> None:
+    """Fail fast on a Ray head that does not answer: ray.init would retry for minutes before giving up."""
+    if not address or address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ServiceError(f"Ray address {address!r}: expected host:port or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as err:
+        raise ServiceError(f"Ray head at {address} is unreachable ({err}); start one with `ray start --head` "
+                           "or unset RAY_ADDRESS / cluster.ray_address for a local Ray") from None
 
 
 def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: dict) -> tuple[MlflowClient, str]:

@@ -131,6 +131,15 @@ def test_unreachable_mlflow_fails_before_ray(repo):
     assert set((repo / "ray_results").iterdir()) == ray_dirs and not (repo / "elsewhere").exists()
 
 
+def test_unreachable_ray_fails_fast_and_before_any_compute(repo):
+    ray_dirs = set((repo / "ray_results").iterdir())
+    result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "elsewhere")], repo,
+                 RAY_ADDRESS="127.0.0.1:9")
+    assert result.returncode == 2 and "Ray head at 127.0.0.1:9 is unreachable" in result.stderr
+    assert set((repo / "ray_results").iterdir()) == ray_dirs and not (repo / "elsewhere").exists()
+    assert len(mlflow_runs(repo)[1]) == 1  # no parent run was started
+
+
 def test_corrupt_dataset_is_named_before_any_compute(repo):
     cfg = config_mod.load(repo / "params.yaml")
     task, size = cfg.sweep_datasets()[0]
