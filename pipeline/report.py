@@ -72,8 +72,8 @@ def min_gflops(cells: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return pd.DataFrame(rows).reindex(columns=cols)
 
 
-def min_gflops_markdown(table: pd.DataFrame, threshold: float) -> str:
-    """Pivot: a row per (task, size, L), a column per architecture; '-' where no width passed."""
+def min_gflops_pivot(table: pd.DataFrame) -> pd.DataFrame:
+    """A row per (task, size, L), a column per architecture; '-' where no cell passed."""
     def fmt(r) -> str:
         if pd.isna(r.min_paper_gflops):
             return f"- (best {r.best_accuracy:.0%})"
@@ -81,9 +81,12 @@ def min_gflops_markdown(table: pd.DataFrame, threshold: float) -> str:
 
     shown = table.assign(cell=table.apply(fmt, axis=1))
     pivot = shown.pivot_table(index=["task", "size", "L"], columns="arch", values="cell", aggfunc="first")
-    note = (f"Minimum GFLOPs (paper convention / exact forward) among cells with final-answer accuracy above "
-            f"{threshold:.0%}; D = width, M = depth. '-' = no cell passed (best accuracy in brackets).\n\n")
-    return note + pivot.reset_index().to_markdown(index=False) + "\n"
+    return pivot.rename_axis(columns=None).reset_index()
+
+
+def min_gflops_note(threshold: float) -> str:
+    return (f"Minimum GFLOPs (paper convention / exact forward) among cells with accuracy above {threshold:.0%}; "
+            "D = width, M = depth. '-' = no cell passed (best accuracy in brackets).")
 
 
 def heatmap(cells: pd.DataFrame, task: str, arch: str, depth: int, path: Path) -> None:
@@ -104,7 +107,7 @@ def heatmap(cells: pd.DataFrame, task: str, arch: str, depth: int, path: Path) -
     plt.close(fig)
 
 
-def page(cfg: config_mod.Config, table: pd.DataFrame, figures: dict, best_md: str, summary: dict) -> str:
+def page(cfg: config_mod.Config, table: pd.DataFrame, figures: dict, best: pd.DataFrame, summary: dict) -> str:
     parts = [f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
              "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px}</style>",
@@ -113,7 +116,8 @@ def page(cfg: config_mod.Config, table: pd.DataFrame, figures: dict, best_md: st
              f"above {cfg.report.accuracy_threshold:.0%} final-answer accuracy. MLflow parent run "
              f"<code>{summary['mlflow_parent_run']}</code>. Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
              "<h2>Minimum GFLOPs at the accuracy threshold (DP paper, Table 2)</h2>",
-             f"<pre>{html.escape(best_md)}</pre>", "<h2>Accuracy heatmaps (DP paper, Figure 1 layout)</h2>"]
+             f"<p>{html.escape(min_gflops_note(cfg.report.accuracy_threshold))}</p>",
+             min_gflops_pivot(best).to_html(index=False), "<h2>Accuracy heatmaps (DP paper, Figure 1 layout)</h2>"]
     for task, images in figures.items():
         parts.append(f"<h3>{task}</h3>" + "".join(f"<img src='{name}' alt='{name}'>" for name in images))
     parts += ["<h2>Conventions</h2><ul>",
@@ -146,7 +150,7 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
         name = f"heatmap_{task}_{arch}_d{depth}.png"
         heatmap(cells, task, arch, depth, tmp / name)
         figures.setdefault(task, []).append(name)
-    best_md = min_gflops_markdown(best, threshold)
+    best_md = min_gflops_note(threshold) + "\n\n" + min_gflops_pivot(best).to_markdown(index=False) + "\n"
     best.to_csv(tmp / "min_gflops.csv", index=False)
     (tmp / "min_gflops.md").write_text(best_md)
     table.to_csv(tmp / "results.csv", index=False)
@@ -159,7 +163,7 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
                "min_paper_gflops": {f"{r.task}_{r.size}_{r.arch}": (None if pd.isna(r.min_paper_gflops)
                                                                     else float(r.min_paper_gflops))
                                     for r in best.itertuples()}}
-    (tmp / "index.html").write_text(page(cfg, table, figures, best_md, summary))
+    (tmp / "index.html").write_text(page(cfg, table, figures, best, summary))
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)  # the report appears whole or not at all
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
