@@ -68,6 +68,12 @@ class SweepConfig(Section):
     heads: PositiveInt = 4
     dropout: float = Field(0.1, ge=0, lt=1)
     arch_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="architecture -> options")
+    arch_depths: dict[str, list[PositiveInt]] = Field(default_factory=dict, description="architecture -> its own "
+                                                      "depths instead of sweep.depths (the separations paper's LSTM "
+                                                      "stops at 3 layers)")
+
+    def depths_for(self, arch: str) -> list[int]:
+        return self.arch_depths.get(arch, self.depths)
     # optimisation (AdamW with linear warm-up and linear decay to 0, as in Feng et al.)
     batch_size: PositiveInt = 512
     epochs: PositiveInt = 100
@@ -158,6 +164,11 @@ def check_semantics(cfg: Config) -> None:
     for arch in cfg.sweep.architectures:
         if arch not in models.ARCHITECTURES:
             raise one_of("sweep.architectures", arch, models.ARCHITECTURES)
+    for arch, depths in cfg.sweep.arch_depths.items():
+        if arch not in cfg.sweep.architectures:
+            raise one_of("sweep.arch_depths", arch, cfg.sweep.architectures)
+        if not depths:
+            raise ConfigError(f"sweep.arch_depths.{arch} is empty: {arch} would have no trials")
     for arch, options in cfg.sweep.arch_options.items():
         if arch not in models.ARCHITECTURES:
             raise one_of("sweep.arch_options", arch, models.ARCHITECTURES)

@@ -55,7 +55,7 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> list[dict]:
     for arch in s.architectures:
         for width in s.widths:
             for (task, size), data in datasets.items():
-                for depth in s.depths:
+                for depth in s.depths_for(arch):
                     for seed in s.seeds:
                         cell = {"task": task, "size": size, "arch": arch, "width": width, "depth": depth,
                                 "seed": seed, "arch_options": s.arch_options.get(arch, {}), **data}

@@ -71,6 +71,9 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("generate: {task_params: {lis: {value_range: 5}}}", "value_range must be >= 2n \\+ 1"),
     ("generate: {per_task: {dyck: {unique: false}}}", "generate.per_task: 'dyck' is not allowed; allowed values: "
      "arithmetic, lis"),
+    ("sweep: {arch_depths: {rnn: [1, 2]}}", "sweep.arch_depths: 'rnn' is not allowed; allowed values: "
+     + ", ".join(sorted(models.ARCHITECTURES))),
+    ("sweep: {arch_depths: {lstm: []}}", "sweep.arch_depths.lstm is empty"),
     ("sweep: {datasets: {lis: [99]}}", "sweep.datasets.lis: 99 is not allowed"),
     ("sweep: {learning_rate: 0.1}", "sweep.learning_rate: Extra inputs are not permitted"),
     ("sweep: {arch_options: {sparse: {window: 3}}}", "sweep.arch_options.sparse: unknown option"),
@@ -94,3 +97,16 @@ def test_cluster_settings_come_from_params_then_environment(monkeypatch):
     assert default.ray() == "10.0.0.1:6379" and default.mlflow() == "http://mlflow:5000"
     explicit = config_mod.ClusterConfig(ray_address="head:6379", mlflow_tracking_uri="sqlite:////x.db")
     assert explicit.ray() == "head:6379" and explicit.mlflow() == "sqlite:////x.db"
+
+
+def test_an_architecture_may_have_its_own_depths(tmp_path, tiny_data):
+    from pipeline.sweep import build_cells
+
+    p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, ed, ed_local, lis, index_lookup, "
+                     "dyck, eq_random, eq_one, eq_ncp]\nsweep: {depths: [1, 2], arch_depths: {lstm: [3]}}\n")
+    cfg = config_mod.load(p)
+    cells = build_cells(cfg, tiny_data)
+    assert {c["depth"] for c in cells if c["arch"] == "lstm"} == {3}
+    assert {c["depth"] for c in cells if c["arch"] == "standard"} == {1, 2}
+    per_depth = len(cfg.sweep.widths) * len(cfg.sweep_datasets()) * len(cfg.sweep.seeds)
+    assert len(cells) == per_depth * (2 * (len(cfg.sweep.architectures) - 1) + 1)
