@@ -93,6 +93,8 @@ class SweepConfig(Section):
     gpus_per_trial: float = Field(0, ge=0)
     max_concurrent_trials: PositiveInt | None = None
     experiment: str = "capacity-atlas"
+    reuse: bool = Field(True, description="reuse cells this MLflow experiment already finished with the same data, "
+                                          "training settings and training code, instead of training them again")
 
 
 class ReportConfig(Section):

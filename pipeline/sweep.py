@@ -2,9 +2,12 @@
 
     python -m pipeline.sweep                    (dvc.yaml runs this after every `generate`)
 
-Before anything starts: the config is validated, every dataset file is opened and hashed, MLflow is checked.
-Then Ray (local ``ray.init`` on this machine's cores, or the head at ``cluster.ray_address`` / $RAY_ADDRESS)
-runs one trial per grid cell; each trial trains with Lightning and decodes the test set greedily.
+Before anything starts: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
+are checked. Cells this MLflow experiment already finished with the same data, training settings and training code
+(same cell id and run key) are reused, so an interrupted or extended sweep trains only what is missing
+(``sweep.reuse: false`` retrains everything). Ray (local ``ray.init`` on this machine's cores, or the head at
+``cluster.ray_address`` / $RAY_ADDRESS) runs one trial per remaining cell; each trial trains with Lightning and
+scores the test set.
 Outputs (DVC's): ``results/sweep.csv`` (one row per cell) and ``results/sweep.json`` (headline metrics).
 MLflow's store and Ray's trial directories are not DVC outputs.
 """
@@ -29,6 +32,8 @@ from pipeline.datasets import DatasetError, dataset_path, file_hash, read_metada
 from pipeline.train import TrialSpec
 
 RESULTS = config_mod.ROOT / "results"
+RESULT_KEYS = ("final_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops", "train_pflops",
+               "state_bytes", "train_steps", "train_seconds", "eval_seconds", "eval_samples")
 TRAIN_KEYS = ("heads", "dropout", "batch_size", "epochs", "max_steps", "lr", "weight_decay", "warmup_fraction",
               "grad_clip", "precision", "val_samples", "val_every_steps", "eval_samples", "eval_batch_size")
 
@@ -37,6 +42,16 @@ def cell_id(cell: dict) -> str:
     """Stable id of a grid cell: the same cell on the same data gets the same id in every rerun."""
     key = {k: cell[k] for k in ("task", "size", "arch", "width", "depth", "seed", "data_hash")}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_key(train: dict) -> str:
+    """What, beyond the cell, decides a trial's result: the training settings and the code that trains.
+    A finished run with the same cell id and run key is reused instead of trained again (``sweep.reuse``)."""
+    h = hashlib.sha256(json.dumps(train, sort_keys=True).encode())
+    root = config_mod.ROOT
+    for path in sorted([*root.glob("models/*.py"), root / "pipeline" / "train.py", root / "pipeline" / "datasets.py"]):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def build_cells(cfg: config_mod.Config, data_dir: Path) -> list[dict]:
@@ -95,6 +110,13 @@ def run_cell(config: dict) -> None:
     tune.report({**result, "step": result["train_steps"], "final": True})
 
 
+def result_row(cell: dict, metrics: dict, status: str, run_id: str, parent: str) -> dict:
+    """One row of results/sweep.csv."""
+    row = {k: cell[k] for k in ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")}
+    row.update({k: metrics.get(k) for k in RESULT_KEYS})
+    return row | {"status": status, "mlflow_run_id": run_id, "parent_run_id": parent}
+
+
 def connect_ray(address: str | None, cpus: int) -> str:
     import ray
 
@@ -146,53 +168,58 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     check_ray(cfg.cluster.ray())
     s = cfg.sweep
     train = {k: getattr(s, k) for k in TRAIN_KEYS} | {"threads": s.cpus_per_trial, "use_gpu": s.gpus_per_trial > 0}
-    print(f"sweep: profile {cfg.profile}, {len(cells)} trials, MLflow {uri}", flush=True)
-    address = connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
+    # threads change speed, not results; architecture options change results but are not part of the cell id
+    key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options})
+    for cell in cells:
+        cell["run_key"] = key
     started = time.time()
     client, parent = start_parent(
         uri, s.experiment, f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
         params={"profile": cfg.profile, "trials": len(cells), "architectures": ",".join(s.architectures),
                 "widths": ",".join(map(str, s.widths)), "depths": ",".join(map(str, s.depths)),
-                "seeds": ",".join(map(str, s.seeds)), "ray": address, **{f"train.{k}": v for k, v in train.items()}},
+                "seeds": ",".join(map(str, s.seeds)), "run_key": key, **{f"train.{k}": v for k, v in train.items()}},
         tags={"git_commit": git_commit(), "profile": cfg.profile, "stage": "sweep"})
-    client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
-    experiment_id = client.get_run(parent).info.experiment_id
-    children = ChildRuns(client, experiment_id, parent)
-    param_space = {"cell": tune.grid_search(cells), "train": train}
-    resources = {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial}
-    tuner = tune.Tuner(
-        tune.with_resources(run_cell, resources),
-        param_space=param_space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=s.max_concurrent_trials, reuse_actors=True,
-                                    trial_name_creator=lambda t: t.config["cell"]["name"],
-                                    trial_dirname_creator=lambda t: f"{t.config['cell']['name']}-{t.trial_id}"),
-        run_config=tune.RunConfig(name=f"{cfg.profile}-{int(started)}", storage_path=str(config_mod.ROOT / "ray_results"),
-                                  callbacks=[children], verbose=1, progress_reporter=reporter(), failure_config=tune.FailureConfig(max_failures=0)))
     status = "FAILED"
     try:
-        grid = tuner.fit()
+        client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
+        children = ChildRuns(client, client.get_run(parent).info.experiment_id, parent)
+        finished = children.finished(key) if s.reuse else {}
         rows = []
-        for result in grid:
-            cell = result.config["cell"]
-            row = {k: cell[k] for k in ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed",
-                                        "data_hash")}
-            metrics = result.metrics or {}
-            row.update({k: metrics.get(k) for k in ("final_accuracy", "token_accuracy", "params", "paper_gflops",
-                                                    "exact_gflops", "train_pflops", "state_bytes", "train_steps",
-                                                    "train_seconds", "eval_seconds", "eval_samples")})
-            row["status"] = "error" if result.error else "ok"
-            row["mlflow_run_id"] = children.runs.get(metrics.get("trial_id", ""), "")
-            row["parent_run_id"] = parent
-            rows.append(row)
+        for cell in cells:
+            if cell["cell_id"] in finished:
+                run_id, metrics = children.reuse(cell, train, finished[cell["cell_id"]])
+                rows.append(result_row(cell, metrics, "ok", run_id, parent))
+        todo = [c for c in cells if c["cell_id"] not in finished]
+        print(f"sweep: profile {cfg.profile}, {len(cells)} cells: {len(cells) - len(todo)} already finished with "
+              f"the same data, settings and code (reused), {len(todo)} to train; MLflow {uri}", flush=True)
+        if todo:
+            address = connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
+            client.log_param(parent, "ray", address)
+            tuner = tune.Tuner(
+                tune.with_resources(run_cell, {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial}),
+                param_space={"cell": tune.grid_search(todo), "train": train},
+                tune_config=tune.TuneConfig(
+                    max_concurrent_trials=s.max_concurrent_trials, reuse_actors=True,
+                    trial_name_creator=lambda t: t.config["cell"]["name"],
+                    trial_dirname_creator=lambda t: f"{t.config['cell']['name']}-{t.trial_id}"),
+                run_config=tune.RunConfig(
+                    name=f"{cfg.profile}-{int(started)}", storage_path=str(config_mod.ROOT / "ray_results"),
+                    callbacks=[children], verbose=1, progress_reporter=reporter(),
+                    failure_config=tune.FailureConfig(max_failures=0)))
+            for result in tuner.fit():
+                metrics = result.metrics or {}
+                rows.append(result_row(result.config["cell"], metrics, "error" if result.error else "ok",
+                                       children.runs.get(metrics.get("trial_id", ""), ""), parent))
         table = pd.DataFrame(rows).sort_values(["task", "size", "arch", "width", "depth", "seed"])
         ok = table[table.status == "ok"]
         summary = {"profile": cfg.profile, "trials": len(table), "failed": int((table.status != "ok").sum()),
                    "mean_final_accuracy": round(float(ok.final_accuracy.mean()), 4) if len(ok) else None,
                    "cells_above_threshold": int((ok.final_accuracy > cfg.report.accuracy_threshold).sum()),
-                   "wall_seconds": round(time.time() - started, 1), "mlflow_parent_run": parent}
-        for key in ("trials", "failed", "mean_final_accuracy", "cells_above_threshold", "wall_seconds"):
-            if summary[key] is not None:
-                client.log_metric(parent, key, summary[key])
+                   "reused": len(cells) - len(todo), "wall_seconds": round(time.time() - started, 1),
+                   "mlflow_parent_run": parent}
+        for name in ("trials", "failed", "mean_final_accuracy", "cells_above_threshold", "reused", "wall_seconds"):
+            if summary[name] is not None:
+                client.log_metric(parent, name, summary[name])
         write_atomic(out_dir / "sweep.csv", table.to_csv(index=False))
         write_atomic(out_dir / "sweep.json", json.dumps(summary, indent=2) + "\n")
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"

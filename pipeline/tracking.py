@@ -88,16 +88,41 @@ class ChildRuns(tune.Callback):
         self.client, self.experiment_id, self.parent_id = client, experiment_id, parent_id
         self.runs: dict[str, str] = {}  # trial id -> MLflow run id
 
-    def on_trial_start(self, iteration, trials, trial, **info):
-        cell = trial.config["cell"]
+    def child(self, cell: dict, train: dict, **tags) -> str:
+        """A child run of the parent for ``cell``, with its parameters; returns the run id."""
         run = self.client.create_run(self.experiment_id, run_name=cell["name"],
                                      tags={"mlflow.parentRunId": self.parent_id, "cell_id": cell["cell_id"],
-                                           "ray_trial_id": trial.trial_id})
-        self.runs[trial.trial_id] = run.info.run_id
+                                           "run_key": cell["run_key"], **tags})
         for key in ("task", "size", "arch", "width", "depth", "seed", "max_len", "data_hash", "cell_id"):
             self.client.log_param(run.info.run_id, key, cell[key])
-        for key, value in trial.config["train"].items():
+        for key, value in train.items():
             self.client.log_param(run.info.run_id, f"train.{key}", value)
+        return run.info.run_id
+
+    def finished(self, run_key: str) -> dict[str, "mlflow.entities.Run"]:
+        """cell id -> the newest finished run of this experiment with the same run key (data, settings, code)."""
+        runs = self.client.search_runs([self.experiment_id], max_results=50_000, order_by=["attributes.start_time DESC"],
+                                       filter_string=f"tags.run_key = '{run_key}' and attributes.status = 'FINISHED'")
+        found = {}
+        for run in runs:
+            if "final_accuracy" in run.data.metrics:
+                found.setdefault(run.data.tags["cell_id"], run)
+        return found
+
+    def reuse(self, cell: dict, train: dict, source) -> tuple[str, dict]:
+        """Record an already finished cell under this parent: a child run with the source's final metrics."""
+        origin = source.data.tags.get("reused_from", source.info.run_id)
+        run_id = self.child(cell, train, reused_from=origin)
+        metrics = {k: v for k, v in source.data.metrics.items() if k in FINAL_KEYS}
+        step = int(metrics.get("train_steps", 0))
+        for key, value in metrics.items():
+            self.client.log_metric(run_id, key, value, step=step)
+        self.client.set_terminated(run_id, "FINISHED")
+        return run_id, metrics
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.runs[trial.trial_id] = self.child(trial.config["cell"], trial.config["train"],
+                                               ray_trial_id=trial.trial_id)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self.runs[trial.trial_id]
