@@ -149,6 +149,13 @@ class Dataset:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets) - 1  # without <eos>
 
+    def head(self, n: int | None) -> "Dataset":
+        """The first ``n`` samples (all if None), sharing this dataset's arrays: no second read of the file."""
+        if n is None or n >= len(self):
+            return self
+        return Dataset(self.path, self.meta, self.values[:self.offsets[n]], self.offsets[:n + 1],
+                       self.prompt_len[:n], self.answer[:n])
+
 
 def read_metadata(path: Path) -> dict:
     path = Path(path)

@@ -267,7 +267,7 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
     L.seed_everything(spec.seed, workers=True, verbose=False)
     train = read_dataset(spec.train_path)
     test = read_dataset(spec.test_path)
-    val = read_dataset(spec.test_path, limit=spec.val_samples)
+    val = test.head(spec.val_samples)
     module = SequenceModel(spec)
     trainer = L.Trainer(
         accelerator="gpu" if spec.use_gpu else "cpu", devices=1, precision=spec.precision,
@@ -278,8 +278,7 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
     start = time.perf_counter()
     trainer.fit(module, loader(train, spec.batch_size, spec.seed, True), loader(val, spec.eval_batch_size, 0, False))
     train_seconds = time.perf_counter() - start
-    if spec.eval_samples is not None and spec.eval_samples < len(test):
-        test = read_dataset(spec.test_path, limit=spec.eval_samples)
+    test = test.head(spec.eval_samples)
     start = time.perf_counter()
     device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")
     module.to(device)
