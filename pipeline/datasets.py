@@ -151,10 +151,14 @@ class Dataset:
 
     def head(self, n: int | None) -> "Dataset":
         """The first ``n`` samples (all if None), sharing this dataset's arrays: no second read of the file."""
-        if n is None or n >= len(self):
-            return self
-        return Dataset(self.path, self.meta, self.values[:self.offsets[n]], self.offsets[:n + 1],
-                       self.prompt_len[:n], self.answer[:n])
+        return self if n is None or n >= len(self) else self.slice(0, n)
+
+    def slice(self, start: int, stop: int) -> "Dataset":
+        """Samples ``start:stop``, sharing this dataset's token array (offsets rebased, values not copied)."""
+        start, stop = max(0, start), min(len(self), stop)
+        lo, hi = self.offsets[start], self.offsets[stop]
+        return Dataset(self.path, self.meta, self.values[lo:hi], self.offsets[start:stop + 1] - lo,
+                       self.prompt_len[start:stop], self.answer[start:stop])
 
 
 def read_metadata(path: Path) -> dict:
