@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, PositiveInt, ValidationError, model_validator
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -71,20 +71,37 @@ class SweepConfig(Section):
     arch_depths: dict[str, list[PositiveInt]] = Field(default_factory=dict, description="architecture -> its own "
                                                       "depths instead of sweep.depths (the separations paper's LSTM "
                                                       "stops at 3 layers)")
-
-    def depths_for(self, arch: str) -> list[int]:
-        return self.arch_depths.get(arch, self.depths)
-    # optimisation (AdamW with linear warm-up and linear decay to 0, as in Feng et al.)
+    arch_widths: dict[str, list[PositiveInt]] = Field(default_factory=dict, description="architecture -> its own "
+                                                      "widths instead of sweep.widths (a 1-layer Transformer at 64 "
+                                                      "beside an LSTM at 64..256)")
+    arch_lrs: dict[str, list[FiniteFloat]] = Field(default_factory=dict, description="architecture -> its own "
+                                                   "learning rates instead of sweep.lr / sweep.lrs")
+    # search: every cell of the grid, or per (task, architecture, depth, seed) the smallest solved width
+    search: Literal["grid", "frontier"] = "grid"
+    # optimisation (linear warm-up and linear decay to 0, as in Feng et al.)
+    optimizer: Literal["adamw", "adam"] = Field("adamw", description="adamw: decoupled weight decay on matrices "
+                                                "(the DP paper); adam: plain Adam, no decay (the separations paper)")
     batch_size: PositiveInt = 512
     epochs: PositiveInt = 100
-    max_steps: int = Field(-1, ge=-1, description="-1: run all epochs")
-    lr: float = Field(1e-4, gt=0)
+    max_steps: int = Field(-1, description="step budget; -1: run all epochs")
+    lr: FiniteFloat = Field(1e-4, gt=0, description="the learning rate, when sweep.lrs is not set")
+    lrs: list[FiniteFloat] | None = Field(None, description="learning rates tried per cell; a cell's result is its "
+                                          "best run (by validation accuracy)")
     weight_decay: float = Field(0.01, ge=0)
     warmup_fraction: float = Field(0.05, ge=0, le=1)
-    grad_clip: float | None = 1.0
+    grad_clip: FiniteFloat | None = Field(1.0, gt=0, description="gradient-norm clip; null: none")
     precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
+    # stopping: a trial ends solved, plateaued, diverged or at its budget (pipeline/verdict.py)
+    patience: PositiveInt = Field(2, description="consecutive validations at or above report.accuracy_threshold "
+                                                 "that make a trial solved")
+    plateau_checks: PositiveInt | None = Field(None, description="validations without a gain of min_delta in "
+                                               "validation accuracy that end a trial as unsolved; null: never")
+    min_delta: float = Field(0.01, ge=0, lt=1)
+    stop_when_solved: bool = Field(True, description="false: every trial runs its whole budget (a fixed-budget "
+                                                     "grid); the verdict still says whether it was solved")
     # evaluation
-    val_samples: PositiveInt = Field(1024, description="test samples for the per-epoch teacher-forced accuracy")
+    val_samples: PositiveInt = Field(1024, description="training samples held out for validation (never trained "
+                                                       "on, disjoint from test when generate.unique)")
     eval_samples: PositiveInt | None = Field(None, description="test samples decoded greedily at the end; None = all")
     val_every_steps: PositiveInt | None = Field(None, description="validate every N steps; None = every epoch")
     eval_batch_size: PositiveInt = 256
@@ -93,12 +110,31 @@ class SweepConfig(Section):
     gpus_per_trial: float = Field(0, ge=0)
     max_concurrent_trials: PositiveInt | None = None
     experiment: str = "capacity-atlas"
-    reuse: bool = Field(True, description="reuse cells this MLflow experiment already finished with the same data, "
+    reuse: bool = Field(True, description="reuse runs this MLflow experiment already finished with the same data, "
                                           "training settings and training code, instead of training them again")
+
+    @model_validator(mode="after")
+    def one_lr_form(self) -> "SweepConfig":
+        if {"lr", "lrs"} <= self.model_fields_set:
+            raise ConfigError("sweep.lr and sweep.lrs are both set in one file: give one learning rate as sweep.lr "
+                              "or a list as sweep.lrs (an override of either in params.yaml replaces the profile's)")
+        return self
+
+    def depths_for(self, arch: str) -> list[int]:
+        return self.arch_depths.get(arch, self.depths)
+
+    def widths_for(self, arch: str) -> list[int]:
+        return self.arch_widths.get(arch, self.widths)
+
+    def learning_rates(self, arch: str | None = None) -> list[float]:
+        if arch in self.arch_lrs:
+            return list(self.arch_lrs[arch])
+        return list(self.lrs) if self.lrs is not None else [self.lr]
 
 
 class ReportConfig(Section):
-    accuracy_threshold: float = Field(0.9, gt=0, le=1)
+    accuracy_threshold: float = Field(0.9, gt=0, lt=1, description="test accuracy at or above which a cell "
+                                      "passes; a trial stops once validation reaches it (sweep.patience)")
 
 
 class ClusterConfig(Section):
@@ -175,24 +211,64 @@ def check_semantics(cfg: Config) -> None:
         if arch not in models.ARCHITECTURES:
             raise one_of("sweep.arch_options", arch, models.ARCHITECTURES)
         models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
-    for width in cfg.sweep.widths:
-        if width % cfg.sweep.heads:
-            raise ConfigError(f"sweep.widths: {width} is not divisible by sweep.heads = {cfg.sweep.heads}; "
-                              f"allowed widths are multiples of {cfg.sweep.heads}")
     for key in ("architectures", "widths", "depths", "seeds"):
         if not getattr(cfg.sweep, key):
             raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
+    for arch, widths in cfg.sweep.arch_widths.items():
+        if arch not in cfg.sweep.architectures:
+            raise one_of("sweep.arch_widths", arch, cfg.sweep.architectures)
+    for arch in cfg.sweep.architectures:
+        key = f"sweep.arch_widths.{arch}" if arch in cfg.sweep.arch_widths else "sweep.widths"
+        check_widths(key, cfg.sweep.widths_for(arch), cfg.sweep.heads, cfg.sweep.search)
+    for arch in cfg.sweep.arch_lrs:
+        if arch not in cfg.sweep.architectures:
+            raise one_of("sweep.arch_lrs", arch, cfg.sweep.architectures)
+    for arch in cfg.sweep.architectures:
+        key = f"sweep.arch_lrs.{arch}" if arch in cfg.sweep.arch_lrs else "sweep.lrs"
+        lrs = cfg.sweep.learning_rates(arch)
+        if not lrs:
+            raise ConfigError(f"{key} is empty: every cell needs at least one learning rate")
+        if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+            raise ConfigError(f"{key}: {lrs} must be positive and distinct")
+    if cfg.sweep.max_steps == 0 or cfg.sweep.max_steps < -1:
+        raise ConfigError(f"sweep.max_steps: {cfg.sweep.max_steps} trains nothing; allowed: a positive step budget, "
+                          "or -1 for all epochs")
     if not cfg.sweep_datasets():
         raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
     if cfg.sweep.gpus_per_trial == 0 and cfg.sweep.precision == "16-mixed":
         raise ConfigError("sweep.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
 
 
-def merge(base: dict, over: dict) -> dict:
-    """Deep merge: ``over`` wins; nested dicts merge key by key."""
+def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
+    if not widths:
+        raise ConfigError(f"{key} is empty: the grid would have no trials")
+    for width in widths:
+        if width % heads:
+            raise ConfigError(f"{key}: {width} is not divisible by sweep.heads = {heads}; "
+                              f"allowed widths are multiples of {heads}")
+    if widths != sorted(set(widths)):
+        raise ConfigError(f"{key}: {widths} must be strictly increasing (sorted, no repeats): the frontier and the "
+                          "heatmaps read widths in order")
+    if search == "frontier" and len(widths) < 2:
+        raise ConfigError(f"{key}: {widths} is a single width; sweep.search: frontier needs at least two widths "
+                          "to search (use sweep.search: grid)")
+
+
+# Keys that are two spellings of one setting: a layer that sets one replaces the other from the layers below.
+ALTERNATIVES = {"sweep": [("lr", "lrs")]}
+# Mappings that say *what* to run are replaced whole by an override (params.yaml's
+# `generate.datasets: {index_lookup: [20, 50]}` narrows a profile to that); every other mapping (task_params,
+# per_task, arch_options, arch_depths, arch_widths, the sections) merges key by key.
+REPLACED = {"generate.datasets", "sweep.datasets"}
+
+
+def merge(base: dict, over: dict, path: str = "") -> dict:
+    """Deep merge: ``over`` wins; nested dicts merge key by key, except the ``REPLACED`` ones."""
     out = dict(base)
     for key, value in (over or {}).items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        where = f"{path}.{key}" if path else key
+        nested = isinstance(value, dict) and isinstance(out.get(key), dict) and where not in REPLACED
+        out[key] = merge(out[key], value, where) if nested else value
     return out
 
 
@@ -215,7 +291,14 @@ def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = N
     name = profile or params.get("profile")
     if name not in profiles():
         raise one_of("profile", name, profiles())
-    data = merge(read_yaml(CONF_DIR / f"{name}.yaml"), {k: v for k, v in params.items() if v is not None})
+    profile_data = read_yaml(CONF_DIR / f"{name}.yaml")
+    for section, pairs in ALTERNATIVES.items():
+        over = params.get(section) or {}
+        for a, b in pairs:
+            for mine, other in ((a, b), (b, a)):
+                if mine in over:
+                    (profile_data.get(section) or {}).pop(other, None)
+    data = merge(profile_data, {k: v for k, v in params.items() if v is not None})
     data["profile"] = name
     try:
         return Config.model_validate(data)

@@ -78,6 +78,21 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {learning_rate: 0.1}", "sweep.learning_rate: Extra inputs are not permitted"),
     ("sweep: {arch_options: {sparse: {window: 3}}}", "sweep.arch_options.sparse: unknown option"),
     ("tasks: [arithmetic, lis, sorting]", "tasks: 'sorting' is not allowed"),
+    ("sweep: {lr: .inf}", "sweep.lr: Input should be a finite number"),
+    ("sweep: {max_steps: 0}", "sweep.max_steps: 0 trains nothing"),
+    ("sweep: {grad_clip: -1}", "sweep.grad_clip: Input should be greater than 0"),
+    ("sweep: {lrs: []}", "sweep.lrs is empty"),
+    ("sweep: {lrs: [0.01, 0.01]}", "sweep.lrs: \\[0.01, 0.01\\] must be positive and distinct"),
+    ("sweep: {lr: 0.01, lrs: [0.1]}", "sweep.lr and sweep.lrs are both set"),
+    ("sweep: {patience: 0}", "sweep.patience: Input should be greater than 0"),
+    ("sweep: {search: frontier, widths: [16]}", "sweep.widths: \\[16\\] is a single width; sweep.search: frontier"),
+    ("sweep: {widths: [16, 8]}", "sweep.widths: \\[16, 8\\] must be strictly increasing"),
+    ("sweep: {widths: [8, 8, 16]}", "sweep.widths: \\[8, 8, 16\\] must be strictly increasing"),
+    ("sweep: {arch_widths: {lstm: [32, 16]}}", "sweep.arch_widths.lstm: \\[32, 16\\] must be strictly increasing"),
+    ("sweep: {arch_lrs: {lstm: []}}", "sweep.arch_lrs.lstm is empty"),
+    ("sweep: {search: bisect}", "sweep.search: Input should be 'grid' or 'frontier'"),
+    ("report: {accuracy_threshold: 1.0}", "report.accuracy_threshold: Input should be less than 1"),
+    ("report: {accuracy_threshold: 0}", "report.accuracy_threshold: Input should be greater than 0"),
 ])
 def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, override, message):
     base = {"profile": "tiny", "tasks": ["arithmetic", "lis"]}
@@ -106,7 +121,38 @@ def test_an_architecture_may_have_its_own_depths(tmp_path, tiny_data):
                      "dyck, eq_random, eq_one, eq_ncp]\nsweep: {depths: [1, 2], arch_depths: {lstm: [3]}}\n")
     cfg = config_mod.load(p)
     cells = build_cells(cfg, tiny_data)
-    assert {c["depth"] for c in cells if c["arch"] == "lstm"} == {3}
-    assert {c["depth"] for c in cells if c["arch"] == "standard"} == {1, 2}
+    assert {c.depth for c in cells if c.arch == "lstm"} == {3}
+    assert {c.depth for c in cells if c.arch == "standard"} == {1, 2}
     per_depth = len(cfg.sweep.widths) * len(cfg.sweep_datasets()) * len(cfg.sweep.seeds)
     assert len(cells) == per_depth * (2 * (len(cfg.sweep.architectures) - 1) + 1)
+
+
+def test_an_architecture_may_have_its_own_widths_and_learning_rates(tmp_path, tiny_data):
+    """A 1-layer transformer at 64 beside an LSTM at 64..256, in one sweep, without the transformer at 256."""
+    from pipeline.sweep import build_cells
+
+    p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {architectures: "
+                     "[transformer, lstm], widths: [64], depths: [1], lrs: [0.001, 0.0003], "
+                     "arch_widths: {lstm: [64, 128, 256]}, arch_lrs: {lstm: [0.01]}}\n")
+    cells = build_cells(config_mod.load(p), tiny_data)
+    assert {c.width for c in cells if c.arch == "transformer"} == {64}
+    assert {c.width for c in cells if c.arch == "lstm"} == {64, 128, 256}
+    assert {tuple(v["lrs"]) for c, v in cells.items() if c.arch == "lstm"} == {(0.01,)}
+    assert {tuple(v["lrs"]) for c, v in cells.items() if c.arch == "transformer"} == {(0.001, 0.0003)}
+
+
+def test_datasets_overrides_replace_the_profiles_and_other_mappings_merge(tmp_path):
+    p = write_params(tmp_path / "params.yaml", "profile: separations\ntasks: [index_lookup, dyck, eq_random, eq_one, "
+                     "eq_ncp]\ngenerate: {datasets: {index_lookup: [20, 50]}, per_task: {index_lookup: {test_samples: 100}}}\n"
+                     "sweep: {arch_depths: {transformer: [1]}}\n")
+    cfg = config_mod.load(p)
+    assert cfg.generate.datasets == {"index_lookup": [20, 50]}  # replaced: the profile's 23 datasets are gone
+    assert cfg.sweep.arch_depths == {"lstm": [1, 2, 3], "transformer": [1]}  # merged key by key
+    assert cfg.generate.for_task("index_lookup").test_samples == 100
+
+
+def test_an_override_of_lr_replaces_the_profiles_lrs_and_back(tmp_path):
+    p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {lrs: [0.1, 0.01]}\n")
+    assert config_mod.load(p).sweep.learning_rates() == [0.1, 0.01]
+    p.write_text("profile: tiny\ntasks: [arithmetic, lis]\nsweep: {lr: 0.05}\n")
+    assert config_mod.load(p).sweep.learning_rates() == [0.05]
