@@ -8,7 +8,10 @@ Task families (``family`` in the dataset metadata):
 - ``ncp`` (next-character prediction, eq_ncp): at every prefix the target is the set of valid next tokens (any
   symbol or the separator before it, exactly the copied symbol after it), learned by a per-token sigmoid. Final
   score: a sequence counts only if every prefix's thresholded prediction (0.5) equals its target set.
-Per-validation signal: teacher-forced token accuracy after the prompt (cheap), logged as a curve.
+Validation: the last ``val_samples`` training samples are held out (never trained on; disjoint from the test set
+when the data is generated with ``unique``). Every validation logs the teacher-forced loss and token accuracy and
+the final-answer accuracy (``val_accuracy``, scored as the test set is), which decides when the trial is solved
+(``pipeline/verdict.py``). The test set is scored once, at the end.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch.utils.data import DataLoader, Sampler
 
 import models
 from pipeline.datasets import Dataset, read_dataset
+from pipeline import verdict as verdict_mod
 from tasks import EOS_ID, PAD_ID
 
 IGNORE = -100
@@ -60,6 +64,12 @@ class TrialSpec:
     use_gpu: bool
     family: str = "cot"
     vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
+    optimizer: str = "adamw"
+    threshold: float = 0.9  # validation accuracy that counts as solved ...
+    patience: int = 2  # ... at this many consecutive validations
+    plateau_checks: int | None = None
+    min_delta: float = 0.01
+    stop_when_solved: bool = True
 
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -128,11 +138,12 @@ class NextCharacterTargets:
 
 
 class SequenceModel(L.LightningModule):
-    """Wraps any registered architecture: next-token loss after the prompt, AdamW with linear warm-up/decay."""
+    """Wraps any registered architecture: next-token loss after the prompt, Adam(W) with linear warm-up/decay.
+    ``val_data``, when set, is scored for final-answer accuracy at every validation (``val_accuracy``)."""
 
-    def __init__(self, spec: TrialSpec):
+    def __init__(self, spec: TrialSpec, val_data: Dataset | None = None):
         super().__init__()
-        self.spec = spec
+        self.spec, self.val_data = spec, val_data
         self.model = models.build_model(spec.arch, vocab_size=spec.vocab_size, width=spec.width, depth=spec.depth,
                                         heads=spec.heads, max_len=spec.max_len, dropout=spec.dropout,
                                         **spec.arch_options)
@@ -183,16 +194,24 @@ class SequenceModel(L.LightningModule):
         self.log("val_loss", loss, batch_size=len(inputs))
         self.log("val_token_accuracy", correct / mask.sum(), batch_size=int(mask.sum()))
 
+    def on_validation_epoch_end(self):
+        if self.val_data is not None:
+            self.log("val_accuracy", final_accuracy(self, self.val_data, self.spec.eval_batch_size, self.device))
+
     def configure_optimizers(self):
         return self.configure_optimizers_for(int(self.trainer.estimated_stepping_batches))
 
     def configure_optimizers_for(self, total_steps: int) -> dict:
-        """AdamW (0.9, 0.999), weight decay on matrices only, linear warm-up then linear decay to 0."""
+        """AdamW (0.9, 0.999) with weight decay on matrices only (the DP paper), or plain Adam (the separations
+        paper); linear warm-up then linear decay to 0."""
         s = self.spec
-        decay = [p for p in self.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.999))
+        if s.optimizer == "adam":
+            opt = torch.optim.Adam(self.parameters(), lr=s.lr, betas=(0.9, 0.999))
+        else:
+            decay = [p for p in self.parameters() if p.dim() >= 2]
+            no_decay = [p for p in self.parameters() if p.dim() < 2]
+            opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                                     {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.999))
         total = max(1, total_steps)
         warmup = max(1, int(s.warmup_fraction * total))
 
@@ -248,6 +267,13 @@ def final_answers(out: torch.Tensor, prompt_len: int) -> torch.Tensor:
     return torch.where(has, prev, torch.full_like(prev, -1))
 
 
+def final_accuracy(module: "SequenceModel", data: Dataset, batch_size: int, device) -> float:
+    """The family's final score: greedy final answers (cot, classify) or every prefix right (ncp)."""
+    if module.spec.family == "ncp":
+        return all_prefixes_accuracy(module, data, batch_size, device)
+    return greedy_accuracy(module.model, data, batch_size, device)
+
+
 @torch.no_grad()
 def all_prefixes_accuracy(module: SequenceModel, data: Dataset, batch_size: int, device) -> float:
     """ncp: fraction of sequences whose prediction is right at every prefix (teacher-forced, one pass)."""
@@ -261,36 +287,48 @@ def all_prefixes_accuracy(module: SequenceModel, data: Dataset, batch_size: int,
 
 
 # ---- one trial ----------------------------------------------------------------------------------------------
+def split_validation(train: Dataset, val_samples: int) -> tuple[Dataset, Dataset]:
+    """(train, validation): the last ``val_samples`` samples are held out, at most half of the file."""
+    held = min(val_samples, len(train) // 2)
+    return train.slice(0, len(train) - held), train.slice(len(train) - held, len(train))
+
+
 def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50) -> dict:
-    """Train and evaluate; returns the final metrics. Deterministic for a given spec on a given machine."""
+    """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
+    on a given machine."""
     torch.set_num_threads(spec.threads)
     L.seed_everything(spec.seed, workers=True, verbose=False)
-    train = read_dataset(spec.train_path)
-    test = read_dataset(spec.test_path)
-    val = test.head(spec.val_samples)
-    module = SequenceModel(spec)
+    train, val = split_validation(read_dataset(spec.train_path), spec.val_samples)
+    test = read_dataset(spec.test_path).head(spec.eval_samples)
+    module = SequenceModel(spec, val_data=val)
+    stopping = verdict_mod.callbacks(spec.threshold, spec.patience, spec.plateau_checks, spec.min_delta,
+                                     spec.stop_when_solved)
     trainer = L.Trainer(
         accelerator="gpu" if spec.use_gpu else "cpu", devices=1, precision=spec.precision,
         max_epochs=spec.epochs, max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip,
         val_check_interval=spec.val_every_steps, check_val_every_n_epoch=None if spec.val_every_steps else 1,
         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, log_every_n_steps=log_every, callbacks=list(callbacks), deterministic=False)
+        enable_model_summary=False, log_every_n_steps=log_every, callbacks=[*stopping, *callbacks],
+        deterministic=False)
     start = time.perf_counter()
     trainer.fit(module, loader(train, spec.batch_size, spec.seed, True), loader(val, spec.eval_batch_size, 0, False))
     train_seconds = time.perf_counter() - start
-    test = test.head(spec.eval_samples)
+    verdict = stopping[0]
+    status, reason = verdict.outcome(trainer)
     start = time.perf_counter()
     device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")
     module.to(device)
-    if spec.family == "ncp":
-        accuracy = all_prefixes_accuracy(module, test, spec.eval_batch_size, device)
-    else:
-        accuracy = greedy_accuracy(module.model, test, spec.eval_batch_size, device)
+    # a diverged model's weights are not finite: it is not scored (NaN), and its status says why
+    accuracy = final_accuracy(module, test, spec.eval_batch_size, device) if status != "diverged" else math.nan
     model = module.model
+    metric = trainer.callback_metrics
     return {
+        "status": status,
+        "reason": reason,
         "final_accuracy": accuracy,
+        "val_accuracy": float(metric.get("val_accuracy", float("nan"))),
         "eval_samples": len(test),
-        "token_accuracy": float(trainer.callback_metrics.get("val_token_accuracy", float("nan"))),
+        "token_accuracy": float(metric.get("val_token_accuracy", float("nan"))),
         "train_steps": trainer.global_step,
         "train_seconds": train_seconds,
         "eval_seconds": time.perf_counter() - start,
@@ -298,5 +336,7 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
         "paper_gflops": model.paper_flops(spec.max_len) / 1e9,
         "exact_gflops": model.exact_flops(spec.max_len) / 1e9,
         "train_pflops": module.train_flops / 1e15,
+        "solve_step": math.nan if verdict.solved_step is None else verdict.solved_step,
+        "solve_pflops": verdict.solved_pflops,
         "state_bytes": model.state_size(spec.max_len),
     }
