@@ -80,19 +80,21 @@ def numeric(result: dict) -> dict[str, float]:
 
 
 class ChildRuns(tune.Callback):
-    """Tune callback: a child run per trial, tagged with its cell id; every report becomes metrics at its step."""
+    """Tune callback: a child run per trial (one learning-rate run of a cell), tagged with its cell id, trial key
+    and, at the end, its verdict; every report becomes metrics at its step."""
 
-    METRICS = ("train_loss", "val_loss", "val_token_accuracy", "final_accuracy", "train_pflops", "lr")
+    METRICS = ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy", "final_accuracy", "train_pflops", "lr")
 
     def __init__(self, client: MlflowClient, experiment_id: str, parent_id: str):
         self.client, self.experiment_id, self.parent_id = client, experiment_id, parent_id
-        self.runs: dict[str, str] = {}  # trial id -> MLflow run id
+        self.runs: dict[str, str] = {}  # Tune trial id -> MLflow run id
+        self.errors: dict[str, str] = {}  # Tune trial id -> the error's last line
 
-    def child(self, cell: dict, train: dict, **tags) -> str:
-        """A child run of the parent for ``cell``, with its parameters; returns the run id."""
-        run = self.client.create_run(self.experiment_id, run_name=cell["name"],
+    def child(self, cell: dict, train: dict, trial_key: str, **tags) -> str:
+        """A child run of the parent for one learning-rate run of ``cell``; returns the run id."""
+        run = self.client.create_run(self.experiment_id, run_name=f"{cell['name']}-lr{train['lr']:g}",
                                      tags={"mlflow.parentRunId": self.parent_id, "cell_id": cell["cell_id"],
-                                           "run_key": cell["run_key"], **tags})
+                                           "trial_key": trial_key, "run_key": cell["run_key"], **tags})
         for key in ("task", "size", "arch", "width", "depth", "seed", "max_len", "data_hash", "cell_id"):
             self.client.log_param(run.info.run_id, key, cell[key])
         for key, value in train.items():
@@ -100,28 +102,30 @@ class ChildRuns(tune.Callback):
         return run.info.run_id
 
     def finished(self, run_key: str) -> dict[str, "mlflow.entities.Run"]:
-        """cell id -> the newest finished run of this experiment with the same run key (data, settings, code)."""
+        """trial key -> the newest finished run of this experiment with the same run key (data, settings, code)."""
         runs = self.client.search_runs([self.experiment_id], max_results=50_000, order_by=["attributes.start_time DESC"],
                                        filter_string=f"tags.run_key = '{run_key}' and attributes.status = 'FINISHED'")
         found = {}
         for run in runs:
-            if "final_accuracy" in run.data.metrics:
-                found.setdefault(run.data.tags["cell_id"], run)
+            if "final_accuracy" in run.data.metrics and run.data.tags.get("status") in VERDICTS:
+                found.setdefault(run.data.tags["trial_key"], run)
         return found
 
-    def reuse(self, cell: dict, train: dict, source) -> tuple[str, dict]:
-        """Record an already finished cell under this parent: a child run with the source's final metrics."""
+    def reuse(self, cell: dict, train: dict, trial_key: str, source) -> dict:
+        """Record an already finished run under this parent: a child run with the source's final metrics and
+        verdict; returns it as a run record."""
         origin = source.data.tags.get("reused_from", source.info.run_id)
-        run_id = self.child(cell, train, reused_from=origin)
+        tags = {k: source.data.tags[k] for k in ("status", "reason") if k in source.data.tags}
+        run_id = self.child(cell, train, trial_key, reused_from=origin, **tags)
         metrics = {k: v for k, v in source.data.metrics.items() if k in FINAL_KEYS}
         step = int(metrics.get("train_steps", 0))
         for key, value in metrics.items():
             self.client.log_metric(run_id, key, value, step=step)
         self.client.set_terminated(run_id, "FINISHED")
-        return run_id, metrics
+        return metrics | tags | {"mlflow_run_id": run_id, "reused_from": origin}
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.runs[trial.trial_id] = self.child(trial.config["cell"], trial.config["train"],
+        self.runs[trial.trial_id] = self.child(trial.config["cell"], trial.config["train"], trial.config["trial_key"],
                                                ray_trial_id=trial.trial_id)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -130,6 +134,8 @@ class ChildRuns(tune.Callback):
         metrics = numeric({k: result[k] for k in self.METRICS if k in result})
         if result.get("final"):
             metrics.update(numeric({k: v for k, v in result.items() if k in FINAL_KEYS}))
+            for key in ("status", "reason"):
+                self.client.set_tag(run_id, key, result[key])
         for key, value in metrics.items():
             self.client.log_metric(run_id, key, value, step=step)
 
@@ -137,9 +143,23 @@ class ChildRuns(tune.Callback):
         self.client.set_terminated(self.runs[trial.trial_id], "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.client.set_tag(self.runs[trial.trial_id], "error", str(trial.error_file))
-        self.client.set_terminated(self.runs[trial.trial_id], "FAILED")
+        run_id = self.runs[trial.trial_id]
+        self.errors[trial.trial_id] = error_line(trial.error_file)
+        self.client.set_tags(run_id, {"status": "failed", "reason": self.errors[trial.trial_id],
+                                      "error": str(trial.error_file)})
+        self.client.set_terminated(run_id, "FAILED")
 
 
-FINAL_KEYS = ("final_accuracy", "token_accuracy", "train_steps", "train_seconds", "eval_seconds", "params",
-              "paper_gflops", "exact_gflops", "train_pflops", "state_bytes", "eval_samples")
+def error_line(error_file: str | None) -> str:
+    """The last line of a trial's error file: the exception, named."""
+    try:
+        lines = [line for line in Path(error_file).read_text().splitlines() if line.strip()]
+    except (OSError, TypeError):
+        return "error: the trial raised (no error file)"
+    return f"error: {lines[-1].strip()}" if lines else "error: the trial raised"
+
+
+VERDICTS = ("solved", "unsolved", "diverged")
+FINAL_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "train_steps", "train_seconds", "eval_seconds",
+              "params", "paper_gflops", "exact_gflops", "train_pflops", "solve_step", "solve_pflops", "state_bytes",
+              "eval_samples")

@@ -65,12 +65,15 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
         for split in ("train", "test"):
             assert dataset_path(repo / "data", task, size, split).is_file()
     table = pd.read_csv(repo / "results" / "sweep.csv")
-    assert len(table) == grid and set(table.status) == {"ok"} and table.cell_id.is_unique
+    assert len(table) == grid and table.measured.all() and table.cell_id.is_unique
+    assert set(table.status) <= {"solved", "unsolved"} and table.reason.str.len().gt(0).all()
+    trials = pd.read_csv(repo / "results" / "trials.csv")
+    assert len(trials) == grid * len(cfg.sweep.learning_rates()) and set(trials.status) == set(table.status)
     assert table.final_accuracy.between(0, 1).all() and (table.paper_gflops > 0).all()
     report = repo / "report"
     assert (report / "index.html").is_file() and (report / "min_gflops.md").is_file()
     best = pd.read_csv(report / "min_gflops.csv")
-    assert len(best) == len(cfg.sweep_datasets()) * len(cfg.sweep.architectures)
+    assert len(best) == len(cfg.sweep_datasets()) * len(cfg.sweep.architectures) * len(cfg.sweep.depths)
     assert set(cfg.sweep.architectures) == set(models.ARCHITECTURES)  # the sweep selects any of them by name
     page = (report / "index.html").read_text()
     for task in cfg.generate.datasets:
@@ -78,7 +81,7 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
             name = f"heatmap_{task}_{arch}_d{cfg.sweep.depths[0]}.png"
             assert (report / name).stat().st_size > 1000 and name in page
     metrics = json.loads((repo / "results" / "report.json").read_text())
-    assert metrics["trials"] == grid and metrics["failed"] == 0
+    assert metrics["cells"] == metrics["measured"] == grid and metrics["failed"] == 0
 
     client, parents, children = mlflow_runs(repo)
     assert len(parents) == 1 and len(children) == grid
@@ -88,7 +91,7 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     assert {c.data.tags["cell_id"] for c in children} == set(table.cell_id)
     assert set(table.mlflow_run_id) == {c.info.run_id for c in children}
     for child in children:
-        assert child.info.status == "FINISHED"
+        assert child.info.status == "FINISHED" and child.data.tags["status"] in ("solved", "unsolved")
         assert 0 <= child.data.metrics["final_accuracy"] <= 1 and child.data.metrics["paper_gflops"] > 0
         assert child.data.params["arch"] in cfg.sweep.architectures
         assert len(client.get_metric_history(child.info.run_id, "val_token_accuracy")) >= 2  # a per-step curve
@@ -170,7 +173,7 @@ def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
         result = run(["dvc", "repro"], repo)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
         table = pd.read_csv(repo / "results" / "sweep.csv")
-        assert len(table) == 2 * len(first) and set(table.status) == {"ok"}
+        assert len(table) == 2 * len(first) and table.measured.all()
         assert f"{len(first)} already finished" in result.stdout and f"{len(first)} to train" in result.stdout
         again = table[table.seed == 0].set_index("cell_id").final_accuracy
         assert again.equals(first.set_index("cell_id").final_accuracy.loc[again.index])

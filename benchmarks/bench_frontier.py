@@ -1,0 +1,99 @@
+"""The width-frontier search against the full grid, on one real small grid, side by side in one run.
+
+    python -m benchmarks.bench_frontier            (about 6 minutes on 2 cores)
+    python -m benchmarks.bench_frontier --quick    (a minute: 2 sizes x 4 widths, 100 steps; checks the wiring)
+
+Runs the real sweep stage (Ray Tune, Lightning, a scratch SQLite MLflow, no reuse) three times on the same data
+and seeds: the full grid with fixed budgets (every trial runs all its steps; the verdict still records whether
+and when it was solved), the full grid stopping each trial once solved, and the frontier search stopping once
+solved. Prints trials trained, total training PFLOPs, wall seconds, and whether each minimum-width table equals
+the fixed-budget grid's. Plateau stopping is off in all three, so that a trial's verdict cannot depend on the
+mode: a trial stopped once solved follows the same steps as its fixed-budget twin up to that point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from pipeline import config as config_mod  # noqa: E402
+from pipeline.generate import generate_task  # noqa: E402
+from pipeline.report import min_gflops  # noqa: E402
+from pipeline.sweep import sweep  # noqa: E402
+
+GRID = {  # lis n = 4, 5, 6 x 5 widths: the minimum width grows with n on this CPU budget
+    "generate": {"train_samples": 20000, "test_samples": 500, "datasets": {"lis": [4, 5, 6]}},
+    "sweep": {"architectures": ["standard"], "widths": [8, 16, 24, 32, 48], "depths": [2], "seeds": [0],
+              "heads": 4, "batch_size": 128, "max_steps": 800, "lr": 3e-3, "warmup_fraction": 0.1,
+              "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2, "plateau_checks": None,
+              "reuse": False},
+}
+QUICK = {  # toy sizes; a low threshold so that a few steps solve some cells and not others
+    "generate": {"train_samples": 3000, "test_samples": 200, "datasets": {"lis": [3, 4]}},
+    "sweep": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0], "max_steps": 100,
+              "val_every_steps": 10, "val_samples": 128, "eval_samples": 200, "patience": 1, "plateau_checks": None,
+              "reuse": False},
+    "report": {"accuracy_threshold": 0.25},
+}
+MODES = {"grid, fixed budget": {"search": "grid", "stop_when_solved": False},
+         "grid, stop when solved": {"search": "grid", "stop_when_solved": True},
+         "frontier, stop when solved": {"search": "frontier", "stop_when_solved": True}}
+
+
+def load(work: Path, grid: dict, mode: dict) -> config_mod.Config:
+    params = {"profile": "tiny", "tasks": ["lis"], "generate": grid["generate"], "sweep": grid["sweep"] | mode,
+              "report": grid.get("report", {}), "cluster": {"mlflow_tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}}
+    path = work / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return config_mod.load(path)
+
+
+def run_modes(grid: dict, work: Path) -> dict[str, dict]:
+    """Every mode of ``MODES`` on the same data: trials trained, training PFLOPs, wall seconds, min-width table."""
+    cfg = load(work, grid, {})
+    generate_task(cfg, "lis", work / "data", check=False)
+    out = {}
+    for name, mode in MODES.items():
+        cfg = load(work, grid, mode)
+        start = time.perf_counter()
+        table = sweep(cfg, work / "data", work / name.replace(" ", "_").replace(",", ""))
+        trained = table[table.measured]
+        out[name] = {"trials": len(trained), "pflops": float(trained.train_pflops.sum()),
+                     "wall": time.perf_counter() - start, "cells": table,
+                     "table": min_gflops(table)[["task", "size", "depth", "arch", "width", "min_paper_gflops",
+                                                 "min_exact_gflops"]].reset_index(drop=True)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_frontier", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a toy grid, to check the wiring in seconds")
+    args = ap.parse_args(argv)
+    grid = QUICK if args.quick else GRID
+    with tempfile.TemporaryDirectory(prefix="bench-frontier-") as tmp:
+        modes = run_modes(grid, Path(tmp))
+    reference = modes["grid, fixed budget"]
+    print(f"\nlis n={grid['generate']['datasets']['lis']} x widths {grid['sweep']['widths']}, standard, depth "
+          f"{grid['sweep']['depths']}, {grid['sweep']['max_steps']} steps budget, 1 seed\n")
+    print(f"{'mode':28} {'trials':>6} {'train PFLOPs':>13} {'fixed grid / this':>17} {'wall s':>7}  same table")
+    for name, m in modes.items():
+        same = m["table"].equals(reference["table"])
+        print(f"{name:28} {m['trials']:6d} {m['pflops']:13.5f} {reference['pflops'] / m['pflops']:16.2f}x "
+              f"{m['wall']:7.1f}  {same}")
+    print("\nsmallest solved width per size (fixed-budget grid):")
+    print(reference["table"].to_string(index=False))
+    print("\nsmallest solved width per size (frontier):")
+    print(modes["frontier, stop when solved"]["table"].to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

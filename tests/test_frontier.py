@@ -1,0 +1,144 @@
+"""The frontier search against synthetic accuracy oracles: it must give the full grid's minimum-width table while
+training fewer cells, say when the oracle breaks its monotonicity assumptions, and settle what it saw."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from pipeline.frontier import Cell, FrontierPlan, GridPlan, min_widths
+
+WIDTHS = [16, 32, 64, 128, 256]
+SIZES = [4, 8, 12, 16, 20]
+
+
+def grid(archs=("standard", "linear"), seeds=(0,), depths=(2,), tasks=("lis",)) -> list[Cell]:
+    return [Cell(t, s, a, w, d, seed) for t, s, a, w, d, seed in itertools.product(tasks, SIZES, archs, WIDTHS,
+                                                                                   depths, seeds)]
+
+
+def run(plan, solved, slots: int = 3, rng: random.Random | None = None):
+    """Drive a plan as Ray would: up to ``slots`` cells in flight, finishing in a random order."""
+    rng = rng or random.Random(0)
+    queue, flight, trained = [], [], []
+    while True:
+        queue += plan.propose()
+        while queue and len(flight) < slots:
+            flight.append(queue.pop(0))
+        if not flight:
+            break
+        cell = flight.pop(rng.randrange(len(flight)))
+        trained.append(cell)
+        plan.record(cell, solved(cell))
+    assert plan.done() and not queue
+    return trained
+
+
+def compare(solved, cells=None, **kw):
+    cells = cells or grid()
+    full, frontier = GridPlan(cells), FrontierPlan(cells)
+    full_trained = run(full, solved, **kw)
+    trained = run(frontier, solved, **kw)
+    assert len(set(trained)) == len(trained), "a cell was trained twice"
+    outcomes = frontier.outcomes()
+    assert set(outcomes) == set(cells)
+    for cell in trained:
+        assert outcomes[cell].measured and outcomes[cell].passed == solved(cell)
+    assert all(not o.measured for c, o in outcomes.items() if c not in trained)
+    return min_widths(full.outcomes()), min_widths(outcomes), len(full_trained), trained, frontier
+
+
+def threshold_oracle(need: dict):
+    """Solved iff width >= need(task, size, arch, seed) (None: never)."""
+    def solved(c: Cell) -> bool:
+        w = need(c)
+        return w is not None and c.width >= w
+    return solved
+
+
+def test_monotone_oracle_gives_the_grids_table_with_far_fewer_trials():
+    # linear needs twice standard's width and one size more; sizes above 16 unsolvable for linear
+    def need(c):
+        base = {4: 16, 8: 32, 12: 32, 16: 64, 20: 128}[c.size]
+        if c.arch == "linear":
+            return None if c.size >= 20 else base * 2
+        return base
+    table, got, n_grid, trained, plan = compare(threshold_oracle(need))
+    assert got == table and not plan.contradictions
+    assert table["lis", 8, "standard", 2] == 32 and table["lis", 20, "linear", 2] is None
+    # training cost grows with width (about width^2 per token): the grid pays for the widest cells it did not need
+    cost = sum(c.width ** 2 for c in trained)
+    assert sum(c.width ** 2 for c in grid()) >= 3 * cost and len(trained) < 0.6 * n_grid
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_monotone_frontiers_and_noisy_seeds_match_the_grid(seed):
+    """Random non-decreasing frontiers, a different one per training seed (noise between seeds)."""
+    rng = random.Random(seed)
+    frontier = {}
+    for arch, s in itertools.product(("standard", "linear"), (0, 1)):
+        level = rng.randrange(len(WIDTHS))
+        for size in SIZES:
+            level += rng.choice([0, 0, 1])
+            frontier[arch, s, size] = WIDTHS[level] if level < len(WIDTHS) else None
+    cells = grid(seeds=(0, 1))
+    table, got, n_grid, trained, plan = compare(threshold_oracle(lambda c: frontier[c.arch, c.seed, c.size]),
+                                                cells, rng=rng)
+    assert got == table and not plan.contradictions
+    assert len(trained) < n_grid
+
+
+def test_a_size_easier_than_the_last_is_reported_and_settled():
+    need = {4: 64, 8: 64, 12: 16, 16: 128, 20: 128}  # size 12 needs less than size 8: not monotone in size
+    table, got, _, trained, plan = compare(threshold_oracle(lambda c: need[c.size]), grid(archs=("standard",)))
+    assert got == table and table["lis", 12, "standard", 2] == 16
+    assert any("not monotone in size" in note and "size 12" in note for note in plan.contradictions)
+
+
+def test_a_dip_just_below_the_answer_is_reported_and_settled():
+    def solved(c):  # at size 12, width 32 solves but the wider 64 does not: not monotone in width
+        if c.size == 12:
+            return c.width in (32, 128, 256)
+        return c.width >= 64
+    table, got, _, trained, plan = compare(solved, grid(archs=("standard",)))
+    assert got == table and table["lis", 12, "standard", 2] == 32
+    assert any("not monotone in width" in n for n in plan.contradictions)
+    assert any("not monotone in size" in n for n in plan.contradictions)
+
+
+def test_nothing_solved_at_a_size_means_nothing_larger_is_trained():
+    table, got, _, trained, plan = compare(threshold_oracle(lambda c: 256 if c.size == 4 else None),
+                                           grid(archs=("standard",)))
+    assert got == table and all(c.size <= 8 for c in trained)
+    inferred = [o for c, o in plan.outcomes().items() if c.size > 8]
+    assert inferred and all(not o.measured and not o.passed and "inferred" in o.reason for o in inferred)
+
+
+def test_plans_keep_every_slot_busy_while_chains_are_open():
+    plan = FrontierPlan(grid(archs=("standard", "linear", "sparse"), seeds=(0, 1)))
+    assert len(plan.propose()) == 6  # one bisection probe per chain at once
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_real_frontier_sweep_gives_the_fixed_budget_grids_table_for_less(tmp_path):
+    """bench_frontier's quick grid, through Ray Tune, Lightning and MLflow: every cell the frontier trains ends as
+    its grid twin did (training is deterministic, stopping once solved changes nothing before the stop), so on
+    outcomes that are monotone the min-width table is the grid's."""
+    from benchmarks.bench_frontier import QUICK, run_modes
+
+    modes = run_modes(QUICK, tmp_path)
+    fixed, stopped, frontier = (modes[m] for m in ("grid, fixed budget", "grid, stop when solved",
+                                                   "frontier, stop when solved"))
+    keys = ["task", "size", "arch", "width", "depth", "seed"]
+    twins = frontier["cells"][frontier["cells"].measured].merge(stopped["cells"], on=keys, suffixes=("", "_grid"))
+    assert len(twins) == frontier["trials"] and (twins.status == twins.status_grid).all()
+    assert (twins.final_accuracy == twins.final_accuracy_grid).all()
+    assert (fixed["cells"].status.values == stopped["cells"].status.values).all()
+    solved = fixed["cells"].pivot_table(index="size", columns="width", values="status", aggfunc="first") == "solved"
+    assert solved.any(axis=None) and not solved.all(axis=None)  # a real frontier: something solved, something not
+    assert (solved.astype(int).diff(axis=1).fillna(0) >= 0).all(axis=None), "this toy grid is not monotone in width"
+    assert frontier["table"].equals(fixed["table"]) and stopped["table"].equals(fixed["table"])
+    assert frontier["trials"] < fixed["trials"] == 8 and frontier["pflops"] < stopped["pflops"] < fixed["pflops"]
