@@ -212,6 +212,9 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     from pipeline.searcher import CellSearcher, trial_key
     from pipeline.tracking import ChildRuns, check_mlflow, check_ray, start_parent
 
+    import psutil
+
+    stage_start = psutil.Process().create_time()  # the stage's process, imports included
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
     uri = cfg.cluster.mlflow()
     check_mlflow(uri)
@@ -269,6 +272,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
             tuner.fit()
             import ray
 
+            slots = min(int(ray.cluster_resources().get("CPU", 1) // s.cpus_per_trial),
+                        s.max_concurrent_trials or 1 << 30)
             ray.shutdown()
         runs = []
         for cell_key, by_lr in searcher.runs.items():
@@ -288,6 +293,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
         trials = pd.DataFrame(runs).assign(parent_run_id=parent).sort_values([*order, "lr"])
         measured = table[table.measured]
         reused = int(trials.reused_from.notna().sum())
+        trained = trials[trials.reused_from.isna()]
+        busy = float((trained.train_seconds.fillna(0) + trained.eval_seconds.fillna(0)).sum())
         summary = {"profile": cfg.profile, "search": s.search, "cells": len(table), "measured": len(measured),
                    "inferred": int((~table.measured).sum()), "trials": len(trials), "trained": len(trials) - reused,
                    "reused": reused, "failed": int((trials.status == "failed").sum()),
@@ -296,6 +303,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
                    "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
                    "train_pflops": round(float(trials.train_pflops.sum()), 6),
                    "contradictions": len(plan.contradictions), "wall_seconds": round(time.time() - started, 1),
+                   # share of the Ray slots' time, from the stage's start, spent training and scoring
+                   "slot_utilisation": round(busy / (slots * (time.time() - stage_start)), 3) if to_train else None,
                    "mlflow_parent_run": parent}
         for name, value in summary.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
