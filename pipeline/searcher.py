@@ -52,7 +52,7 @@ class CellSearcher(Searcher):
                 for lr in self.cells[cell]["lrs"]:
                     previous = self.reusable(self.cells[cell], lr)
                     if previous is not None:
-                        self.finish(cell, lr, previous)
+                        self.finish(cell, lr, previous | {"lr": lr, "trial_key": trial_key(self.cells[cell], lr)})
                     else:
                         self.queue.append((self.cost(self.cells[cell]), cell, lr))
             self.queue.sort(key=lambda item: -item[0])

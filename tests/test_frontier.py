@@ -142,3 +142,29 @@ def test_the_real_frontier_sweep_gives_the_fixed_budget_grids_table_for_less(tmp
     assert (solved.astype(int).diff(axis=1).fillna(0) >= 0).all(axis=None), "this toy grid is not monotone in width"
     assert frontier["table"].equals(fixed["table"]) and stopped["table"].equals(fixed["table"])
     assert frontier["trials"] < fixed["trials"] == 8 and frontier["pflops"] < stopped["pflops"] < fixed["pflops"]
+
+
+def test_the_searcher_turns_cells_into_learning_rate_trials_and_reuses_finished_runs():
+    """CellSearcher as Tune drives it, without Ray: reused runs never become trials, and a cell's verdict (its
+    best learning rate) reaches the plan once all its learning rates ended."""
+    from ray.tune.search import Searcher
+
+    from pipeline.searcher import CellSearcher, trial_key
+
+    cells = {c: {"cell_id": f"id{c.width}-{c.size}", "lrs": [0.1, 0.01], "width": c.width}
+             for c in grid(archs=("standard",))}
+    reused = {trial_key(v, 0.1): {"status": "solved", "val_accuracy": 0.95} for c, v in cells.items() if c.size == 4}
+    searcher = CellSearcher(FrontierPlan(cells), cells, {"steps": 1}, lambda cell, lr: reused.get(trial_key(cell, lr)),
+                            cost=lambda cell: cell["width"])
+    assert searcher.needs_training()
+    first = searcher.suggest("t0")
+    assert first["train"]["lr"] == 0.01 and first["cell"]["cell_id"] == "id64-4"  # lr 0.1 of it was reused
+    searcher.on_trial_complete("t0", {"final": True, "status": "unsolved", "val_accuracy": 0.5})
+    best = searcher.best(Cell("lis", 4, "standard", 64, 2, 0))
+    assert best["lr"] == 0.1 and best["status"] == "solved"
+    suggested = []
+    while (config := searcher.suggest(f"t{len(suggested) + 1}")) not in (None, Searcher.FINISHED):
+        suggested.append(config)
+        searcher.on_trial_complete(f"t{len(suggested)}", {"final": True, "status": "unsolved", "val_accuracy": 0.1})
+    assert config == Searcher.FINISHED and searcher.plan.done()
+    assert all(c["train"]["lr"] == 0.01 for c in suggested if c["cell"]["cell_id"].endswith("-4"))  # 0.1: reused
