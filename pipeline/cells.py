@@ -1,0 +1,81 @@
+"""The cells of a sweep's grid: their ids, what makes a finished run reusable, and what each costs.
+
+A cell is (task, size, architecture, width, depth, seed) on one dataset; ``build_cells`` opens and hashes every
+dataset first, so a missing or corrupt file is named before anything starts. Every cell's model sizes and FLOPs
+are known without training (``model_costs``), so cells the frontier search infers have them too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pipeline import config as config_mod
+from pipeline.datasets import dataset_path, file_hash, read_metadata
+from pipeline.frontier import Cell
+
+
+def cell_id(cell: dict) -> str:
+    """Stable id of a grid cell: the same cell on the same data gets the same id in every rerun."""
+    key = {k: cell[k] for k in ("task", "size", "arch", "width", "depth", "seed", "data_hash")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_key(train: dict) -> str:
+    """What, beyond the cell and learning rate, decides a trial's result: the training settings and the code that
+    trains. A finished run with the same trial key and run key is reused instead of trained (``sweep.reuse``)."""
+    h = hashlib.sha256(json.dumps(train, sort_keys=True).encode())
+    root = config_mod.ROOT
+    for path in sorted([*root.glob("models/*.py"), *(root / "pipeline" / f for f in ("train.py", "datasets.py",
+                                                                                     "verdict.py"))]):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
+    """Every cell of the grid, with its dataset checked and hashed (raises DatasetError first)."""
+    datasets = {}
+    for task, size in cfg.sweep_datasets():
+        train, test = (dataset_path(data_dir, task, size, s) for s in ("train", "test"))
+        meta = [read_metadata(train), read_metadata(test)]
+        datasets[task, size] = {
+            "train_path": str(train), "test_path": str(test), "vocab_size": len(meta[0]["vocab"]),
+            "family": meta[0]["family"], "vocab": meta[0]["vocab"], "train_samples": meta[0]["stats"]["samples"],
+            "max_len": max(m["stats"]["max_length"] for m in meta),
+            "data_hash": hashlib.sha256((file_hash(train) + file_hash(test)).encode()).hexdigest()[:16]}
+    s = cfg.sweep
+    cells = {}
+    for arch in s.architectures:
+        for width in s.widths_for(arch):
+            for (task, size), data in datasets.items():
+                for depth in s.depths_for(arch):
+                    for seed in s.seeds:
+                        cell = {"task": task, "size": size, "arch": arch, "width": width, "depth": depth,
+                                "seed": seed, "arch_options": s.arch_options.get(arch, {}),
+                                "lrs": s.learning_rates(arch), **data}
+                        cell["cell_id"] = cell_id(cell)
+                        cell["name"] = f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}"
+                        cells[Cell(task, size, arch, width, depth, seed)] = cell
+    return cells
+
+
+def model_costs(cell: dict, heads: int) -> dict:
+    """A cell's model sizes and FLOPs, known without training (a shape-only copy on the meta device): every
+    cell has them, trained or inferred."""
+    import torch
+
+    import models
+
+    with torch.device("meta"):
+        model = models.build_model(cell["arch"], vocab_size=cell["vocab_size"], width=cell["width"],
+                                   depth=cell["depth"], heads=heads, max_len=cell["max_len"], **cell["arch_options"])
+    L = cell["max_len"]
+    return {"params": model.num_params(), "paper_gflops": model.paper_flops(L) / 1e9,
+            "exact_gflops": model.exact_flops(L) / 1e9, "state_bytes": model.state_size(L)}
+
+
+def expected_cost(cell: dict, s: config_mod.SweepConfig) -> float:
+    """Training FLOPs if the trial runs its whole budget: 3 x exact forward FLOPs at L x sequences."""
+    steps = s.max_steps if s.max_steps > 0 else s.epochs * -(-cell["train_samples"] // s.batch_size)
+    return 3 * cell["exact_gflops"] * steps * s.batch_size
