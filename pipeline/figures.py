@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -217,8 +218,9 @@ def learning_curves(histories: pd.DataFrame | None, out: Path) -> list[Figure]:
         by_step.set_ylabel("validation accuracy")
         by_flops.set_xlabel("training PFLOPs")
         by_flops.set_xscale("log")
+        by_flops.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap
         by_step.set_title(f"{task} {size}", fontsize=9)
-        by_step.legend(fontsize=6, ncol=2)
+        by_flops.legend(*by_step.get_legend_handles_labels(), fontsize=6, loc="upper left", bbox_to_anchor=(1, 1))
         name = f"curves_{task}_{size}.png"
         save(fig, out / name)
         figures.append(Figure(section, name, f"{task} {size}: mean over seeds, band min to max"))
