@@ -137,6 +137,16 @@ class ReportConfig(Section):
                                       "passes; a trial stops once validation reaches it (sweep.patience)")
 
 
+class NightlyConfig(Section):
+    """`python -m pipeline.nightly`: what counts as a regression against the previous night's run of a cell."""
+
+    history: str = Field("nightly", description="directory (relative to the repo) of the nights' snapshots")
+    accuracy_drop: float = Field(0.05, ge=0, le=1, description="a cell's test accuracy falling by more than this "
+                                 "is a regression (rising by more: an improvement)")
+    throughput_drop: float = Field(0.3, ge=0, le=1, description="training throughput (PFLOP/s) falling by more "
+                                   "than this fraction is a regression (a shared CPU is noisy: keep it loose)")
+
+
 class ClusterConfig(Section):
     ray_address: str | None = Field(None, description="Ray head to join; None: $RAY_ADDRESS, else a local ray.init")
     mlflow_tracking_uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the repo")
@@ -155,6 +165,7 @@ class Config(Section):
     generate: GenerateConfig
     sweep: SweepConfig
     report: ReportConfig = ReportConfig()
+    nightly: NightlyConfig = NightlyConfig()
     cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")

@@ -28,10 +28,9 @@ def run(cmd: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=full_env | env, capture_output=True, text=True, timeout=900)
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    """A copy of this checkout (tracked and new files, not ignored ones) on the tiny profile, after `dvc repro`."""
-    dst = tmp_path_factory.mktemp("repo")
+def copy_repo(dst: Path, sweep: str | None = None) -> Path:
+    """A git copy of this checkout (tracked and new files, not ignored ones) on the tiny profile; ``sweep``
+    replaces params.yaml's empty sweep override."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
                             check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -39,10 +38,18 @@ def repo(tmp_path_factory) -> Path:
             (dst / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dst / name)
     params = dst / "params.yaml"
-    params.write_text(params.read_text().replace("profile: laptop", "profile: tiny"))
+    text = params.read_text().replace("profile: laptop", "profile: tiny")
+    params.write_text(text.replace("sweep: {}", sweep) if sweep else text)
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=dst, check=True)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A copy of this checkout on the tiny profile, after `dvc repro`."""
+    dst = copy_repo(tmp_path_factory.mktemp("repo"))
     result = run(["dvc", "repro"], dst)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return dst

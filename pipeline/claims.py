@@ -1,0 +1,356 @@
+"""The two papers' claims that a sweep can test, written once as data, and their evaluation on a results table.
+
+Each ``Claim`` names what it says, which results decide it and a rule. A rule reads the ``Evidence`` (the
+minimum-width table of ``pipeline/tables.py`` and the per-cell accuracies) and returns a ``Check``: the claim
+*holds*, *fails*, or is *not tested* at this scale, with the reason (e.g. "needs index_lookup lengths > 100").
+A failed trial counts as unsolved, as in the tables; a check over tasks with failed trials says so.
+
+The report shows the checks at the top of its page, writes them to ``results/report.json`` (so ``dvc metrics
+diff`` shows a claim that changed) and tags the MLflow parent run with them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Literal
+
+import pandas as pd
+
+from pipeline.tables import cell_means, min_gflops
+
+Status = Literal["holds", "fails", "not tested"]
+TRANSFORMERS = ("transformer", "standard")  # softmax attention: the separations paper's and the DP paper's
+RECURRENT = ("lstm", "dss", "mamba", "retnet", "linear_nofm")  # the separations paper's non-attention models
+EFFICIENT = ("sparse", "linear")  # the DP paper's efficient Transformers
+GENERAL_DP = ("arithmetic", "ed", "lis")  # DP tasks without the locality assumption
+TIE = 0.05  # unsolved on both sides: best test accuracies closer than this are no ordering
+NEAR_CHANCE = 0.10  # index lookup: "near chance" = test accuracy below 10% (chance is 1/64 = 1.6%)
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Check:
+    status: Status
+    detail: str
+
+
+def holds_if(failures: list[str], passes: list[str], untested: str) -> Check:
+    """The usual verdict: fails if any case failed, holds if some case passed, else not tested."""
+    if failures:
+        return Check("fails", "; ".join(failures))
+    if passes:
+        return Check("holds", "; ".join(passes))
+    return Check("not tested", untested)
+
+
+class Evidence:
+    """What the rules read: per (task, size, arch, depth) the smallest width every seed solved (None: no width
+    solved), and per cell the mean test accuracy over the measured seeds."""
+
+    def __init__(self, table: pd.DataFrame):
+        self.table = table
+        self.best = min_gflops(table)
+        self.cells = cell_means(table)
+
+    def sizes(self, task: str) -> list[int]:
+        return sorted(int(s) for s in self.best[self.best.task == task]["size"].unique())
+
+    def archs(self, task: str) -> set[str]:
+        return set(self.best[self.best.task == task].arch)
+
+    def depths(self, task: str, arch: str) -> list[int]:
+        mine = self.best[(self.best.task == task) & (self.best.arch == arch)]
+        return sorted(int(d) for d in mine.depth.unique())
+
+    def narrowest(self, task: str, arch: str) -> int:
+        return int(self.cells[(self.cells.task == task) & (self.cells.arch == arch)].width.min())
+
+    def min_width(self, task: str, size: int, arch: str, depths: Iterable[int] | None = None) -> float:
+        """The smallest width solved at any of ``depths`` (all: None); inf where none solved; NaN if not run."""
+        mine = self.best[(self.best.task == task) & (self.best["size"] == size) & (self.best.arch == arch)]
+        if depths is not None:
+            mine = mine[mine.depth.isin(list(depths))]
+        if mine.empty:
+            return math.nan
+        widths = mine.width.dropna()
+        return float(widths.min()) if len(widths) else INF
+
+    def solved(self, task: str, size: int, arch: str, depths: Iterable[int] | None = None) -> bool | None:
+        width = self.min_width(task, size, arch, depths)
+        return None if math.isnan(width) else width < INF
+
+    def best_accuracy(self, task: str, size: int, arch: str, depths: Iterable[int] | None = None) -> float:
+        """The best mean test accuracy over widths (and depths); NaN if nothing was measured."""
+        mine = self.cells[(self.cells.task == task) & (self.cells["size"] == size) & (self.cells.arch == arch)]
+        if depths is not None:
+            mine = mine[mine.depth.isin(list(depths))]
+        return float(mine.accuracy.max()) if mine.accuracy.notna().any() else math.nan
+
+    def failed_trials(self, tasks: Iterable[str]) -> int:
+        return int(((self.table.status == "failed") & self.table.task.isin(list(tasks))).sum())
+
+
+def width_text(width: float) -> str:
+    return "none" if width == INF else f"{width:.0f}"
+
+
+# ---- rules -------------------------------------------------------------------------------------------------
+
+
+def width_grows(min_depth: int) -> Callable[[Evidence], Check]:
+    """Sparse and linear: on each general DP task and depth >= min_depth, the minimum width never shrinks with
+    size and is larger at the largest size than at the smallest. A chain solved at its narrowest width at every
+    size, or at no size, cannot tell and is skipped."""
+
+    def rule(ev: Evidence) -> Check:
+        failures, passes = [], []
+        for task in GENERAL_DP:
+            sizes = ev.sizes(task)
+            for arch in EFFICIENT:
+                for depth in (d for d in ev.depths(task, arch) if d >= min_depth):
+                    widths = [ev.min_width(task, s, arch, [depth]) for s in sizes]
+                    if len(sizes) < 2 or all(w == INF for w in widths) \
+                            or all(w == ev.narrowest(task, arch) for w in widths):
+                        continue
+                    chain = f"{task} {arch} d{depth}: " + ", ".join(
+                        f"n={s} D={width_text(w)}" for s, w in zip(sizes, widths))
+                    grows = all(a <= b for a, b in zip(widths, widths[1:])) and widths[-1] > widths[0]
+                    (passes if grows else failures).append(chain)
+        deeper = f" at depth >= {min_depth}" if min_depth > 1 else ""
+        return holds_if(failures, passes, f"needs two sizes of arithmetic, ed or lis with sparse or linear{deeper}, "
+                                          "solved at some size above the narrowest width")
+
+    return rule
+
+
+def no_savings_general(ev: Evidence) -> Check:
+    """ed and lis: at the largest size the standard Transformer solved, sparse and linear need at least its
+    paper-convention GFLOPs (or do not solve)."""
+    failures, passes = [], []
+    best = ev.best.set_index(["task", "size", "arch", "depth"])
+    for task in ("ed", "lis"):
+        for depth in ev.depths(task, "standard"):
+            solved = [s for s in ev.sizes(task) if ev.solved(task, s, "standard", [depth])]
+            if not solved:
+                continue
+            size = solved[-1]
+            base = best.loc[(task, size, "standard", depth)].min_paper_gflops
+            for arch in EFFICIENT:
+                if (task, size, arch, depth) not in best.index:
+                    continue
+                cost = best.loc[(task, size, arch, depth)].min_paper_gflops
+                case = f"{task} n={size} d{depth}: {arch} {cost:.3g} vs standard {base:.3g} GFLOPs" \
+                    if pd.notna(cost) else f"{task} n={size} d{depth}: {arch} unsolved, standard {base:.3g} GFLOPs"
+                (failures if pd.notna(cost) and cost < base else passes).append(case)
+    return holds_if(failures, passes, "needs ed or lis solved by the standard Transformer, with sparse or linear")
+
+
+def locality(ev: Evidence) -> Check:
+    """Sparse and linear need no wider a model on ed_local than on ed at the same n and depth."""
+    failures, passes = [], []
+    for size in sorted(set(ev.sizes("ed")) & set(ev.sizes("ed_local"))):
+        for arch in EFFICIENT:
+            for depth in sorted(set(ev.depths("ed", arch)) & set(ev.depths("ed_local", arch))):
+                plain, local = (ev.min_width(t, size, arch, [depth]) for t in ("ed", "ed_local"))
+                if plain == local == INF:
+                    continue
+                case = f"n={size} {arch} d{depth}: ed_local D={width_text(local)}, ed D={width_text(plain)}"
+                (passes if local <= plain else failures).append(case)
+    return holds_if(failures, passes, "needs ed and ed_local at a common n with sparse or linear, solved at one")
+
+
+def standard_first_on_arithmetic(ev: Evidence) -> Check:
+    """On arithmetic the standard Transformer ranks first: its minimum width is no larger than sparse's and
+    linear's; where neither solves, its best test accuracy is no lower (a difference below TIE decides nothing)."""
+    failures, passes = [], []
+    for size in ev.sizes("arithmetic"):
+        for depth in ev.depths("arithmetic", "standard"):
+            def rank(arch: str) -> tuple[float, float]:
+                return ev.min_width("arithmetic", size, arch, [depth]), -ev.best_accuracy("arithmetic", size, arch,
+                                                                                         [depth])
+
+            base = rank("standard")
+            for arch in EFFICIENT:
+                if depth not in ev.depths("arithmetic", arch):
+                    continue
+                other = rank(arch)
+                if any(math.isnan(v) for v in base + other):
+                    continue
+                if base[0] == other[0] == INF and abs(base[1] - other[1]) < TIE:
+                    continue  # neither solves and their accuracies are within noise: no ordering to check
+                case = (f"{size} ops d{depth}: standard D={width_text(base[0])} ({-base[1]:.0%}) vs {arch} "
+                        f"D={width_text(other[0])} ({-other[1]:.0%})")
+                (passes if base <= other else failures).append(case)
+    return holds_if(failures, passes, "needs arithmetic with standard and sparse or linear at one depth")
+
+
+def transformer_solves(task: str, depths: tuple[int, ...] | None, min_size: int = 0) -> Callable[[Evidence], Check]:
+    """A Transformer (at ``depths``; None: any) solves ``task`` at every size >= min_size."""
+
+    def rule(ev: Evidence) -> Check:
+        failures, passes = [], []
+        for arch in TRANSFORMERS:
+            for size in (s for s in ev.sizes(task) if s >= min_size):
+                solved = ev.solved(task, size, arch, depths)
+                if solved is None:
+                    continue
+                case = (f"{arch} N={size}: D={width_text(ev.min_width(task, size, arch, depths))}, "
+                        f"best {ev.best_accuracy(task, size, arch, depths):.0%}")
+                (passes if solved else failures).append(case)
+        layers = f"a {depths[0]}-layer Transformer" if depths else "a Transformer"
+        return holds_if(failures, passes, f"needs {task} with {layers}")
+
+    return rule
+
+
+def index_lookup_separation(ev: Evidence) -> Check:
+    """Some length N at which a one-layer Transformer solves index lookup and the LSTM stays near chance at
+    every width and depth tried."""
+    cases = []
+    for size in ev.sizes("index_lookup"):
+        lstm = ev.best_accuracy("index_lookup", size, "lstm")
+        for arch in TRANSFORMERS:
+            solved = ev.solved("index_lookup", size, arch, [1])
+            if solved is None or math.isnan(lstm):
+                continue
+            cases.append((solved and lstm < NEAR_CHANCE,
+                          f"N={size}: 1-layer {arch} {'solves' if solved else 'does not solve'}, "
+                          f"LSTM best {lstm:.1%}"))
+    if not cases:
+        return Check("not tested", "needs index_lookup with a 1-layer transformer and an LSTM")
+    separated = [text for ok, text in cases if ok]
+    return Check("holds", "; ".join(separated)) if separated else Check("fails", "; ".join(t for _, t in cases))
+
+
+def fail_beyond(task: str, archs: tuple[str, ...], beyond: int, width: int | None = None,
+                depths: tuple[int, ...] | None = None) -> Callable[[Evidence], Check]:
+    """Each of ``archs`` present stays unsolved on ``task`` at every size > beyond (at ``width`` only, if
+    given, else at any width; at ``depths`` only, if given)."""
+
+    def rule(ev: Evidence) -> Check:
+        failures, passes = [], []
+        for size in (s for s in ev.sizes(task) if s > beyond):
+            for arch in archs:
+                if width is None:
+                    solved = ev.solved(task, size, arch, depths)
+                else:
+                    mine = ev.cells[(ev.cells.task == task) & (ev.cells["size"] == size) & (ev.cells.arch == arch)
+                                    & (ev.cells.width == width)]
+                    if depths is not None:
+                        mine = mine[mine.depth.isin(depths)]
+                    solved = None if mine.empty else bool((mine.solved > 0).any())
+                if solved is None:
+                    continue
+                at = f" D={width}" if width else ""
+                case = f"{arch}{at} N={size}: best {ev.best_accuracy(task, size, arch, depths):.0%}"
+                (failures if solved else passes).append(case + (" (solved)" if solved else ""))
+        layers = f" at depth {'/'.join(map(str, depths))}" if depths else ""
+        return holds_if(failures, passes, f"needs {task} lengths > {beyond} with {' or '.join(archs)}{layers}"
+                                          + (f" at width {width}" if width else ""))
+
+    return rule
+
+
+def lstm_solves_dyck(ev: Evidence) -> Check:
+    failures, passes = [], []
+    for size in ev.sizes("dyck"):
+        solved = ev.solved("dyck", size, "lstm")
+        if solved is None:
+            continue
+        case = f"N={size}: D={width_text(ev.min_width('dyck', size, 'lstm'))}, " \
+               f"best {ev.best_accuracy('dyck', size, 'lstm'):.0%}"
+        (passes if solved else failures).append(case)
+    return holds_if(failures, passes, "needs dyck with an LSTM")
+
+
+# ---- the claims ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    paper: Literal["DP", "separations"]
+    text: str
+    decided_by: str
+    tasks: tuple[str, ...]
+    rule: Callable[[Evidence], Check]
+
+
+CLAIMS = (
+    Claim("dp_width_grows", "DP",
+          "General DP tasks need Sparse and Linear Transformers whose width grows with the problem size.",
+          "minimum width of sparse and linear per (task, depth) across sizes of arithmetic, ed, lis",
+          GENERAL_DP, width_grows(1)),
+    Claim("dp_width_grows_deeper", "DP",
+          "The growth persists in the deeper models (Figure 3: depth 5).",
+          "as dp_width_grows, at depth >= 5", GENERAL_DP, width_grows(5)),
+    Claim("dp_no_savings_general", "DP",
+          "On general DP tasks the efficient Transformers save no computation: at the largest size the standard "
+          "Transformer solves, sparse and linear need at least its forward GFLOPs.",
+          "Table 2 (paper-convention GFLOPs) of ed and lis per depth", ("ed", "lis"), no_savings_general),
+    Claim("dp_locality", "DP",
+          "With locality (ed_local), Sparse and Linear Transformers need no wider a model than on ed (Figure 2).",
+          "minimum width of sparse and linear on ed_local against ed at each n and depth",
+          ("ed", "ed_local"), locality),
+    Claim("dp_arithmetic_standard_first", "DP",
+          "On arithmetic the standard Transformer needs no wider a model than Sparse or Linear attention "
+          "(where none solves: reaches no lower accuracy).",
+          "minimum width, else best test accuracy, per (size, depth) of arithmetic", ("arithmetic",),
+          standard_first_on_arithmetic),
+    Claim("sep_index_lookup_one_layer", "separations",
+          "A one-layer Transformer solves index lookup at every length.",
+          "1-layer transformer (or standard) minimum width at every index_lookup size", ("index_lookup",),
+          transformer_solves("index_lookup", (1,))),
+    Claim("sep_index_lookup_separation", "separations",
+          f"Index lookup separates: a one-layer Transformer solves lengths at which the LSTM stays near chance "
+          f"(below {NEAR_CHANCE:.0%}; chance 1/64).",
+          "1-layer transformer verdict and the LSTM's best test accuracy per index_lookup length",
+          ("index_lookup",), index_lookup_separation),
+    Claim("sep_index_lookup_recurrent_fail", "separations",
+          "Recurrent and linear models fail index lookup beyond N = 100.",
+          "verdicts of lstm, dss, mamba, retnet, linear_nofm at index_lookup N > 100", ("index_lookup",),
+          fail_beyond("index_lookup", RECURRENT, 100)),
+    Claim("sep_dyck_lstm", "separations", "LSTMs solve bounded Dyck-(2,2) at every length.",
+          "lstm minimum width at every dyck size", ("dyck",), lstm_solves_dyck),
+    Claim("sep_dyck_one_layer_struggles", "separations",
+          "One-layer Transformers struggle on bounded Dyck beyond N = 100.",
+          "1-layer transformer verdicts at dyck N > 100", ("dyck",),
+          fail_beyond("dyck", TRANSFORMERS, 100, depths=(1,))),
+    Claim("sep_equality_transformer", "separations",
+          "Transformers solve string equality (eq_random, eq_one) at every length.",
+          "transformer minimum width at every eq_random and eq_one size", ("eq_random", "eq_one"),
+          lambda ev: merge_checks([transformer_solves("eq_random", None)(ev), transformer_solves("eq_one", None)(ev)])),
+    Claim("sep_eq_random_recurrent_fail", "separations",
+          "On eq_random, the LSTM and the linear Transformer fail beyond N = 100.",
+          "verdicts of lstm and linear_nofm at eq_random N > 100", ("eq_random",),
+          fail_beyond("eq_random", ("lstm", "linear_nofm"), 100)),
+    Claim("sep_eq_ncp_ssm_width_64", "separations",
+          "On eq_ncp, DSS and Mamba of width 64 fail beyond N = 400, where Transformers still solve.",
+          "dss and mamba verdicts at width 64 and transformer verdicts at eq_ncp N > 400", ("eq_ncp",),
+          lambda ev: merge_checks([fail_beyond("eq_ncp", ("dss", "mamba"), 400, width=64)(ev),
+                                   transformer_solves("eq_ncp", None, min_size=401)(ev)])),
+)
+
+
+def merge_checks(checks: list[Check]) -> Check:
+    """A claim made of parts: fails if a part fails, holds if every part holds, else not tested."""
+    for status in ("fails", "not tested"):
+        hit = [c.detail for c in checks if c.status == status]
+        if hit:
+            return Check(status, "; ".join(hit))
+    return Check("holds", "; ".join(c.detail for c in checks))
+
+
+def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS) -> list[dict]:
+    """Every claim's check on ``table`` (results/sweep.csv), as rows for the page, report.json and MLflow."""
+    ev = Evidence(table)
+    rows = []
+    for claim in claims:
+        check = claim.rule(ev)
+        failed = ev.failed_trials(claim.tasks)
+        detail = check.detail + (f" ({failed} failed trials in {', '.join(claim.tasks)}, counted as unsolved)"
+                                 if failed and check.status != "not tested" else "")
+        rows.append({"id": claim.id, "paper": claim.paper, "claim": claim.text, "decided_by": claim.decided_by,
+                     "status": check.status, "detail": detail})
+    return rows

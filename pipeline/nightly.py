@@ -1,0 +1,149 @@
+"""Nightly rerun: the pipeline on a named profile, compared cell by cell with the previous night's run.
+
+    python -m pipeline.nightly --profile laptop        # dvc exp run -S profile=laptop, then the comparison
+    python -m pipeline.nightly                         # dvc repro on params.yaml's profile
+
+Each night is kept in ``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the
+metrics and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged ``nightly.date`` /
+``nightly.commit``). The comparison with the latest earlier night of the same profile
+(``pipeline/comparison.py``: accuracy, verdict, minimum width, training throughput) goes to ``report/nightly.md``,
+into the night's directory and into a section of ``report/index.html``.
+
+Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
+(a scheduler alerts on it), 2 the pipeline or the config failed, 3 another nightly run holds the lock
+(``--wait`` waits for it instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline import comparison
+from pipeline import config as config_mod
+from pipeline.report import NIGHTLY_MARKER
+
+SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
+
+
+class LockBusy(RuntimeError):
+    pass
+
+
+def acquire(path: Path, wait: bool):
+    """An exclusive lock on ``path`` for this process's lifetime (released by the OS if it dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        raise LockBusy(f"another nightly run holds {path} ({holder}); this one stops. Rerun with --wait to queue "
+                       "behind it") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    handle.flush()
+    return handle
+
+
+def git_commit(repo: Path) -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "nocommit"
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def previous_night(history: Path, profile: str, current: Path) -> Path | None:
+    nights = [d for d in sorted(history.iterdir()) if d.is_dir() and d != current and d.name < current.name
+              and (d / "meta.json").exists() and json.loads((d / "meta.json").read_text())["profile"] == profile]
+    return nights[-1] if nights else None
+
+
+def tag_runs(uri: str, parent: str, tags: dict) -> None:
+    """The night's date and commit on the sweep's parent run and its children; a run an earlier night already
+    tagged (DVC restored the results unchanged) keeps its own night."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.get_run(parent)
+    if "nightly.date" in run.data.tags:
+        return
+    children = client.search_runs([run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'",
+                                  max_results=50_000)
+    for run_id in [parent] + [c.info.run_id for c in children]:
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+
+
+def nightly(repo: Path, profile: str | None, wait: bool) -> int:
+    cfg = config_mod.load(repo / "params.yaml", profile=profile)
+    history = repo / cfg.nightly.history
+    handle = acquire(history / ".lock", wait)
+    try:
+        date, commit = time.strftime("%Y-%m-%dT%H%M%S"), git_commit(repo)
+        cmd = [sys.executable, "-m", "dvc"] + (["exp", "run", "-S", f"profile={profile}"] if profile else ["repro"])
+        print(f"nightly {date} commit {commit}: {' '.join(cmd[2:])}", flush=True)
+        if subprocess.run(cmd, cwd=repo).returncode != 0:
+            print(f"error: `{' '.join(cmd[2:])}` failed (its output is above)", file=sys.stderr)
+            return 2
+        night = history / f"{date}_{commit}"
+        night.mkdir(parents=True)
+        for name in SNAPSHOT:
+            shutil.copy2(repo / name, night / Path(name).name)
+        parent = json.loads((repo / "results" / "report.json").read_text())["mlflow_parent_run"]
+        meta = {"date": date, "commit": commit, "profile": cfg.profile, "mlflow_parent_run": parent}
+        (night / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        tag_runs(cfg.cluster.mlflow(), parent, {"nightly.date": date, "nightly.commit": commit})
+        before = previous_night(history, cfg.profile, night)
+        title = f"Nightly {date}, commit {commit}, profile {cfg.profile}"
+        if before is None:
+            result = {"regressions": [], "improvements": [], "new": [], "missing": []}
+            text = f"# {title}\n\nFirst night of profile {cfg.profile}: nothing to compare with.\n"
+        else:
+            result = comparison.compare(pd.read_csv(before / "sweep.csv"), pd.read_csv(night / "sweep.csv"),
+                                        cfg.nightly)
+            text = comparison.markdown(result, f"{title}, against {before.name}")
+        (night / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
+        for path in (night / "nightly.md", repo / "report" / "nightly.md"):
+            path.write_text(text)
+        page = repo / "report" / "index.html"
+        html_section = f"<h2>Nightly comparison</h2><p>{title}, against {before.name if before else 'nothing (first night)'}"\
+                       f".</p>" + comparison.html(result)
+        page.write_text(page.read_text().replace(NIGHTLY_MARKER, html_section, 1))
+        print(text)
+        return 1 if result["regressions"] else 0
+    finally:
+        handle.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.nightly", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", help="profile in conf/ to run (default: params.yaml's)")
+    ap.add_argument("--repo", default=str(config_mod.ROOT), help="the checkout to run in (default: %(default)s)")
+    ap.add_argument("--wait", action="store_true", help="wait for a nightly run in progress instead of stopping")
+    args = ap.parse_args(argv)
+    try:
+        return nightly(Path(args.repo), args.profile, args.wait)
+    except LockBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except config_mod.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The DP paper's Table 2 from the sweep's results: per (task, size, architecture, depth) the smallest width
+solved by every seed, and what it costs in three conventions.
+
+- paper GFLOPs: the DP paper's thop-style forward count over L + 2 tokens (``Backbone.paper_flops``);
+- exact GFLOPs: every matmul of one forward pass over L tokens under the real attention pattern;
+- training PFLOPs to the threshold: the compute a trial had spent when its validation accuracy first stayed at
+  the threshold (``solve_pflops``), the mean over the seeds measured at that width.
+
+For arithmetic the paper states its lengths (``PAPER_LENGTHS``); our data's longest sequence differs (random
+expressions), so the paper-convention count is also given at the paper's L. The count is 2 (L+2) x (per-token
+MACs), linear in L + 2, so  paper_gflops(L') = paper_gflops(L) (L'+2) / (L+2)  exactly.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.frontier import Cell, Outcome, min_widths
+
+# The lengths L the DP paper's Table 2 states for arithmetic, by number of operators (as quoted in issue 11;
+# the README's dataset table quotes 85 for 6 operators).
+PAPER_LENGTHS = {"arithmetic": {6: 87, 10: 221, 13: 355, 16: 505}}
+BASELINE = "standard"  # the ratio column: cost of the cheapest architecture over the standard Transformer's
+CONVENTIONS = {"min_paper_gflops": "paper-convention forward GFLOPs",
+               "min_exact_gflops": "exact forward GFLOPs",
+               "min_train_pflops": "training PFLOPs spent until solved"}
+
+
+def cell_means(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, size, arch, width, depth): test accuracy averaged over the seeds that were measured
+    (NaN where the search inferred every seed), its spread, and how the seeds ended."""
+    keys = ["task", "size", "max_len", "arch", "width", "depth"]
+    solved = table.status == "solved"
+    return (table.assign(scored=table.final_accuracy.where(table.measured),
+                         solve_cost=table.solve_pflops.where(solved & table.measured) if "solve_pflops" in table
+                         else float("nan"))
+                 .groupby(keys, as_index=False)
+                 .agg(accuracy=("scored", "mean"), accuracy_std=("scored", "std"),
+                      accuracy_min=("scored", "min"), accuracy_max=("scored", "max"),
+                      seeds=("seed", "nunique"), measured=("measured", "sum"),
+                      solved=("status", lambda st: int((st == "solved").sum())),
+                      statuses=("status", lambda st: ",".join(sorted(set(st)))),
+                      paper_gflops=("paper_gflops", "first"), exact_gflops=("exact_gflops", "first"),
+                      solve_pflops=("solve_cost", "mean")))
+
+
+def paper_length(task: str, size: int) -> int | None:
+    return PAPER_LENGTHS.get(task, {}).get(int(size))
+
+
+def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, size, arch, depth): the smallest width solved by every seed (``frontier.min_widths``, the same
+    rule the search uses) and its cost in the three conventions; ``paper_L`` and ``paper_gflops_at_paper_L``
+    where the paper states its own length."""
+    outcomes = {Cell(r.task, r.size, r.arch, r.width, r.depth, r.seed): Outcome(r.status == "solved", r.measured)
+                for r in table.itertuples()}
+    cells = cell_means(table).set_index(["task", "size", "arch", "width", "depth"])
+    rows = []
+    for (task, size, arch, depth), width in sorted(min_widths(outcomes).items()):
+        group = cells.loc[(task, size, arch)].xs(depth, level="depth")
+        data_len = int(group.max_len.iloc[0])
+        row = {"task": task, "size": size, "L": data_len, "paper_L": paper_length(task, size), "depth": depth,
+               "arch": arch, "best_accuracy": round(float(group.accuracy.max()), 4)
+               if group.accuracy.notna().any() else None,
+               "statuses": ",".join(sorted(set(",".join(group.statuses).split(","))))}
+        if width is not None:
+            best = group.loc[width]
+            row.update(min_paper_gflops=float(best.paper_gflops), min_exact_gflops=float(best.exact_gflops),
+                       min_train_pflops=None if pd.isna(best.solve_pflops) else float(best.solve_pflops),
+                       width=int(width), accuracy=None if pd.isna(best.accuracy) else round(float(best.accuracy), 4))
+            if row["paper_L"] is not None:
+                row["paper_gflops_at_paper_L"] = float(best.paper_gflops) * (row["paper_L"] + 2) / (data_len + 2)
+        rows.append(row)
+    cols = ["task", "size", "L", "paper_L", "depth", "arch", "min_paper_gflops", "paper_gflops_at_paper_L",
+            "min_exact_gflops", "min_train_pflops", "width", "accuracy", "best_accuracy", "statuses"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def cheapest(best: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per (task, size, depth): the architecture with the smallest ``column`` among those solved, and its cost
+    over the standard Transformer's (NaN when standard did not solve, or is absent)."""
+    rows = []
+    for (task, size, depth), group in best.groupby(["task", "size", "depth"]):
+        costs = group.set_index("arch")[column].dropna()
+        if costs.empty:
+            continue
+        arch = costs.idxmin()
+        base = costs.get(BASELINE)
+        rows.append({"task": task, "size": size, "depth": depth, "cheapest": arch,
+                     "ratio_to_standard": float(costs[arch] / base) if base else float("nan")})
+    return pd.DataFrame(rows, columns=["task", "size", "depth", "cheapest", "ratio_to_standard"])
+
+
+def fmt_cost(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def convention_table(best: pd.DataFrame, depth: int, column: str) -> pd.DataFrame:
+    """One depth, one convention: a row per (task, size, L), a column per architecture with the cost, the width
+    and mean test accuracy; '-' where no width solved (the best accuracy and what the trials ended as); the
+    cheapest architecture of the row in bold with its ratio to standard."""
+    mine = best[best.depth == depth]
+    marks = cheapest(mine, column).set_index(["task", "size"])
+
+    def fmt(r) -> str:
+        if pd.isna(r.width):
+            best_acc = "n/a" if pd.isna(r.best_accuracy) else f"{r.best_accuracy:.0%}"
+            failed = ", failed" if "failed" in str(r.statuses) else ""
+            return f"- (best {best_acc}{failed})"
+        if pd.isna(r[column]):
+            return f"n/a (D={r.width:.0f})"
+        accuracy = "" if pd.isna(r.accuracy) else f", {r.accuracy:.0%}"
+        text = f"{fmt_cost(r[column])} (D={r.width:.0f}{accuracy})"
+        mark = marks.loc[(r.task, r["size"])] if (r.task, r["size"]) in marks.index else None
+        if mark is not None and mark.cheapest == r.arch:
+            ratio = "" if pd.isna(mark.ratio_to_standard) else f", {mark.ratio_to_standard:.2f}x standard"
+            text = f"**{text}**{ratio}"
+        return text
+
+    index = ["task", "size", "L"]
+    if column == "min_paper_gflops" and mine.paper_L.notna().any():
+        mine = mine.assign(**{"paper L": mine.paper_L.map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
+                              "at paper L": [("" if pd.isna(g) else fmt_cost(g)) for g in
+                                             mine.paper_gflops_at_paper_L]})
+    shown = mine.assign(cell=mine.apply(fmt, axis=1))
+    pivot = shown.pivot_table(index=index, columns="arch", values="cell", aggfunc="first")
+    if "at paper L" in shown:
+        # the paper-length figure of each architecture beside the data's own
+        extra = shown.pivot_table(index=index, columns="arch", values="at paper L", aggfunc="first")
+        extra = extra[(extra != "").any(axis=1)]
+        paper_l = shown.groupby(index)["paper L"].first()
+        for arch in extra.columns:
+            pivot[f"{arch} @ paper L"] = extra[arch]
+        pivot.insert(0, "paper L", paper_l)
+    return pivot.rename_axis(columns=None).reset_index().fillna("")
+
+
+def note(threshold: float) -> str:
+    return (f"The smallest width D solved by every seed (validation accuracy at or above {threshold:.0%}), with its "
+            "mean test accuracy; one table per depth and cost convention. '-' = no width solved (best measured "
+            "test accuracy in brackets). Bold: the cheapest architecture of the row, with its cost over the "
+            "standard Transformer's. Training PFLOPs: compute spent until the trial was solved, mean over the "
+            "seeds measured at that width. '@ paper L': the paper-convention count at the length the paper states "
+            "(paper L), beside ours at the data's longest sequence (L).")
+
+
+def tables_markdown(best: pd.DataFrame, threshold: float) -> str:
+    parts = [note(threshold)]
+    for depth in sorted(best.depth.unique()):
+        for column, title in CONVENTIONS.items():
+            parts.append(f"\n### Depth {depth}: {title}\n\n"
+                         + convention_table(best, depth, column).to_markdown(index=False))
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,120 @@
+"""Claim checks on synthetic sweep tables: each claim holds, fails, or is not tested, with its reason."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pipeline.claims import CLAIMS, evaluate
+from pipeline.tables import PAPER_LENGTHS, cheapest, convention_table, min_gflops
+
+
+def rows(task: str, arch: str, depth: int, solved_from: dict[int, int | None], widths=(16, 32, 64),
+         accuracy: float | None = None, seeds=(0,), status_override: str | None = None) -> list[dict]:
+    """A grid of cells: at each size, widths >= solved_from[size] solve (None: none does)."""
+    out = []
+    for size, first in solved_from.items():
+        for width in widths:
+            for seed in seeds:
+                solved = first is not None and width >= first
+                status = status_override or ("solved" if solved else "unsolved")
+                acc = 0.95 if solved else (accuracy if accuracy is not None else 0.3)
+                out.append({"task": task, "size": size, "max_len": 10 * size + 5, "arch": arch, "width": width,
+                            "depth": depth, "seed": seed, "measured": True, "status": status, "reason": "",
+                            "final_accuracy": acc, "paper_gflops": width * width * (10 * size + 7) * 1e-6,
+                            "exact_gflops": width * width * (10 * size + 5) * 1.5e-6,
+                            "solve_pflops": width * 1e-3 if solved else float("nan"), "parent_run_id": "p"})
+    return out
+
+
+def check(table_rows: list[dict], claim_id: str) -> dict:
+    return next(r for r in evaluate(pd.DataFrame(table_rows)) if r["id"] == claim_id)
+
+
+def test_every_claim_is_data_with_a_unique_id_and_not_tested_on_an_unrelated_table():
+    assert len({c.id for c in CLAIMS}) == len(CLAIMS)
+    results = evaluate(pd.DataFrame(rows("lis", "lstm", 2, {4: 16})))
+    assert [r["id"] for r in results] == [c.id for c in CLAIMS]
+    for r in results:
+        assert r["status"] == "not tested" and r["detail"].startswith("needs"), r
+
+
+def test_width_grows_holds_fails_and_skips_uninformative_chains():
+    growing = rows("lis", "sparse", 2, {4: 16, 6: 64}) + rows("lis", "linear", 2, {4: 32, 6: None})
+    assert check(growing, "dp_width_grows")["status"] == "holds"
+    shrinking = rows("lis", "sparse", 2, {4: 32, 6: 16})
+    result = check(shrinking, "dp_width_grows")
+    assert result["status"] == "fails" and "lis sparse d2: n=4 D=32, n=6 D=16" in result["detail"]
+    flat = rows("lis", "sparse", 2, {4: 16, 6: 16})  # the narrowest width everywhere: the grid cannot tell
+    assert check(flat, "dp_width_grows")["status"] == "not tested"
+    deeper = check(growing, "dp_width_grows_deeper")
+    assert deeper["status"] == "not tested" and "depth >= 5" in deeper["detail"]
+    assert check(rows("lis", "sparse", 5, {4: 16, 6: 32}), "dp_width_grows_deeper")["status"] == "holds"
+
+
+def test_no_savings_compares_paper_gflops_at_the_largest_size_standard_solved():
+    base = rows("ed", "standard", 3, {6: 16, 12: 32})
+    assert check(base + rows("ed", "sparse", 3, {6: 16, 12: 64}), "dp_no_savings_general")["status"] == "holds"
+    assert check(base + rows("ed", "linear", 3, {6: 16, 12: None}), "dp_no_savings_general")["status"] == "holds"
+    result = check(base + rows("ed", "linear", 3, {6: 16, 12: 16}), "dp_no_savings_general")
+    assert result["status"] == "fails" and "ed n=12 d3: linear" in result["detail"]
+
+
+def test_locality_and_arithmetic_ordering():
+    ed = rows("ed", "sparse", 3, {6: 32}) + rows("ed_local", "sparse", 3, {6: 16})
+    assert check(ed, "dp_locality")["status"] == "holds"
+    ed_worse = rows("ed", "sparse", 3, {6: 16}) + rows("ed_local", "sparse", 3, {6: 64})
+    assert check(ed_worse, "dp_locality")["status"] == "fails"
+    # no one solves: the ordering falls back to the best accuracy
+    order = (rows("arithmetic", "standard", 2, {2: None}, accuracy=0.8)
+             + rows("arithmetic", "sparse", 2, {2: None}, accuracy=0.4)
+             + rows("arithmetic", "linear", 2, {2: None}, accuracy=0.7))
+    result = check(order, "dp_arithmetic_standard_first")
+    assert result["status"] == "holds" and "standard D=none (80%) vs sparse D=none (40%)" in result["detail"]
+    flipped = rows("arithmetic", "standard", 2, {2: 64}) + rows("arithmetic", "linear", 2, {2: 32})
+    assert check(flipped, "dp_arithmetic_standard_first")["status"] == "fails"
+
+
+def test_index_lookup_separation_and_the_length_it_needs():
+    table = (rows("index_lookup", "transformer", 1, {20: 64, 50: 64}, widths=(64,))
+             + rows("index_lookup", "lstm", 1, {20: None, 50: None}, widths=(64, 256), accuracy=0.04))
+    assert check(table, "sep_index_lookup_one_layer")["status"] == "holds"
+    result = check(table, "sep_index_lookup_separation")
+    assert result["status"] == "holds" and "LSTM best 4.0%" in result["detail"]
+    recurrent = check(table, "sep_index_lookup_recurrent_fail")
+    assert recurrent["status"] == "not tested" and recurrent["detail"].startswith("needs index_lookup lengths > 100")
+    learns = (rows("index_lookup", "transformer", 1, {20: 64}, widths=(64,))
+              + rows("index_lookup", "lstm", 1, {20: None}, widths=(64,), accuracy=0.5))
+    assert check(learns, "sep_index_lookup_separation")["status"] == "fails"
+    long = table + rows("index_lookup", "mamba", 2, {200: 64}, widths=(64,))
+    result = check(long, "sep_index_lookup_recurrent_fail")
+    assert result["status"] == "fails" and "mamba N=200" in result["detail"]
+
+
+def test_failed_trials_are_named_in_the_detail():
+    table = (rows("index_lookup", "transformer", 1, {20: 64}, widths=(64,))
+             + rows("index_lookup", "lstm", 1, {20: None}, widths=(64,), status_override="failed", accuracy=0.0))
+    result = check(table, "sep_index_lookup_separation")
+    assert result["status"] == "holds" and "1 failed trials in index_lookup" in result["detail"]
+
+
+def test_table2_three_conventions_per_depth_cheapest_and_paper_length():
+    table = pd.DataFrame(rows("arithmetic", "standard", 3, {6: 32}) + rows("arithmetic", "linear", 3, {6: 16})
+                         + rows("arithmetic", "standard", 5, {6: 16}) + rows("arithmetic", "sparse", 3, {6: None}))
+    best = min_gflops(table)
+    d3 = best[best.depth == 3].set_index("arch")
+    assert d3.loc["standard", "width"] == 32 and d3.loc["linear", "width"] == 16 and pd.isna(d3.loc["sparse", "width"])
+    assert best[best.depth == 5].width.tolist() == [16]  # depths never share a minimum
+    assert d3.loc["linear", "min_train_pflops"] == pytest.approx(16e-3)
+    paper_l = PAPER_LENGTHS["arithmetic"][6]
+    assert d3.loc["standard", "paper_L"] == paper_l and d3.loc["standard", "L"] == 65
+    assert d3.loc["standard", "paper_gflops_at_paper_L"] == pytest.approx(
+        d3.loc["standard", "min_paper_gflops"] * (paper_l + 2) / (65 + 2))
+    marks = cheapest(best[best.depth == 3], "min_paper_gflops").iloc[0]
+    assert marks.cheapest == "linear" and marks.ratio_to_standard == pytest.approx(0.25)
+    shown = convention_table(best, 3, "min_paper_gflops").iloc[0]
+    assert shown["linear"].startswith("**") and "0.25x standard" in shown["linear"]
+    assert shown["sparse"].startswith("- (best 30%") and shown["paper L"] == str(paper_l)
+    assert shown["standard @ paper L"] != ""
+    alone = convention_table(best, 5, "min_train_pflops").iloc[0]["standard"]
+    assert alone == "**0.016 (D=16, 95%)**, 1.00x standard"

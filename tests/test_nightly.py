@@ -1,0 +1,84 @@
+"""Nightly comparison: regressions, improvements, new and missing cells; the lock; two real nights with an
+injected regression (slow, integration)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from pipeline.comparison import compare
+from pipeline.config import NightlyConfig
+from pipeline.nightly import LockBusy, acquire
+from tests.conftest import ROOT
+from tests.test_claims import rows
+
+
+def night(solved_from: dict, accuracy: float = 0.3, seconds: float = 1.0) -> pd.DataFrame:
+    table = pd.DataFrame(rows("lis", "standard", 2, solved_from, accuracy=accuracy))
+    return table.assign(cell_id=[f"{r.size}-{r.width}" for r in table.itertuples()], train_pflops=1.0,
+                        train_seconds=seconds)
+
+
+def test_compare_finds_verdict_accuracy_width_and_throughput_changes():
+    before = night({4: 16, 6: 32})
+    after = night({4: 32, 6: 32}, accuracy=0.2, seconds=2.0)  # n=4 D=16 no longer solves; everything slower
+    result = compare(before, after, NightlyConfig())
+    kinds = {(c["what"], c["where"]) for c in result["regressions"]}
+    assert ("verdict", "lis 4 standard D=16 d2 seed 0") in kinds and ("accuracy", "lis 4 standard D=16 d2 seed 0") in kinds
+    assert ("min_width", "lis 4 standard d2") in kinds
+    assert sum(c["what"] == "throughput" for c in result["regressions"]) == len(after)  # 2x slower > 30%
+    assert not result["improvements"] and not result["new"] and not result["missing"]
+    back = compare(after, before, NightlyConfig(throughput_drop=0.6))
+    assert {c["what"] for c in back["improvements"]} == {"verdict", "accuracy", "min_width", "throughput"}
+    assert not back["regressions"]
+    same = compare(before, before.assign(train_seconds=1.2), NightlyConfig())
+    assert same == {"regressions": [], "improvements": [], "new": [], "missing": []}  # within the tolerances
+    grown = compare(before, pd.concat([before.iloc[1:], night({8: 64}).iloc[:1].assign(cell_id="x")]), NightlyConfig())
+    assert grown["new"] == ["lis 8 standard D=16 d2 seed 0"] and grown["missing"] == ["lis 4 standard D=16 d2 seed 0"]
+
+
+def test_a_second_nightly_run_stops_with_a_clear_message_while_the_first_holds_the_lock(tmp_path):
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    held = acquire(tmp_path / "nightly" / ".lock", wait=False)
+    try:
+        with pytest.raises(LockBusy, match="another nightly run holds .* this one stops. Rerun with --wait"):
+            acquire(tmp_path / "nightly" / ".lock", wait=False)
+        done = subprocess.run([sys.executable, "-m", "pipeline.nightly", "--repo", str(tmp_path), "--profile", "tiny"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    finally:
+        held.close()
+    assert done.returncode == 3 and "another nightly run holds" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_two_nights_with_an_injected_regression(tmp_path):
+    """Night 1 on a narrowed tiny profile; night 2 after an LSTM that raises: its cells regress, exit 1."""
+    from tests.test_pipeline import copy_repo, run
+
+    repo = copy_repo(tmp_path, "sweep: {architectures: [standard, lstm], widths: [8, 16]}")
+    first = run([sys.executable, "-m", "pipeline.nightly", "--profile", "tiny"], repo)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "First night of profile tiny" in (repo / "report" / "nightly.md").read_text()
+    lstm = repo / "models" / "lstm.py"
+    source = lstm.read_text()
+    lstm.write_text(source.replace("    def forward(", "    def forward(*a, **k):\n        raise RuntimeError("
+                                   "'injected regression')\n\n    def _forward(", 1))
+    second = run([sys.executable, "-m", "pipeline.nightly", "--profile", "tiny"], repo)
+    assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
+    nights = sorted(p for p in (repo / "nightly").iterdir() if p.is_dir())
+    assert len(nights) == 2
+    result = json.loads((nights[1] / "comparison.json").read_text())
+    verdicts = [c for c in result["regressions"] if c["what"] == "verdict"]
+    assert len(verdicts) == 4 and all(" lstm " in c["where"] and c["after"].startswith("failed") for c in verdicts)
+    assert not result["new"] and not result["missing"]
+    page = (repo / "report" / "index.html").read_text()
+    assert "Nightly comparison" in page and "injected regression" in page
+    meta = json.loads((nights[1] / "meta.json").read_text())
+    assert meta["commit"].endswith("-dirty") and meta["profile"] == "tiny"
