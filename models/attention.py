@@ -6,9 +6,9 @@ here is monotone: once position j falls out of query i's reach, no later query r
 cache may drop it (``keep``). Full causal attention keeps everything in a preallocated buffer instead.
 
 A local pattern (every allowed pair has i - j < reach, or j among a few global keys) trains blockwise when
-that reads far fewer keys than the sequence holds: queries in blocks of ``reach``, each block against the
-2 reach - 1 positions its window can touch plus the global keys (``Pattern.blocks``), one batched masked
-attention call. Its cost grows as L (reach + globals), not L^2; at short L the dense masked call stays.
+that reads far fewer keys than the sequence holds: queries in blocks of Q, each block against the Q + reach - 1
+positions its windows can touch plus the global keys (``Pattern.blocks``), one batched masked attention call.
+Its cost grows as L (Q + reach + globals), not L^2; at short L the dense masked call stays.
 """
 
 from __future__ import annotations
@@ -50,27 +50,31 @@ class Pattern:
         return torch.zeros(0, dtype=torch.long)
 
     def blocks(self, length: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Blockwise plan for a sequence of ``length``: key positions (n, S) of each of the n query blocks of
-        ``reach`` queries and the (n, reach, S) mask over them; None where it would not save work (full causal,
-        or keys per query block not below L / BLOCKWISE_SAVING)."""
+        """Blockwise plan for a sequence of ``length``: key positions (n, S) of each of the n blocks of Q queries
+        and the (n, Q, S) mask over them; None where it would not save work (full causal, or keys per query block
+        above L / BLOCKWISE_SAVING)."""
         if self.reach is None:
             return None
-        Q, extra = self.reach, self.global_keys(length)
-        if (2 * Q - 1 + len(extra)) * BLOCKWISE_SAVING > length:
+        R, extra = self.reach, self.global_keys(length)
+        Q = R * max(1, BLOCK_QUERIES // R)  # queries per block: a multiple of the reach, about BLOCK_QUERIES
+        if (Q + R - 1 + len(extra)) * BLOCKWISE_SAVING > length:
             return None
         starts = torch.arange(math.ceil(length / Q))[:, None] * Q  # (n, 1): first query of each block
-        local = starts - (Q - 1) + torch.arange(2 * Q - 1)  # (n, 2Q-1): every position the block's window reaches
+        local = starts - (R - 1) + torch.arange(Q + R - 1)  # (n, Q+R-1): every position the block's windows reach
         keys = torch.cat([local, extra.expand(len(starts), -1)], 1)  # (n, S)
-        queries = starts + torch.arange(Q)  # (n, Q); the last block may run past the sequence (its rows dropped)
         # a global key inside the local span is there already: count it once
         valid = (keys >= 0) & (keys < length) & torch.cat([torch.ones_like(local, dtype=torch.bool),
-                                                           extra < starts - (Q - 1)], 1)
-        mask = self.allowed(queries[..., None], keys[:, None, :]) & valid[:, None, :]  # (n, Q, S)
+                                                           extra < starts - (R - 1)], 1)
+        queries = starts + torch.arange(Q)  # (n, Q); the last block may run past the sequence
+        # rows past the sequence (dropped afterwards) read every valid key: SDPA's math backend turns a row with
+        # no key into NaN, which would reach the gradients (CPU flash attention returns zeros)
+        mask = (self.allowed(queries[..., None], keys[:, None, :]) | (queries >= length)[..., None]) & valid[:, None]
         return keys.clamp(0, length - 1).to(device), mask.to(device)
 
 
-# blockwise only where the blocks read at most 1/this of the keys: measured on 2 CPU cores (benchmarks/bench_models.py)
+# blockwise only where a block reads at most 1/this of the keys: measured on 2 CPU cores (benchmarks/bench_models.py)
 BLOCKWISE_SAVING = 4
+BLOCK_QUERIES = 64  # smaller blocks make too many small attention products
 
 
 class SoftmaxAttention(Mixer):
