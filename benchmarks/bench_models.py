@@ -1,18 +1,28 @@
-"""Model speed, measured side by side in one run on this machine (CPU):
+"""Model speed, measured side by side in one run on this machine (CPU). Every figure is the median of repeated
+timings taken after warm-up, printed with its spread (min..max over the repeats):
 
-1. greedy decoding of a long chain of thought: our cached decoding vs recomputing the whole prefix every token
-   (what the DP paper's evaluation does), and the per-token cost early vs late in the sequence;
-2. one Lightning training step vs a bare PyTorch loop on the same model and batch;
-3. achieved training FLOP/s (exact count x 3 / time) against this CPU's peak, measured by a large torch.mm.
+1. training tokens/s of every registered architecture, and its cost per token relative to standard
+   (L=400, D=128, batch 32, depth 2, AdamW); local attention also at L=2048, blockwise against the dense masked call;
+2. greedy decoding: our cached decoding vs recomputing the whole prefix every token (what the DP paper's evaluation
+   does), checked to produce the same tokens, and the per-token cost early vs late in the sequence;
+3. Lightning vs a bare PyTorch loop on the same model and batch, the same window on both sides;
+4. this CPU's peak (best torch.mm over several sizes) beside its theoretical figure, and training FLOP/s against it;
+5. resident memory (``benchmarks/bench_memory.py``, run as a subprocess when present).
 
-    python benchmarks/bench_models.py                 # the issue's settings (several minutes on 2 cores)
-    python benchmarks/bench_models.py --quick         # a smoke run in seconds
+    python -m benchmarks.bench_models                 # the issue's settings (about 10 minutes on 2 cores)
+    python -m benchmarks.bench_models --quick         # a smoke run in seconds: checks the script, measures nothing
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -24,53 +34,150 @@ from pipeline.train import SequenceModel, TrialSpec
 VOCAB = 64
 
 
-def build(arch: str, width: int, depth: int, max_len: int) -> models.LanguageModel:
+def build(arch: str, width: int, depth: int, max_len: int, **options) -> models.LanguageModel:
     torch.manual_seed(0)
     return models.build_model(arch, vocab_size=VOCAB, width=width, depth=depth, heads=4, max_len=max_len,
-                              dropout=0.0).eval()
+                              dropout=0.0, **options).eval()
 
 
+@dataclass
+class Timing:
+    """Seconds of repeated measurements: the median and the spread."""
+
+    samples: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    def rate(self, work: float) -> str:
+        """work / seconds as 'median (min..max)'."""
+        rates = sorted(work / s for s in self.samples)
+        return f"{work / self.median:9,.0f} ({rates[0]:,.0f}..{rates[-1]:,.0f})"
+
+
+# ---- 1. training throughput ---------------------------------------------------------------------------------
+def set_blockwise(model: models.LanguageModel, on: bool) -> None:
+    for m in model.modules():
+        if hasattr(m, "blockwise"):
+            m.blockwise = on
+
+
+def train_step(model, opt, batch) -> None:
+    """Forward, next-token loss, backward, clip, AdamW: what a trial does per step."""
+    inputs, targets = batch
+    loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def batch_of(batch: int, length: int):
+    x = torch.randint(2, VOCAB, (batch, length + 1))
+    return x[:, :-1], x[:, 1:]
+
+
+def train_rates(variants: dict[str, tuple[str, dict, bool]], width: int, depth: int, batch: int, length: int,
+                rounds: int, steps: int) -> dict[str, Timing]:
+    """Seconds per training step of each variant (name -> arch, options, blockwise). Each round times ``steps``
+    steps of every variant in turn, so slow drifts of the machine hit all of them alike; one warm-up step each."""
+    data = batch_of(batch, length)
+    setups = {}
+    for name, (arch, options, blockwise) in variants.items():
+        model = build(arch, width, depth, length, **options).train()
+        set_blockwise(model, blockwise)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        train_step(model, opt, data)  # warm-up: allocations, numba's compiled-kernel load
+        setups[name] = (model, opt)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (model, opt) in setups.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                train_step(model, opt, data)
+            times[name].append((time.perf_counter() - start) / steps)
+    return {name: Timing(t) for name, t in times.items()}
+
+
+def bench_training(q: bool) -> None:
+    width, depth, batch, length = (32, 2, 4, 32) if q else (128, 2, 32, 400)
+    rounds, steps = (1, 1) if q else (5, 2)
+    print(f"\n== training tokens/s: L={length}, D={width}, batch {batch}, depth {depth}, AdamW, "
+          f"{torch.get_num_threads()} threads; median (min..max) of {rounds} rounds x {steps} steps")
+    archs = sorted(models.ARCHITECTURES)
+    timings = train_rates({a: (a, {}, True) for a in archs}, width, depth, batch, length, rounds, steps)
+    tokens = batch * length
+    base = timings["standard"].median
+    print(f"{'arch':>16} {'tokens/s (min..max)':>30} {'cost/token vs standard':>23}")
+    for arch in sorted(archs, key=lambda a: timings[a].median):
+        print(f"{arch:>16} {timings[arch].rate(tokens):>30} {timings[arch].median / base:22.2f}x")
+
+    long, long_batch, window = (256, 2, 8) if q else (2048, 4, 64)
+    print(f"\n== local attention at L={long}, batch {long_batch}: blockwise vs the dense masked call "
+          f"(window {window}, sinks 4, sparse B={models.sparse.block_size(long)})")
+    local = {"sliding_window": {"window": window}, "sinks": {"window": window, "sinks": 4}, "sparse": {}}
+    variants = {"standard": ("standard", {}, True)}
+    for arch, options in local.items():
+        variants[arch] = (arch, options, True)
+        variants[f"{arch} dense"] = (arch, options, False)
+    timings = train_rates(variants, width, depth, long_batch, long, rounds, steps)
+    tokens, base = long_batch * long, timings["standard"].median
+    print(f"{'variant':>20} {'tokens/s (min..max)':>30} {'vs standard':>12} {'blockwise speed-up':>19}")
+    for name, t in timings.items():
+        dense = timings.get(f"{name} dense")
+        gain = f"{dense.median / t.median:18.2f}x" if dense else f"{'':>19}"
+        print(f"{name:>20} {t.rate(tokens):>30} {t.median / base:11.2f}x {gain}")
+
+
+# ---- 2. decoding ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def decode_cached(model, prompt: torch.Tensor, tokens: int) -> list[float]:
-    """Seconds per generated token, using the model's cache."""
+def decode_cached(model, prompt: torch.Tensor, tokens: int) -> tuple[torch.Tensor, list[float]]:
+    """Greedy tokens and seconds per generated token, using the model's cache."""
     cache = model.new_cache(prompt.shape[0])
-    nxt = model(prompt, cache)[:, -1].argmax(-1, keepdim=True)
+    out = [model(prompt, cache)[:, -1].argmax(-1, keepdim=True)]
     times = []
     for _ in range(tokens - 1):
         start = time.perf_counter()
-        nxt = model(nxt, cache)[:, -1].argmax(-1, keepdim=True)
+        out.append(model(out[-1], cache)[:, -1].argmax(-1, keepdim=True))
         times.append(time.perf_counter() - start)
-    return times
+    return torch.cat(out, 1), times
 
 
 @torch.no_grad()
-def decode_recompute(model, prompt: torch.Tensor, tokens: int) -> float:
+def decode_recompute(model, prompt: torch.Tensor, tokens: int) -> tuple[torch.Tensor, float]:
     seq = prompt
     start = time.perf_counter()
     for _ in range(tokens):
         seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
-    return time.perf_counter() - start
+    return seq[:, prompt.shape[1]:], time.perf_counter() - start
 
 
-def bench_decode(archs, width, depth, batch, tokens, recompute_for):
-    print(f"\n== greedy decoding: {tokens} tokens, batch {batch}, width {width}, depth {depth}")
-    print(f"{'arch':>16} {'cached s':>9} {'recompute s':>12} {'speed-up':>9} {'ms/token first 10%':>19} "
-          f"{'last 10%':>9} {'late/early':>10}")
+def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats):
+    print(f"\n== greedy decoding: {tokens} tokens, batch {batch}, width {width}, depth {depth}; "
+          f"median of {repeats} after a warm-up decode")
+    print(f"{'arch':>16} {'cached s':>9} {'recompute s':>12} {'speed-up':>9} {'same tokens':>12} "
+          f"{'ms/token first 10%':>19} {'last 10%':>9} {'late/early':>10}")
     prompt = torch.randint(2, VOCAB, (batch, 10))
     for arch in archs:
         model = build(arch, width, depth, tokens + 16)
-        times = decode_cached(model, prompt, tokens)
-        cached = sum(times)
+        decode_cached(model, prompt, min(tokens, 20))  # warm-up
+        runs = [decode_cached(model, prompt, tokens) for _ in range(repeats)]
+        out, times = runs[0]
+        cached = Timing([sum(t) for _, t in runs]).median
         tenth = max(1, len(times) // 10)
-        early, late = sum(times[:tenth]) / tenth, sum(times[-tenth:]) / tenth
+        early = statistics.median([sum(t[:tenth]) / tenth for _, t in runs])
+        late = statistics.median([sum(t[-tenth:]) / tenth for _, t in runs])
         if arch in recompute_for:
-            recompute = decode_recompute(model, prompt, tokens)
-            extra = f"{recompute:12.2f} {recompute / cached:8.1f}x"
+            again, recompute = decode_recompute(model, prompt, tokens)
+            same = "yes" if torch.equal(again, out) else "NO"
+            extra = f"{recompute:12.2f} {recompute / cached:8.1f}x {same:>12}"
         else:
-            extra = f"{'-':>12} {'-':>9}"
+            extra = f"{'-':>12} {'-':>9} {'-':>12}"
         print(f"{arch:>16} {cached:9.2f} {extra} {1e3 * early:19.2f} {1e3 * late:9.2f} {late / early:10.2f}")
 
 
+# ---- 3. Lightning overhead ------------------------------------------------------------------------------------
 def spec_for(arch: str, width: int, depth: int, length: int) -> TrialSpec:
     return TrialSpec(arch=arch, width=width, depth=depth, seed=0, train_path="", test_path="", max_len=length,
                      vocab_size=VOCAB, heads=4, dropout=0.0, arch_options={}, batch_size=0, epochs=1, max_steps=-1,
@@ -79,88 +186,165 @@ def spec_for(arch: str, width: int, depth: int, length: int) -> TrialSpec:
                      use_gpu=False)
 
 
-def batch_of(batch: int, length: int):
-    x = torch.randint(2, VOCAB, (batch, length + 1))
-    return x[:, :-1], x[:, 1:]
-
-
-def bare_steps(module: SequenceModel, batch, steps: int) -> float:
-    """Seconds per step of the plain loop: forward, loss, backward, clip, AdamW, schedule."""
+def bare_fit(module: SequenceModel, batch, steps: int) -> tuple[list[float], float]:
+    """Start time of every step, and the wall time of the whole loop: forward, loss, backward, clip, AdamW,
+    schedule, fetching each batch from a DataLoader as Lightning does."""
+    start = time.perf_counter()
     opt_cfg = module.configure_optimizers_for(steps)
     opt, sched = opt_cfg["optimizer"], opt_cfg["lr_scheduler"]["scheduler"]
     module.train()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        loss = module.training_loss(batch)
+    starts = []
+    for b in torch.utils.data.DataLoader([batch] * steps, batch_size=None):
+        starts.append(time.perf_counter())
+        loss = module.training_loss(b)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()
         sched.step()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    starts.append(time.perf_counter())
+    return starts, starts[-1] - start
 
 
-class StepTimer(L.Callback):
+class StepStarts(L.Callback):
     def __init__(self):
-        self.times, self.start = [], 0.0
+        self.starts: list[float] = []
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        self.start = time.perf_counter()
+        self.starts.append(time.perf_counter())
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.times.append(time.perf_counter() - self.start)
+    def on_train_end(self, trainer, module):
+        self.starts.append(time.perf_counter())
 
 
-def lightning_steps(module: SequenceModel, batch, steps: int) -> float:
-    timer = StepTimer()
+def lightning_fit(module: SequenceModel, batch, steps: int) -> tuple[list[float], float]:
+    timer = StepStarts()
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, gradient_clip_val=1.0, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[timer], num_sanity_val_steps=0, limit_val_batches=0)
-    trainer.fit(module, torch.utils.data.DataLoader([batch] * steps, batch_size=None))
-    return sorted(timer.times)[len(timer.times) // 2]
-
-
-def peak_flops(threads: int, n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
     start = time.perf_counter()
-    for _ in range(repeats):
-        torch.mm(a, b)
-    return 2 * n ** 3 * repeats / (time.perf_counter() - start)
+    trainer.fit(module, torch.utils.data.DataLoader([batch] * steps, batch_size=None))
+    return timer.starts, time.perf_counter() - start
 
 
-def main() -> None:
+def bench_lightning(q: bool) -> None:
+    steps, length, batch_size, repeats = (4, 32, 8, 1) if q else (30, 221, 64, 3)
+    print(f"\n== Lightning vs a bare PyTorch loop, standard, L={length}, batch {batch_size}, depth 3: wall time "
+          f"between consecutive step starts (median over steps after the first 3) and fit time / steps, "
+          f"{repeats} runs each of {steps} steps, alternating, after a warm-up fit of each")
+    for width in ([32] if q else [64, 256]):
+        batch = batch_of(batch_size, length)
+        runs: dict[str, list[tuple[float, float]]] = {"bare": [], "lightning": []}
+        sides = [("bare", bare_fit), ("lightning", lightning_fit)]
+        for _, fit in sides:  # warm-up: the first large model in a process pays for the allocator's growth
+            fit(SequenceModel(spec_for("standard", width, 3, length)), batch, 4)
+        for r in range(repeats):
+            for name, fit in sides[::1 if r % 2 == 0 else -1]:  # alternate which side goes first
+                starts, total = fit(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
+                gaps = [b - a for a, b in zip(starts[3:], starts[4:])] or [starts[-1] - starts[0]]
+                runs[name].append((statistics.median(gaps), total / steps))
+        cells = []
+        for k, label in ((0, "step-to-step"), (1, "fit/steps")):
+            bare = statistics.median(r[k] for r in runs["bare"])
+            lit = statistics.median(r[k] for r in runs["lightning"])
+            spread = [100 * (lt[k] / br[k] - 1) for br, lt in zip(runs["bare"], runs["lightning"])]
+            cells.append(f"{label} bare {1e3 * bare:.1f} ms, Lightning {1e3 * lit:.1f} ms, overhead "
+                         f"{100 * (lit / bare - 1):+.1f}% ({min(spread):+.1f}..{max(spread):+.1f})")
+        print(f"standard D={width}: " + "; ".join(cells))
+
+
+# ---- 4. peak and utilisation -----------------------------------------------------------------------------------
+def theoretical_peak(threads: int) -> tuple[float, str]:
+    """threads x clock x 32 FLOP/cycle: two 256-bit FMA pipes, 8 float32 lanes x 2 FLOP each (AVX2 / AVX-512 on
+    AMD Zen 4); the clock is /proc/cpuinfo's, which a boost clock can exceed."""
+    mhz = 0.0
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                mhz = float(line.split(":")[1])
+                break
+    return threads * mhz * 1e6 * 32, f"{threads} cores x {mhz / 1e3:.2f} GHz x 32 FLOP/cycle"
+
+
+def peak_flops(sizes: list[int], repeats: int) -> dict[int, Timing]:
+    """Seconds of one torch.mm per size, each size warmed up, ``repeats`` timed runs of several products."""
+    out = {}
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        inner = max(1, 2 * 1024 ** 3 // n ** 3)  # about 2 GFLOP per timed run
+        for _ in range(inner):
+            torch.mm(a, b)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(inner):
+                torch.mm(a, b)
+            times.append((time.perf_counter() - start) / inner)
+        out[n] = Timing(times)
+    return out
+
+
+def bench_peak(q: bool, threads: int) -> float:
+    sizes, repeats = ([256, 512], 2) if q else ([512, 1024, 1536, 2048, 3072], 5)
+    theory, how = theoretical_peak(threads)
+    print(f"\n== CPU peak: torch.mm, {threads} threads, median (min..max) of {repeats} warmed-up runs per size")
+    timings = peak_flops(sizes, repeats)
+    for n, t in timings.items():
+        print(f"{n:>6}^2: {t.rate(2 * n ** 3 / 1e9)} GFLOP/s")
+    best = max(2 * n ** 3 / min(t.samples) for n, t in timings.items())
+    print(f"peak (best of all): {best / 1e9:.1f} GFLOP/s; theoretical {theory / 1e9:.1f} GFLOP/s at the nominal clock "
+          f"({how}); the best implies {best / (threads * 32e9):.2f} GHz, i.e. the cores boost above nominal"
+          if best > theory else f"peak (best of all): {best / 1e9:.1f} GFLOP/s = {100 * best / theory:.0f}% of the "
+          f"theoretical {theory / 1e9:.1f} GFLOP/s ({how})")
+    return best
+
+
+def bench_utilisation(q: bool, peak: float) -> None:
+    steps, length, batch_size = (3, 32, 8) if q else (10, 221, 64)
+    print("\n== training utilisation: exact FLOPs x 3 / step time vs the peak above")
+    for width in ([32] if q else [64, 256]):
+        model = build("standard", width, 3, length).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        batch = batch_of(batch_size, length)
+        train_step(model, opt, batch)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            train_step(model, opt, batch)
+            times.append(time.perf_counter() - start)
+        flops = 3 * model.exact_flops(length) * batch_size
+        print(f"standard D={width}, L={length}, batch {batch_size}: {Timing(times).rate(flops / 1e9)} GFLOP/s = "
+              f"{100 * flops / Timing(times).median / peak:.0f}% of peak")
+
+
+# ---- 5. memory --------------------------------------------------------------------------------------------------
+def bench_memory(q: bool) -> None:
+    script = Path(__file__).with_name("bench_memory.py")
+    print("\n== memory (benchmarks/bench_memory.py)")
+    if not script.exists():
+        print("skipped: benchmarks/bench_memory.py is not in this checkout")
+        return
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_memory", *(["--quick"] if q else [])], cwd=root,
+                   env=env, check=True)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, measures nothing")
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     q = args.quick
+    bench_training(q)
     recurrent = ["linear", "retnet", "linear_nofm", "lstm", "dss", "mamba"]
     bench_decode(["standard", "sparse", "sliding_window", *recurrent], width=32 if q else 64, depth=2,
-                 batch=8 if q else 64, tokens=40 if q else 500, recompute_for={"standard", "linear"})
-
-    print("\n== one training step: Lightning vs a bare PyTorch loop (median of steps, same model and batch)")
-    steps, length = (5, 32) if q else (40, 221)
-    for width in ([32] if q else [64, 256]):
-        batch = batch_of(16 if q else 64, length)
-        bare = bare_steps(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
-        lit = lightning_steps(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
-        print(f"standard D={width}: bare {1e3 * bare:.1f} ms, Lightning {1e3 * lit:.1f} ms, "
-              f"overhead {100 * (lit / bare - 1):+.1f}%")
-
-    print("\n== training utilisation: exact FLOPs x 3 / step time vs peak torch.mm FLOP/s")
-    peak = peak_flops(args.threads, n=512 if q else 2048)
-    print(f"peak (torch.mm {512 if q else 2048}^2, {args.threads} threads): {peak / 1e9:.1f} GFLOP/s")
-    for width in ([32] if q else [64, 256]):
-        module = SequenceModel(spec_for("standard", width, 3, length))
-        batch = batch_of(16 if q else 64, length)
-        step = bare_steps(module, batch, steps)
-        achieved = 3 * module.model.exact_flops(length) * len(batch[0]) / step
-        print(f"standard D={width}, L={length}, batch {len(batch[0])}: {achieved / 1e9:.1f} GFLOP/s = "
-              f"{100 * achieved / peak:.0f}% of peak")
+                 batch=8 if q else 64, tokens=40 if q else 500, recompute_for={"standard", "linear", "mamba"},
+                 repeats=1 if q else 3)
+    bench_lightning(q)
+    bench_utilisation(q, bench_peak(q, args.threads))
+    bench_memory(q)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,16 @@ A pattern says which key positions j each query position i may attend (always j 
 sliding-window and sink attention differ only in their pattern; each lives in its own module. Every pattern
 here is monotone: once position j falls out of query i's reach, no later query reaches it, so a decoding
 cache may drop it (``keep``). Full causal attention keeps everything in a preallocated buffer instead.
+
+A local pattern (every allowed pair has i - j < reach, or j among a few global keys) trains blockwise when
+that reads far fewer keys than the sequence holds: queries in blocks of Q, each block against the Q + reach - 1
+positions its windows can touch plus the global keys (``Pattern.blocks``), one batched masked attention call.
+Its cost grows as L (Q + reach + globals), not L^2; at short L the dense masked call stays.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn as nn
@@ -19,6 +26,7 @@ class Pattern:
     """Causal by default; subclasses narrow ``allowed``."""
 
     causal_only = True  # full causal: SDPA's is_causal fast path, and a cache that keeps every position
+    reach: int | None = None  # local patterns: every allowed pair has i - j < reach or j in global_keys
 
     def allowed(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Bool mask, broadcasting query positions i against key positions j."""
@@ -37,6 +45,37 @@ class Pattern:
         """Earlier positions the next query (position ``length``) may attend: what a cache must keep."""
         return int(self.mask(torch.tensor([length]), torch.arange(length)).sum())
 
+    def global_keys(self, length: int) -> torch.Tensor:
+        """Positions beyond the local window that later queries may attend (sinks, block summaries)."""
+        return torch.zeros(0, dtype=torch.long)
+
+    def blocks(self, length: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Blockwise plan for a sequence of ``length``: key positions (n, S) of each of the n blocks of Q queries
+        and the (n, Q, S) mask over them; None where it would not save work (full causal, or keys per query block
+        above L / BLOCKWISE_SAVING)."""
+        if self.reach is None:
+            return None
+        R, extra = self.reach, self.global_keys(length)
+        Q = R * max(1, BLOCK_QUERIES // R)  # queries per block: a multiple of the reach, about BLOCK_QUERIES
+        if (Q + R - 1 + len(extra)) * BLOCKWISE_SAVING > length:
+            return None
+        starts = torch.arange(math.ceil(length / Q))[:, None] * Q  # (n, 1): first query of each block
+        local = starts - (R - 1) + torch.arange(Q + R - 1)  # (n, Q+R-1): every position the block's windows reach
+        keys = torch.cat([local, extra.expand(len(starts), -1)], 1)  # (n, S)
+        # a global key inside the local span is there already: count it once
+        valid = (keys >= 0) & (keys < length) & torch.cat([torch.ones_like(local, dtype=torch.bool),
+                                                           extra < starts - (R - 1)], 1)
+        queries = starts + torch.arange(Q)  # (n, Q); the last block may run past the sequence
+        # rows past the sequence (dropped afterwards) read every valid key: SDPA's math backend turns a row with
+        # no key into NaN, which would reach the gradients (CPU flash attention returns zeros)
+        mask = (self.allowed(queries[..., None], keys[:, None, :]) | (queries >= length)[..., None]) & valid[:, None]
+        return keys.clamp(0, length - 1).to(device), mask.to(device)
+
+
+# blockwise only where a block reads at most 1/this of the keys: measured on 2 CPU cores (benchmarks/bench_models.py)
+BLOCKWISE_SAVING = 4
+BLOCK_QUERIES = 64  # smaller blocks make too many small attention products
+
 
 class SoftmaxAttention(Mixer):
     """Multi-head softmax attention, scale 1/sqrt(D/H):  softmax(q k^T / sqrt(hd) + mask) v."""
@@ -44,6 +83,7 @@ class SoftmaxAttention(Mixer):
     def __init__(self, width: int, heads: int, dropout: float, pattern: Pattern):
         super().__init__()
         self.heads, self.pattern, self.dropout = heads, pattern, dropout
+        self.blockwise = True  # False: always the dense masked call (what the benchmark compares against)
         self.qkv = nn.Linear(width, 3 * width)  # fused q, k, v
 
     def forward(self, x: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
@@ -53,10 +93,13 @@ class SoftmaxAttention(Mixer):
         start = cache.pos if cache is not None else 0
         queries = torch.arange(start, start + T, device=x.device)
         if cache is None:
+            plan = self.pattern.blocks(T, x.device) if self.blockwise else None
             if self.pattern.causal_only:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
-            else:
+            elif plan is None:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.pattern.mask(queries, queries), dropout_p=p)
+            else:
+                y = blockwise_attention(q, k, v, *plan, p)
             return merge_heads(y)
         state = cache.layers[layer]
         if self.pattern.causal_only:  # preallocated once for the whole decode: (B, H, max_len, hd)
@@ -86,6 +129,16 @@ class SoftmaxAttention(Mixer):
         # keys and values of every earlier position the next token may attend
         width = self.qkv.in_features
         return 2 * self.pattern.attended(length) * width * bytes_per_value
+
+
+def blockwise_attention(q, k, v, keys: torch.Tensor, mask: torch.Tensor, dropout: float) -> torch.Tensor:
+    """q, k, v (B, H, T, hd), ``Pattern.blocks``' key positions (n, S) and mask (n, Q, S) -> (B, H, T, hd)."""
+    B, H, T, hd = q.shape
+    n, Q, S = mask.shape
+    qb = F.pad(q, (0, 0, 0, n * Q - T)).view(B, H, n, Q, hd)  # queries in blocks, the last one padded
+    kb, vb = k[:, :, keys], v[:, :, keys]  # (B, H, n, S, hd): the keys each block reads
+    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout)  # (B, H, n, Q, hd)
+    return y.view(B, H, n * Q, hd)[:, :, :T]
 
 
 def attention_model(arch: str, pattern: Pattern, *, vocab_size, width, depth, heads, max_len, dropout,

@@ -4,6 +4,13 @@ Per channel d and complex mode n:  x_t = Abar x_{t-1} + Bbar u_t,  y_t = Re(C . 
 Abar = exp(dt Lambda), Bbar = (Abar - 1) / Lambda (zero-order hold), Lambda = -exp(log_re) + i im.
 Training: the causal convolution y = K * u with K_l = Re(sum_n C_n Bbar_n Abar_n^l), by FFT.
 Decoding: the recurrence, one step per token; prefill continues from the carried state.
+
+The kernel never takes a complex power (``ssm_kernel_reference`` does: its pow and pow's gradient were most of
+a training step). Abar^l = exp(l dt Lambda), and writing l = a + r b with r = ceil(sqrt(L)),
+
+    K_l = Re sum_n (C_n Bbar_n exp(a dt Lambda_n)) exp(r b dt Lambda_n)           (``ssm_kernel``)
+
+is one (r x N) @ (N x L/r) complex matmul per channel over 2 sqrt(L) exponentials per mode, not L.
 """
 
 import math
@@ -27,20 +34,20 @@ class DSS(Mixer):
         self.skip = nn.Parameter(torch.ones(width))
 
     def discrete(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Abar, Bbar), each (D, N) complex."""
+        """(dt Lambda, Bbar), each (D, N) complex; Abar = exp(dt Lambda)."""
         lam = torch.complex(-torch.exp(self.log_re), self.im)
-        abar = torch.exp(lam * torch.exp(self.log_dt)[:, None])
-        return abar, (abar - 1) / lam
+        dtlam = lam * torch.exp(self.log_dt)[:, None]
+        return dtlam, (torch.exp(dtlam) - 1) / lam
 
     def forward(self, u: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, D = u.shape
-        abar, bbar = self.discrete()
-        powers = abar[..., None] ** torch.arange(T + 1, device=u.device)  # (D, N, T+1): Abar^l
-        K = ((self.C * bbar)[..., None] * powers[..., :T]).sum(1).real  # (D, T)
+        dtlam, bbar = self.discrete()
+        K = ssm_kernel(dtlam, self.C * bbar, T)  # (D, T)
         uf = u.transpose(1, 2)  # (B, D, T)
         n = 2 * T  # zero-padded FFT: a linear, not circular, convolution
         y = torch.fft.irfft(torch.fft.rfft(uf, n) * torch.fft.rfft(K, n), n)[..., :T] + self.skip[:, None] * uf
         if cache is not None:
+            powers = torch.exp(dtlam[..., None] * torch.arange(T + 1, device=u.device))  # (D, N, T+1): Abar^l
             state = cache.layers[layer]
             if "x" in state:  # what the carried state adds at t: Re(C Abar^(t+1) x_prev)
                 carried = (self.C[None, :, :, None] * powers[None, ..., 1:] * state["x"][..., None]).sum(2).real
@@ -60,6 +67,23 @@ class DSS(Mixer):
 
     def state_bytes(self, length: int, bytes_per_value: int = 4) -> int:
         return self.width * self.modes * 2 * bytes_per_value  # complex state
+
+
+def ssm_kernel_reference(dtlam: torch.Tensor, W: torch.Tensor, length: int) -> torch.Tensor:
+    """K_l = Re(sum_n W_n Abar_n^l) for l < length, Abar = exp(dt Lambda): (D, N), (D, N) -> (D, length)."""
+    powers = torch.exp(dtlam)[..., None] ** torch.arange(length, device=W.device)  # (D, N, L)
+    return (W[..., None] * powers).sum(1).real
+
+
+def ssm_kernel(dtlam: torch.Tensor, W: torch.Tensor, length: int) -> torch.Tensor:
+    """``ssm_kernel_reference`` with l = a + r b:  K_l = Re sum_n W_n exp(a dt Lambda_n) exp(r b dt Lambda_n)."""
+    D = W.shape[0]
+    r = math.isqrt(max(length - 1, 0)) + 1  # ceil(sqrt(length))
+    s = -(-length // r)
+    low = torch.exp(dtlam[..., None] * torch.arange(r, device=W.device))  # (D, N, r): Abar^a
+    high = torch.exp(dtlam[..., None] * (r * torch.arange(s, device=W.device)))  # (D, N, s): Abar^(r b)
+    K = high.transpose(1, 2) @ (W[..., None] * low)  # (D, s, r): K[d, b, a] = K_{a + r b}
+    return K.real.reshape(D, s * r)[:, :length]
 
 
 @register("dss", modes=64)

@@ -1,5 +1,7 @@
 """sinks: StreamingLLM's attention sinks: the first s tokens plus a sliding window of the last w tokens."""
 
+import torch
+
 from models.attention import Pattern, attention_model
 from models.registry import register
 from models.sliding_window import Window
@@ -12,6 +14,9 @@ class Sinks(Window):
 
     def allowed(self, i, j):
         return (j <= i) & ((i - j < self.window) | (j < self.sinks))
+
+    def global_keys(self, length: int) -> torch.Tensor:
+        return torch.arange(min(self.sinks, length))
 
 
 @register("sinks", window=64, sinks=4)

@@ -10,7 +10,7 @@ class Window(Pattern):
     def __init__(self, window: int):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        self.window = window
+        self.window = self.reach = window
 
     def allowed(self, i, j):
         return (j <= i) & (i - j < self.window)

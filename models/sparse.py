@@ -7,6 +7,8 @@ maximum length, so B = 8 for L up to 223 and 16 for 342..506.
 
 import math
 
+import torch
+
 from models.attention import Pattern, attention_model
 from models.registry import register
 
@@ -21,9 +23,13 @@ class BlockSparse(Pattern):
 
     def __init__(self, block: int, k: int):
         self.block, self.k = block, k
+        self.reach = k * block
 
     def allowed(self, i, j):
         return (j <= i) & ((i - j < self.k * self.block) | (j % self.block == self.block - 1))
+
+    def global_keys(self, length: int) -> torch.Tensor:
+        return torch.arange(self.block - 1, length, self.block)  # the last token of every block
 
 
 @register("sparse", block=None, k=1)

@@ -1,0 +1,161 @@
+"""Mamba's selective scan (Gu & Dao 2023, Alg. 2), as a plain PyTorch loop and as a fused CPU kernel.
+
+Per batch row b, channel e and state n, with dt > 0 and A < 0:
+
+    h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t          (B, E, N) state; B_t, C_t (B, N) shared by every channel
+    y_t = C_t . h_t                                    summed over n
+
+The loop (``selective_scan_reference``) costs about ten PyTorch ops per token, each over the whole (B, E, N)
+state, and autograd keeps every intermediate: on a CPU it is bandwidth- and overhead-bound. A chunked
+parallel form does not help on a CPU: Mamba's decay exp(dt A) differs per channel *and* state, so the
+intra-chunk form materialises a (B, T, E, N, chunk) tensor, chunk times the loop's work. The kernel
+(``selective_scan``) runs the same recurrence in numba, one (b, e) row per iteration with the N states in
+registers, and never writes the (B, T, E, N) states: the backward pass recomputes them a chunk at a time
+from the states saved at chunk starts. Off the CPU (no fused kernel here) the reference loop runs.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+from numba import prange
+
+CHECKPOINT = 32  # tokens between saved states: the backward pass recomputes one chunk of states at a time
+
+# contract: fused multiply-adds; reassoc: the sums over states may be vectorised (summation order changes)
+parallel_kernel = numba.njit(cache=True, nogil=True, parallel=True, fastmath={"contract", "reassoc"})
+
+LOG2E = np.float32(1.4426950408889634)
+LN2_HI, LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln 2 = HI + LO, HI exact in 9 bits
+POW2 = np.ldexp(np.float32(1.0), np.arange(-127, 1)).astype(np.float32)  # 2^k for k = -127..0
+
+
+@numba.njit(cache=True, inline="always", fastmath={"contract"})
+def decay(z):  # pragma: no cover (compiled)
+    """exp(z) for float32 z <= 0, within 1e-7 relative (float32 rounding) down to exp(-87).
+
+    libm's scalar expf is most of the scan's time and LLVM cannot vectorise calls to it; this is the textbook
+    range reduction  exp(z) = 2^k exp(f),  k = round(z / ln 2),  |f| <= ln(2) / 2,  with exp(f) by its degree-7
+    Taylor polynomial (error f^8 / 8! < 5e-9), which vectorises over the N states.
+    """
+    z = max(z, np.float32(-87.0))
+    k = np.floor(z * LOG2E + np.float32(0.5))
+    f = z - k * LN2_HI - k * LN2_LO
+    one = np.float32(1.0)
+    p = one + f * (one + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (np.float32(1 / 24) + f * (
+        np.float32(1 / 120) + f * (np.float32(1 / 720) + f * np.float32(1 / 5040)))))))  # Horner
+    return p * POW2[np.int32(k) + 127]
+
+
+def selective_scan_reference(dt, x, A, Bm, Cm, h0):
+    """dt, x (B, T, E); A (E, N); Bm, Cm (B, T, N); h0 (B, E, N) -> y (B, T, E), h_T (B, E, N). One step per token."""
+    h, ys = h0, []
+    for t in range(dt.shape[1]):
+        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * x[:, t])[..., None] * Bm[:, t, None, :]  # (B, E, N)
+        ys.append((h * Cm[:, t, None, :]).sum(-1))  # (B, E)
+    return torch.stack(ys, 1), h
+
+
+@parallel_kernel
+def _forward(dt, x, A, Bm, Cm, h0, y, hT, saved):  # pragma: no cover (compiled)
+    """dt, x, y (B, E, T); saved (B, E, ceil(T / CHECKPOINT), N): the state before each chunk."""
+    Bsz, E, T = dt.shape
+    N = A.shape[1]
+    for be in prange(Bsz * E):
+        b, e = be // E, be % E
+        h = h0[b, e].copy()
+        for t in range(T):
+            if t % CHECKPOINT == 0:
+                saved[b, e, t // CHECKPOINT] = h
+            d = dt[b, e, t]
+            u = d * x[b, e, t]
+            acc = np.float32(0.0)
+            for n in range(N):
+                h[n] = decay(d * A[e, n]) * h[n] + u * Bm[b, t, n]
+                acc += h[n] * Cm[b, t, n]
+            y[b, e, t] = acc
+        hT[b, e] = h
+
+
+@parallel_kernel
+def _backward(dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0):  # pragma: no cover (compiled)
+    """Reverse-mode through the recurrence; one batch row per iteration, so the sums over channels into gB and gC
+    need no locks. gA (B, E, N) holds per-row partial sums.
+
+    With a_t = exp(dt_t A) and g_t the gradient reaching h_t (from y_t and from h_{t+1}):
+        g_t = dL/dy_t C_t + a_{t+1} g_{t+1}
+        dL/dC_t += dL/dy_t h_t,   dL/dB_t += g_t dt_t x_t,   dL/dx_t = sum_n g_t dt_t B_t
+        dL/ddt_t = sum_n g_t (A a_t h_{t-1} + x_t B_t),      dL/dA += g_t dt_t a_t h_{t-1}
+    """
+    Bsz, E, T = dt.shape
+    N = A.shape[1]
+    for b in prange(Bsz):
+        hs = np.empty((CHECKPOINT + 1, N), dtype=np.float32)  # states h_{t0-1} .. h_{t1-1} of one chunk
+        a = np.empty((CHECKPOINT, N), dtype=np.float32)
+        for e in range(E):
+            g = ghT[b, e].copy()
+            for c in range(saved.shape[2] - 1, -1, -1):
+                t0 = c * CHECKPOINT
+                t1 = min(T, t0 + CHECKPOINT)
+                hs[0] = saved[b, e, c]
+                for t in range(t0, t1):  # recompute the chunk's states
+                    i, d = t - t0, dt[b, e, t]
+                    u = d * x[b, e, t]
+                    for n in range(N):
+                        a[i, n] = decay(d * A[e, n])
+                        hs[i + 1, n] = a[i, n] * hs[i, n] + u * Bm[b, t, n]
+                for t in range(t1 - 1, t0 - 1, -1):
+                    i, d, xv, gyt = t - t0, dt[b, e, t], x[b, e, t], gy[b, e, t]
+                    gd = np.float32(0.0)
+                    gxt = np.float32(0.0)
+                    for n in range(N):
+                        gn = g[n] + gyt * Cm[b, t, n]
+                        gC[b, t, n] += gyt * hs[i + 1, n]
+                        gdecay = gn * a[i, n] * hs[i, n]
+                        gA[b, e, n] += gdecay * d
+                        gd += gdecay * A[e, n] + gn * xv * Bm[b, t, n]
+                        gxt += gn * d * Bm[b, t, n]
+                        gB[b, t, n] += gn * d * xv
+                        g[n] = gn * a[i, n]
+                    gdt[b, e, t] = gd
+                    gx[b, e, t] = gxt
+            gh0[b, e] = g
+
+
+def _threads() -> None:
+    """Use as many threads as torch does (a trial's CPU share), not numba's default of every core."""
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+class _SelectiveScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dt, x, A, Bm, Cm, h0):
+        dt_, x_ = (t.detach().transpose(1, 2).contiguous() for t in (dt, x))  # (B, E, T): one row per (b, e)
+        A_, Bm_, Cm_, h0_ = (t.detach().contiguous() for t in (A, Bm, Cm, h0))
+        Bsz, E, T = dt_.shape
+        y, hT = dt_.new_empty(Bsz, E, T), torch.empty_like(h0_)
+        saved = dt_.new_empty(Bsz, E, -(-T // CHECKPOINT), A.shape[1])
+        _threads()
+        _forward(*(t.numpy() for t in (dt_, x_, A_, Bm_, Cm_, h0_, y, hT, saved)))
+        ctx.save_for_backward(dt_, x_, A_, Bm_, Cm_, saved)
+        return y.transpose(1, 2), hT
+
+    @staticmethod
+    def backward(ctx, gy, ghT):
+        dt_, x_, A_, Bm_, Cm_, saved = ctx.saved_tensors
+        gy = gy.transpose(1, 2).contiguous() if gy is not None else torch.zeros_like(dt_)  # (B, E, T)
+        ghT = ghT.contiguous() if ghT is not None else saved.new_zeros(saved.shape[:2] + saved.shape[3:])
+        gdt, gx = torch.empty_like(dt_), torch.empty_like(x_)
+        gA = saved.new_zeros(dt_.shape[0], *A_.shape)  # per batch row
+        gB, gC, gh0 = torch.zeros_like(Bm_), torch.zeros_like(Cm_), torch.empty_like(ghT)
+        _threads()
+        _backward(*(t.numpy() for t in (dt_, x_, A_, Bm_, Cm_, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0)))
+        return gdt.transpose(1, 2), gx.transpose(1, 2), gA.sum(0), gB, gC, gh0
+
+
+def selective_scan(dt, x, A, Bm, Cm, h0):
+    """Same contract as ``selective_scan_reference``; the fused kernel for float32 CPU tensors."""
+    if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (dt, x, A, Bm, Cm, h0)):
+        return _SelectiveScan.apply(dt, x, A, Bm, Cm, h0)
+    return selective_scan_reference(dt, x, A, Bm, Cm, h0)
