@@ -145,8 +145,9 @@ class ChildRuns(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self.runs[trial.trial_id]
         self.errors[trial.trial_id] = error_line(trial.error_file)
-        self.client.set_tags(run_id, {"status": "failed", "reason": self.errors[trial.trial_id],
-                                      "error": str(trial.error_file)})
+        for key, value in {"status": "failed", "reason": self.errors[trial.trial_id],
+                           "error": str(trial.error_file)}.items():
+            self.client.set_tag(run_id, key, value)
         self.client.set_terminated(run_id, "FAILED")
 
 
