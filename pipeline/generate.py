@@ -157,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers is not None and args.workers < 1:
         ap.error("--workers must be >= 1")
     try:
-        cfg = config_mod.load(args.params)  # validates the whole config, sweep included, before any work
+        # validates the whole config before any work, sweep included, but the architecture names (torch's
+        # import alone costs more than small datasets: the sweep stage checks them)
+        cfg = config_mod.load(args.params, architectures=False)
         if args.task not in cfg.tasks:
             raise config_mod.one_of("--task", args.task, cfg.tasks)
         manifest = generate_task(cfg, args.task, Path(args.out), check=not args.no_check, workers=args.workers)
