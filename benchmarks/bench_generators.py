@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", nargs="*", default=sorted(tasks.TASKS), help="tasks to time (default: all)")
     ap.add_argument("--seconds", type=float, default=1.0, help="minimum time per measurement (default: %(default)s)")
     args = ap.parse_args(argv)
-    paper = config_mod.load(profile="paper").generate.datasets
-    sizes = {**paper, **config_mod.load(profile="separations").generate.datasets}
+    paper = config_mod.load(profile="paper", architectures=False).generate.datasets
+    sizes = {**paper, **config_mod.load(profile="separations", architectures=False).generate.datasets}
     print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement\n")
     print(f"{'task':<13}{'size':>5}{'reference/s':>14}{'ours/s':>12}{'ratio':>9}")
     suite = {"reference": 0.0, "ours": 0.0}

@@ -4,7 +4,8 @@ and, in the tests, an independent second reading of the spec: their samples must
 same length distributions as the compiled generators.
 
 Each returns ``(words, prompt_len)``: the sequence without ``<eos>``, as token strings. The chain-of-thought values
-come from the checkers' plain derivations (tasks.ed.ED.chain, tasks.lis.lis_values, tasks.dyck.is_member).
+come from the checkers' plain derivations (tasks.ed.ED.chain, tasks.dyck.is_member), except lis, whose checker
+derives them in O(n log n): here they come from the spec's O(n^2) DP, as in the paper's script (``lis_dp``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import string
 
 import tasks
 from tasks.dyck import is_member
-from tasks.lis import lis_values
 
 
 def arithmetic(task: tasks.Task, rnd: random.Random, split: str) -> tuple[list[str], int]:
@@ -53,6 +53,14 @@ def arithmetic(task: tasks.Task, rnd: random.Random, split: str) -> tuple[list[s
     return words, len(history[-1]) + 1
 
 
+def lis_dp(x: list[int]) -> list[int]:
+    """The spec's chain of thought, literally: cot_l = 1 + max{cot_i : i < l, x_i < x_l} (0 if none), O(n^2)."""
+    cot: list[int] = []
+    for l in range(len(x)):
+        cot.append(1 + max([cot[i] for i in range(l) if x[i] < x[l]], default=0))
+    return cot
+
+
 def lis(task: tasks.Task, rnd: random.Random, split: str) -> tuple[list[str], int]:
     n, r = task.size, task.params["value_range"]
     runs, planted = rnd.randint(1, 3), rnd.randint(3, n)
@@ -61,7 +69,7 @@ def lis(task: tasks.Task, rnd: random.Random, split: str) -> tuple[list[str], in
     x = [rnd.randrange(n + 1, r) for _ in range(n)]
     for p, v in zip(sorted(rnd.sample(range(n), planted)), values):
         x[p] = v
-    best = lis_values(x)
+    best = lis_dp(x)
     return [*map(str, x), "<sep>", *map(str, best), "<sep>", str(max(best))], n + 1
 
 

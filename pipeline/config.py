@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, FiniteFloat, PositiveInt, ValidationError, ValidationInfo,
+                      model_validator)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -169,8 +170,10 @@ class Config(Section):
     cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
-    def check(self) -> "Config":
+    def check(self, info: ValidationInfo) -> "Config":
         check_semantics(self)
+        if (info.context or {}).get("architectures", True):
+            check_architectures(self)
         return self
 
     def sweep_datasets(self) -> list[tuple[str, int]]:
@@ -183,8 +186,7 @@ def one_of(key: str, value: Any, allowed) -> ConfigError:
 
 
 def check_semantics(cfg: Config) -> None:
-    """Cross-field checks: names exist in the registries, sizes are possible, the grid is not empty."""
-    import models
+    """Cross-field checks: task names exist, sizes are possible, the grid is not empty."""
     import tasks
 
     for name in cfg.tasks:
@@ -210,18 +212,11 @@ def check_semantics(cfg: Config) -> None:
             if size not in cfg.generate.datasets.get(task, []):
                 raise one_of(f"sweep.datasets.{task}", size,
                              [f"{t}={s}" for t, ss in cfg.generate.datasets.items() for s in ss])
-    for arch in cfg.sweep.architectures:
-        if arch not in models.ARCHITECTURES:
-            raise one_of("sweep.architectures", arch, models.ARCHITECTURES)
     for arch, depths in cfg.sweep.arch_depths.items():
         if arch not in cfg.sweep.architectures:
             raise one_of("sweep.arch_depths", arch, cfg.sweep.architectures)
         if not depths:
             raise ConfigError(f"sweep.arch_depths.{arch} is empty: {arch} would have no trials")
-    for arch, options in cfg.sweep.arch_options.items():
-        if arch not in models.ARCHITECTURES:
-            raise one_of("sweep.arch_options", arch, models.ARCHITECTURES)
-        models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
     for key in ("architectures", "widths", "depths", "seeds"):
         if not getattr(cfg.sweep, key):
             raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
@@ -248,6 +243,20 @@ def check_semantics(cfg: Config) -> None:
         raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
     if cfg.sweep.gpus_per_trial == 0 and cfg.sweep.precision == "16-mixed":
         raise ConfigError("sweep.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
+
+
+def check_architectures(cfg: Config) -> None:
+    """Architecture names and options exist in the model registry: the only checks that import torch, so the
+    generate stage skips them (``load(..., architectures=False)``) and the sweep stage makes them."""
+    import models
+
+    for arch in cfg.sweep.architectures:
+        if arch not in models.ARCHITECTURES:
+            raise one_of("sweep.architectures", arch, models.ARCHITECTURES)
+    for arch, options in cfg.sweep.arch_options.items():
+        if arch not in models.ARCHITECTURES:
+            raise one_of("sweep.arch_options", arch, models.ARCHITECTURES)
+        models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
 
 
 def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
@@ -296,8 +305,10 @@ def profiles() -> list[str]:
     return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
 
 
-def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = None) -> Config:
-    """The effective, validated config. ``profile`` overrides ``params.yaml``'s choice (used by tests)."""
+def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = None,
+         architectures: bool = True) -> Config:
+    """The effective, validated config. ``profile`` overrides ``params.yaml``'s choice (used by tests);
+    ``architectures=False`` skips the checks that need the model registry (and torch)."""
     params = read_yaml(Path(params_path))
     name = profile or params.get("profile")
     if name not in profiles():
@@ -312,7 +323,7 @@ def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = N
     data = merge(profile_data, {k: v for k, v in params.items() if v is not None})
     data["profile"] = name
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data, context={"architectures": architectures})
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in err.errors())
         raise ConfigError(f"profile {name!r} with {params_path}: {problems}") from None

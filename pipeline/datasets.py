@@ -8,6 +8,11 @@ Schema (one row per sample):
 File metadata key ``capacity_atlas``: JSON with task, family, size, split, seed, generator version and parameters,
 vocabulary (list of token strings, id = index) and statistics (samples, max/mean length, length and answer counts,
 the task's per-sample features such as the locality window).
+
+Trials read a dataset through memory maps, not copies (``read_dataset``): on first use, each file's columns are
+written once, uncompressed, as flat ``.npy`` arrays in ``<dir>/.mapped/<name>.<sha256 of the file>/`` beside it (DVC
+ignores it: ``.dvcignore``). A trial's private memory then does not grow with the data, and the trials on one node
+share one copy in the page cache.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +32,7 @@ import pyarrow.parquet as pq
 from tasks.base import Batch
 
 META_KEY = b"capacity_atlas"
+MAPPED_DIR = ".mapped"  # beside the Parquet files, keyed by their content
 SCHEMA = pa.schema([("tokens", pa.list_(pa.uint16())), ("prompt_len", pa.int32()),
                     ("answer", pa.int32()), ("length", pa.int32())])
 
@@ -130,12 +138,13 @@ class ParquetSink:
 
 @dataclass
 class Dataset:
-    """A dataset in memory: a flat token array with per-sample offsets (no padding)."""
+    """A dataset as flat arrays: the tokens of every sample back to back, with per-sample offsets (no padding).
+    From ``read_dataset`` they are read-only memory maps."""
 
     path: Path
     meta: dict
     values: np.ndarray  # (total tokens,) uint16, as stored: 2 bytes a token in memory too
-    offsets: np.ndarray  # (N + 1,)
+    offsets: np.ndarray  # (N + 1,) int64
     prompt_len: np.ndarray  # (N,)
     answer: np.ndarray  # (N,)
 
@@ -175,20 +184,70 @@ def read_metadata(path: Path) -> dict:
 
 
 def read_dataset(path: Path, limit: int | None = None) -> Dataset:
+    """The first ``limit`` samples (None: all) as views of the file's memory-mapped copy (``mapped_copy``)."""
     meta = read_metadata(path)
+    arrays = mapped_copy(Path(path))
+    return Dataset(Path(path), meta, **arrays).head(limit)
+
+
+ARRAYS = ("values", "offsets", "prompt_len", "answer")  # the Dataset fields a mapped copy holds, one .npy each
+
+
+def mapped_copy(path: Path) -> dict[str, np.ndarray]:
+    """Read-only memory maps of the file's columns, from ``<dir>/.mapped/<name>.<sha256>/``, which is built on
+    first use. Keyed by the file's bytes, so a rewritten file never meets a stale copy, and the copy needs nothing
+    but the file: any process that can read the Parquet file (another node, through shared storage) finds or
+    builds the same one."""
+    entry = path.parent / MAPPED_DIR / f"{path.name}.{file_hash(path)}"
+    if not entry.exists():
+        build_mapped_copy(path, entry)
     try:
-        table = pq.read_table(path)
+        return {name: np.load(entry / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"the mapped copy {entry} of {path} is corrupt ({err}): delete it to rebuild it") from None
+
+
+def build_mapped_copy(path: Path, entry: Path) -> None:
+    """Write the arrays into a private temporary directory, one row group at a time (the memory of one row group,
+    whatever the file's size), then rename it into place: readers on any node see a complete copy or none.
+    Copies of earlier contents of the same file are removed (a process still mapping one keeps its pages)."""
+    tmp = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        parquet = pq.ParquetFile(path)
+        if parquet.schema_arrow.remove_metadata() != SCHEMA:
+            raise DatasetError(f"dataset file {path} has schema {parquet.schema_arrow.remove_metadata()}, "
+                               f"expected {SCHEMA}")
+        columns = parquet.read(columns=["length", "prompt_len", "answer"])
+        offsets = np.concatenate([[0], np.cumsum(columns.column("length").to_numpy() + 1)])  # + 1: the <eos>
+        tmp.mkdir(parents=True)
+        np.save(tmp / "offsets.npy", offsets)
+        for name in ("prompt_len", "answer"):
+            np.save(tmp / f"{name}.npy", columns.column(name).to_numpy())
+        with open(tmp / "values.npy", "wb") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint16)),
+                                                     "fortran_order": False, "shape": (int(offsets[-1]),)})
+            first = 0
+            for g in range(parquet.num_row_groups):
+                for tokens in parquet.read_row_group(g, columns=["tokens"]).column("tokens").chunks:
+                    rows = len(tokens)
+                    if not np.array_equal(np.diff(tokens.offsets.to_numpy()), np.diff(offsets[first:first + rows + 1])):
+                        raise DatasetError(f"dataset file {path}: the length column disagrees with the tokens in "
+                                           f"rows {first}..{first + rows - 1}")
+                    f.write(tokens.flatten().to_numpy())  # the values of these rows, zero-copy
+                    first += rows
+        try:
+            tmp.rename(entry)
+        except OSError:
+            if not entry.exists():  # else another process built it first: use theirs
+                raise
+        for stale in entry.parent.glob(f"{path.name}.*"):
+            if stale != entry:
+                shutil.rmtree(stale, ignore_errors=True)
     except (pa.ArrowException, OSError) as err:
-        raise DatasetError(f"dataset file {path} is corrupt: {err}") from None
-    if table.schema.remove_metadata() != SCHEMA:
-        raise DatasetError(f"dataset file {path} has schema {table.schema.remove_metadata()}, expected {SCHEMA}")
-    if limit is not None:
-        table = table.slice(0, limit)
-    tokens = table.column("tokens").combine_chunks()
-    offsets = tokens.offsets.to_numpy()
-    values = tokens.values.to_numpy()
-    return Dataset(Path(path), meta, values[offsets[0]:offsets[-1]], offsets - offsets[0],
-                   table.column("prompt_len").to_numpy(), table.column("answer").to_numpy())
+        raise DatasetError(f"dataset file {path} is corrupt, or its mapped copy {entry} cannot be written: "
+                           f"{err}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def file_hash(path: Path) -> str:

@@ -79,7 +79,10 @@ def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.Genera
     meta = {**task.metadata(), "split": split, "seed": gen.seed, "unique": gen.unique, "chunk_size": chunk}
     sink = ParquetSink(path, meta, gen.row_group_size)
     bar = progress(count, f"{task.name} {task.size} {split}", unit="samples")
-    chunks = pool.imap(make_chunk, ((stream, c) for c in itertools.count()))
+    # this process pauses to write each row group (its main cost): queue that many chunks beyond the usual 2 per
+    # worker, so the workers keep generating meanwhile (a few MB per chunk)
+    ahead = 2 * pool.workers + gen.row_group_size // chunk
+    chunks = pool.imap(make_chunk, ((stream, c) for c in itertools.count()), ahead)
     try:
         for c, (batch, hashes) in enumerate(chunks):
             need = count - sink.count
@@ -157,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers is not None and args.workers < 1:
         ap.error("--workers must be >= 1")
     try:
-        cfg = config_mod.load(args.params)  # validates the whole config, sweep included, before any work
+        # validates the whole config before any work, sweep included, but the architecture names (torch's
+        # import alone costs more than small datasets: the sweep stage checks them)
+        cfg = config_mod.load(args.params, architectures=False)
         if args.task not in cfg.tasks:
             raise config_mod.one_of("--task", args.task, cfg.tasks)
         manifest = generate_task(cfg, args.task, Path(args.out), check=not args.no_check, workers=args.workers)

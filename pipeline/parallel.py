@@ -16,9 +16,10 @@ class Pool:
         self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) \
             if workers > 1 else None
 
-    def imap(self, fn: Callable, args: Iterable[tuple]) -> Iterator:
-        """``fn(*a)`` for each ``a`` in ``args`` (which may be endless), in order, with 2 tasks per worker in
-        flight so memory stays bounded. Closing the iterator early drops the tasks still queued."""
+    def imap(self, fn: Callable, args: Iterable[tuple], ahead: int | None = None) -> Iterator:
+        """``fn(*a)`` for each ``a`` in ``args`` (which may be endless), in order, with ``ahead`` tasks in flight
+        (default 2 per worker) so memory stays bounded: more when the caller pauses between results, so that the
+        workers still have work queued meanwhile. Closing the iterator early drops the tasks still queued."""
         if self.executor is None:
             yield from (fn(*a) for a in args)
             return
@@ -26,7 +27,7 @@ class Pool:
         todo = iter(args)
         try:
             while True:
-                while len(pending) < 2 * self.workers and (a := next(todo, None)) is not None:
+                while len(pending) < (ahead or 2 * self.workers) and (a := next(todo, None)) is not None:
                     pending.append(self.executor.submit(fn, *a))
                 if not pending:
                     return

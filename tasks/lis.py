@@ -11,6 +11,8 @@ other positions uniform.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 from tasks.base import Batch, Task, TaskError, check_answer, expect, split_tokens
@@ -74,11 +76,20 @@ def lis_kernel(rng, n, r, values, offsets, prompt_len, answer):
 
 
 def lis_values(x: list[int]) -> list[int]:
-    """The chain of thought by the spec's plain O(n^2) DP (the checker's own code, not the kernel's)."""
-    best: list[int] = []
-    for l in range(len(x)):
-        best.append(1 + max([best[i] for i in range(l) if x[i] < x[l]], default=0))
-    return best
+    """The chain of thought, cot_l = length of the longest strictly increasing subsequence ending at x_l, by patience
+    sorting in O(n log n) (the checker's own derivation: neither the kernel's Fenwick tree nor the spec's O(n^2) DP,
+    which benchmarks/reference.py writes out and the tests compare with this).
+
+    tails[k] = the smallest last value of an increasing subsequence of length k + 1 seen so far, increasing in k;
+    x_l extends exactly the lengths whose tail is < x_l, so cot_l = bisect_left(tails, x_l) + 1.
+    """
+    tails: list[int] = []
+    cot: list[int] = []
+    for v in x:
+        k = bisect_left(tails, v)
+        tails[k:k + 1] = [v]  # replace tails[k], or append when k == len(tails)
+        cot.append(k + 1)
+    return cot
 
 
 @register

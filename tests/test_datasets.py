@@ -1,3 +1,6 @@
+import shutil
+from pathlib import Path
+
 import duckdb
 import numpy as np
 import pandas as pd
@@ -5,7 +8,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.datasets import DatasetError, ParquetSink, dataset_path, read_dataset, read_metadata
+from pipeline.datasets import (MAPPED_DIR, DatasetError, ParquetSink, dataset_path, file_hash, read_dataset,
+                               read_metadata)
 from tasks import Batch
 
 
@@ -54,3 +58,31 @@ def test_datasets_read_in_polars_and_duckdb_with_the_documented_schema(tiny_data
     bad = duckdb.sql(f"SELECT count(*) FROM '{path}' WHERE tokens[len(tokens) - 1] != answer "
                      f"OR len(tokens) - 1 != length OR tokens[len(tokens)] != 1").fetchall()[0][0]
     assert bad == 0 and duckdb.sql(f"SELECT max(length) FROM '{path}'").fetchall()[0][0] == data.lengths.max()
+
+
+def test_datasets_are_read_through_a_shared_memory_mapped_copy_keyed_by_content(tiny_data, tmp_path):
+    path = tmp_path / "lis_3_train.parquet"
+    shutil.copy(dataset_path(tiny_data, "lis", 3, "train"), path)
+    frame = pd.read_parquet(path)
+    data = read_dataset(path)
+    entry = path.parent / MAPPED_DIR / f"{path.name}.{file_hash(path)}"
+    assert isinstance(data.values, np.memmap) and Path(data.values.filename) == entry / "values.npy"
+    assert not data.values.flags.writeable and len(data) == len(frame)
+    assert all(np.array_equal(frame.tokens[i], data.sequence(i)) for i in range(len(data)))
+    assert np.array_equal(frame.prompt_len, data.prompt_len) and np.array_equal(frame.answer, data.answer)
+    built = (entry / "values.npy").stat().st_mtime_ns
+    assert np.array_equal(read_dataset(path, limit=5).offsets, data.offsets[:6])
+    assert (entry / "values.npy").stat().st_mtime_ns == built  # the second reader maps the same copy
+    shutil.copy(dataset_path(tiny_data, "lis", 3, "test"), path)  # new content: a new copy, the stale one goes
+    assert len(read_dataset(path)) == len(pd.read_parquet(path)) and not entry.exists()
+    assert [p.name for p in (path.parent / MAPPED_DIR).iterdir()] == [f"{path.name}.{file_hash(path)}"]
+
+
+def test_a_corrupt_mapped_copy_is_named(tiny_data, tmp_path):
+    path = tmp_path / "lis_3_test.parquet"
+    shutil.copy(dataset_path(tiny_data, "lis", 3, "test"), path)
+    read_dataset(path)
+    values = next((path.parent / MAPPED_DIR).iterdir()) / "values.npy"
+    values.write_bytes(values.read_bytes()[:100])
+    with pytest.raises(DatasetError, match=f"the mapped copy {values.parent} of {path} is corrupt"):
+        read_dataset(path)

@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -140,3 +143,16 @@ def test_an_interrupted_run_leaves_no_file_that_looks_complete(tiny_cfg, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         generate_task(cfg, "lis", tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_the_generate_stage_does_not_import_torch(tmp_path):
+    """torch costs seconds and ~0.3 GB to import: the generate stage checks everything but the architectures."""
+    params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n")
+    argv = ["generate", "--task", "lis", "--params", str(params), "--out", str(tmp_path), "--no-check"]
+    code = (f"import runpy, sys\nsys.argv = {argv!r}\n"
+            "try:\n    runpy.run_module('pipeline.generate', run_name='__main__')\nexcept SystemExit as e:\n"
+            "    assert e.code == 0, e.code\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'models', 'lightning')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=config_mod.ROOT,
+                         env={**os.environ, "PYTHONPATH": str(config_mod.ROOT)}, check=True).stdout
+    assert out.splitlines()[-1] == "[]" and dataset_path(tmp_path, "lis", 3, "train").exists()

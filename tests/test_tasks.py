@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 import tasks
-from benchmarks.reference import reference_sample
+from benchmarks.reference import lis_dp, reference_sample
 from pipeline.generate import SPLITS
 from tasks.arithmetic import DIV, MINUS, PLUS, TIMES, Parser, needs_brackets
+from tasks.lis import lis_values
 
 SMALL_SIZES = {"arithmetic": [1, 3, 6], "lis": [3, 5, 12], "ed": [4, 5, 8], "ed_local": [4, 5, 8],
                "index_lookup": [10, 12, 20], "dyck": [10, 12, 20], "eq_random": [2, 10, 20], "eq_one": [2, 10, 20],
@@ -115,6 +116,15 @@ def test_arithmetic_brackets_follow_precedence():
     assert not needs_brackets(PLUS, MINUS, TIMES) and not needs_brackets(13, 14, MINUS)
     assert not needs_brackets(MINUS, none, TIMES)
     assert Parser("( 3 - 5 ) / 2 * 4".split()).parse() == ((-2 * 6 * 4) % 11, 3)  # 2^-1 = 6 mod 11
+
+
+def test_lis_checker_derivation_is_the_specs_dp():
+    """The checker's O(n log n) patience sorting gives the spec's O(n^2) DP, ties and runs included."""
+    rnd = random.Random(0)
+    for _ in range(2000):
+        n = rnd.randint(0, 40)
+        x = [rnd.randint(0, rnd.choice([3, 10, 100])) for _ in range(n)]
+        assert lis_values(x) == lis_dp(x)
 
 
 def test_lis_length_and_vocabulary():
