@@ -1,21 +1,27 @@
 """Generator speed, measured side by side in one run on this machine: our compiled batch generators
 (Task.sample_batch, one process) against plain per-sample reference generators written from the spec
-(benchmarks/reference.py), for every task and size of both papers, on the train split (what most of a dataset is).
+(benchmarks/reference.py), for every task and size of both papers, on the train split (what most of a dataset is);
+and beside them, for the DP paper's datasets, the whole generate stage end to end: a fresh
+``python -m pipeline.generate`` with 1 and with 2 workers (start-up, deduplication, Parquet writing and the
+re-check of 2,000 samples per file, as the ``paper`` profile runs it), at ``--stage-samples`` train samples plus a
+tenth as many test samples.
 
-    python benchmarks/bench_generators.py                     # every task and paper size (~3 minutes on 2 cores)
-    python benchmarks/bench_generators.py --tasks lis ed --seconds 0.3
+    python benchmarks/bench_generators.py                     # every task and paper size (~6 minutes on 2 cores)
+    python benchmarks/bench_generators.py --tasks lis ed --seconds 0.3 --stage-samples 50000
 
-Both sides produce token ids ready to store; neither includes hashing or Parquet writing (the generate stage's
-own cost: see the README for the wall time of the whole suite). The last lines estimate the DP paper's suite,
-16 datasets x 1.1M samples, at each side's rates.
+The kernel columns include neither hashing nor Parquet writing; the stage columns include everything. The last
+lines estimate the DP paper's suite, 16 datasets x 1.1M samples, at each side's rates.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +34,7 @@ from benchmarks.reference import reference_sample  # noqa: E402
 from pipeline import config as config_mod  # noqa: E402
 
 SUITE_SAMPLES = 1_100_000  # 1M train + 100k test per dataset
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def rate(step, seconds: float) -> float:
@@ -38,16 +45,35 @@ def rate(step, seconds: float) -> float:
     return done / elapsed
 
 
+def stage_rate(name: str, size: int, train_samples: int, workers: int) -> float:
+    """Samples per second of the whole generate stage for one dataset, from the command's start to its exit."""
+    samples = {"train_samples": train_samples, "test_samples": train_samples // 10}
+    with tempfile.TemporaryDirectory() as tmp:
+        params = Path(tmp) / "params.yaml"
+        params.write_text(json.dumps({  # JSON is YAML
+            "profile": "paper", "tasks": sorted(tasks.TASKS), "sweep": {"datasets": {name: [size]}},
+            "generate": {"datasets": {name: [size]}, **samples, "per_task": {name: samples}}}))
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pipeline.generate", "--task", name, "--params", str(params), "--out",
+                        str(Path(tmp) / "data"), "--workers", str(workers)], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)})
+        return sum(samples.values()) / (time.perf_counter() - start)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="*", default=sorted(tasks.TASKS), help="tasks to time (default: all)")
     ap.add_argument("--seconds", type=float, default=1.0, help="minimum time per measurement (default: %(default)s)")
+    ap.add_argument("--stage-samples", type=int, default=220_000,
+                    help="train samples per end-to-end stage run, DP paper sizes only; 0 skips (default: %(default)s)")
     args = ap.parse_args(argv)
     paper = config_mod.load(profile="paper", architectures=False).generate.datasets
     sizes = {**paper, **config_mod.load(profile="separations", architectures=False).generate.datasets}
     print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement\n")
-    print(f"{'task':<13}{'size':>5}{'reference/s':>14}{'ours/s':>12}{'ratio':>9}")
-    suite = {"reference": 0.0, "ours": 0.0}
+    print(f"{'':<18}{'--------- kernel, one process ---------':>39}   {'----- generate stage, end to end -----':>38}")
+    print(f"{'task':<13}{'size':>5}{'reference/s':>14}{'ours/s':>12}{'ratio':>9}   {'1 worker/s':>12}{'2 workers/s':>13}"
+          f"{'2w/1w':>7}{'2w/ours':>8}")
+    suite = {"reference": 0.0, "ours": 0.0, "stage": 0.0}
     for name in args.tasks:
         for size in sizes[name]:
             task = tasks.get_task(name, size)
@@ -55,14 +81,21 @@ def main(argv: list[str] | None = None) -> int:
             task.sample_batch(rng, "train", 1)  # load (or compile) the kernel outside the timing
             ref = rate(lambda: reference_sample(task, rnd, "train") and 1, args.seconds)
             ours = rate(lambda: len(task.sample_batch(rng, "train", 4096)), args.seconds)
-            print(f"{name:<13}{size:>5}{ref:>14,.0f}{ours:>12,.0f}{ours / ref:>8,.0f}x", flush=True)
+            line = f"{name:<13}{size:>5}{ref:>14,.0f}{ours:>12,.0f}{ours / ref:>8,.0f}x"
+            if size in paper.get(name, []) and args.stage_samples:
+                one, two = (stage_rate(name, size, args.stage_samples, w) for w in (1, 2))
+                line += f"   {one:>12,.0f}{two:>13,.0f}{two / one:>6.2f}x{two / ours:>7.2f}x"
+                suite["stage"] += SUITE_SAMPLES / two
+            print(line, flush=True)
             if size in paper.get(name, []):
                 suite["reference"] += SUITE_SAMPLES / ref
                 suite["ours"] += SUITE_SAMPLES / ours
     if all(name in args.tasks for name in paper):
         print(f"\nDP paper suite ({sum(map(len, paper.values()))} datasets x {SUITE_SAMPLES:,} samples), "
               f"generation alone, one core: reference {suite['reference'] / 3600:.1f} h, ours "
-              f"{suite['ours'] / 60:.1f} min")
+              f"{suite['ours'] / 60:.1f} min" + (f"; the whole stage, 2 workers: {suite['stage'] / 60:.1f} min (at "
+                                                 f"{args.stage_samples:,}-sample runs: start-up weighs more)"
+                                                 if args.stage_samples else ""))
     return 0
 
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,10 +117,15 @@ class SavedTensors:
             self.count[tuple(t.shape)] += 1
         return t
 
+    def rows(self) -> list:
+        """[shape, tensors, bytes], largest first."""
+        return sorted(([list(s), self.count[s], b] for s, b in self.bytes.items()), key=lambda r: -r[2])
+
 
 def train_phase(train_path: str, size: dict, threads: int) -> dict:
     """A short trial on the file: the standard model, AdamW, Lightning, ``size['steps']`` steps. One extra step
-    first, outside Lightning, counts the saved activations (and leaves the peak to the Lightning run)."""
+    afterwards, outside Lightning, counts the saved activations (after the peak was read: the allocator keeps some
+    of what a step frees)."""
     import lightning as L
     import torch
 
@@ -137,13 +143,6 @@ def train_phase(train_path: str, size: dict, threads: int) -> dict:
                      precision="32-true", val_samples=1, val_every_steps=None, eval_samples=1, eval_batch_size=1,
                      threads=threads, use_gpu=False, family=meta["family"], vocab=tuple(meta["vocab"]))
     module = SequenceModel(spec)
-    batch = next(iter(loader(data, spec.batch_size, 0, True)))
-    saved = SavedTensors()
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-        loss = module.training_loss(batch)
-    loss.backward()
-    del loss
-    module.zero_grad(set_to_none=True)
     before = memory()
     reset_peak()
     trainer = L.Trainer(accelerator="cpu", max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip, logger=False,
@@ -151,10 +150,16 @@ def train_phase(train_path: str, size: dict, threads: int) -> dict:
                         num_sanity_val_steps=0, limit_val_batches=0)
     start = time.perf_counter()
     trainer.fit(module, loader(data, spec.batch_size, spec.seed, True))
-    return {"before": before, "after": memory(), "train_seconds": time.perf_counter() - start,
+    seconds, after = time.perf_counter() - start, memory()
+    batch = next(iter(loader(data, spec.batch_size, 0, True)))
+    saved, undropped = SavedTensors(), SavedTensors()
+    for counter, model in ((saved, module), (undropped, SequenceModel(replace(spec, dropout=0.0)))):
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+            model.training_loss(batch).backward()
+    return {"before": before, "after": after, "train_seconds": seconds, "saved_without_dropout": undropped.rows(),
             "steps": trainer.global_step, "T": int(batch[0].shape[1]), "B": int(batch[0].shape[0]),
             "V": spec.vocab_size, "params": module.model.num_params(),
-            "saved": sorted(([list(s), saved.count[s], b] for s, b in saved.bytes.items()), key=lambda r: -r[2])}
+            "saved": saved.rows()}
 
 
 # ---- report --------------------------------------------------------------------------------------------------
@@ -197,8 +202,12 @@ def report(size: dict, data: Path, first: dict, again: dict, trained: dict) -> N
         print(f"  {shape_name(shape, dims):<18}{count:>4} x {nbytes / count / MB:7.1f} MB = {nbytes / MB:7.0f} MB  "
               f"{formulas.get(tuple(shape), '')}")
     attn = sum(b for s, _, b in trained["saved"] if s[-2:] == [T, T])
+    plain = trained["saved_without_dropout"]
+    plain_total, plain_attn = sum(b for *_, b in plain), sum(b for s, _, b in plain if s[-2:] == [T, T])
     print(f"  the (T, T) attention matrices: {gb(attn)}, {attn / total:.0%} of the saved activations, "
-          f"{attn / (B * H * T * T * 4 * M):.1f} of them per layer")
+          f"{attn / (B * H * T * T * 4 * M):.1f} of them per layer (softmax output, dropout mask, dropped weights):"
+          f"\n  the same step with dropout 0 (scaled_dot_product_attention's fused kernel; dropout makes it take the "
+          f"unfused path on CPU)\n  saves {gb(plain_total)}, of which {gb(plain_attn)} in (T, T) matrices")
 
 
 def main(argv: list[str] | None = None) -> int:

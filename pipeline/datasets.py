@@ -243,6 +243,7 @@ def build_mapped_copy(path: Path, entry: Path) -> None:
         for stale in entry.parent.glob(f"{path.name}.*"):
             if stale != entry:
                 shutil.rmtree(stale, ignore_errors=True)
+        pa.default_memory_pool().release_unused()  # the row groups' buffers: this process goes on to train
     except (pa.ArrowException, OSError) as err:
         raise DatasetError(f"dataset file {path} is corrupt, or its mapped copy {entry} cannot be written: "
                            f"{err}") from None

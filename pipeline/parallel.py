@@ -4,17 +4,22 @@ many workers made it. ``workers = 1`` runs everything in this process (no start-
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+
+WORKER_NICENESS = 5
 
 
 class Pool:
     def __init__(self, workers: int):
         self.workers = workers
-        # spawn, not fork: the parent holds pyarrow and numba thread pools, which a forked child must not inherit
-        self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) \
-            if workers > 1 else None
+        # spawn, not fork: the parent holds pyarrow and numba thread pools, which a forked child must not inherit.
+        # Workers run at a lower priority: the parent's own work (writing the file) is the stage's critical path,
+        # so it should never wait for a core; the workers take whatever it leaves.
+        self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=os.nice, initargs=(WORKER_NICENESS,)) if workers > 1 else None
 
     def imap(self, fn: Callable, args: Iterable[tuple], ahead: int | None = None) -> Iterator:
         """``fn(*a)`` for each ``a`` in ``args`` (which may be endless), in order, with ``ahead`` tasks in flight
