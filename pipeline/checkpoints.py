@@ -38,6 +38,8 @@ class Resumable(L.Callback):
         self.seconds_before = 0.0  # training time of earlier attempts
         self.started = time.perf_counter()
         self.resumed_step: int | None = None
+        self.stop = False  # the fit had decided to stop when it was saved (killed while scoring the test set)
+        self.metrics: dict[str, float] = {}  # the last validation's metrics, as saved
         self.saves, self.save_seconds, self.save_bytes = 0, 0.0, 0
 
     def setup(self, trainer, module, stage):
@@ -51,10 +53,12 @@ class Resumable(L.Callback):
         trainer = self.trainer
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # batches of this epoch trained
         return {"rng": torch.get_rng_state(), "epoch": self.sampler.epoch - 1, "batches_done": done,
-                "seconds": self.elapsed(), "step": trainer.global_step}
+                "seconds": self.elapsed(), "step": trainer.global_step, "stop": trainer.should_stop,
+                "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng, self.seconds_before, self.resumed_step = state["rng"], state["seconds"], state["step"]
+        self.stop, self.metrics = state["stop"], state["metrics"]
         self.sampler.resume(state["epoch"], state["batches_done"])
 
     def on_train_start(self, trainer, module):
@@ -63,7 +67,12 @@ class Resumable(L.Callback):
         if self.rng is not None:
             torch.set_rng_state(self.rng)
             self.rng = None
+        trainer.should_stop = trainer.should_stop or self.stop
         self.started = time.perf_counter()
+
+    def last_metrics(self) -> dict[str, float]:
+        """The newest validation's metrics, this attempt's or (if it validated no more) the checkpoint's."""
+        return self.metrics | {k: float(v) for k, v in self.trainer.callback_metrics.items()}
 
     def on_validation_end(self, trainer, module):
         if trainer.sanity_checking or self.save is None:

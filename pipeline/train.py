@@ -351,7 +351,7 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
     # a diverged model's weights are not finite: it is not scored (NaN), and its status says why
     accuracy = final_accuracy(module, test, spec.eval_batch_size, device) if status != "diverged" else math.nan
     model = module.model
-    metric = trainer.callback_metrics
+    metric = resumable.last_metrics()
     return {
         "status": status,
         "reason": reason,
