@@ -154,12 +154,13 @@ def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool 
     return manifest
 
 
-def try_lock(path: Path, blocking: bool = False) -> int | None:
-    """An open descriptor of directory ``path`` holding its exclusive flock, or None when another process holds it.
-    The kernel drops the lock when the holder dies, however it dies: a directory nobody holds is a dead run's."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def try_lock(path: Path, wait: bool = False) -> int | None:
+    """A descriptor of lock file ``path`` (created if missing) holding its exclusive flock, or None when another
+    process holds it. The kernel drops the lock when the holder dies, however it dies. A regular file opened for
+    writing, not the directory it guards: NFS emulates flock with POSIX locks, which need that."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         os.close(fd)
         return None
@@ -168,28 +169,28 @@ def try_lock(path: Path, blocking: bool = False) -> int | None:
 
 @contextlib.contextmanager
 def staging_dir(out_dir: Path, name: str) -> Iterator[Path]:
-    """A new ``out_dir/.staging/<name>/``, locked by this process while it writes there; removed on any error or
-    interruption (renamed away by the caller on success). First removes the staging directories of dead runs (of any
-    task: a dvc matrix runs the tasks one after another) and leaves those of live runs alone; a live run of the same
-    task is an error (the two would delete each other's files)."""
+    """A new ``out_dir/.staging/<name>/``, whose lock file ``<name>.lock`` beside it this process holds while it
+    writes there; removed on any error or interruption (renamed away by the caller on success). First removes the
+    staging directories of dead runs (of any task: a dvc matrix runs the tasks one after another) and leaves those
+    of live runs alone; a live run of the same task is an error (the two would delete each other's files)."""
     root = out_dir / STAGING_DIR
     root.mkdir(parents=True, exist_ok=True)
-    guard = try_lock(root, blocking=True)  # one process at a time scans and creates, so none sees another's new dir
+    staging = root / name
+    guard = try_lock(root / ".lock", wait=True)  # one process at a time scans and creates: none sees a new dir
     try:
-        for entry in sorted(root.iterdir()):
-            try:
-                held = try_lock(entry)
-            except FileNotFoundError:  # a live run just renamed its directory into place or removed it
-                continue
-            if held is None:
-                if entry.name == name:
-                    raise DatasetError(f"another generate of task {name} is writing {entry}: wait for it to end")
-                continue
-            shutil.rmtree(entry)
-            os.close(held)
-        staging = root / name
-        staging.mkdir()
-        lock = try_lock(staging)
+        lock = try_lock(root / f"{name}.lock")
+        if lock is None:
+            raise DatasetError(f"another generate of task {name} is writing {staging}: wait for it to end")
+        try:
+            for entry in sorted(root.iterdir()):
+                if entry.is_dir() and entry != staging:
+                    remove_if_dead(entry)
+            if staging.exists():  # this task's, and we hold its lock: a dead run's
+                shutil.rmtree(staging)
+            staging.mkdir()
+        except BaseException:
+            os.close(lock)
+            raise
     finally:
         os.close(guard)
     try:
@@ -199,6 +200,18 @@ def staging_dir(out_dir: Path, name: str) -> Iterator[Path]:
         raise
     finally:
         os.close(lock)
+
+
+def remove_if_dead(staging: Path) -> None:
+    """Remove a staging directory whose lock nobody holds: its run died (or renamed it into place just now)."""
+    held = try_lock(staging.with_name(f"{staging.name}.lock"))
+    if held is None:
+        return
+    try:
+        if staging.exists():
+            shutil.rmtree(staging)
+    finally:
+        os.close(held)
 
 
 @contextlib.contextmanager

@@ -56,12 +56,13 @@ class Pool:
             for future in pending:
                 future.cancel()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if self.executor is not None:
-            self.executor.shutdown(cancel_futures=True)
+            self.executor.shutdown(wait=wait, cancel_futures=True)
 
     def __enter__(self) -> "Pool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, error: type[BaseException] | None, *exc) -> None:
+        # on an error or a signal, the caller's clean-up need not wait for the workers to end their chunks in flight
+        self.close(wait=error is None)
