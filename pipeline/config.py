@@ -110,6 +110,13 @@ class SweepConfig(Section):
     cpus_per_trial: PositiveInt = 1
     gpus_per_trial: float = Field(0, ge=0)
     max_concurrent_trials: PositiveInt | None = None
+    workers_per_trial: PositiveInt = Field(1, description="data-parallel workers per trial (DDP: gloo on CPU, nccl "
+                                           "on GPU); each gets cpus_per_trial CPUs and gpus_per_trial GPUs, at "
+                                           "the same global batch (batch_size split across workers)")
+    max_failures: int = Field(2, ge=0, description="retries of a trial whose worker died or raised; each retry "
+                                                   "continues from the trial's last checkpoint")
+    checkpoints_to_keep: PositiveInt = Field(2, description="a trial's newest checkpoints kept in "
+                                             "cluster.storage_path (one per validation); older ones are deleted")
     experiment: str = "capacity-atlas"
     reuse: bool = Field(True, description="reuse runs this MLflow experiment already finished with the same data, "
                                           "training settings and training code, instead of training them again")
@@ -151,9 +158,15 @@ class NightlyConfig(Section):
 class ClusterConfig(Section):
     ray_address: str | None = Field(None, description="Ray head to join; None: $RAY_ADDRESS, else a local ray.init")
     mlflow_tracking_uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the repo")
+    storage_path: str | None = Field(None, description="where trials keep checkpoints and read their datasets: a "
+                                     "path every Ray node sees, or a URI pyarrow understands (s3://, gs://); None: "
+                                     "$CAPACITY_ATLAS_STORAGE, else ray_results/ in the repo (one machine)")
 
     def ray(self) -> str | None:
         return self.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+    def storage(self) -> str:
+        return self.storage_path or os.environ.get("CAPACITY_ATLAS_STORAGE") or str(ROOT / "ray_results")
 
     def mlflow(self) -> str:
         return (self.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")

@@ -6,8 +6,9 @@ dataset's L times the step budget), so the longest trials do not start last and 
 When every learning rate of a cell has ended, the cell's result is its best run (``verdict.best_run``), and the
 plan learns whether the cell is solved; a frontier plan may then propose more cells. A run this MLflow
 experiment already finished with the same data, settings and code is taken as it is, without a trial
-(``reusable(cell, lr)`` returns it), so a rerun or an extended grid trains only what is missing, and a sweep with nothing left to
-train never starts Ray (``settle_reused``).
+(``reusable(cell, lr)`` returns it), so a rerun or an extended grid trains only what is missing, and a sweep with
+nothing left to train never starts Ray (``settle_reused``). A run an interrupted sweep left unfinished continues
+from its last checkpoint (``resumable``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ def trial_key(cell: dict, lr: float) -> str:
 
 class CellSearcher(Searcher):
     def __init__(self, plan, cells: dict[Cell, dict], train: dict, reusable: Callable[[dict, float], dict | None],
-                 cost: Callable[[dict], float]):
-        """``cells``: every cell of the grid, each with its learning rates under ``lrs``."""
+                 cost: Callable[[dict], float], resumable: dict[str, dict] | None = None):
+        """``cells``: every cell of the grid, each with its learning rates under ``lrs``; ``resumable``: trial key
+        -> the checkpoint (``path``, ``step``) an earlier, interrupted sweep left for it."""
         super().__init__()
         self.plan, self.cells, self.train = plan, cells, train
-        self.reusable, self.cost = reusable, cost
+        self.reusable, self.cost, self.resumable = reusable, cost, resumable or {}
         self.queue: list[tuple[float, Cell, float]] = []  # (expected cost, cell, lr), longest first
         self.live: dict[str, tuple[Cell, float]] = {}  # Tune trial id -> (cell, lr)
         self.runs: dict[Cell, dict[float, dict]] = {}  # cell -> lr -> run record
@@ -72,9 +74,10 @@ class CellSearcher(Searcher):
         if self.queue:
             _, cell, lr = self.queue.pop(0)
             self.live[trial_id] = (cell, lr)
-            self.trial_ids[trial_id] = trial_key(self.cells[cell], lr)
-            return {"cell": self.cells[cell], "train": self.train | {"lr": lr},
-                    "trial_key": self.trial_ids[trial_id]}
+            key = self.trial_ids[trial_id] = trial_key(self.cells[cell], lr)
+            resume = self.resumable.get(key, {})
+            return {"cell": self.cells[cell], "train": self.train | {"lr": lr}, "trial_key": key,
+                    "resume": resume.get("path"), "resume_step": resume.get("step")}
         return Searcher.FINISHED if not self.live and self.plan.done() else None
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:

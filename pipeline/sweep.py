@@ -18,6 +18,8 @@ MLflow's store and Ray's trial directories are not DVC outputs.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -39,6 +41,7 @@ RESULTS = config_mod.ROOT / "results"
 RESULT_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops",
                "train_pflops", "solve_step", "solve_pflops", "state_bytes", "train_steps", "train_seconds",
                "eval_seconds", "eval_samples")
+TRIAL_KEYS = ("node", "resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")  # trials.csv only
 CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")
 TRAIN_KEYS = ("heads", "dropout", "optimizer", "batch_size", "epochs", "max_steps", "weight_decay", "warmup_fraction",
               "grad_clip", "precision", "patience", "plateau_checks", "min_delta", "stop_when_solved", "val_samples",
@@ -51,30 +54,46 @@ def trial_spec(cell: dict, train: dict) -> TrialSpec:
 
 
 def run_cell(config: dict) -> None:
-    """Ray Tune trainable (runs in a Ray worker): one learning-rate run of a cell, reporting every validation
-    and the final metrics with the verdict."""
+    """Ray Tune trainable (runs in a Ray worker): one learning-rate run of a cell, reporting and checkpointing
+    at every validation, then the final metrics with the verdict. A retried trial continues from its last
+    checkpoint (``tune.get_checkpoint``), a trial of a sweep that died from the checkpoint it left
+    (``config["resume"]``)."""
     import lightning as L
+    import ray
     import torch
     from ray import tune
 
+    from pipeline.checkpoints import FILE, write_meta
+    from pipeline.storage import fetch
     from pipeline.train import run_trial
 
     logging.getLogger("lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    spec = trial_spec(config["cell"], config["train"])
+    node = ray.util.get_node_ip_address()
+    cell = config["cell"] | {k: str(fetch(config["cell"][k], node)) for k in ("train_path", "test_path")}
+    spec = trial_spec(cell, config["train"])
     if spec.use_gpu and not torch.cuda.is_available():
-        raise RuntimeError("the profile asks for GPUs (sweep.gpus_per_trial > 0) but this Ray worker has none")
+        raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
+    where = {"node": node, "pid": os.getpid()}
 
-    class Report(L.Callback):
-        def on_validation_end(self, trainer, module):
-            m = trainer.callback_metrics
-            tune.report({"step": trainer.global_step, "train_pflops": module.train_flops / 1e15,
-                         "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
-                         **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy")
-                            if k in m}})
+    def progress(trainer: L.Trainer, module: L.LightningModule) -> dict:
+        m = trainer.callback_metrics
+        return where | {"step": trainer.global_step, "train_pflops": module.train_flops / 1e15,
+                        "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
+                        **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy")
+                           if k in m}}
 
-    result = run_trial(spec, callbacks=[Report()])
-    tune.report({**result, "step": result["train_steps"], "final": True})
+    def save(trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:
+        write_meta(directory, config["trial_key"], config["cell"]["run_key"], trainer.global_step)
+        tune.report(progress(trainer, module), checkpoint=tune.Checkpoint.from_directory(directory))
+
+    checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
+    if checkpoint is None:
+        result = run_trial(spec, checkpoint=save)
+    else:
+        with checkpoint.as_directory() as directory:
+            result = run_trial(spec, checkpoint=save, resume=Path(directory) / FILE)
+    tune.report(where | result | {"step": result["train_steps"], "final": True})
 
 
 def trial_name(trial) -> str:
@@ -94,27 +113,6 @@ def cell_row(cell: dict, outcome, best: dict | None) -> dict:
     return row | {"lrs": " ".join(f"{lr:g}" for lr in cell["lrs"])}
 
 
-def connect_ray(address: str | None, cpus: int) -> str:
-    import ray
-
-    try:
-        if address:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        else:
-            # A local Ray listens on loopback only. Ray turns 127.0.0.1 into the machine's network address unless
-            # it is told the node is no cluster (its switch for laptops, read when ray is first imported).
-            from ray._private import ray_constants
-
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-            ray_constants.ENABLE_RAY_CLUSTER = False
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                     _node_ip_address="127.0.0.1")
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        from pipeline.tracking import ServiceError
-        raise ServiceError(f"cannot start or join Ray at {address or 'a local ray.init'}: {err}") from None
-    return address or "local"
-
-
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=config_mod.ROOT, capture_output=True, text=True,
@@ -128,6 +126,27 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def exclusive(out_dir: Path):
+    """One sweep at a time per results directory: a second one stops at once instead of racing the first for
+    its outputs (``dvc repro`` holds DVC's own lock too; this covers ``python -m pipeline.sweep``)."""
+    from pipeline.tracking import ServiceError
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".sweep.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise ServiceError(f"another sweep is running with results in {out_dir} ({lock.read().strip()}); "
+                               "wait for it to end, or stop it (its finished trials are kept)") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+        yield
 
 
 def reporter():
@@ -144,8 +163,9 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic trial table, not a box per trial and result
     from ray import tune
 
+    from pipeline import checkpoints, cluster, storage
     from pipeline.searcher import CellSearcher, trial_key
-    from pipeline.tracking import ChildRuns, check_mlflow, check_ray, start_parent
+    from pipeline.tracking import ChildRuns, check_mlflow, check_ray, close_orphans, driver_tags, start_parent
 
     import psutil
 
@@ -159,9 +179,13 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
                                                       "threads": s.cpus_per_trial, "use_gpu": s.gpus_per_trial > 0}
     # threads change speed, not results; architecture options change results but are not part of the cell id
     key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options})
+    store = cfg.cluster.storage()
+    published = {}  # local dataset file -> where trials read it
     for cell in cells.values():
         cell["run_key"] = key
         cell.update(model_costs(cell, s.heads))
+        for k in ("train_path", "test_path"):
+            cell[k] = published.setdefault(cell[k], storage.publish(Path(cell[k]), store))
     started = time.time()
     client, parent = start_parent(
         uri, s.experiment, f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -171,11 +195,14 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
                 "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
                 **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()}, "run_key": key,
                 **{f"train.{k}": v for k, v in train.items()}},
-        tags={"git_commit": git_commit(), "profile": cfg.profile, "stage": "sweep"})
+        tags={"git_commit": git_commit(), "profile": cfg.profile, "stage": "sweep", **driver_tags()})
     status = "FAILED"
     try:
         client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
-        children = ChildRuns(client, client.get_run(parent).info.experiment_id, parent)
+        experiment = client.get_run(parent).info.experiment_id
+        orphans = close_orphans(client, experiment)  # runs of sweeps that died: KILLED, trial key -> run id
+        unfinished = checkpoints.latest(store, key)  # trial key -> the newest checkpoint a dead sweep left
+        children = ChildRuns(client, experiment, parent, orphans)
         finished = children.finished(key) if s.reuse else {}
 
         def reusable(cell: dict, lr: float) -> dict | None:
@@ -183,7 +210,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
             return None if source is None else children.reuse(cell, train | {"lr": lr}, trial_key(cell, lr), source)
 
         plan = make_plan(s.search, cells)
-        searcher = CellSearcher(plan, cells, train, reusable, cost=lambda cell: expected_cost(cell, s))
+        searcher = CellSearcher(plan, cells, train, reusable, cost=lambda cell: expected_cost(cell, s),
+                                resumable=unfinished)
         to_train = searcher.needs_training()
         reused = sum("reused_from" in run for runs in searcher.runs.values() for run in runs.values())
         print(f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
@@ -192,18 +220,20 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
               f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; MLflow {uri}",
               flush=True)
         if to_train:
-            address = connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
+            address = cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
             client.log_param(parent, "ray", address)
+            cluster.check_resources(s.cpus_per_trial, s.gpus_per_trial)
+            cluster.probe_nodes(next(iter(published.values())))
             tuner = tune.Tuner(
                 tune.with_resources(run_cell, {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial}),
                 tune_config=tune.TuneConfig(
                     search_alg=searcher, num_samples=-1, max_concurrent_trials=s.max_concurrent_trials,
                     reuse_actors=True, trial_name_creator=trial_name,
-                    trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.trial_id}"),
+                    trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.config['trial_key']}-{t.trial_id}"),
                 run_config=tune.RunConfig(
-                    name=f"{cfg.profile}-{int(started)}", storage_path=str(config_mod.ROOT / "ray_results"),
-                    callbacks=[children], verbose=1, progress_reporter=reporter(),
-                    failure_config=tune.FailureConfig(max_failures=0)))
+                    name=f"{cfg.profile}-{int(started)}", storage_path=store, callbacks=[children], verbose=1,
+                    progress_reporter=reporter(), failure_config=tune.FailureConfig(max_failures=s.max_failures),
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep)))
             tuner.fit()
             import ray
 
@@ -220,7 +250,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
                         run["reason"] = children.errors.get(trial, run["reason"])
                 runs.append({k: cells[cell_key][k] for k in CELL_KEYS} | {"lr": run["lr"], "status": run["status"],
                             "reason": run.get("reason", ""), "reused_from": run.get("reused_from")}
-                            | {k: run.get(k) for k in RESULT_KEYS} | {"mlflow_run_id": run.get("mlflow_run_id")})
+                            | {k: run.get(k) for k in RESULT_KEYS + TRIAL_KEYS}
+                            | {"restarts": children.restarts.get(trial, 0), "mlflow_run_id": run.get("mlflow_run_id")})
         outcomes = plan.outcomes()
         order = ["task", "size", "arch", "width", "depth", "seed"]
         table = pd.DataFrame([cell_row(cells[c], o, searcher.best(c)) for c, o in outcomes.items()])
@@ -234,6 +265,7 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
                    "inferred": int((~table.measured).sum()), "trials": len(trials), "trained": len(trials) - reused,
                    "reused": reused, "failed": int((trials.status == "failed").sum()),
                    "diverged": int((trials.status == "diverged").sum()),
+                   "restarts": int(trials.restarts.sum()), "resumed": int(trials.resumed_step.notna().sum()),
                    "solved_cells": int((table.status == "solved").sum()),
                    "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
                    "train_pflops": round(float(trials.train_pflops.sum()), 6),
@@ -274,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.tracking import ServiceError
 
     try:
-        sweep(config_mod.load(args.params), Path(args.data), Path(args.out))
+        with exclusive(Path(args.out)):
+            sweep(config_mod.load(args.params), Path(args.data), Path(args.out))
     except (config_mod.ConfigError, DatasetError, ServiceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

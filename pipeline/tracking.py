@@ -121,6 +121,48 @@ def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: d
     return client, run.info.run_id
 
 
+def driver_tags() -> dict[str, str]:
+    """Who runs this sweep: a later sweep closes the runs of one whose process is gone (``close_orphans``)."""
+    import psutil
+
+    me = psutil.Process()
+    return {"driver_host": socket.gethostname(), "driver_pid": str(me.pid),
+            "driver_started": repr(me.create_time()), "checkout": str(ROOT)}
+
+
+def driver_alive(tags: dict) -> bool:
+    """The process that created the run still runs (same pid and start time: pids are reused)."""
+    import psutil
+
+    try:
+        return repr(psutil.Process(int(tags["driver_pid"])).create_time()) == tags["driver_started"]
+    except (psutil.Error, KeyError, ValueError):
+        return False
+
+
+def close_orphans(client: MlflowClient, experiment_id: str) -> dict[str, str]:
+    """Sweeps of this machine whose driver died (kill -9, a lost node) leave their parent and children RUNNING
+    forever: mark them KILLED. Returns trial key -> run id of the killed children (a resumed trial takes over its
+    curve). Sweeps of other machines, or still alive here, are left alone."""
+    host = socket.gethostname()
+    parents = client.search_runs([experiment_id], max_results=10_000,
+                                 filter_string=f"attributes.status = 'RUNNING' and tags.driver_host = '{host}'")
+    killed = {}
+    for parent in parents:
+        if driver_alive(parent.data.tags):
+            continue
+        children = client.search_runs([experiment_id], max_results=50_000, order_by=["attributes.start_time ASC"],
+                                      filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+        for child in children:
+            if child.info.status == "RUNNING":
+                client.set_tag(child.info.run_id, "reason", "killed: its sweep's driver died")
+                client.set_terminated(child.info.run_id, "KILLED")
+                killed[child.data.tags["trial_key"]] = child.info.run_id
+        client.set_tag(parent.info.run_id, "reason", "killed: the driver process died before the sweep ended")
+        client.set_terminated(parent.info.run_id, "KILLED")
+    return killed
+
+
 def numeric(result: dict) -> dict[str, float]:
     return {k: float(v) for k, v in result.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
@@ -132,10 +174,13 @@ class ChildRuns(tune.Callback):
 
     METRICS = ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy", "final_accuracy", "train_pflops", "lr")
 
-    def __init__(self, client: MlflowClient, experiment_id: str, parent_id: str):
+    def __init__(self, client: MlflowClient, experiment_id: str, parent_id: str, killed: dict[str, str] = None):
         self.client, self.experiment_id, self.parent_id = client, experiment_id, parent_id
+        self.killed = killed or {}  # trial key -> run id of a dead sweep (``close_orphans``)
         self.runs: dict[str, str] = {}  # Tune trial id -> MLflow run id
         self.errors: dict[str, str] = {}  # Tune trial id -> the error's last line
+        self.restarts: dict[str, int] = {}  # Tune trial id -> retries after a worker died or the trial raised
+        self.nodes: dict[str, str] = {}  # Tune trial id -> the Ray node it runs on
 
     def child(self, cell: dict, train: dict, trial_key: str, **tags) -> str:
         """A child run of the parent for one learning-rate run of ``cell``; returns the run id."""
@@ -172,13 +217,30 @@ class ChildRuns(tune.Callback):
         return metrics | tags | {"mlflow_run_id": run_id, "reused_from": origin}
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.runs[trial.trial_id] = self.child(trial.config["cell"], trial.config["train"], trial.config["trial_key"],
-                                               ray_trial_id=trial.trial_id)
+        if trial.trial_id in self.runs:  # a retry: the same run goes on (the trial resumes its checkpoint)
+            return
+        config = trial.config
+        run_id = self.child(config["cell"], config["train"], config["trial_key"], ray_trial_id=trial.trial_id)
+        self.runs[trial.trial_id] = run_id
+        previous = self.killed.get(config["trial_key"])
+        if config.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours
+            self.client.set_tag(run_id, "resumed_from_run", previous)
+            history = [m for key in self.METRICS for m in self.client.get_metric_history(previous, key)
+                       if m.step <= config["resume_step"]]
+            for chunk in range(0, len(history), 1000):
+                self.client.log_batch(run_id, metrics=history[chunk:chunk + 1000])
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self.restarts[trial.trial_id] = self.restarts.get(trial.trial_id, 0) + 1
+        self.client.set_tag(self.runs[trial.trial_id], "restarts", self.restarts[trial.trial_id])
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self.runs[trial.trial_id]
         step = int(result.get("step", iteration))
         metrics = numeric({k: result[k] for k in self.METRICS if k in result})
+        if "node" in result and self.nodes.get(trial.trial_id) != result["node"]:  # first report, or a new node
+            self.nodes[trial.trial_id] = result["node"]
+            self.client.set_tag(run_id, "node", result["node"])
         if result.get("final"):
             metrics.update(numeric({k: v for k, v in result.items() if k in FINAL_KEYS}))
             for key in ("status", "reason"):
@@ -210,4 +272,4 @@ def error_line(error_file: str | None) -> str:
 VERDICTS = ("solved", "unsolved", "diverged")
 FINAL_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "train_steps", "train_seconds", "eval_seconds",
               "params", "paper_gflops", "exact_gflops", "train_pflops", "solve_step", "solve_pflops", "state_bytes",
-              "eval_samples")
+              "eval_samples", "resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")

@@ -17,8 +17,13 @@ the final-answer accuracy (``val_accuracy``, scored as the test set is), which d
 from __future__ import annotations
 
 import math
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
 import lightning as L
 import numpy as np
 import torch
@@ -28,6 +33,7 @@ from torch.utils.data import DataLoader, Sampler
 import models
 from pipeline.datasets import Dataset, read_dataset
 from pipeline import verdict as verdict_mod
+from pipeline.checkpoints import Resumable
 from tasks import EOS_ID, PAD_ID
 
 IGNORE = -100
@@ -79,10 +85,18 @@ class LengthBuckets(Sampler):
 
     def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True):
         self.lengths, self.batch_size, self.seed, self.shuffle, self.epoch = lengths, batch_size, seed, shuffle, 0
+        self.skip = 0  # batches of the next epoch already trained on (a resumed trial)
+
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """The next ``iter`` continues epoch ``epoch`` after its first ``batches_done`` batches."""
+        if batches_done >= len(self):  # that epoch was complete: the next one starts
+            epoch, batches_done = epoch + 1, 0
+        self.epoch, self.skip = epoch, batches_done
 
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch])
         self.epoch += 1
+        skip, self.skip = self.skip, 0
         order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
         chunk = self.batch_size * 50
         batches = []
@@ -90,7 +104,7 @@ class LengthBuckets(Sampler):
             part = order[c:c + chunk]
             part = part[np.argsort(self.lengths[part], kind="stable")]
             batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)]
-        for b in (rng.permutation(len(batches)) if self.shuffle else range(len(batches))):
+        for b in list(rng.permutation(len(batches)) if self.shuffle else range(len(batches)))[skip:]:
             yield batches[b].tolist()
 
     def __len__(self) -> int:
@@ -153,6 +167,12 @@ class SequenceModel(L.LightningModule):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["train_flops"] = self.train_flops
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.train_flops = checkpoint["train_flops"]
 
     def training_loss(self, batch) -> torch.Tensor:
         """The family's loss after the prompt; also adds the batch to the training-compute count."""
@@ -293,26 +313,36 @@ def split_validation(train: Dataset, val_samples: int) -> tuple[Dataset, Dataset
     return train.slice(0, len(train) - held), train.slice(len(train) - held, len(train))
 
 
-def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50) -> dict:
+def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50,
+              checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
+              resume: Path | None = None) -> dict:
     """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
-    on a given machine."""
+    on a given machine. ``checkpoint(trainer, module, directory)`` receives the whole state at every validation
+    (``pipeline/checkpoints.py``); ``resume``: such a checkpoint file to continue from, with the same result as
+    a run never stopped."""
     torch.set_num_threads(spec.threads)
     L.seed_everything(spec.seed, workers=True, verbose=False)
     train, val = split_validation(read_dataset(spec.train_path), spec.val_samples)
     test = read_dataset(spec.test_path).head(spec.eval_samples)
     module = SequenceModel(spec, val_data=val)
+    train_loader = loader(train, spec.batch_size, spec.seed, True)
     stopping = verdict_mod.callbacks(spec.threshold, spec.patience, spec.plateau_checks, spec.min_delta,
                                      spec.stop_when_solved)
-    trainer = L.Trainer(
-        accelerator="gpu" if spec.use_gpu else "cpu", devices=1, precision=spec.precision,
-        max_epochs=spec.epochs, max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip,
-        val_check_interval=spec.val_every_steps, check_val_every_n_epoch=None if spec.val_every_steps else 1,
-        num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, log_every_n_steps=log_every, callbacks=[*stopping, *callbacks],
-        deterministic=False)
-    start = time.perf_counter()
-    trainer.fit(module, loader(train, spec.batch_size, spec.seed, True), loader(val, spec.eval_batch_size, 0, False))
-    train_seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="trial-") as scratch:
+        resumable = Resumable(train_loader.batch_sampler, checkpoint, Path(scratch))
+        trainer = L.Trainer(
+            accelerator="gpu" if spec.use_gpu else "cpu", devices=1, precision=spec.precision,
+            max_epochs=spec.epochs, max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip,
+            val_check_interval=spec.val_every_steps, check_val_every_n_epoch=None if spec.val_every_steps else 1,
+            num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, log_every_n_steps=log_every,
+            callbacks=[*stopping, *callbacks, resumable], deterministic=False)
+        with warnings.catch_warnings():
+            # Lightning cannot see that the sampler resumes mid-epoch (Resumable puts it back in place)
+            warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
+            trainer.fit(module, train_loader, loader(val, spec.eval_batch_size, 0, False), ckpt_path=resume,
+                        weights_only=True)
+    train_seconds = resumable.elapsed()
     verdict = stopping[0]
     status, reason = verdict.outcome(trainer)
     start = time.perf_counter()
@@ -339,4 +369,8 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
         "solve_step": math.nan if verdict.solved_step is None else verdict.solved_step,
         "solve_pflops": verdict.solved_pflops,
         "state_bytes": model.state_size(spec.max_len),
+        "resumed_step": math.nan if resumable.resumed_step is None else resumable.resumed_step,
+        "checkpoints": resumable.saves,
+        "checkpoint_seconds": resumable.save_seconds,
+        "checkpoint_bytes": resumable.save_bytes,
     }

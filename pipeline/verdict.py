@@ -36,6 +36,12 @@ class Verdict(L.Callback):
         self.solved_step: int | None = None
         self.solved_pflops = float("nan")  # training compute spent until solved
 
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("streak", "status", "reason", "solved_step", "solved_pflops")}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
+
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is not None and not math.isfinite(float(loss)):

@@ -1,0 +1,113 @@
+"""Checkpoint and resume of one trial: a trial killed at step s continues from its last validation before s,
+as if it had never stopped.
+
+Trial side (``Resumable``, a Lightning callback): at every validation, Lightning's own checkpoint of the whole
+fit (weights, optimiser, learning-rate schedule, loop counters, the stopping callbacks' state) plus what
+Lightning leaves out: torch's RNG (dropout), the training sampler's place in its epoch, the compute and time
+spent so far. The sweep hands the directory to ``tune.report(..., checkpoint=...)``, which copies it to
+``cluster.storage_path`` and keeps the newest ``sweep.checkpoints_to_keep``. Resuming is Lightning's
+``fit(ckpt_path=..., weights_only=True)``: the file holds tensors and plain values only.
+
+Driver side (``latest``): checkpoints of earlier sweeps that died before their trials ended, found by trial
+key under the same run key (same data, settings and code), so a rerun continues them instead of starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import lightning as L
+import torch
+
+FILE = "trial.ckpt"  # Lightning's checkpoint of the fit
+META = "meta.json"  # trial key, run key, step: how a later sweep finds it
+
+
+class Resumable(L.Callback):
+    """Saves the fit at every validation and hands the directory to ``save(trainer, module, directory)`` (if
+    given: a trial outside Tune saves nothing), then deletes it; on
+    resume, puts back what Lightning does not (RNG, the sampler's place, compute and time so far)."""
+
+    def __init__(self, sampler, save: Callable[[L.Trainer, L.LightningModule, Path], None] | None, scratch: Path):
+        self.sampler, self.save, self.scratch = sampler, save, scratch
+        self.trainer: L.Trainer | None = None
+        self.rng: torch.Tensor | None = None  # to restore once training restarts
+        self.seconds_before = 0.0  # training time of earlier attempts
+        self.started = time.perf_counter()
+        self.resumed_step: int | None = None
+        self.saves, self.save_seconds, self.save_bytes = 0, 0.0, 0
+
+    def setup(self, trainer, module, stage):
+        self.trainer = trainer
+
+    def elapsed(self) -> float:
+        """Training seconds over every attempt of this trial."""
+        return self.seconds_before + time.perf_counter() - self.started
+
+    def state_dict(self) -> dict:
+        trainer = self.trainer
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # batches of this epoch trained
+        return {"rng": torch.get_rng_state(), "epoch": self.sampler.epoch - 1, "batches_done": done,
+                "seconds": self.elapsed(), "step": trainer.global_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng, self.seconds_before, self.resumed_step = state["rng"], state["seconds"], state["step"]
+        self.sampler.resume(state["epoch"], state["batches_done"])
+
+    def on_train_start(self, trainer, module):
+        # after Lightning has opened the training loader (which draws a seed from torch's RNG): from here on the
+        # resumed run draws exactly what the uninterrupted one drew
+        if self.rng is not None:
+            torch.set_rng_state(self.rng)
+            self.rng = None
+        self.started = time.perf_counter()
+
+    def on_validation_end(self, trainer, module):
+        if trainer.sanity_checking or self.save is None:
+            return
+        start = time.perf_counter()
+        directory = self.scratch / f"step-{trainer.global_step}"
+        directory.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(directory / FILE)
+        self.save_bytes = sum(f.stat().st_size for f in directory.iterdir())
+        self.save(trainer, module, directory)
+        for f in directory.iterdir():  # Tune has copied it to storage
+            f.unlink()
+        directory.rmdir()
+        self.saves += 1
+        self.save_seconds += time.perf_counter() - start
+
+
+def write_meta(directory: Path, trial_key: str, run_key: str, step: int) -> None:
+    (directory / META).write_text(json.dumps({"trial_key": trial_key, "run_key": run_key, "step": step}))
+
+
+def latest(storage: str, run_key: str) -> dict[str, dict]:
+    """trial key -> {"path", "step"} of the newest checkpoint under ``storage`` (a path or a pyarrow URI) left
+    by trials with this run key. Layout (Ray Tune's): <storage>/<sweep>/<trial>/checkpoint_NNNNNN/."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(storage) if "://" in storage else (pafs.LocalFileSystem(), storage)
+    found: dict[str, dict] = {}
+    selector = pafs.FileSelector(root, allow_not_found=True)
+    for sweep_dir in fs.get_file_info(selector):
+        if sweep_dir.type != pafs.FileType.Directory or sweep_dir.base_name == "datasets":
+            continue
+        for trial_dir in fs.get_file_info(pafs.FileSelector(sweep_dir.path)):
+            if trial_dir.type != pafs.FileType.Directory:
+                continue
+            for ckpt in fs.get_file_info(pafs.FileSelector(trial_dir.path)):
+                if not ckpt.base_name.startswith("checkpoint_"):
+                    continue
+                try:
+                    with fs.open_input_stream(f"{ckpt.path}/{META}") as f:
+                        meta = json.loads(f.read())
+                except (OSError, ValueError):
+                    continue  # a checkpoint still being copied, or not ours
+                if meta.get("run_key") == run_key and meta["step"] > found.get(meta["trial_key"], {}).get("step", -1):
+                    path = ckpt.path if "://" not in storage else storage.split("://")[0] + "://" + ckpt.path
+                    found[meta["trial_key"]] = {"path": path, "step": meta["step"]}
+    return found
