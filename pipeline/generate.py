@@ -9,19 +9,26 @@ first, then train samples; with ``generate.unique`` (the default) every kept sam
 compared through 64-bit hashes, so train is unique and disjoint from test. Before anything is written, every size
 is validated and the sample counts compared with the space of distinct samples. Each written file is re-checked
 by the task's independent checker (``generate.validate_samples`` per file, null = all; ``--no-check`` skips it).
-Everything is written into ``<out>/.<task>.partial/`` and renamed to ``<out>/<task>/`` only once every file is
-complete: an interrupted or failed run leaves no file that looks complete.
+Everything is written into ``<out>/.staging/<task>/`` and renamed to ``<out>/<task>/`` only once every file is
+complete: an interrupted or failed run leaves no file that looks complete. A failure, SIGTERM or Ctrl-C removes the
+staging directory at once; after a SIGKILL (no clean-up runs) it stays, ignored by DVC (``.dvcignore``), until the
+next generate of any task removes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import sys
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +44,10 @@ from pipeline.validate import cached_task, validate_file
 from tasks import SPLITS
 
 MAX_DRAWS_PER_SAMPLE = 20  # give up when unique samples are this rare: the space is too small
+# Staging lives inside the data directory, so it is on the outputs' filesystem and the final rename is atomic (a
+# sibling of data/ need not be: data/ may be a mount), and .dvcignore hides it from DVC, which hashes data/ as the
+# sweep's dependency: a run killed by SIGKILL leaves nothing DVC sees.
+STAGING_DIR = ".staging"
 
 
 def seq_hash(tokens: np.ndarray) -> int:
@@ -122,13 +133,11 @@ def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool 
     for task in built:
         if gen.unique:
             task.check_space(gen.test_samples, gen.train_samples)
-    final, staging = out_dir / name, out_dir / f".{name}.partial"
-    for stale in (final, staging):  # never mix files of an earlier, possibly interrupted, run
-        if stale.exists():
-            shutil.rmtree(stale)
-    staging.mkdir(parents=True)
+    final = out_dir / name
     manifest = {"task": name, "profile": cfg.profile, "datasets": []}
-    try:
+    with staging_dir(out_dir, name) as staging:
+        if final.exists():  # never mix files of an earlier run
+            shutil.rmtree(final)
         with Pool(workers or gen.workers) as pool:
             for task in built:
                 seen = SeenSet(gen.test_samples + gen.train_samples) if gen.unique else None
@@ -142,10 +151,88 @@ def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool 
                                                  "mean_length": stats["mean_length"], "checked": checked})
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         staging.rename(final)  # the task's files appear together, and only when all are complete
+    return manifest
+
+
+def try_lock(path: Path, wait: bool = False) -> int | None:
+    """A descriptor of lock file ``path`` (created if missing) holding its exclusive flock, or None when another
+    process holds it. The kernel drops the lock when the holder dies, however it dies. A regular file opened for
+    writing, not the directory it guards: NFS emulates flock with POSIX locks, which need that."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def staging_dir(out_dir: Path, name: str) -> Iterator[Path]:
+    """A new ``out_dir/.staging/<name>/``, whose lock file ``<name>.lock`` beside it this process holds while it
+    writes there; removed on any error or interruption (renamed away by the caller on success). First removes the
+    staging directories of dead runs (of any task: a dvc matrix runs the tasks one after another) and leaves those
+    of live runs alone; a live run of the same task is an error (the two would delete each other's files)."""
+    root = out_dir / STAGING_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / name
+    guard = try_lock(root / ".lock", wait=True)  # one process at a time scans and creates: none sees a new dir
+    try:
+        lock = try_lock(root / f"{name}.lock")
+        if lock is None:
+            raise DatasetError(f"another generate of task {name} is writing {staging}: wait for it to end")
+        try:
+            for entry in sorted(root.iterdir()):
+                if entry.is_dir() and entry != staging:
+                    remove_if_dead(entry)
+            if staging.exists():  # this task's, and we hold its lock: a dead run's
+                shutil.rmtree(staging)
+            staging.mkdir()
+        except BaseException:
+            os.close(lock)
+            raise
+    finally:
+        os.close(guard)
+    try:
+        yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return manifest
+    finally:
+        os.close(lock)
+
+
+def remove_if_dead(staging: Path) -> None:
+    """Remove a staging directory whose lock nobody holds: its run died (or renamed it into place just now)."""
+    held = try_lock(staging.with_name(f"{staging.name}.lock"))
+    if held is None:
+        return
+    try:
+        if staging.exists():
+            shutil.rmtree(staging)
+    finally:
+        os.close(held)
+
+
+@contextlib.contextmanager
+def exit_on_signals() -> Iterator[None]:
+    """SIGTERM (Python's default dies without clean-up) and SIGINT unwind like an error, so the staging directory
+    is removed at once; the process exits with 128 + the signal's number, as a shell reports a killed command. A
+    signal the caller ignores stays ignored (a shell starts background jobs ignoring SIGINT)."""
+    def unwind(signum: int, frame) -> None:
+        for sig in SIGNALS:  # a second signal must not interrupt the clean-up
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, unwind) for sig in SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_mod.load(args.params, architectures=False)
         if args.task not in cfg.tasks:
             raise config_mod.one_of("--task", args.task, cfg.tasks)
-        manifest = generate_task(cfg, args.task, Path(args.out), check=not args.no_check, workers=args.workers)
+        with exit_on_signals():
+            manifest = generate_task(cfg, args.task, Path(args.out), check=not args.no_check, workers=args.workers)
     except (config_mod.ConfigError, tasks.TaskError, DatasetError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

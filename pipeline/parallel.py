@@ -5,11 +5,26 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 WORKER_NICENESS = 5
+
+
+def start_worker(parent: int) -> None:
+    """Run at a lower priority, and exit when ``parent`` dies: a parent killed by SIGKILL never shuts the pool down,
+    and its spawned workers, blocked on a queue they also hold the writing end of, would wait forever."""
+    os.nice(WORKER_NICENESS)
+    threading.Thread(target=exit_with, args=(parent,), daemon=True).start()
+
+
+def exit_with(parent: int) -> None:
+    while os.getppid() == parent:  # orphans are re-parented: polling works on every POSIX system (prctl is Linux's)
+        time.sleep(1)
+    os._exit(1)
 
 
 class Pool:
@@ -19,7 +34,7 @@ class Pool:
         # Workers run at a lower priority: the parent's own work (writing the file) is the stage's critical path,
         # so it should never wait for a core; the workers take whatever it leaves.
         self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=os.nice, initargs=(WORKER_NICENESS,)) if workers > 1 else None
+                                            initializer=start_worker, initargs=(os.getpid(),)) if workers > 1 else None
 
     def imap(self, fn: Callable, args: Iterable[tuple], ahead: int | None = None) -> Iterator:
         """``fn(*a)`` for each ``a`` in ``args`` (which may be endless), in order, with ``ahead`` tasks in flight
@@ -41,12 +56,13 @@ class Pool:
             for future in pending:
                 future.cancel()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if self.executor is not None:
-            self.executor.shutdown(cancel_futures=True)
+            self.executor.shutdown(wait=wait, cancel_futures=True)
 
     def __enter__(self) -> "Pool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, error: type[BaseException] | None, *exc) -> None:
+        # on an error or a signal, the caller's clean-up need not wait for the workers to end their chunks in flight
+        self.close(wait=error is None)

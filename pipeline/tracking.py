@@ -7,10 +7,11 @@ no half-created experiments when many trials start at once.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
-import urllib.error
-import urllib.request
+import sqlite3
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -25,22 +26,68 @@ class ServiceError(RuntimeError):
 
 
 def check_mlflow(uri: str) -> None:
-    """Fail fast, before any compute, on a store that cannot work."""
+    """Fail fast, before any compute, on a store that cannot work: a server that does not answer or serves no
+    tracking API, an SQLite store that cannot be read and written."""
     if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10) as r:
-                if r.status != 200:
-                    raise ServiceError(f"MLflow server at {uri} answered /health with HTTP {r.status}")
-        except (urllib.error.URLError, OSError) as err:
-            raise ServiceError(f"MLflow server at {uri} is unreachable ({err}); start it with `mlflow server` "
-                               "or unset MLFLOW_TRACKING_URI / cluster.mlflow_tracking_uri") from None
+        check_server(uri)
     elif uri.startswith("sqlite:///"):
-        parent = Path(uri.removeprefix("sqlite:///")).parent
-        if not parent.is_dir():
-            raise ServiceError(f"MLflow SQLite store {uri}: directory {parent} does not exist")
+        check_sqlite(uri, Path(uri.removeprefix("sqlite:///")))
     else:
         raise ServiceError(f"MLflow tracking URI {uri!r}: use sqlite:///path/to/mlflow.db or http(s)://server "
                            "(the file store is deprecated)")
+
+
+def check_server(uri: str) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    creds = get_default_host_creds(uri)  # the client's own credentials and TLS settings
+
+    def get(endpoint: str, **params):
+        try:  # no retries: MLflow's client retries an unavailable server with backoff for minutes
+            return http_request(creds, endpoint, "GET", max_retries=0, timeout=10, raise_on_status=False,
+                                params=params)
+        except MlflowException as err:
+            raise ServiceError(f"MLflow server at {uri} is unreachable ({err.message}); start it with `mlflow "
+                               "server` or unset MLFLOW_TRACKING_URI / cluster.mlflow_tracking_uri") from None
+
+    health = get("/health")
+    if health.status_code != 200:
+        raise ServiceError(f"MLflow server at {uri} answered /health with HTTP {health.status_code}")
+    # /health also answers on a server started with --artifacts-only: ask the tracking API itself
+    search = get("/api/2.0/mlflow/experiments/search", max_results=1)
+    if search.status_code != 200:
+        raise ServiceError(f"MLflow server at {uri} serves no tracking API: searching experiments answered HTTP "
+                           f"{search.status_code} ({search.text.strip()[:300]})")
+
+
+SQLITE_PROBLEMS = {"file is not a database": "is not an SQLite database",
+                   "attempt to write a readonly database": "is read-only",
+                   "unable to open database file": "cannot be opened (unreadable?)",
+                   "database is locked": "stayed locked by another process for 10 s"}
+
+
+def check_sqlite(uri: str, path: Path) -> None:
+    where = f"MLflow SQLite store {uri}"
+    if not path.parent.is_dir():
+        raise ServiceError(f"{where}: directory {path.parent} does not exist")
+    try:  # SQLite creates the store, and its journal at every write, beside it
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as err:
+        raise ServiceError(f"{where}: directory {path.parent} is read-only ({err.strerror}); SQLite must create "
+                           "files there") from None
+    if not path.exists():
+        return  # MLflow creates it
+    if not path.is_file():
+        raise ServiceError(f"{where}: {path} is not a file")
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=10)) as db:
+            db.execute("BEGIN IMMEDIATE")  # the write lock
+            db.execute("CREATE TABLE capacity_atlas_probe (x)")  # a real write, never committed
+            db.rollback()
+    except sqlite3.Error as err:
+        raise ServiceError(f"{where}: {path} {SQLITE_PROBLEMS.get(str(err), 'cannot be written')} ({err})") from None
 
 
 def check_ray(address: str | None) -> None:

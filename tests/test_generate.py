@@ -1,7 +1,13 @@
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import psutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,7 +19,7 @@ from pipeline import generate as generate_mod
 from pipeline import validate as validate_mod
 from pipeline.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
 from pipeline.generate import SPLITS, check_file, generate_task, seq_hash
-from tests.conftest import write_params
+from tests.conftest import ROOT, write_params
 from tests.test_tasks import SMALL_SIZES
 
 
@@ -130,7 +136,7 @@ def test_an_interrupted_run_leaves_no_file_that_looks_complete(tiny_cfg, tmp_pat
     cfg = small_config(tiny_cfg, {"arithmetic": [1]}, train=500, test=20)  # within the bound 583, beyond the 473
     with pytest.raises(tasks.TaskError, match="only [0-9]+ distinct train samples after"):
         generate_task(cfg, "arithmetic", tmp_path)
-    assert not list(tmp_path.iterdir())  # not even the finished test file
+    assert not files_under(tmp_path)  # not even the finished test file
     make_chunk = generate_mod.make_chunk
 
     def interrupted(stream, index):
@@ -142,7 +148,64 @@ def test_an_interrupted_run_leaves_no_file_that_looks_complete(tiny_cfg, tmp_pat
     cfg = small_config(tiny_cfg, {"lis": [5, 6]}, train=1000, chunk_size=100)
     with pytest.raises(KeyboardInterrupt):
         generate_task(cfg, "lis", tmp_path)
-    assert not list(tmp_path.iterdir())
+    assert not files_under(tmp_path)
+
+
+def files_under(path: Path) -> list[str]:
+    """Every file under ``path`` but the staging directory's (empty) lock files."""
+    locks = set((path / generate_mod.STAGING_DIR).glob("*.lock"))
+    assert all(lock.stat().st_size == 0 for lock in locks)
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir() and p not in locks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_path, sig):
+    """A real generate process with two workers, stopped mid-way through its train file while other generates
+    start beside it, then killed: SIGTERM and SIGINT remove its staging directory at once; after SIGKILL (no
+    clean-up runs) DVC does not see what is left, and the next run removes it."""
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    shutil.copy(ROOT / ".dvcignore", tmp_path)  # the project's own
+    (tmp_path / "dvc.yaml").write_text("stages:\n  sweep:\n    cmd: 'true'\n    deps: [data]\n")
+    small = write_params(tmp_path / "small.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n")
+    big = write_params(tmp_path / "big.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n"
+                                              "generate: {train_samples: 2000000, datasets: {lis: [6]}}\n")
+    data = tmp_path / "data"
+    assert generate_mod.main(["--task", "arithmetic", "--params", str(small), "--out", str(data)]) == 0
+    if sig == signal.SIGKILL:
+        # dvc.lock records data/'s hash
+        assert subprocess.run([sys.executable, "-m", "dvc", "repro", "-q"], cwd=tmp_path).returncode == 0
+
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.generate", "--task", "lis", "--params", str(big), "--out",
+                            str(data), "--no-check", "--workers", "2"], cwd=ROOT, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    staging = data / generate_mod.STAGING_DIR / "lis"
+    partial = staging / "lis_6_train.parquet.tmp"
+    while not partial.exists():
+        assert run.poll() is None
+        time.sleep(0.01)
+    os.kill(run.pid, signal.SIGSTOP)  # mid-way: a live run, for as long as the checks below take
+    workers = psutil.Process(run.pid).children()
+    assert partial.exists() and len(workers) >= 2
+    with pytest.raises(DatasetError, match=f"another generate of task lis is writing {staging}"):
+        generate_task(config_mod.load(big), "lis", data)
+    generate_task(config_mod.load(small), "arithmetic", data)  # another task meanwhile: fine, and spares lis
+    assert partial.exists() and (data / "arithmetic" / "manifest.json").exists()
+
+    os.kill(run.pid, sig)
+    os.kill(run.pid, signal.SIGCONT)
+    assert run.wait(timeout=30) == (-sig if sig == signal.SIGKILL else 128 + sig)
+    assert not psutil.wait_procs(workers, timeout=10)[1]  # the workers exit with their parent, however it died
+    if sig == signal.SIGKILL:
+        assert partial.exists()  # left behind, but DVC ignores it: data/ hashes as before
+        status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=tmp_path, capture_output=True, text=True)
+        assert "up to date" in status.stdout, status.stdout + status.stderr
+    assert files_under(data) == ([str(p.relative_to(data)) for p in staging.iterdir()] if sig == signal.SIGKILL
+                                 else []) + ["arithmetic/arithmetic_2_test.parquet",
+                                             "arithmetic/arithmetic_2_train.parquet", "arithmetic/manifest.json"]
+
+    assert generate_mod.main(["--task", "lis", "--params", str(small), "--out", str(data), "--no-check"]) == 0
+    assert not staging.exists() and (data / "lis" / "manifest.json").exists()
 
 
 def test_the_generate_stage_does_not_import_torch(tmp_path):

@@ -137,12 +137,14 @@ def test_bad_param_fails_before_ray_and_mlflow(repo):
     assert set((repo / "ray_results").iterdir()) == ray_dirs and len(mlflow_runs(repo)[1]) == 1
 
 
-def test_unreachable_mlflow_fails_before_ray(repo):
+def test_unreachable_or_unusable_mlflow_fails_before_ray(repo, tmp_path):
     ray_dirs = set((repo / "ray_results").iterdir())
-    result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "elsewhere")], repo,
-                 MLFLOW_TRACKING_URI="http://127.0.0.1:9")
-    assert result.returncode == 2
-    assert "MLflow server at http://127.0.0.1:9 is unreachable" in result.stderr
+    (tmp_path / "notes.db").write_text("not a database\n" * 100)
+    for uri, error in [("http://127.0.0.1:9", "MLflow server at http://127.0.0.1:9 is unreachable"),
+                       (f"sqlite:///{tmp_path}/notes.db", f"{tmp_path}/notes.db is not an SQLite database")]:
+        result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "elsewhere")], repo,
+                     MLFLOW_TRACKING_URI=uri)
+        assert result.returncode == 2 and error in result.stderr, result.stderr[-2000:]
     assert set((repo / "ray_results").iterdir()) == ray_dirs and no_outputs(repo / "elsewhere")
 
 

@@ -1,0 +1,118 @@
+"""check_mlflow: every store that cannot work is a named ServiceError before any compute."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import shutil
+import sqlite3
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline.tracking import ServiceError, check_mlflow
+
+# what `mlflow server --artifacts-only` (MLflow 3.17) answers on /api/2.0/mlflow/experiments/search, with HTTP 503
+ARTIFACTS_ONLY = ("Endpoint: /api/2.0/mlflow/experiments/search disabled due to the mlflow server running in "
+                  "`--artifacts-only` mode. To enable tracking server functionality, run `mlflow server` without "
+                  "`--artifacts-only`")
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """``path`` (a file or a directory) read-only even for root, who ignores permission bits: the immutable flag
+    where the filesystem has one, else the permission bits; skips the test when neither holds."""
+    mode = path.stat().st_mode
+    immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    if not immutable:
+        path.chmod(mode & ~0o222)
+        if os.access(path, os.W_OK):
+            path.chmod(mode)
+            pytest.skip("cannot make a path read-only here (root without chattr)")
+    try:
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        else:
+            path.chmod(mode)
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()  # creates MLflow's tables: seconds
+    return path
+
+
+@pytest.fixture
+def store(empty_store, tmp_path) -> Path:
+    """A real MLflow SQLite store, its tables created, alone in its directory."""
+    return Path(shutil.copy(empty_store, tmp_path / "mlflow.db"))
+
+
+def test_a_working_sqlite_store_passes_and_keeps_no_trace_of_the_probe(store, tmp_path):
+    check_mlflow(f"sqlite:///{store}")
+    check_mlflow(f"sqlite:///{tmp_path / 'new.db'}")  # MLflow creates it
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        assert not db.execute("select name from sqlite_master where name like 'capacity%'").fetchall()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
+def test_an_unusable_sqlite_store_is_named(store, tmp_path):
+    def fails(path: Path, match: str) -> None:
+        with pytest.raises(ServiceError, match=f"MLflow SQLite store sqlite:///{path}: {match}"):
+            check_mlflow(f"sqlite:///{path}")
+
+    fails(tmp_path / "nowhere" / "mlflow.db", f"directory {tmp_path / 'nowhere'} does not exist")
+    (tmp_path / "notes.db").write_text("not a database\n" * 100)
+    fails(tmp_path / "notes.db", f"{tmp_path / 'notes.db'} is not an SQLite database")
+    (tmp_path / "folder.db").mkdir()
+    fails(tmp_path / "folder.db", f"{tmp_path / 'folder.db'} is not a file")
+    with read_only(store):
+        fails(store, f"{store} is read-only")
+    with read_only(tmp_path):  # the store itself writable, but not its journal beside it; nor a new store
+        fails(store, f"directory {tmp_path} is read-only")
+        fails(tmp_path / "new.db", f"directory {tmp_path} is read-only")
+
+
+@contextlib.contextmanager
+def server(api_status: int) -> Iterator[str]:
+    """A stand-in MLflow server on loopback: /health answers 200, the tracking API ``api_status`` (503 with the
+    real message is what `mlflow server --artifacts-only` answers)."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body = (200, "OK") if self.path == "/health" else \
+                (api_status, '{"experiments": []}' if api_status == 200 else ARTIFACTS_ONLY)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_server_that_answers_health_but_serves_no_tracking_api_is_named():
+    with server(200) as uri:
+        check_mlflow(uri)
+    with server(503) as uri:
+        with pytest.raises(ServiceError, match=f"MLflow server at {uri} serves no tracking API: searching experiments "
+                                               "answered HTTP 503 \\(Endpoint: .* `--artifacts-only` mode"):
+            check_mlflow(uri)
+        with pytest.raises(ServiceError, match=f"MLflow server at {uri}/prefix answered /health with HTTP 503"):
+            check_mlflow(uri + "/prefix")
+    with pytest.raises(ServiceError, match="MLflow server at http://127.0.0.1:9 is unreachable"):
+        check_mlflow("http://127.0.0.1:9")
