@@ -201,7 +201,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
         client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
         experiment = client.get_run(parent).info.experiment_id
         orphans = close_orphans(client, experiment)  # runs of sweeps that died: KILLED, trial key -> run id
-        unfinished = checkpoints.latest(store, key)  # trial key -> the newest checkpoint a dead sweep left
+        # trial key -> the newest checkpoint a dead sweep left (sweep.reuse: false trains everything anew)
+        unfinished = checkpoints.latest(store, key) if s.reuse else {}
         children = ChildRuns(client, experiment, parent, orphans)
         finished = children.finished(key) if s.reuse else {}
 
@@ -224,10 +225,16 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
             client.log_param(parent, "ray", address)
             cluster.check_resources(s.cpus_per_trial, s.gpus_per_trial)
             cluster.probe_nodes(next(iter(published.values())))
+            import ray
+
+            # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next
+            # trial waits for the last one's worker to come up
+            slots = min(int(ray.cluster_resources().get("CPU", 1) // s.cpus_per_trial),
+                        s.max_concurrent_trials or 1 << 30)
             tuner = tune.Tuner(
                 tune.with_resources(run_cell, {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial}),
                 tune_config=tune.TuneConfig(
-                    search_alg=searcher, num_samples=-1, max_concurrent_trials=s.max_concurrent_trials,
+                    search_alg=searcher, num_samples=-1, max_concurrent_trials=slots,
                     reuse_actors=True, trial_name_creator=trial_name,
                     trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.config['trial_key']}-{t.trial_id}"),
                 run_config=tune.RunConfig(
@@ -235,10 +242,6 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
                     progress_reporter=reporter(), failure_config=tune.FailureConfig(max_failures=s.max_failures),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep)))
             tuner.fit()
-            import ray
-
-            slots = min(int(ray.cluster_resources().get("CPU", 1) // s.cpus_per_trial),
-                        s.max_concurrent_trials or 1 << 30)
             ray.shutdown()
         runs = []
         for cell_key, by_lr in searcher.runs.items():

@@ -70,7 +70,7 @@ def assert_one_whole_run_per_trial(repo: Path, reference: Path) -> None:
     for child in mine:
         twin = next(c for c in ref_children if c.data.tags["trial_key"] == child.data.tags["trial_key"])
         steps = sorted({m.step for m in client.get_metric_history(child.info.run_id, "val_accuracy")})
-        assert steps == sorted(m.step for m in ref_client.get_metric_history(twin.info.run_id, "val_accuracy"))
+        assert steps == sorted({m.step for m in ref_client.get_metric_history(twin.info.run_id, "val_accuracy")})
 
 
 @pytest.fixture(scope="module")
