@@ -28,11 +28,13 @@ META = "meta.json"  # trial key, run key, step: how a later sweep finds it
 
 class Resumable(L.Callback):
     """Saves the fit at every validation and hands the directory to ``save(trainer, module, directory)`` (if
-    given: a trial outside Tune saves nothing), then deletes it; on
+    given: a trial outside Tune saves nothing), then deletes it; ``resumed(trainer, module, metrics)`` hears the
+    restored checkpoint's validation metrics; on
     resume, puts back what Lightning does not (RNG, the sampler's place, compute and time so far)."""
 
-    def __init__(self, sampler, save: Callable[[L.Trainer, L.LightningModule, Path], None] | None, scratch: Path):
-        self.sampler, self.save, self.scratch = sampler, save, scratch
+    def __init__(self, sampler, save: Callable[[L.Trainer, L.LightningModule, Path], None] | None, scratch: Path,
+                 resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None):
+        self.sampler, self.save, self.scratch, self.resumed = sampler, save, scratch, resumed
         self.trainer: L.Trainer | None = None
         self.rng: torch.Tensor | None = None  # to restore once training restarts
         self.seconds_before = 0.0  # training time of earlier attempts
@@ -69,6 +71,8 @@ class Resumable(L.Callback):
             self.rng = None
         trainer.should_stop = trainer.should_stop or self.stop
         self.started = time.perf_counter()
+        if self.resumed_step is not None and self.resumed:  # the checkpoint's metrics, which its sweep may not
+            self.resumed(trainer, module, self.metrics)      # have recorded before it died
 
     def last_metrics(self) -> dict[str, float]:
         """The newest validation's metrics, this attempt's or (if it validated no more) the checkpoint's."""

@@ -76,8 +76,7 @@ def run_cell(config: dict) -> None:
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
     where = {"node": node, "pid": os.getpid()}
 
-    def progress(trainer: L.Trainer, module: L.LightningModule) -> dict:
-        m = trainer.callback_metrics
+    def progress(trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
         return where | {"step": trainer.global_step, "train_pflops": module.train_flops / 1e15,
                         "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
                         **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy")
@@ -85,14 +84,18 @@ def run_cell(config: dict) -> None:
 
     def save(trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:
         write_meta(directory, config["trial_key"], config["cell"]["run_key"], trainer.global_step)
-        tune.report(progress(trainer, module), checkpoint=tune.Checkpoint.from_directory(directory))
+        tune.report(progress(trainer, module, trainer.callback_metrics),
+                    checkpoint=tune.Checkpoint.from_directory(directory))
+
+    def resumed(trainer: L.Trainer, module: L.LightningModule, metrics: dict) -> None:
+        tune.report(progress(trainer, module, metrics))
 
     checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
     if checkpoint is None:
         result = run_trial(spec, checkpoint=save)
     else:
         with checkpoint.as_directory() as directory:
-            result = run_trial(spec, checkpoint=save, resume=Path(directory) / FILE)
+            result = run_trial(spec, checkpoint=save, resume=Path(directory) / FILE, resumed=resumed)
     tune.report(where | result | {"step": result["train_steps"], "final": True})
 
 

@@ -226,7 +226,7 @@ class ChildRuns(tune.Callback):
         if config.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours
             self.client.set_tag(run_id, "resumed_from_run", previous)
             history = [m for key in self.METRICS for m in self.client.get_metric_history(previous, key)
-                       if m.step <= config["resume_step"]]
+                       if m.step < config["resume_step"]]  # the resumed trial reports the checkpoint's step
             for chunk in range(0, len(history), 1000):
                 self.client.log_batch(run_id, metrics=history[chunk:chunk + 1000])
 

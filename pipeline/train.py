@@ -315,11 +315,12 @@ def split_validation(train: Dataset, val_samples: int) -> tuple[Dataset, Dataset
 
 def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50,
               checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
-              resume: Path | None = None) -> dict:
+              resume: Path | None = None, resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None
+              ) -> dict:
     """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
     on a given machine. ``checkpoint(trainer, module, directory)`` receives the whole state at every validation
     (``pipeline/checkpoints.py``); ``resume``: such a checkpoint file to continue from, with the same result as
-    a run never stopped."""
+    a run never stopped (``resumed`` hears its metrics)."""
     torch.set_num_threads(spec.threads)
     L.seed_everything(spec.seed, workers=True, verbose=False)
     train, val = split_validation(read_dataset(spec.train_path), spec.val_samples)
@@ -329,7 +330,7 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
     stopping = verdict_mod.callbacks(spec.threshold, spec.patience, spec.plateau_checks, spec.min_delta,
                                      spec.stop_when_solved)
     with tempfile.TemporaryDirectory(prefix="trial-") as scratch:
-        resumable = Resumable(train_loader.batch_sampler, checkpoint, Path(scratch))
+        resumable = Resumable(train_loader.batch_sampler, checkpoint, Path(scratch), resumed)
         trainer = L.Trainer(
             accelerator="gpu" if spec.use_gpu else "cpu", devices=1, precision=spec.precision,
             max_epochs=spec.epochs, max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip,

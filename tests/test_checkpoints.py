@@ -47,9 +47,11 @@ def test_resume_from_each_checkpoint_gives_the_uninterrupted_result(spec, tmp_pa
     assert len({p[0] for p in whole.points}) == len(whole.points)  # no validation ran twice
     assert full["reason"].startswith("plateau")  # the last checkpoint is the stopping validation's
     for step in sorted(saved):  # the last one too: killed while scoring the test set
-        tail = Curve()
-        resumed = run_trial(spec, callbacks=[tail], resume=saved[step] / FILE)
+        tail, heard = Curve(), []
+        resumed = run_trial(spec, callbacks=[tail], resume=saved[step] / FILE, resumed=lambda trainer, module, m:
+                            heard.append((trainer.global_step, m["train_loss"], m["val_accuracy"])))
         assert resumed["resumed_step"] == step
+        assert heard == [p for p in whole.points if p[0] == step]  # the checkpoint's own validation
         assert tail.points == [p for p in whole.points if p[0] > step], f"resumed at step {step}"
         for key in ("status", "reason", "final_accuracy", "val_accuracy", "train_steps", "train_pflops",
                     "solve_step"):

@@ -27,7 +27,7 @@ SWEEP = """sweep:
   datasets: {lis: [3]}
   dropout: 0.1
   epochs: 100
-  max_steps: 800
+  max_steps: 1600
   val_every_steps: 20
   stop_when_solved: false"""
 SAME = ["status", "reason", "final_accuracy", "val_accuracy", "train_steps", "train_pflops"]
@@ -89,14 +89,16 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
     assert run(["dvc", "repro", "generate"], repo).returncode == 0
     began = time.time()
     first = start(["dvc", "repro"], repo)
-    wait_for(lambda: any(m["step"] >= 20 for m in checkpoints(repo)), "a checkpoint at step 20")
+    lock = repo / "results" / ".sweep.lock"
+    wait_for(lambda: lock.exists() and lock.read_text(), "the sweep stage to start")
     second = run(["dvc", "repro"], repo)  # the same checkout, at the same time
     assert second.returncode != 0 and "lock" in (second.stdout + second.stderr).lower()
     direct = run([sys.executable, "-m", "pipeline.sweep"], repo)
     assert direct.returncode == 2 and "another sweep is running" in direct.stderr
+    wait_for(lambda: any(m["step"] >= 20 for m in checkpoints(repo)), "a checkpoint at step 20")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    print(f"\nkilled at step {max(m['step'] for m in checkpoints(repo))} of 800")
+    print(f"\nkilled at step {max(m['step'] for m in checkpoints(repo))} of 1600")
     assert not (repo / "results" / "trials.csv").exists()
     _, parents, children = mlflow_runs(repo)
     assert [r.info.status for r in parents] == ["RUNNING"]  # what a dead driver leaves
