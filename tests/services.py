@@ -85,6 +85,9 @@ class Netns:
 
 @dataclass
 class RayCluster:
+    """A running cluster. A driver runs where it is reachable, with its address and token:
+    ``subprocess.run(cluster.command([sys.executable, ...]), env=cluster.driver_env(MLFLOW_TRACKING_URI=...))``."""
+
     address: str  # host:port of the head's GCS, for RAY_ADDRESS or ray.init(address=...)
     token_path: Path
     node_ips: list[str]  # head first
@@ -271,10 +274,13 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1) -> Iterat
             ips.append(ip)
         probe_log = tmp_dir / "ray-probe.log"
         with open(probe_log, "wb") as out:
-            probe = subprocess.run(netns.command([sys.executable, "-c", PROBE, address, str(nodes),
-                                                  str(STARTUP_TIMEOUT)]),
-                                   env=env, stdout=out, stderr=subprocess.STDOUT, timeout=STARTUP_TIMEOUT + 30)
-        if probe.returncode != 0:
+            try:
+                probe = subprocess.run(netns.command([sys.executable, "-c", PROBE, address, str(nodes),
+                                                      str(STARTUP_TIMEOUT)]),
+                                       env=env, stdout=out, stderr=subprocess.STDOUT, timeout=STARTUP_TIMEOUT + 30)
+            except subprocess.TimeoutExpired:
+                probe = None
+        if probe is None or probe.returncode != 0:
             raise ServiceTimeout(f"Ray cluster at {address}: not all {nodes} nodes registered; {probe_log}:\n"
                                  f"{tail(probe_log)}\nhead log {head_log}:\n{tail(head_log)}")
         yield RayCluster(address=address, token_path=token, node_ips=ips, netns=netns, roots=[p.pid for p in procs],
