@@ -39,7 +39,7 @@ def connect_ray(address: str | None, cpus: int) -> str:
             ray_constants.ENABLE_RAY_CLUSTER = False
             ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                      _node_ip_address="127.0.0.1")
-    except (ConnectionError, RuntimeError, ValueError) as err:
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.AuthenticationError) as err:
         raise ServiceError(f"cannot start or join Ray at {address or 'a local ray.init'}: {err}") from None
     return address or "local"
 

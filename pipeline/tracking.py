@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import socket
 import sqlite3
 import tempfile
@@ -91,7 +92,8 @@ def check_sqlite(uri: str, path: Path) -> None:
 
 
 def check_ray(address: str | None) -> None:
-    """Fail fast on a Ray head that does not answer: ray.init would retry for minutes before giving up."""
+    """Fail fast on a Ray head that does not answer or does not accept this driver: ray.init would retry for 20 s
+    to minutes before giving up with a bare ConnectionError."""
     if not address or address == "auto":
         return
     hostport = address.removeprefix("ray://")
@@ -103,6 +105,36 @@ def check_ray(address: str | None) -> None:
     except OSError as err:
         raise ServiceError(f"Ray head at {address} is unreachable ({err}); start one with `ray start --head` "
                            "or unset RAY_ADDRESS / cluster.ray_address for a local Ray") from None
+    if not address.startswith("ray://"):  # a GCS address; Ray Client's server speaks another protocol
+        check_ray_token(hostport)
+
+
+def check_ray_token(gcs_address: str) -> None:
+    """A head started with token authentication (RAY_AUTH_MODE=token, Ray's default once a token exists) rejects
+    every request without its token; Ray's GCS client says so at once, where ray.init retries."""
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        ensure_token_if_auth_enabled(None, create_token_if_missing=False)  # RAY_AUTH_MODE=token but no token
+        GcsClient(address=gcs_address)  # fetches the cluster id: the first authenticated request
+    except AuthenticationError as err:
+        raise ServiceError(f"Ray head at {gcs_address} requires its auth token: {token_problem()}. "
+                           f"{RAY_TOKEN_HELP} (Ray: {err.message})") from None
+
+
+RAY_TOKEN_HELP = ("Give the driver the head's token: RAY_AUTH_MODE=token and either RAY_AUTH_TOKEN=<token> or "
+                  "RAY_AUTH_TOKEN_PATH=<file holding it>; `ray get-auth-token` on the head prints it")
+
+
+def token_problem() -> str:
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return "this driver sends none (RAY_AUTH_MODE is not token)"
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            or (Path.home() / ".ray" / "auth_token").exists()):
+        return "RAY_AUTH_MODE=token but no token was found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
+    return "the head rejects the token this driver sends"
 
 
 def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: dict) -> tuple[MlflowClient, str]:

@@ -1,0 +1,349 @@
+"""Real services for the tests and benchmarks: a two-node Ray cluster with token authentication and an MLflow server.
+
+Nothing here binds the machine's network address. Ray's GCS and raylet listen on loopback only when their node's IP is
+exactly 127.0.0.1 and on every interface (``::``) otherwise, and Ray rewrites a node IP of 127.0.0.1 into the machine's
+network address whenever it can find one. Two nodes told apart by IP therefore live in a network namespace of their
+own (`unshare --net`): its only interface is ``lo``, so the head there keeps 127.0.0.1, the second node 127.0.0.2, and
+an all-interfaces socket of the second node is reachable from that namespace's loopback alone. Drivers run inside it
+too: ``Netns.command`` wraps a command line in ``nsenter``, ``Netns.call`` runs a function on a thread that joined it.
+
+Every process is started in a session of its own and stopped by pid (never ``ray stop``, which stops every Ray
+process on the machine); a service that does not come up in time raises ``ServiceTimeout`` with its log's tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+BIN = Path(sys.executable).parent  # the venv's `ray` and `mlflow` sit beside its python
+STARTUP_TIMEOUT = 60.0  # seconds; a head, a node or an MLflow server on 2 busy cores takes 3-10 s
+CLONE_NEWNET = 0x40000000
+# Variables that would point a started service elsewhere or change its authentication; each service gets its own.
+FOREIGN_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "MLFLOW_TRACKING_URI")
+# Unix socket paths (a Ray session's sockets/plasma_store, sockets/raylet) must fit in 107 bytes; a Ray session
+# directory name takes up to 43 of them, sockets/plasma_store 21 more.
+MAX_RAY_TEMP_DIR = 40
+T = TypeVar("T")
+
+
+class ServiceTimeout(RuntimeError):
+    """A service did not come up in time, or died while starting; the message ends with its log's tail."""
+
+
+@dataclass(frozen=True)
+class Netns:
+    """A network namespace, by the path of its handle (/proc/<pid>/ns/net); ``path=None`` is this process's own."""
+
+    path: str | None = None
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the namespace."""
+        return argv if self.path is None else ["nsenter", f"--net={self.path}", "--", *argv]
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a thread that joined the namespace (a namespace is per thread, so this process's other
+        threads stay where they are); returns its result or raises its exception."""
+        if self.path is None:
+            return fn(*args)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                with open(self.path) as handle:
+                    if ctypes.CDLL(None, use_errno=True).setns(handle.fileno(), CLONE_NEWNET) != 0:
+                        raise OSError(ctypes.get_errno(), f"setns {self.path}")
+                outcome["value"] = fn(*args)
+            except BaseException as err:  # re-raised in the caller's thread
+                outcome["error"] = err
+
+        thread = threading.Thread(target=run, name="netns-call")
+        thread.start()
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+
+@dataclass
+class RayCluster:
+    """A running cluster. A driver runs where it is reachable, with its address and token:
+    ``subprocess.run(cluster.command([sys.executable, ...]), env=cluster.driver_env(MLFLOW_TRACKING_URI=...))``."""
+
+    address: str  # host:port of the head's GCS, for RAY_ADDRESS or ray.init(address=...)
+    token_path: Path
+    node_ips: list[str]  # head first
+    netns: Netns
+    roots: list[int]  # the `ray start --block` processes; Ray's processes of each node descend from one
+    logs: Path  # the directory of the nodes' logs
+
+    def pids(self) -> set[int]:
+        """The cluster's processes now (Ray starts and ends workers as tasks come and go)."""
+        return set().union(*map(tree, self.roots))
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a driver adds to its environment: the head's address and the token, as Ray reads them."""
+        return {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+
+    def driver_env(self, **extra: str) -> dict[str, str]:
+        """A full environment for a driver process: this one's, minus foreign Ray and MLflow settings, plus ``env``."""
+        return clean_env() | self.env | extra
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` run where the cluster is reachable (its network namespace)."""
+        return self.netns.command(argv)
+
+
+@dataclass
+class MlflowServer:
+    uri: str
+    artifact_root: Path
+    backend_uri: str
+    netns: Netns
+    root: int
+
+    def pids(self) -> set[int]:
+        return tree(self.root)
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tree(pid: int) -> set[int]:
+    """``pid`` and all its descendants alive now."""
+    try:
+        root = psutil.Process(pid)
+        return {pid} | {p.pid for p in root.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def start(argv: list[str], env: dict[str, str], log: Path, netns: Netns) -> subprocess.Popen:
+    """A service in a session (process group) of its own, output to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(netns.command(argv), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM to ``proc`` (``ray start --block`` then stops its node's processes, as ``ray stop`` would, but only
+    these), then SIGKILL to whatever is left of its process tree and process group."""
+    descendants = []
+    for pid in tree(proc.pid) - {proc.pid}:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            descendants.append(psutil.Process(pid))
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace)
+    _, alive = psutil.wait_procs(descendants, timeout=2)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def tail(log: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_for(what: str, ready: Callable[[], Any], procs: list[subprocess.Popen], log: Path,
+             timeout: float = STARTUP_TIMEOUT) -> Any:
+    """Poll ``ready()`` until it returns something truthy; ServiceTimeout if a process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = ready()
+        if value:
+            return value
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise ServiceTimeout(f"{what}: process exited with code {dead[0].returncode} while starting; "
+                                 f"{log}:\n{tail(log)}")
+        if time.monotonic() > deadline:
+            raise ServiceTimeout(f"{what}: not up after {timeout:.0f} s; {log}:\n{tail(log)}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def network_namespace(log: Path) -> Iterator[Netns]:
+    """A new network namespace with its loopback up, held by a sleeping process; gone when its last process is."""
+    holder = start(["unshare", "--net", "sh", "-c", "ip link set lo up && echo up && exec sleep infinity"],
+                   clean_env(), log, Netns())
+    try:
+        wait_for("network namespace", lambda: "up" in log.read_text(), [holder], log, timeout=10)
+        yield Netns(f"/proc/{holder.pid}/ns/net")
+    finally:
+        stop(holder, grace=2)
+
+
+def namespace_problem() -> str | None:
+    """Why this machine cannot create network namespaces (needs root or CAP_SYS_ADMIN), or None if it can."""
+    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (util-linux, iproute2)"
+    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"`unshare --net` fails: {probe.stderr.strip()} (run as root)"
+
+
+def ray_temp_dir(tmp_dir: Path, name: str, stack: contextlib.ExitStack) -> Path:
+    """``tmp_dir/name`` if short enough for Ray's socket paths, else a short directory in /tmp removed on exit."""
+    wanted = tmp_dir / name
+    if len(str(wanted)) <= MAX_RAY_TEMP_DIR:
+        wanted.mkdir(parents=True, exist_ok=True)
+        return wanted
+    short = Path(tempfile.mkdtemp(prefix=f"ray-{name}-", dir="/tmp"))
+    stack.callback(shutil.rmtree, short, ignore_errors=True)
+    return short
+
+
+PROBE = """
+import sys, time
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+deadline = time.monotonic() + float(sys.argv[3])
+while len([n for n in ray.nodes() if n["Alive"]]) < int(sys.argv[2]):
+    if time.monotonic() > deadline:
+        sys.exit("alive nodes: " + ", ".join(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]))
+    time.sleep(0.2)
+"""
+
+
+@contextlib.contextmanager
+def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1) -> Iterator[RayCluster]:
+    """A Ray head on 127.0.0.1 and ``nodes - 1`` more nodes on 127.0.0.2, 127.0.0.3, ..., all in a network
+    namespace of their own, with token authentication as Ray ships it: RAY_AUTH_MODE=token and the token in a file
+    (RAY_AUTH_TOKEN_PATH), one random token per cluster. Returns once every node has registered with the head."""
+    tmp_dir = Path(tmp_dir)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    token = tmp_dir / "ray_auth_token"
+    token.write_text(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes: 256 random bits in hex
+    token.chmod(0o600)
+    env = clean_env() | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    common = ["--block", f"--num-cpus={cpus_per_node}", "--num-gpus=0", "--disable-usage-stats",
+              "--object-store-memory=100000000", "--min-worker-port=0", "--max-worker-port=0"]
+    with contextlib.ExitStack() as stack:
+        netns = stack.enter_context(network_namespace(tmp_dir / "netns.log"))
+        procs: list[subprocess.Popen] = []
+        head_temp = ray_temp_dir(tmp_dir, "rh", stack)
+        head_log = tmp_dir / "ray-head.log"
+        head = start([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", "--port=0",
+                      "--include-dashboard=false", f"--temp-dir={head_temp}", *common], env, head_log, netns)
+        stack.callback(stop, head)
+        procs.append(head)
+        address_file = head_temp / "ray_current_cluster"  # written by `ray start` once the head is up
+        address = wait_for("Ray head", lambda: address_file.exists() and address_file.read_text().strip(),
+                           procs, head_log)
+        ips = ["127.0.0.1"]
+        for i in range(2, nodes + 1):
+            ip, log = f"127.0.0.{i}", tmp_dir / f"ray-node{i}.log"
+            node = start([str(BIN / "ray"), "start", f"--address={address}", f"--node-ip-address={ip}",
+                          f"--temp-dir={ray_temp_dir(tmp_dir, f'r{i}', stack)}", *common], env, log, netns)
+            stack.callback(stop, node)
+            procs.append(node)
+            ips.append(ip)
+        probe_log = tmp_dir / "ray-probe.log"
+        with open(probe_log, "wb") as out:
+            try:
+                probe = subprocess.run(netns.command([sys.executable, "-c", PROBE, address, str(nodes),
+                                                      str(STARTUP_TIMEOUT)]),
+                                       env=env, stdout=out, stderr=subprocess.STDOUT, timeout=STARTUP_TIMEOUT + 30)
+            except subprocess.TimeoutExpired:
+                probe = None
+        if probe is None or probe.returncode != 0:
+            raise ServiceTimeout(f"Ray cluster at {address}: not all {nodes} nodes registered; {probe_log}:\n"
+                                 f"{tail(probe_log)}\nhead log {head_log}:\n{tail(head_log)}")
+        yield RayCluster(address=address, token_path=token, node_ips=ips, netns=netns, roots=[p.pid for p in procs],
+                         logs=tmp_dir)
+
+
+def healthy(uri: str) -> bool:
+    try:
+        with urllib.request.urlopen(uri + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def mlflow_server(tmp_dir: Path, netns: Netns = Netns()) -> Iterator[MlflowServer]:
+    """``mlflow server`` on 127.0.0.1 (inside ``netns`` if given, e.g. a RayCluster's, so its drivers reach it) with
+    its own SQLite store and artifact root; artifacts go through the server, so clients need no access to the
+    root."""
+    tmp_dir = Path(tmp_dir)
+    root = tmp_dir / "mlartifacts"
+    root.mkdir(parents=True, exist_ok=True)
+    backend = f"sqlite:///{tmp_dir / 'mlflow.db'}"
+    port = netns.call(free_port)
+    uri = f"http://127.0.0.1:{port}"
+    log = tmp_dir / "mlflow-server.log"
+    proc = start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                  "--backend-store-uri", backend, "--serve-artifacts", "--artifacts-destination", str(root)],
+                 clean_env() | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, log, netns)  # no GenAI job workers
+    try:
+        wait_for(f"MLflow server at {uri}", lambda: netns.call(healthy, uri), [proc], log)
+        yield MlflowServer(uri=uri, artifact_root=root, backend_uri=backend, netns=netns, root=proc.pid)
+    finally:
+        stop(proc, grace=5)
+
+
+def listening(pids: set[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every listening TCP socket (IPv4 and IPv6) that a process in ``pids`` holds, read
+    from /proc/<pid>/net (the process's own network namespace) and matched by socket inode."""
+    found = []
+    for pid in pids:
+        try:
+            inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            tables = {v: Path(f"/proc/{pid}/net/{v}").read_text() for v in ("tcp", "tcp6")}
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a worker that exited meanwhile
+        for version, table in tables.items():
+            for line in table.splitlines()[1:]:
+                fields = line.split()
+                if fields[3] != "0A" or f"socket:[{fields[9]}]" not in inodes:  # 0A: TCP_LISTEN
+                    continue
+                host, port = fields[1].split(":")
+                found.append((pid, decode_address(host), int(port, 16)))
+    return found
+
+
+def decode_address(hex_host: str) -> str:
+    """/proc/net/tcp{,6} addresses: 32-bit words in host (little-endian) byte order."""
+    raw = b"".join(bytes.fromhex(hex_host[i:i + 8])[::-1] for i in range(0, len(hex_host), 8))
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, raw)
+
+
+def interfaces(netns: Netns) -> list[str]:
+    """Names of the network interfaces of ``netns``."""
+    return netns.call(lambda: [name for _, name in socket.if_nameindex()])
