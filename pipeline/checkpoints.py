@@ -54,12 +54,15 @@ class Resumable(L.Callback):
     def state_dict(self) -> dict:
         trainer = self.trainer
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # batches of this epoch trained
-        return {"rng": torch.get_rng_state(), "epoch": self.sampler.epoch - 1, "batches_done": done,
+        # every data-parallel worker's RNG (their dropout draws differ), gathered: only the first one writes
+        rng = trainer.strategy.all_gather(torch.get_rng_state().to(trainer.strategy.root_device))
+        return {"rng": rng.reshape(trainer.world_size, -1).cpu(), "epoch": self.sampler.epoch - 1, "batches_done": done,
                 "seconds": self.elapsed(), "step": trainer.global_step, "stop": trainer.should_stop,
                 "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.rng, self.seconds_before, self.resumed_step = state["rng"], state["seconds"], state["step"]
+        self.rng = state["rng"][self.trainer.global_rank].clone()  # its own storage: torch reads from offset 0
+        self.seconds_before, self.resumed_step = state["seconds"], state["step"]
         self.stop, self.metrics = state["stop"], state["metrics"]
         self.sampler.resume(state["epoch"], state["batches_done"])
 
@@ -84,7 +87,7 @@ class Resumable(L.Callback):
         start = time.perf_counter()
         directory = self.scratch / f"step-{trainer.global_step}"
         directory.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(directory / FILE)
+        trainer.save_checkpoint(directory / FILE, weights_only=False)  # the whole fit, not just weights
         self.save_bytes = sum(f.stat().st_size for f in directory.iterdir())
         self.save(trainer, module, directory)
         for f in directory.iterdir():  # Tune has copied it to storage

@@ -44,15 +44,15 @@ def connect_ray(address: str | None, cpus: int) -> str:
     return address or "local"
 
 
-def check_resources(cpus: float, gpus: float) -> None:
+def check_resources(cpu: float, gpu: float) -> None:
     """Some alive node must offer one trial's CPUs and GPUs (the workers of a data-parallel trial share a node)."""
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     have = [(n["NodeManagerAddress"], n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
-    if not any(c >= cpus and g >= gpus for _, c, g in have):
+    if not any(c >= cpu and g >= gpu for _, c, g in have):
         listing = ", ".join(f"{ip}: {c:g} CPU, {g:g} GPU" for ip, c, g in have) or "no alive node"
-        raise ServiceError(f"a trial needs {cpus:g} CPUs and {gpus:g} GPUs on one node (sweep.cpus_per_trial, "
+        raise ServiceError(f"a trial needs {cpu:g} CPUs and {gpu:g} GPUs on one node (sweep.cpus_per_trial, "
                            f"sweep.gpus_per_trial, sweep.workers_per_trial), but no Ray node has them ({listing})")
 
 

@@ -110,9 +110,9 @@ class SweepConfig(Section):
     cpus_per_trial: PositiveInt = 1
     gpus_per_trial: float = Field(0, ge=0)
     max_concurrent_trials: PositiveInt | None = None
-    workers_per_trial: PositiveInt = Field(1, description="data-parallel workers per trial (DDP: gloo on CPU, nccl "
-                                           "on GPU); each gets cpus_per_trial CPUs and gpus_per_trial GPUs, at "
-                                           "the same global batch (batch_size split across workers)")
+    workers_per_trial: PositiveInt = Field(1, description="data-parallel workers per trial on one node (DDP: gloo on "
+                                           "CPU, nccl on GPU), each with cpus_per_trial CPUs, at the same global "
+                                           "batch (batch_size split across them); gpus_per_trial above 1 sets it")
     max_failures: int = Field(2, ge=0, description="retries of a trial whose worker died or raised; each retry "
                                                    "continues from the trial's last checkpoint")
     checkpoints_to_keep: PositiveInt = Field(2, description="a trial's newest checkpoints kept in "
@@ -127,6 +127,33 @@ class SweepConfig(Section):
             raise ConfigError("sweep.lr and sweep.lrs are both set in one file: give one learning rate as sweep.lr "
                               "or a list as sweep.lrs (an override of either in params.yaml replaces the profile's)")
         return self
+
+    @model_validator(mode="after")
+    def one_gpu_per_worker(self) -> "SweepConfig":
+        g, w = self.gpus_per_trial, self.workers_per_trial
+        if g > 1 and g != int(g):
+            raise ConfigError(f"sweep.gpus_per_trial: {g} -- above 1 it counts whole GPUs (one data-parallel worker "
+                              "each); below 1 it is a share of one GPU")
+        if g > 1 and w not in (1, int(g)):
+            raise ConfigError(f"sweep.workers_per_trial: {w} with sweep.gpus_per_trial {g:g}: each data-parallel "
+                              f"worker takes one GPU, so workers_per_trial is {int(g)} (or leave it at 1)")
+        if 0 < g < 1 and w > 1:
+            raise ConfigError(f"sweep.workers_per_trial: {w} with a share of one GPU (gpus_per_trial {g:g}): "
+                              "data-parallel workers need a GPU each")
+        if self.batch_size % self.workers() != 0:
+            raise ConfigError(f"sweep.batch_size: {self.batch_size} does not split evenly over {self.workers()} "
+                              "data-parallel workers")
+        return self
+
+    def workers(self) -> int:
+        """Data-parallel workers per trial: gpus_per_trial above 1 means one per GPU."""
+        return int(self.gpus_per_trial) if self.gpus_per_trial > 1 else self.workers_per_trial
+
+    def trial_resources(self) -> dict[str, float]:
+        """What one trial takes from one Ray node: every worker's CPUs and GPUs."""
+        w = self.workers()
+        return {"cpu": self.cpus_per_trial * w, "gpu": self.gpus_per_trial if self.gpus_per_trial > 1
+                else self.gpus_per_trial * w}
 
     def depths_for(self, arch: str) -> list[int]:
         return self.arch_depths.get(arch, self.depths)

@@ -179,7 +179,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     check_ray(cfg.cluster.ray())
     s = cfg.sweep
     train = {k: getattr(s, k) for k in TRAIN_KEYS} | {"threshold": cfg.report.accuracy_threshold,
-                                                      "threads": s.cpus_per_trial, "use_gpu": s.gpus_per_trial > 0}
+                                                      "threads": s.cpus_per_trial, "use_gpu": s.gpus_per_trial > 0,
+                                                      "workers": s.workers()}
     # threads change speed, not results; architecture options change results but are not part of the cell id
     key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options})
     store = cfg.cluster.storage()
@@ -226,16 +227,16 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
         if to_train:
             address = cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
             client.log_param(parent, "ray", address)
-            cluster.check_resources(s.cpus_per_trial, s.gpus_per_trial)
+            cluster.check_resources(**s.trial_resources())
             cluster.probe_nodes(next(iter(published.values())))
             import ray
 
             # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next
             # trial waits for the last one's worker to come up
-            slots = min(int(ray.cluster_resources().get("CPU", 1) // s.cpus_per_trial),
+            slots = min(int(ray.cluster_resources().get("CPU", 1) // s.trial_resources()["cpu"]),
                         s.max_concurrent_trials or 1 << 30)
             tuner = tune.Tuner(
-                tune.with_resources(run_cell, {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial}),
+                tune.with_resources(run_cell, s.trial_resources()),
                 tune_config=tune.TuneConfig(
                     search_alg=searcher, num_samples=-1, max_concurrent_trials=slots,
                     reuse_actors=True, trial_name_creator=trial_name,

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Sampler
 
 import models
 from pipeline.datasets import Dataset, read_dataset
-from pipeline import verdict as verdict_mod
+from pipeline import distributed, verdict as verdict_mod
 from pipeline.checkpoints import Resumable
 from tasks import EOS_ID, PAD_ID
 
@@ -68,6 +68,7 @@ class TrialSpec:
     eval_batch_size: int
     threads: int
     use_gpu: bool
+    workers: int = 1  # data-parallel processes (pipeline/distributed.py), sharing each global batch
     family: str = "cot"
     vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
     optimizer: str = "adamw"
@@ -83,8 +84,9 @@ class LengthBuckets(Sampler):
     """Batches of similar length (pad to the batch's longest, not the dataset's): shuffle, sort within chunks of
     50 batches, then shuffle the batch order."""
 
-    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True):
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True, min_batch: int = 1):
         self.lengths, self.batch_size, self.seed, self.shuffle, self.epoch = lengths, batch_size, seed, shuffle, 0
+        self.min_batch = min_batch  # data-parallel workers: a last batch with fewer samples is dropped
         self.skip = 0  # batches of the next epoch already trained on (a resumed trial)
 
     def resume(self, epoch: int, batches_done: int) -> None:
@@ -103,21 +105,31 @@ class LengthBuckets(Sampler):
         for c in range(0, len(order), chunk):
             part = order[c:c + chunk]
             part = part[np.argsort(self.lengths[part], kind="stable")]
-            batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)]
+            batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)
+                        if len(part) - b >= self.min_batch]
         for b in list(rng.permutation(len(batches)) if self.shuffle else range(len(batches)))[skip:]:
             yield batches[b].tolist()
 
     def __len__(self) -> int:
-        return math.ceil(len(self.lengths) / self.batch_size)
+        chunk = self.batch_size * 50
+        sizes = [min(chunk, len(self.lengths) - c) for c in range(0, len(self.lengths), chunk)]
+        return sum(n // self.batch_size + (n % self.batch_size >= self.min_batch) for n in sizes)
 
 
 class Collate:
-    """Samples -> (inputs, targets): inputs = seq[:-1], targets = seq[1:], prompt targets and padding ignored."""
+    """Samples -> (inputs, targets, share): inputs = seq[:-1], targets = seq[1:], prompt targets and padding
+    ignored. With ``world`` data-parallel workers, worker ``rank`` takes every world-th sample of the global batch,
+    and share = world x its predicted tokens / the global batch's: its mean loss times share, averaged over the
+    workers by DDP, is the global batch's mean loss, as one worker computes it (share = 1)."""
 
-    def __init__(self, data: Dataset):
-        self.data = data
+    def __init__(self, data: Dataset, rank: int = 0, world: int = 1):
+        self.data, self.rank, self.world = data, rank, world
+        self.predicted = data.lengths + 1 - data.prompt_len  # (N,) target tokens per sample, <eos> included
 
-    def __call__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mine = idx[self.rank::self.world]
+        share = self.world * self.predicted[mine].sum() / self.predicted[idx].sum() if self.world > 1 else 1.0
+        idx = mine
         seqs = [self.data.sequence(i) for i in idx]
         T = max(len(s) for s in seqs) - 1
         inputs = np.full((len(seqs), T), PAD_ID, dtype=np.int64)
@@ -127,12 +139,14 @@ class Collate:
             inputs[r, :n] = s[:-1]
             p = int(self.data.prompt_len[i])
             targets[r, p - 1:n] = s[p:]  # predict every token after the prompt
-        return torch.from_numpy(inputs), torch.from_numpy(targets)
+        return torch.from_numpy(inputs), torch.from_numpy(targets), torch.tensor(float(share))
 
 
-def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool) -> DataLoader:
-    return DataLoader(list(range(len(data))), batch_sampler=LengthBuckets(data.lengths, batch_size, seed, shuffle),
-                      collate_fn=Collate(data), num_workers=0)
+def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1) -> DataLoader:
+    """Batches of ``batch_size`` samples in all; worker ``rank`` of ``world`` gets its share of each."""
+    sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world)
+    return DataLoader(list(range(len(data))), batch_sampler=sampler, collate_fn=Collate(data, rank, world),
+                      num_workers=0)
 
 
 # ---- model --------------------------------------------------------------------------------------------------
@@ -161,26 +175,40 @@ class SequenceModel(L.LightningModule):
         self.model = models.build_model(spec.arch, vocab_size=spec.vocab_size, width=spec.width, depth=spec.depth,
                                         heads=spec.heads, max_len=spec.max_len, dropout=spec.dropout,
                                         **spec.arch_options)
-        self.train_flops = 0  # 3 x exact forward FLOPs of every sequence trained on (forward + backward)
+        # 3 x exact forward FLOPs of every sequence trained on (forward + backward), by every worker: the sum
+        # over workers as of the last validation, and this worker's since
+        self.synced_flops, self.unsynced_flops = 0, 0
         self.flops_by_length = {}
         self.ncp = NextCharacterTargets(spec.vocab) if spec.family == "ncp" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
 
+    @property
+    def train_flops(self) -> int:
+        return self.synced_flops + self.unsynced_flops
+
+    def sync_flops(self) -> None:
+        """Adds every worker's FLOPs since the last call (a collective: every worker calls it, at each validation
+        and at the end)."""
+        if self.trainer.world_size > 1:
+            total = self.trainer.strategy.reduce(torch.tensor(float(self.unsynced_flops), dtype=torch.float64,
+                                                              device=self.device), reduce_op="sum")
+            self.synced_flops, self.unsynced_flops = self.synced_flops + int(total.item()), 0
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["train_flops"] = self.train_flops
+        checkpoint["train_flops"] = self.train_flops  # saved right after a validation: synced
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.train_flops = checkpoint["train_flops"]
+        self.synced_flops, self.unsynced_flops = checkpoint["train_flops"], 0
 
     def training_loss(self, batch) -> torch.Tensor:
         """The family's loss after the prompt; also adds the batch to the training-compute count."""
-        inputs, targets = batch
+        inputs, targets, share = batch
         logits = self.model(inputs)  # (B, T, V)
         lengths = (inputs != PAD_ID).sum(1).tolist()  # real tokens per sequence (pad id never occurs inside one)
-        self.train_flops += 3 * sum(self.exact_flops(n) for n in lengths)
-        return self.loss(logits, inputs, targets)
+        self.unsynced_flops += 3 * sum(self.exact_flops(n) for n in lengths)
+        return self.loss(logits, inputs, targets) * share
 
     def loss(self, logits, inputs, targets) -> torch.Tensor:
         if self.spec.family != "ncp":
@@ -197,7 +225,8 @@ class SequenceModel(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self.training_loss(batch)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[0]))
+        # data-parallel: the mean of the workers' weighted losses is the global batch's loss
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[0]), sync_dist=self.spec.workers > 1)
         return loss
 
     def exact_flops(self, length: int) -> int:
@@ -206,7 +235,7 @@ class SequenceModel(L.LightningModule):
         return self.flops_by_length[length]
 
     def validation_step(self, batch, batch_idx):
-        inputs, targets = batch
+        inputs, targets, _ = batch
         logits = self.model(inputs)
         mask = targets != IGNORE
         loss = self.loss(logits, inputs, targets)
@@ -215,6 +244,7 @@ class SequenceModel(L.LightningModule):
         self.log("val_token_accuracy", correct / mask.sum(), batch_size=int(mask.sum()))
 
     def on_validation_epoch_end(self):
+        self.sync_flops()
         if self.val_data is not None:
             self.log("val_accuracy", final_accuracy(self, self.val_data, self.spec.eval_batch_size, self.device))
 
@@ -299,7 +329,7 @@ def all_prefixes_accuracy(module: SequenceModel, data: Dataset, batch_size: int,
     """ncp: fraction of sequences whose prediction is right at every prefix (teacher-forced, one pass)."""
     module.eval()
     correct = 0
-    for inputs, targets in loader(data, batch_size, 0, False):
+    for inputs, targets, _ in loader(data, batch_size, 0, False):
         inputs, targets = inputs.to(device), targets.to(device)
         ok = module.correct(module.model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
         correct += int(ok.all(1).sum())
@@ -320,19 +350,37 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
     """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
     on a given machine. ``checkpoint(trainer, module, directory)`` receives the whole state at every validation
     (``pipeline/checkpoints.py``); ``resume``: such a checkpoint file to continue from, with the same result as
-    a run never stopped (``resumed`` hears its metrics)."""
+    a run never stopped (``resumed`` hears its metrics). With ``spec.workers`` > 1 this process is rank 0 of a
+    data-parallel trial and starts the other ranks (``pipeline/distributed.py``)."""
+    if spec.workers == 1:
+        return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
+    with distributed.other_ranks(spec, resume, checkpoint is not None) as port, \
+            distributed.ranks_env(0, spec.workers, port):
+        return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
+
+
+def run_rank(spec: TrialSpec, rank: int, port: int, resume: Path | None, checkpointing: bool) -> None:
+    """Rank ``rank`` > 0 of a data-parallel trial: trains beside rank 0 (and saves with it, a collective)."""
+    with distributed.ranks_env(rank, spec.workers, port):
+        fit(spec, checkpoint=(lambda *_: None) if checkpointing else None, resume=resume, rank=rank)
+
+
+def fit(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50,
+        checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None, resume: Path | None = None,
+        resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None, rank: int = 0):
     torch.set_num_threads(spec.threads)
     L.seed_everything(spec.seed, workers=True, verbose=False)
     train, val = split_validation(read_dataset(spec.train_path), spec.val_samples)
-    test = read_dataset(spec.test_path).head(spec.eval_samples)
     module = SequenceModel(spec, val_data=val)
-    train_loader = loader(train, spec.batch_size, spec.seed, True)
+    train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers)
     stopping = verdict_mod.callbacks(spec.threshold, spec.patience, spec.plateau_checks, spec.min_delta,
                                      spec.stop_when_solved)
+    parallel = dict(devices=spec.workers, strategy=distributed.strategy(spec.use_gpu),
+                    use_distributed_sampler=False) if spec.workers > 1 else dict(devices=1)
     with tempfile.TemporaryDirectory(prefix="trial-") as scratch:
         resumable = Resumable(train_loader.batch_sampler, checkpoint, Path(scratch), resumed)
         trainer = L.Trainer(
-            accelerator="gpu" if spec.use_gpu else "cpu", devices=1, precision=spec.precision,
+            accelerator="gpu" if spec.use_gpu else "cpu", precision=spec.precision, **parallel,
             max_epochs=spec.epochs, max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip,
             val_check_interval=spec.val_every_steps, check_val_every_n_epoch=None if spec.val_every_steps else 1,
             num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -343,8 +391,15 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
             warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
             trainer.fit(module, train_loader, loader(val, spec.eval_batch_size, 0, False), ckpt_path=resume,
                         weights_only=True)
+    module.sync_flops()  # the steps after the last validation
+    return trainer, module, resumable, stopping[0]
+
+
+def score(spec: TrialSpec, trainer: L.Trainer, module: "SequenceModel", resumable: Resumable,
+          verdict: verdict_mod.Verdict) -> dict:
+    """The verdict and the test set's score of a fitted trial (rank 0 only), with its costs."""
+    test = read_dataset(spec.test_path).head(spec.eval_samples)
     train_seconds = resumable.elapsed()
-    verdict = stopping[0]
     status, reason = verdict.outcome(trainer)
     start = time.perf_counter()
     device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")

@@ -44,7 +44,9 @@ class Verdict(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is not None and not math.isfinite(float(loss)):
+        diverged = loss is not None and not math.isfinite(float(loss))
+        # every data-parallel worker stops together, or the others wait for it forever
+        if trainer.strategy.reduce_boolean_decision(diverged, all=False):
             self.status, self.reason = "diverged", f"training loss {float(loss)} at step {trainer.global_step}"
             trainer.should_stop = True
 

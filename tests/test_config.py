@@ -91,6 +91,12 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {arch_widths: {lstm: [32, 16]}}", "sweep.arch_widths.lstm: \\[32, 16\\] must be strictly increasing"),
     ("sweep: {arch_lrs: {lstm: []}}", "sweep.arch_lrs.lstm is empty"),
     ("sweep: {search: bisect}", "sweep.search: Input should be 'grid' or 'frontier'"),
+    ("sweep: {gpus_per_trial: 1.5}", "sweep.gpus_per_trial: 1.5 -- above 1 it counts whole GPUs"),
+    ("sweep: {gpus_per_trial: 2, workers_per_trial: 3}", "each data-parallel worker takes one GPU, so "
+                                                         "workers_per_trial is 2"),
+    ("sweep: {gpus_per_trial: 0.5, workers_per_trial: 2}", "data-parallel workers need a GPU each"),
+    ("sweep: {workers_per_trial: 3}", "sweep.batch_size: 32 does not split evenly over 3"),
+    ("sweep: {max_failures: -1}", "sweep.max_failures: Input should be greater than or equal to 0"),
     ("report: {accuracy_threshold: 1.0}", "report.accuracy_threshold: Input should be less than 1"),
     ("report: {accuracy_threshold: 0}", "report.accuracy_threshold: Input should be greater than 0"),
 ])
@@ -102,11 +108,26 @@ def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, overr
         config_mod.load(p)
 
 
+@pytest.mark.parametrize("resources, trial", [
+    ({}, {"cpu": 1, "gpu": 0}),
+    ({"gpus_per_trial": 0.25}, {"cpu": 1, "gpu": 0.25}),  # four small trials share a GPU
+    ({"gpus_per_trial": 2, "cpus_per_trial": 3}, {"cpu": 6, "gpu": 2}),  # two data-parallel workers, a GPU each
+    ({"workers_per_trial": 2}, {"cpu": 2, "gpu": 0}),  # the CPU twin: DDP over gloo
+])
+def test_a_trial_takes_every_workers_cpus_and_gpus_from_one_node(resources, trial):
+    sweep = config_mod.load(profile="tiny").sweep.model_copy(update=resources)
+    assert sweep.trial_resources() == trial
+
+
 def test_cluster_settings_come_from_params_then_environment(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("CAPACITY_ATLAS_STORAGE", raising=False)
     default = config_mod.ClusterConfig()
     assert default.ray() is None and default.mlflow() == f"sqlite:///{ROOT / 'mlflow.db'}"
+    assert default.storage() == str(ROOT / "ray_results")
+    monkeypatch.setenv("CAPACITY_ATLAS_STORAGE", "s3://bucket/atlas")
+    assert default.storage() == "s3://bucket/atlas"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
     assert default.ray() == "10.0.0.1:6379" and default.mlflow() == "http://mlflow:5000"

@@ -1,0 +1,74 @@
+"""The data-parallel path on CPU (DDP over gloo): two workers train as one does, at the same global batch."""
+
+import dataclasses
+import math
+import shutil
+import sys
+
+import pandas as pd
+import pytest
+
+from pipeline.checkpoints import FILE
+from pipeline.train import run_trial
+from tests.test_checkpoints import Curve, spec  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_workers_follow_one_workers_loss_curve(spec):  # noqa: F811
+    one = dataclasses.replace(spec, dropout=0.0, plateau_checks=None, max_steps=30)
+    curves = {}
+    results = {}
+    for workers in (1, 2):
+        curves[workers] = Curve()
+        results[workers] = run_trial(dataclasses.replace(one, workers=workers), callbacks=[curves[workers]])
+    assert [p[0] for p in curves[2].points] == [p[0] for p in curves[1].points]
+    for (_, loss1, _), (_, loss2, _) in zip(curves[1].points, curves[2].points):
+        # same global batch, same mean loss (each worker's share weighted by its tokens): only the order of
+        # floating-point sums differs
+        assert math.isclose(loss1, loss2, rel_tol=1e-3), (curves[1].points, curves[2].points)
+    for key in ("train_steps", "train_pflops"):  # every worker's compute counted, once
+        assert results[2][key] == results[1][key], key
+    assert results[2]["val_accuracy"] == pytest.approx(results[1]["val_accuracy"], abs=0.07)
+
+
+def test_a_two_worker_trial_resumes_exactly(spec, tmp_path):  # noqa: F811
+    two = dataclasses.replace(spec, workers=2, max_steps=30)
+    saved = {}
+
+    def keep(trainer, module, directory):
+        saved[trainer.global_step] = shutil.copytree(directory, tmp_path / f"step-{trainer.global_step}")
+
+    whole = Curve()
+    full = run_trial(two, callbacks=[whole], checkpoint=keep)
+    step = sorted(saved)[len(saved) // 2]
+    tail = Curve()
+    resumed = run_trial(two, callbacks=[tail], resume=saved[step] / FILE)
+    assert tail.points == [p for p in whole.points if p[0] > step]
+    assert resumed["train_pflops"] == full["train_pflops"] and resumed["final_accuracy"] == full["final_accuracy"]
+
+
+@pytest.mark.integration
+def test_a_sweep_trains_each_trial_on_two_workers_and_names_what_the_cluster_lacks(tmp_path):
+    from tests.test_pipeline import copy_repo, run
+
+    repo = copy_repo(tmp_path, """sweep:
+  architectures: [standard]
+  widths: [16]
+  datasets: {lis: [3]}
+  workers_per_trial: 2""")
+    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    greedy = run([sys.executable, "-m", "pipeline.sweep", "--params", str(write(repo, "cpus_per_trial: 8"))], repo)
+    assert greedy.returncode == 2 and "a trial needs 16 CPUs and 0 GPUs on one node" in greedy.stderr
+    assert not (repo / "results" / "trials.csv").exists()
+    result = run(["dvc", "repro", "sweep"], repo)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trials = pd.read_csv(repo / "results" / "trials.csv")
+    assert list(trials.status) == ["unsolved"] and trials.train_pflops.iloc[0] > 0
+
+
+def write(repo, line: str):
+    """params.yaml of ``repo`` with one more sweep setting, as another file."""
+    path = repo / "params-more.yaml"
+    path.write_text((repo / "params.yaml").read_text().replace("sweep:\n", f"sweep:\n  {line}\n", 1))
+    return path
