@@ -68,3 +68,5 @@ def test_latest_finds_the_newest_checkpoint_of_the_same_run_key(tmp_path):
     assert latest(str(tmp_path), "k") == {"t1": {"path": str(tmp_path / "a" / "t1" / "checkpoint_000002"),
                                                  "step": 10}}
     assert latest(str(tmp_path / "missing"), "k") == {}
+    uri = latest(tmp_path.as_uri(), "k")["t1"]["path"]  # s3:// and gs:// take the same way
+    assert uri == (tmp_path / "a" / "t1" / "checkpoint_000002").as_uri()

@@ -1,0 +1,46 @@
+"""Datasets through the storage path: published once, content-addressed; read in place or downloaded per node;
+a node that cannot read them is named."""
+
+import pytest
+
+from pipeline.cluster import probe
+from pipeline.datasets import DatasetError, dataset_path, file_hash
+from pipeline.storage import DATASETS, fetch, publish
+
+
+@pytest.fixture
+def parquet(tiny_data):
+    return dataset_path(tiny_data, "lis", 3, "test")
+
+
+def test_a_dataset_is_published_once_under_its_hash_and_read_in_place(parquet, tmp_path):
+    location = publish(parquet, str(tmp_path))
+    assert location == str(tmp_path / DATASETS / file_hash(parquet) / parquet.name)
+    assert publish(parquet, str(tmp_path)) == location  # already there
+    assert fetch(location).read_bytes() == parquet.read_bytes()
+
+
+def test_a_uri_is_downloaded_once_per_node(parquet, tmp_path, monkeypatch):
+    import tempfile
+
+    (tmp_path / "node").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "node"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read once per process
+    location = publish(parquet, (tmp_path / "store").as_uri())  # file:// goes the way s3:// and gs:// go
+    assert location.startswith("file://")
+    local = fetch(location)
+    assert local.is_relative_to(tmp_path / "node") and local.read_bytes() == parquet.read_bytes()
+    assert fetch(location) == local
+
+
+def test_a_node_that_cannot_read_the_storage_is_named(parquet, tmp_path):
+    with pytest.raises(DatasetError, match="node 10.0.0.7 cannot read dataset .*every Ray node must see "
+                                           "cluster.storage_path"):
+        fetch(str(tmp_path / "elsewhere" / "lis.parquet"), node="10.0.0.7")
+
+
+def test_the_node_probe_names_a_package_it_cannot_import_and_data_it_cannot_read(parquet, tmp_path):
+    location = publish(parquet, str(tmp_path))
+    assert probe(location, ("pipeline.train",)) == ""
+    assert "cannot import the package (ModuleNotFoundError" in probe(location, ("pipeline_renamed",))
+    assert "cannot read dataset" in probe(str(tmp_path / "missing.parquet"), ("pipeline.train",))
