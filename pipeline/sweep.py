@@ -3,16 +3,23 @@ recorded in MLflow.
 
     python -m pipeline.sweep                    (dvc.yaml runs this after every `generate`)
 
-Before anything starts: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
-are checked. ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every cell, ``frontier``
+Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
+(and its auth token) are checked, the datasets are published to ``cluster.storage_path``, and every Ray node is
+probed: it must import the code and read the data, and some node must hold a trial's CPUs and GPUs
+(``pipeline/cluster.py``). ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every cell, ``frontier``
 finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the rest. The plan runs
 as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate), each training with
 Lightning until its verdict (``pipeline/verdict.py``: solved, unsolved, diverged; failed if it raised), then
 scoring the test set. A cell's result is its best learning rate. Runs this MLflow experiment already finished
 with the same data, training settings and training code are reused (``sweep.reuse: false`` retrains them).
+Trials checkpoint at every validation into the storage path (``pipeline/checkpoints.py``); a trial whose worker
+died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
+from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
+results directory. ``sweep.workers_per_trial`` trains a trial data-parallel (``pipeline/distributed.py``).
 Outputs (DVC's): ``results/sweep.csv`` (one row per cell: measured or inferred, verdict, test accuracy, costs),
 ``results/trials.csv`` (one row per learning-rate run) and ``results/sweep.json`` (headline metrics).
-MLflow's store and Ray's trial directories are not DVC outputs.
+MLflow's store, the storage path (checkpoints, published datasets) and Ray's trial directories are not DVC
+outputs.
 """
 
 from __future__ import annotations
@@ -164,6 +171,9 @@ def reporter():
 
 def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic trial table, not a box per trial and result
+    # Tune saves its experiment state whenever a trial has made checkpoints_to_keep checkpoints, and warns about it
+    # at every validation of short trials; we restore from our own checkpoints, not from that state
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     from ray import tune
 
     from pipeline import checkpoints, cluster, storage
