@@ -233,7 +233,7 @@ def bench_lightning(q: bool) -> None:
           f"between consecutive step starts (median over steps after the first 3) and fit time / steps, "
           f"{repeats} runs each of {steps} steps, alternating, after a warm-up fit of each")
     for width in ([32] if q else [64, 256]):
-        batch = batch_of(batch_size, length)
+        batch = (*batch_of(batch_size, length), torch.tensor(1.0))  # a trial's batch: inputs, targets, share
         runs: dict[str, list[tuple[float, float]]] = {"bare": [], "lightning": []}
         sides = [("bare", bare_fit), ("lightning", lightning_fit)]
         for _, fit in sides:  # warm-up: the first large model in a process pays for the allocator's growth
