@@ -32,3 +32,32 @@ def tiny_data(tiny_cfg, tmp_path_factory) -> Path:
 def write_params(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+# Two trials (one per architecture, 1,600 steps) long enough to be killed mid-way, dropout on so that the RNG must
+# resume too: the sweep of the kill tests (tests/test_resume.py) and of the cluster test (tests/test_cluster.py)
+KILLABLE_SWEEP = """sweep:
+  architectures: [standard, lstm]
+  widths: [16]
+  datasets: {lis: [3]}
+  dropout: 0.1
+  epochs: 100
+  max_steps: 1600
+  val_every_steps: 20
+  stop_when_solved: false"""
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory) -> tuple[Path, float]:
+    """A tiny-profile copy of the repo after `dvc repro` of KILLABLE_SWEEP, with a local Ray and SQLite MLflow,
+    and the wall time of that `dvc repro` (its data generated first, outside the timing)."""
+    import time
+
+    from tests.test_pipeline import copy_repo, run
+
+    repo = copy_repo(tmp_path_factory.mktemp("whole"), KILLABLE_SWEEP)
+    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    began = time.time()
+    result = run(["dvc", "repro"], repo)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return repo, time.time() - began

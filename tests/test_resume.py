@@ -16,20 +16,11 @@ import pandas as pd
 import psutil
 import pytest
 
+from tests.conftest import KILLABLE_SWEEP
 from tests.test_pipeline import copy_repo, mlflow_runs, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-# two trials (one per architecture) long enough to be killed mid-way; dropout on, so the RNG must resume too
-SWEEP = """sweep:
-  architectures: [standard, lstm]
-  widths: [16]
-  datasets: {lis: [3]}
-  dropout: 0.1
-  epochs: 100
-  max_steps: 1600
-  val_every_steps: 20
-  stop_when_solved: false"""
 SAME = ["status", "reason", "final_accuracy", "val_accuracy", "train_steps", "train_pflops"]
 
 
@@ -73,19 +64,9 @@ def assert_one_whole_run_per_trial(repo: Path, reference: Path) -> None:
         assert steps == sorted({m.step for m in ref_client.get_metric_history(twin.info.run_id, "val_accuracy")})
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[Path, float]:
-    repo = copy_repo(tmp_path_factory.mktemp("whole"), SWEEP)
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
-    began = time.time()
-    result = run(["dvc", "repro"], repo)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return repo, time.time() - began
-
-
 def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, tmp_path):
     reference, whole_seconds = uninterrupted
-    repo = copy_repo(tmp_path, SWEEP)
+    repo = copy_repo(tmp_path, KILLABLE_SWEEP)
     assert run(["dvc", "repro", "generate"], repo).returncode == 0
     began = time.time()
     first = start(["dvc", "repro"], repo)
@@ -121,7 +102,7 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
 
 def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, tmp_path):
     reference, _ = uninterrupted
-    repo = copy_repo(tmp_path, SWEEP)
+    repo = copy_repo(tmp_path, KILLABLE_SWEEP)
     assert run(["dvc", "repro", "generate"], repo).returncode == 0
     sweep = start(["dvc", "repro"], repo)
     wait_for(lambda: any(m["step"] >= 40 for m in checkpoints(repo)), "a checkpoint at step 40")

@@ -22,7 +22,8 @@ def test_final_answer_is_the_token_before_the_first_eos():
 
 def test_collate_trains_only_after_the_prompt(tiny_data):
     data = read_dataset(dataset_path(tiny_data, "lis", 3, "train"))
-    inputs, targets = Collate(data)([0, 1])
+    inputs, targets, share = Collate(data)([0, 1])
+    assert share == 1  # one worker takes the whole batch
     seq, p = data.sequence(0).astype(np.int64), int(data.prompt_len[0])
     assert torch.equal(inputs[0, :len(seq) - 1], torch.from_numpy(seq[:-1]))
     assert (targets[0, :p - 1] == IGNORE).all() and torch.equal(targets[0, p - 1:len(seq) - 1], torch.from_numpy(seq[p:]))
