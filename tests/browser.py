@@ -180,12 +180,16 @@ class Page:
 def report_problems(report: Path) -> list[str]:
     """What a reader of ``report/index.html`` would find broken, as Chromium shows it: a figure the report
     directory holds that the page does not show, a figure that did not load (missing, or not a decodable image),
-    any resource that failed to load, or a claim table whose rows differ from ``claims.json``."""
+    any resource that failed to load, a page wider than the window (it scrolls sideways as a whole), or a claim
+    table whose rows differ from ``claims.json``."""
     claims = json.loads((report / "claims.json").read_text())
     with Page((report / "index.html").resolve().as_uri()) as page:
         figures, rows, failed = page.figures(), page.table("claims"), page.failed_loads()
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     problems = [f"not loaded: {f.kind} {f.src}" for f in figures if not f.loaded]
     problems += [f"failed to load: {url}" for url in failed]
+    if overflow > 0:
+        problems.append(f"the page is {overflow} px wider than the window")
     shown = {f.src for f in figures}
     problems += [f"not on the page: {p.name}" for p in sorted(report.glob("*.png")) if p.name not in shown]
     if not figures:

@@ -4,6 +4,7 @@ failed cells shown as failed."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -59,15 +60,19 @@ def test_the_page_in_chromium_shows_every_figure_and_the_claim_table(synthetic):
 
 
 def test_a_broken_figure_or_claim_table_is_caught_in_chromium(synthetic, tmp_path):
-    """The check can fail: a figure that is not an image, one whose file is gone, one the page does not show, and
-    a claim table that disagrees with claims.json."""
+    """The check can fail: a figure that is not an image, one whose file is gone, one the page does not show, a
+    page wider than the window, and a claim table that disagrees with claims.json."""
     broken = Path(shutil.copytree(synthetic[0], tmp_path / "report"))
     (broken / "heatmap_lis_standard_d2.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))  # a header, no image
     (broken / "sep_width_index_lookup.png").unlink()
     shutil.copy(broken / "heatmap_lis_sparse_d2.png", broken / "stray.png")
+    with open(broken / "index.html", "a") as page:
+        page.write("<p style='width:3000px'>a line that does not wrap</p>")
     claims = json.loads((broken / "claims.json").read_text())
     (broken / "claims.json").write_text(json.dumps(claims[:-1]))
-    assert report_problems(broken) == [
+    problems = report_problems(broken)
+    assert re.fullmatch(r"the page is \d+ px wider than the window", problems.pop(3))
+    assert problems == [
         "not loaded: img heatmap_lis_standard_d2.png", "not loaded: img sep_width_index_lookup.png",
         f"failed to load: {(broken / 'sep_width_index_lookup.png').as_uri()}", "not on the page: stray.png",
         f"claim table: {len(claims)} rows shown, {len(claims) - 1} in claims.json, or their cells differ"]
