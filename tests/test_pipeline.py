@@ -186,40 +186,6 @@ def test_corrupt_dataset_is_named_before_any_compute(repo):
     assert no_outputs(repo / "elsewhere")
 
 
-def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
-    """Runs last: adds a seed, so the grid doubles; then goes back, and everything is reused without Ray."""
-    params = repo / "params.yaml"
-    original = params.read_text()
-    # the failed repro of the bad-param test removed the sweep's outputs, as DVC does before it runs a stage;
-    # they come back from DVC's run cache, without training
-    assert run(["dvc", "repro"], repo).returncode == 0
-    first = pd.read_csv(repo / "results" / "sweep.csv")
-    try:
-        params.write_text(original.replace("sweep: {}", "sweep: {seeds: [0, 1]}"))
-        result = run(["dvc", "repro"], repo)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-        table = pd.read_csv(repo / "results" / "sweep.csv")
-        assert len(table) == 2 * len(first) and table.measured.all()
-        assert f"{len(first)} already finished" in result.stdout and f"{len(first)} to train" in result.stdout
-        again = table[table.seed == 0].set_index("cell_id").final_accuracy
-        assert again.equals(first.set_index("cell_id").final_accuracy.loc[again.index])
-        client, parents, children = mlflow_runs(repo)
-        newest = max(parents, key=lambda r: r.info.start_time).info.run_id
-        mine = [c for c in children if c.data.tags["mlflow.parentRunId"] == newest]
-        assert len(mine) == len(table) and sum("reused_from" in c.data.tags for c in mine) == len(first)
-    finally:
-        params.write_text(original)
-    result = run(["dvc", "repro"], repo)  # back to the first params: DVC restores its outputs from the run cache
-    assert result.returncode == 0 and (repo / "results" / "sweep.csv").exists(), result.stdout + result.stderr
-    accuracy = first.set_index("cell_id").final_accuracy.sort_index()
-    assert pd.read_csv(repo / "results" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
-    ray_dirs = set((repo / "ray_results").iterdir())
-    result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "again")], repo)
-    assert result.returncode == 0 and f"{len(first)} already finished" in result.stdout and "0 to train" in result.stdout
-    assert set((repo / "ray_results").iterdir()) == ray_dirs  # nothing to train: Ray never started
-    assert pd.read_csv(repo / "again" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
-
-
 # `dvc exp run` with its -S overrides as the docs write them: each argument a run of quoted and bare pieces
 EXP_RUN = re.compile(r"dvc exp run((?:\s+-S\s+(?:'[^']*'|\"[^\"]*\"|[^\s`'\"])+)+)")
 
@@ -261,3 +227,38 @@ def test_every_documented_exp_run_override_works_as_written(tmp_path):
             pytest.fail(f"{source}: dvc exp run {shlex.join(args)}: {err}")
         for key, value in (arg.lstrip("+").split("=", 1) for arg in args[1::2]):
             assert functools.reduce(getattr, key.split("."), cfg) == yaml.safe_load(value), (source, key)
+
+
+def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
+    """Runs last: adds a seed, so the grid doubles; then goes back, and everything is reused without Ray."""
+    params = repo / "params.yaml"
+    original = params.read_text()
+    # the failed repro of the bad-param test removed the sweep's outputs, as DVC does before it runs a stage;
+    # they come back from DVC's run cache, without training
+    assert run(["dvc", "repro"], repo).returncode == 0
+    first = pd.read_csv(repo / "results" / "sweep.csv")
+    try:
+        params.write_text(original.replace("sweep: {}", "sweep: {seeds: [0, 1]}"))
+        result = run(["dvc", "repro"], repo)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        table = pd.read_csv(repo / "results" / "sweep.csv")
+        assert len(table) == 2 * len(first) and table.measured.all()
+        assert f"{len(first)} already finished" in result.stdout and f"{len(first)} to train" in result.stdout
+        again = table[table.seed == 0].set_index("cell_id").final_accuracy
+        assert again.equals(first.set_index("cell_id").final_accuracy.loc[again.index])
+        client, parents, children = mlflow_runs(repo)
+        newest = max(parents, key=lambda r: r.info.start_time).info.run_id
+        mine = [c for c in children if c.data.tags["mlflow.parentRunId"] == newest]
+        assert len(mine) == len(table) and sum("reused_from" in c.data.tags for c in mine) == len(first)
+    finally:
+        params.write_text(original)
+    result = run(["dvc", "repro"], repo)  # back to the first params: DVC restores its outputs from the run cache
+    assert result.returncode == 0 and (repo / "results" / "sweep.csv").exists(), result.stdout + result.stderr
+    accuracy = first.set_index("cell_id").final_accuracy.sort_index()
+    assert pd.read_csv(repo / "results" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
+    ray_dirs = set((repo / "ray_results").iterdir())
+    result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "again")], repo)
+    assert result.returncode == 0 and f"{len(first)} already finished" in result.stdout and "0 to train" in result.stdout
+    assert set((repo / "ray_results").iterdir()) == ray_dirs  # nothing to train: Ray never started
+    assert pd.read_csv(repo / "again" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
+
