@@ -141,6 +141,7 @@ def accuracy_vs_length(table: pd.DataFrame, out: Path) -> list[Figure]:
             ax.errorbar(line["size"], line.accuracy, yerr=np.nan_to_num(spread), marker="o", capsize=3, label=arch)
         ax.set_xscale("log")
         ax.set_xticks(sorted(top["size"].unique()), [str(s) for s in sorted(top["size"].unique())])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # else "3x10^1" between the sizes
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("input length N")
         ax.set_ylabel("test accuracy (best width, depth)")
@@ -171,6 +172,8 @@ def width_scan(table: pd.DataFrame, out: Path) -> list[Figure]:
                 ax.errorbar(line.width, line.accuracy, yerr=np.nan_to_num(spread), marker="o", capsize=3,
                             label=f"{arch} d{depth}")
             ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(cells.width.unique()), [str(w) for w in sorted(cells.width.unique())])  # not 2^6
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_title(f"{task} N={size}", fontsize=9)
             ax.set_xlabel("width D")
             ax.set_ylim(0, 1.02)
@@ -205,14 +208,15 @@ def learning_curves(histories: pd.DataFrame | None, out: Path) -> list[Figure]:
     figures = []
     for (task, size), mine in curves.groupby(["task", "size"]):
         fig, (by_step, by_flops) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-        for (arch, width, depth), line in mine.groupby(["arch", "width", "depth"]):
+        for i, ((arch, width, depth), line) in enumerate(mine.groupby(["arch", "width", "depth"])):
+            style = ("-", "--", ":", "-.")[i // 10 % 4]  # the colour cycle has 10 colours: the 11th line is dashed
             # seeds: mean and min-max band at each validation step (steps a seed never reached are skipped)
             per_step = line.groupby("step").agg(mean=("val_accuracy", "mean"), low=("val_accuracy", "min"),
                                                 high=("val_accuracy", "max"), pflops=("train_pflops", "mean"))
             label = f"{arch} D={width} d{depth}"
-            drawn = by_step.plot(per_step.index, per_step["mean"], label=label, lw=1)[0]
+            drawn = by_step.plot(per_step.index, per_step["mean"], style, label=label, lw=1)[0]
             by_step.fill_between(per_step.index, per_step.low, per_step.high, color=drawn.get_color(), alpha=0.2)
-            by_flops.plot(per_step.pflops, per_step["mean"], color=drawn.get_color(), lw=1)
+            by_flops.plot(per_step.pflops, per_step["mean"], style, color=drawn.get_color(), lw=1)
             by_flops.fill_between(per_step.pflops, per_step.low, per_step.high, color=drawn.get_color(), alpha=0.2)
         by_step.set_xlabel("step")
         by_step.set_ylabel("validation accuracy")

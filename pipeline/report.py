@@ -108,6 +108,8 @@ def page(cfg: config_mod.Config, table: pd.DataFrame, figures: list, best: pd.Da
     parts = [f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
              "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px;max-width:100%}"
+             # a table wider than the page (all cells: ~30 columns) scrolls by itself, its rows one line each
+             "table{display:block;max-width:100%;overflow-x:auto}table:not(#claims) td{white-space:nowrap}"
              "figure{display:inline-block;margin:4px}figcaption{font-size:12px}.omitted{color:#666}</style>",
              f"<h1>Capacity Atlas: profile <code>{cfg.profile}</code></h1>",
              f"<p>{summary['cells']} cells ({summary['measured']} trained, {summary['inferred']} inferred by the "

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -11,12 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 import models
 
 from pipeline import config as config_mod
 from pipeline.datasets import dataset_path
+from tests.browser import report_problems
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -113,6 +118,13 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     assert "report/index.html" in artifacts and "report/min_gflops.md" in artifacts
 
 
+def test_the_report_page_works_in_chromium(repo):
+    """report/index.html as the report stage wrote it: every figure (learning curves too) loads in a real browser,
+    and the claim table has a row per claim."""
+    assert report_problems(repo / "report") == []
+    assert list((repo / "report").glob("curves_*.png"))  # drawn from the MLflow histories, which only this run has
+
+
 def test_second_repro_does_no_work(repo):
     before = (repo / "results" / "sweep.csv").stat().st_mtime_ns
     result = run(["dvc", "repro"], repo)
@@ -174,6 +186,49 @@ def test_corrupt_dataset_is_named_before_any_compute(repo):
     assert no_outputs(repo / "elsewhere")
 
 
+# `dvc exp run` with its -S overrides as the docs write them: each argument a run of quoted and bare pieces
+EXP_RUN = re.compile(r"dvc exp run((?:\s+-S\s+(?:'[^']*'|\"[^\"]*\"|[^\s`'\"])+)+)")
+
+
+def documented_exp_runs() -> list[tuple[str, list[str]]]:
+    """Every `dvc exp run -S ...` written in the README, params.yaml or a profile in conf/: (file, its arguments).
+    A profile's file means its commands for that profile, so they get its -S profile=<name> first."""
+    found = []
+    for path in [ROOT / "README.md", ROOT / "params.yaml", *sorted((ROOT / "conf").glob("*.yaml"))]:
+        for match in EXP_RUN.finditer(path.read_text()):
+            args = shlex.split(match.group(1))
+            if path.parent.name == "conf" and not any(a.lstrip("+").startswith("profile=") for a in args):
+                args = ["-S", f"profile={path.stem}", *args]
+            found.append((path.relative_to(ROOT).as_posix(), args))
+    return found
+
+
+def test_every_documented_exp_run_override_works_as_written(tmp_path):
+    """Each documented `dvc exp run -S key=value`, given to the real DVC: queued, DVC parses the overrides and
+    writes them into params.yaml exactly as a run does, without training (the training of each profile is tested
+    elsewhere). The params it queued must pass every check the pipeline makes before it starts and carry each
+    value."""
+    commands = documented_exp_runs()
+    assert {"README.md", "params.yaml"} <= {source for source, _ in commands}  # the pattern still finds them
+    dst = copy_repo(tmp_path / "repo")
+    for i, (source, args) in enumerate(commands):
+        result = run(["dvc", "exp", "run", "--queue", "--name", f"doc-{i}", *args], dst)
+        assert result.returncode == 0, f"{source}: dvc exp run {shlex.join(args)}: {result.stderr[-1000:]}"
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], dst).stdout)
+    queued = {rev["name"]: rev["data"]["params"]["params.yaml"]["data"]
+              for commit in shown for exp in commit.get("experiments") or [] for rev in exp["revs"]}
+    for i, (source, args) in enumerate(commands):
+        params = tmp_path / f"doc-{i}.yaml"
+        params.write_text(yaml.safe_dump(queued[f"doc-{i}"]))
+        try:
+            cfg = config_mod.load(params)
+            config_mod.check_architectures(cfg)
+        except config_mod.ConfigError as err:
+            pytest.fail(f"{source}: dvc exp run {shlex.join(args)}: {err}")
+        for key, value in (arg.lstrip("+").split("=", 1) for arg in args[1::2]):
+            assert functools.reduce(getattr, key.split("."), cfg) == yaml.safe_load(value), (source, key)
+
+
 def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
     """Runs last: adds a seed, so the grid doubles; then goes back, and everything is reused without Ray."""
     params = repo / "params.yaml"
@@ -206,3 +261,4 @@ def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
     assert result.returncode == 0 and f"{len(first)} already finished" in result.stdout and "0 to train" in result.stdout
     assert set((repo / "ray_results").iterdir()) == ray_dirs  # nothing to train: Ray never started
     assert pd.read_csv(repo / "again" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
+

@@ -4,15 +4,23 @@ failed cells shown as failed."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from pipeline import config as config_mod
 from pipeline.report import report
+from tests.browser import report_problems
 from tests.test_claims import rows
 
 
-def test_report_page_claims_tables_figures_and_failed_cells(tmp_path):
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> tuple[Path, dict]:
+    """The report stage on a synthetic sweep table (two papers' tasks, two seeds, a failed architecture)."""
+    tmp = tmp_path_factory.mktemp("synthetic")
     table = pd.DataFrame(
         rows("index_lookup", "transformer", 1, {20: 64, 50: 64}, widths=(64, 128), seeds=(0, 1))
         + rows("index_lookup", "lstm", 1, {20: None, 50: None}, widths=(64, 128), accuracy=0.03, seeds=(0, 1))
@@ -20,11 +28,15 @@ def test_report_page_claims_tables_figures_and_failed_cells(tmp_path):
         + rows("lis", "linear", 2, {4: 32, 6: None}, status_override="failed", accuracy=0.0))
     table = table.assign(mlflow_run_id="r", final_accuracy=table.final_accuracy.where(table.seed == 0,
                                                                                       table.final_accuracy - 0.02))
-    results = tmp_path / "sweep.csv"
+    results = tmp / "sweep.csv"
     table.to_csv(results, index=False)
-    out, metrics = tmp_path / "report", tmp_path / "report.json"
-    summary = report(config_mod.load(profile="tiny"), results, out, metrics, log_mlflow=False)
+    out = tmp / "report"
+    return out, report(config_mod.load(profile="tiny"), results, out, tmp / "report.json", log_mlflow=False)
 
+
+def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
+    out, summary = synthetic
+    metrics = out.parent / "report.json"
     page = (out / "index.html").read_text()
     assert page.index("id='claims'") < page.index("Table 2") < page.index("<h2>Figures</h2>")
     assert json.loads(metrics.read_text())["claims"] == summary["claims"]
@@ -40,4 +52,27 @@ def test_report_page_claims_tables_figures_and_failed_cells(tmp_path):
         assert (out / name).stat().st_size > 1000 and f"src='{name}'" in page
     assert "left out: the report ran without MLflow" in page  # learning curves: never an empty plot
     assert "left out: needs both ed and ed_local" in page and "left out: dyck: not in the profile" in page
-    assert "fail" in page and not (tmp_path / "report.tmp").exists()
+    assert "fail" in page and not (out.parent / "report.tmp").exists()
+
+
+def test_the_page_in_chromium_shows_every_figure_and_the_claim_table(synthetic):
+    assert report_problems(synthetic[0]) == []
+
+
+def test_a_broken_figure_or_claim_table_is_caught_in_chromium(synthetic, tmp_path):
+    """The check can fail: a figure that is not an image, one whose file is gone, one the page does not show, a
+    page wider than the window, and a claim table that disagrees with claims.json."""
+    broken = Path(shutil.copytree(synthetic[0], tmp_path / "report"))
+    (broken / "heatmap_lis_standard_d2.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))  # a header, no image
+    (broken / "sep_width_index_lookup.png").unlink()
+    shutil.copy(broken / "heatmap_lis_sparse_d2.png", broken / "stray.png")
+    with open(broken / "index.html", "a") as page:
+        page.write("<p style='width:3000px'>a line that does not wrap</p>")
+    claims = json.loads((broken / "claims.json").read_text())
+    (broken / "claims.json").write_text(json.dumps(claims[:-1]))
+    problems = report_problems(broken)
+    assert re.fullmatch(r"the page is \d+ px wider than the window", problems.pop(3))
+    assert problems == [
+        "not loaded: img heatmap_lis_standard_d2.png", "not loaded: img sep_width_index_lookup.png",
+        f"failed to load: {(broken / 'sep_width_index_lookup.png').as_uri()}", "not on the page: stray.png",
+        f"claim table: {len(claims)} rows shown, {len(claims) - 1} in claims.json, or their cells differ"]
