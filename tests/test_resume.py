@@ -96,8 +96,9 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
     killed = [r for r in parents if r.info.status == "KILLED"]
     assert len(killed) == 1 and "driver process died" in killed[0].data.tags["reason"]
     assert_one_whole_run_per_trial(repo, reference)
-    kept = [len(list(d.glob("checkpoint_*"))) for d in (repo / "ray_results").glob("*/*-lr*")]
-    assert kept and max(kept) <= 2  # sweep.checkpoints_to_keep
+    newest = max((d for d in (repo / "ray_results").iterdir() if d.name.startswith("tiny-")), key=lambda d: d.name)
+    kept = [len(list(d.glob("checkpoint_*"))) for d in newest.glob("*-lr*")]
+    assert kept and max(kept) <= 2  # sweep.checkpoints_to_keep (the killed sweep's may hold one still in flight)
 
 
 def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, tmp_path):
