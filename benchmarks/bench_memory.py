@@ -131,7 +131,8 @@ def train_phase(train_path: str, size: dict, threads: int) -> dict:
     import torch
 
     from pipeline.datasets import read_dataset
-    from pipeline.train import SequenceModel, TrialSpec, loader
+    from pipeline.batches import loader
+    from pipeline.train import SequenceModel, TrialSpec
 
     torch.set_num_threads(threads)
     L.seed_everything(0, verbose=False)

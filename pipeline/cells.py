@@ -27,7 +27,8 @@ def run_key(train: dict) -> str:
     trains. A finished run with the same trial key and run key is reused instead of trained (``sweep.reuse``)."""
     h = hashlib.sha256(json.dumps(train, sort_keys=True).encode())
     root = config_mod.ROOT
-    trains = ("train.py", "datasets.py", "verdict.py", "checkpoints.py", "distributed.py")
+    trains = ("train.py", "batches.py", "evaluation.py", "datasets.py", "verdict.py", "checkpoints.py",
+              "distributed.py")
     for path in sorted([*root.glob("models/*.py"), *(root / "pipeline" / f for f in trains)]):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]

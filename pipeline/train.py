@@ -11,7 +11,8 @@ Task families (``family`` in the dataset metadata):
 Validation: the last ``val_samples`` training samples are held out (never trained on; disjoint from the test set
 when the data is generated with ``unique``). Every validation logs the teacher-forced loss and token accuracy and
 the final-answer accuracy (``val_accuracy``, scored as the test set is), which decides when the trial is solved
-(``pipeline/verdict.py``). The test set is scored once, at the end.
+(``pipeline/verdict.py``). The test set is scored once, at the end. Batches come from ``pipeline/batches.py``,
+the scores from ``pipeline/evaluation.py``.
 """
 
 from __future__ import annotations
@@ -25,19 +26,16 @@ from pathlib import Path
 from typing import Callable
 
 import lightning as L
-import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Sampler
 
 import models
-from pipeline.datasets import Dataset, read_dataset
 from pipeline import distributed, verdict as verdict_mod
+from pipeline.batches import IGNORE, loader
 from pipeline.checkpoints import Resumable
-from tasks import EOS_ID, PAD_ID
-
-IGNORE = -100
-
+from pipeline.datasets import Dataset, read_dataset
+from pipeline.evaluation import final_accuracy
+from tasks import PAD_ID
 
 @dataclass
 class TrialSpec:
@@ -77,76 +75,6 @@ class TrialSpec:
     plateau_checks: int | None = None
     min_delta: float = 0.01
     stop_when_solved: bool = True
-
-
-# ---- data ---------------------------------------------------------------------------------------------------
-class LengthBuckets(Sampler):
-    """Batches of similar length (pad to the batch's longest, not the dataset's): shuffle, sort within chunks of
-    50 batches, then shuffle the batch order."""
-
-    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True, min_batch: int = 1):
-        self.lengths, self.batch_size, self.seed, self.shuffle, self.epoch = lengths, batch_size, seed, shuffle, 0
-        self.min_batch = min_batch  # data-parallel workers: a last batch with fewer samples is dropped
-        self.skip = 0  # batches of the next epoch already trained on (a resumed trial)
-
-    def resume(self, epoch: int, batches_done: int) -> None:
-        """The next ``iter`` continues epoch ``epoch`` after its first ``batches_done`` batches."""
-        if batches_done >= len(self):  # that epoch was complete: the next one starts
-            epoch, batches_done = epoch + 1, 0
-        self.epoch, self.skip = epoch, batches_done
-
-    def __iter__(self):
-        rng = np.random.default_rng([self.seed, self.epoch])
-        self.epoch += 1
-        skip, self.skip = self.skip, 0
-        order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
-        chunk = self.batch_size * 50
-        batches = []
-        for c in range(0, len(order), chunk):
-            part = order[c:c + chunk]
-            part = part[np.argsort(self.lengths[part], kind="stable")]
-            batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)
-                        if len(part) - b >= self.min_batch]
-        for b in list(rng.permutation(len(batches)) if self.shuffle else range(len(batches)))[skip:]:
-            yield batches[b].tolist()
-
-    def __len__(self) -> int:
-        chunk = self.batch_size * 50
-        sizes = [min(chunk, len(self.lengths) - c) for c in range(0, len(self.lengths), chunk)]
-        return sum(n // self.batch_size + (n % self.batch_size >= self.min_batch) for n in sizes)
-
-
-class Collate:
-    """Samples -> (inputs, targets, share): inputs = seq[:-1], targets = seq[1:], prompt targets and padding
-    ignored. With ``world`` data-parallel workers, worker ``rank`` takes every world-th sample of the global batch,
-    and share = world x its predicted tokens / the global batch's: its mean loss times share, averaged over the
-    workers by DDP, is the global batch's mean loss, as one worker computes it (share = 1)."""
-
-    def __init__(self, data: Dataset, rank: int = 0, world: int = 1):
-        self.data, self.rank, self.world = data, rank, world
-        self.predicted = data.lengths + 1 - data.prompt_len  # (N,) target tokens per sample, <eos> included
-
-    def __call__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        mine = idx[self.rank::self.world]
-        share = self.world * self.predicted[mine].sum() / self.predicted[idx].sum() if self.world > 1 else 1.0
-        idx = mine
-        seqs = [self.data.sequence(i) for i in idx]
-        T = max(len(s) for s in seqs) - 1
-        inputs = np.full((len(seqs), T), PAD_ID, dtype=np.int64)
-        targets = np.full((len(seqs), T), IGNORE, dtype=np.int64)
-        for r, (i, s) in enumerate(zip(idx, seqs)):
-            n = len(s) - 1
-            inputs[r, :n] = s[:-1]
-            p = int(self.data.prompt_len[i])
-            targets[r, p - 1:n] = s[p:]  # predict every token after the prompt
-        return torch.from_numpy(inputs), torch.from_numpy(targets), torch.tensor(float(share))
-
-
-def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1) -> DataLoader:
-    """Batches of ``batch_size`` samples in all; worker ``rank`` of ``world`` gets its share of each."""
-    sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world)
-    return DataLoader(list(range(len(data))), batch_sampler=sampler, collate_fn=Collate(data, rank, world),
-                      num_workers=0)
 
 
 # ---- model --------------------------------------------------------------------------------------------------
@@ -270,70 +198,6 @@ class SequenceModel(L.LightningModule):
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-
-# ---- evaluation ---------------------------------------------------------------------------------------------
-@torch.no_grad()
-def greedy_accuracy(model: models.LanguageModel, data: Dataset, batch_size: int,
-                    device: torch.device | str = "cpu") -> float:
-    """Final-answer accuracy: decode greedily from each prompt with the cache until <eos> or max_len, and
-    compare the token before the first <eos> with the answer. Prompts of equal length decode together."""
-    model.eval()
-    correct = 0
-    prompt_lens = data.prompt_len
-    for p in np.unique(prompt_lens):
-        rows = np.flatnonzero(prompt_lens == p)
-        for b in range(0, len(rows), batch_size):
-            idx = rows[b:b + batch_size]
-            prompts = torch.from_numpy(np.stack([data.sequence(i)[:p] for i in idx]).astype(np.int64)).to(device)
-            out = decode(model, prompts)  # (B, <= max_len + 1)
-            correct += int((final_answers(out, p) == torch.from_numpy(data.answer[idx]).to(device)).sum())
-    return correct / len(data)
-
-
-def decode(model: models.LanguageModel, prompts: torch.Tensor) -> torch.Tensor:
-    """Greedy continuation with the model's cache; stops when every row has produced <eos>."""
-    B, P = prompts.shape
-    cache = model.new_cache(B)
-    logits = model(prompts, cache)[:, -1]  # (B, V)
-    out, done = [prompts], torch.zeros(B, dtype=torch.bool, device=prompts.device)
-    while True:
-        nxt = logits.argmax(-1)  # (B,)
-        out.append(nxt[:, None])
-        done |= nxt == EOS_ID
-        if done.all() or cache.pos >= model.max_len:
-            break
-        logits = model(nxt[:, None], cache)[:, -1]
-    return torch.cat(out, 1)
-
-
-def final_answers(out: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """Token just before the first <eos> after the prompt; -1 where no <eos> was produced."""
-    gen = out[:, prompt_len:]
-    is_eos = gen == EOS_ID
-    has = is_eos.any(1)
-    first = is_eos.float().argmax(1)  # first <eos> position (0 if none)
-    prev = out.gather(1, (prompt_len + first - 1)[:, None])[:, 0]
-    return torch.where(has, prev, torch.full_like(prev, -1))
-
-
-def final_accuracy(module: "SequenceModel", data: Dataset, batch_size: int, device) -> float:
-    """The family's final score: greedy final answers (cot, classify) or every prefix right (ncp)."""
-    if module.spec.family == "ncp":
-        return all_prefixes_accuracy(module, data, batch_size, device)
-    return greedy_accuracy(module.model, data, batch_size, device)
-
-
-@torch.no_grad()
-def all_prefixes_accuracy(module: SequenceModel, data: Dataset, batch_size: int, device) -> float:
-    """ncp: fraction of sequences whose prediction is right at every prefix (teacher-forced, one pass)."""
-    module.eval()
-    correct = 0
-    for inputs, targets, _ in loader(data, batch_size, 0, False):
-        inputs, targets = inputs.to(device), targets.to(device)
-        ok = module.correct(module.model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
-        correct += int(ok.all(1).sum())
-    return correct / len(data)
 
 
 # ---- one trial ----------------------------------------------------------------------------------------------

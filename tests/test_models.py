@@ -6,7 +6,7 @@ from models.dss import ssm_kernel, ssm_kernel_reference
 from models.selective_scan import CHECKPOINT, selective_scan, selective_scan_reference
 from models.sparse import BlockSparse, block_size
 from models.standard import Causal
-from pipeline.train import decode
+from pipeline.evaluation import decode
 
 ARCHS = sorted(models.ARCHITECTURES)
 

@@ -7,7 +7,9 @@ import torch
 import models
 import tasks
 from pipeline.datasets import dataset_path, read_dataset
-from pipeline.train import IGNORE, Collate, LengthBuckets, TrialSpec, final_answers, greedy_accuracy, run_trial
+from pipeline.batches import IGNORE, Collate, LengthBuckets
+from pipeline.evaluation import final_answers, greedy_accuracy
+from pipeline.train import TrialSpec, run_trial
 
 EOS = tasks.EOS_ID
 

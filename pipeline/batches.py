@@ -1,0 +1,87 @@
+"""Batches for training and validation: samples of similar length together, split among data-parallel workers.
+
+A batch is (inputs, targets, share): inputs = seq[:-1], targets = seq[1:] with the prompt and padding ignored
+(``IGNORE``), padded to the batch's longest sequence, not the dataset's. ``share`` weighs one worker's mean loss
+so that DDP's average over workers is the global batch's mean loss (``Collate``).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from pipeline.datasets import Dataset
+from tasks import PAD_ID
+
+IGNORE = -100  # the target of positions that are not predicted (cross-entropy's ignore_index)
+
+
+class LengthBuckets(Sampler):
+    """Batches of similar length (pad to the batch's longest, not the dataset's): shuffle, sort within chunks of
+    50 batches, then shuffle the batch order."""
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True, min_batch: int = 1):
+        self.lengths, self.batch_size, self.seed, self.shuffle, self.epoch = lengths, batch_size, seed, shuffle, 0
+        self.min_batch = min_batch  # data-parallel workers: a last batch with fewer samples is dropped
+        self.skip = 0  # batches of the next epoch already trained on (a resumed trial)
+
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """The next ``iter`` continues epoch ``epoch`` after its first ``batches_done`` batches."""
+        if batches_done >= len(self):  # that epoch was complete: the next one starts
+            epoch, batches_done = epoch + 1, 0
+        self.epoch, self.skip = epoch, batches_done
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        self.epoch += 1
+        skip, self.skip = self.skip, 0
+        order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
+        chunk = self.batch_size * 50
+        batches = []
+        for c in range(0, len(order), chunk):
+            part = order[c:c + chunk]
+            part = part[np.argsort(self.lengths[part], kind="stable")]
+            batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)
+                        if len(part) - b >= self.min_batch]
+        for b in list(rng.permutation(len(batches)) if self.shuffle else range(len(batches)))[skip:]:
+            yield batches[b].tolist()
+
+    def __len__(self) -> int:
+        chunk = self.batch_size * 50
+        sizes = [min(chunk, len(self.lengths) - c) for c in range(0, len(self.lengths), chunk)]
+        return sum(n // self.batch_size + (n % self.batch_size >= self.min_batch) for n in sizes)
+
+
+class Collate:
+    """Samples -> (inputs, targets, share): inputs = seq[:-1], targets = seq[1:], prompt targets and padding
+    ignored. With ``world`` data-parallel workers, worker ``rank`` takes every world-th sample of the global batch,
+    and share = world x its predicted tokens / the global batch's: its mean loss times share, averaged over the
+    workers by DDP, is the global batch's mean loss, as one worker computes it (share = 1)."""
+
+    def __init__(self, data: Dataset, rank: int = 0, world: int = 1):
+        self.data, self.rank, self.world = data, rank, world
+        self.predicted = data.lengths + 1 - data.prompt_len  # (N,) target tokens per sample, <eos> included
+
+    def __call__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mine = idx[self.rank::self.world]
+        share = self.world * self.predicted[mine].sum() / self.predicted[idx].sum() if self.world > 1 else 1.0
+        idx = mine
+        seqs = [self.data.sequence(i) for i in idx]
+        T = max(len(s) for s in seqs) - 1
+        inputs = np.full((len(seqs), T), PAD_ID, dtype=np.int64)
+        targets = np.full((len(seqs), T), IGNORE, dtype=np.int64)
+        for r, (i, s) in enumerate(zip(idx, seqs)):
+            n = len(s) - 1
+            inputs[r, :n] = s[:-1]
+            p = int(self.data.prompt_len[i])
+            targets[r, p - 1:n] = s[p:]  # predict every token after the prompt
+        return torch.from_numpy(inputs), torch.from_numpy(targets), torch.tensor(float(share))
+
+
+def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1) -> DataLoader:
+    """Batches of ``batch_size`` samples in all; worker ``rank`` of ``world`` gets its share of each."""
+    sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world)
+    return DataLoader(list(range(len(data))), batch_sampler=sampler, collate_fn=Collate(data, rank, world),
+                      num_workers=0)
