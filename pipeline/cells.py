@@ -40,11 +40,13 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
     for task, size in cfg.sweep_datasets():
         train, test = (dataset_path(data_dir, task, size, s) for s in ("train", "test"))
         meta = [read_metadata(train), read_metadata(test)]
+        sha = {"train_path": file_hash(train), "test_path": file_hash(test)}  # the files' bytes, read once
         datasets[task, size] = {
             "train_path": str(train), "test_path": str(test), "vocab_size": len(meta[0]["vocab"]),
             "family": meta[0]["family"], "vocab": meta[0]["vocab"], "train_samples": meta[0]["stats"]["samples"],
             "max_len": max(m["stats"]["max_length"] for m in meta),
-            "data_hash": hashlib.sha256((file_hash(train) + file_hash(test)).encode()).hexdigest()[:16]}
+            "sha256": sha,
+            "data_hash": hashlib.sha256((sha["train_path"] + sha["test_path"]).encode()).hexdigest()[:16]}
     s = cfg.sweep
     cells = {}
     for arch in s.architectures:

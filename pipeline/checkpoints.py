@@ -106,7 +106,9 @@ def latest(storage: str, run_key: str) -> dict[str, dict]:
     by trials with this run key. Layout (Ray Tune's): <storage>/<sweep>/<trial>/checkpoint_NNNNNN/."""
     import pyarrow.fs as pafs
 
-    fs, root = pafs.FileSystem.from_uri(storage) if "://" in storage else (pafs.LocalFileSystem(), storage)
+    from pipeline.storage import filesystem, location_of
+
+    fs, root = filesystem(storage)
     found: dict[str, dict] = {}
     selector = pafs.FileSelector(root, allow_not_found=True)
     for sweep_dir in fs.get_file_info(selector):
@@ -124,6 +126,5 @@ def latest(storage: str, run_key: str) -> dict[str, dict]:
                 except (OSError, ValueError):
                     continue  # a checkpoint still being copied, or not ours
                 if meta.get("run_key") == run_key and meta["step"] > found.get(meta["trial_key"], {}).get("step", -1):
-                    path = ckpt.path if "://" not in storage else storage.split("://")[0] + "://" + ckpt.path
-                    found[meta["trial_key"]] = {"path": path, "step": meta["step"]}
+                    found[meta["trial_key"]] = {"path": location_of(ckpt.path, storage), "step": meta["step"]}
     return found

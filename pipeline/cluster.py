@@ -83,11 +83,13 @@ def probe_nodes(location: str, modules: tuple[str, ...] = ("pipeline.train", "pi
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0)(probe)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    answers = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+               .remote(location, modules) for n in nodes]  # every node at once
     problems = []
-    for node in [n for n in ray.nodes() if n.get("Alive")]:
-        answer = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+    for node, answer in zip(nodes, answers):
         try:
-            problems.append(ray.get(answer.remote(location, modules), timeout=300))
+            problems.append(ray.get(answer, timeout=300))
         except (ray.exceptions.RayError, TimeoutError) as err:  # not even the probe could be loaded there
             last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             problems.append(f"Ray node {node['NodeManagerAddress']} cannot run the package's code ({last})")

@@ -47,7 +47,10 @@ def ranks_env(rank: int, world: int, port: int):
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def strategy(use_gpu: bool):

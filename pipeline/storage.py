@@ -25,17 +25,24 @@ DATASETS = "datasets"  # under the storage path, beside Ray Tune's sweep directo
 
 
 def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """(pyarrow filesystem, path within it) of a local path or a URI."""
     if "://" in location:
         return pafs.FileSystem.from_uri(location)
     return pafs.LocalFileSystem(), location
 
 
-def publish(path: Path, storage: str) -> str:
-    """The location under ``storage`` where trials read ``path`` (written if not there yet)."""
+def location_of(path: str, storage: str) -> str:
+    """A ``path`` of ``storage``'s filesystem, written as ``storage`` is (a URI keeps its scheme)."""
+    return path if "://" not in storage else f"{storage.split('://')[0]}://{path}"
+
+
+def publish(path: Path, storage: str, sha256: str | None = None) -> str:
+    """The location under ``storage`` where trials read ``path`` (written if not there yet); ``sha256``: the
+    file's hash if the caller has it already (hashing a large file twice costs seconds)."""
     fs, root = filesystem(storage)
-    folder = f"{root.rstrip('/')}/{DATASETS}/{file_hash(path)}"
+    folder = f"{root.rstrip('/')}/{DATASETS}/{sha256 or file_hash(path)}"
     target = f"{folder}/{path.name}"
-    location = target if "://" not in storage else f"{storage.split('://')[0]}://{target}"
+    location = location_of(target, storage)
     if fs.get_file_info(target).size == path.stat().st_size:
         return location
     fs.create_dir(folder)
@@ -68,5 +75,5 @@ def fetch(location: str, node: str | None = None) -> Path:
             os.replace(tmp, local)
         return local
     except (OSError, ValueError) as err:  # pyarrow's errors are OSErrors
-        raise DatasetError(f"node {node or socket.gethostname()} cannot read dataset {location} ({err}): every Ray node "
-                           "must see cluster.storage_path (a shared path, or a URI such as s3://...)") from None
+        raise DatasetError(f"node {node or socket.gethostname()} cannot read dataset {location} ({err}): every Ray "
+                           "node must see cluster.storage_path (a shared path, or a URI such as s3://...)") from None

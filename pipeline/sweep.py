@@ -6,9 +6,9 @@ recorded in MLflow.
 Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
 (and its auth token) are checked, the datasets are published to ``cluster.storage_path``, and every Ray node is
 probed: it must import the code and read the data, and some node must hold a trial's CPUs and GPUs
-(``pipeline/cluster.py``). ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every cell, ``frontier``
-finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the rest. The plan runs
-as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate), each training with
+(``pipeline/cluster.py``). ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every
+cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
+rest. The plan runs as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate), each training with
 Lightning until its verdict (``pipeline/verdict.py``: solved, unsolved, diverged; failed if it raised), then
 scoring the test set. A cell's result is its best learning rate. Runs this MLflow experiment already finished
 with the same data, training settings and training code are reused (``sweep.reuse: false`` retrains them).
@@ -81,7 +81,7 @@ def run_cell(config: dict) -> None:
     spec = trial_spec(cell, config["train"])
     if spec.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
-    where = {"node": node, "pid": os.getpid()}
+    where = {"node": node}
 
     def progress(trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
         return where | {"step": trainer.global_step, "train_pflops": module.train_flops / 1e15,
@@ -98,11 +98,8 @@ def run_cell(config: dict) -> None:
         tune.report(progress(trainer, module, metrics))
 
     checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
-    if checkpoint is None:
-        result = run_trial(spec, checkpoint=save)
-    else:
-        with checkpoint.as_directory() as directory:
-            result = run_trial(spec, checkpoint=save, resume=Path(directory) / FILE, resumed=resumed)
+    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as directory:
+        result = run_trial(spec, checkpoint=save, resume=Path(directory) / FILE if directory else None, resumed=resumed)
     tune.report(where | result | {"step": result["train_steps"], "final": True})
 
 
@@ -194,12 +191,14 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     # threads change speed, not results; architecture options change results but are not part of the cell id
     key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options})
     store = cfg.cluster.storage()
-    published = {}  # local dataset file -> where trials read it
+    published = {}  # local dataset file -> where trials read it (each file published once, however many cells)
     for cell in cells.values():
         cell["run_key"] = key
         cell.update(model_costs(cell, s.heads))
         for k in ("train_path", "test_path"):
-            cell[k] = published.setdefault(cell[k], storage.publish(Path(cell[k]), store))
+            if cell[k] not in published:
+                published[cell[k]] = storage.publish(Path(cell[k]), store, cell["sha256"][k])
+            cell[k] = published[cell[k]]
     started = time.time()
     client, parent = start_parent(
         uri, s.experiment, f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
