@@ -8,8 +8,8 @@ Before anything trains: the config is validated, every dataset file is opened an
 probed: it must import the code and read the data, and some node must hold a trial's CPUs and GPUs
 (``pipeline/cluster.py``). ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
-rest. The plan runs as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate), each training with
-Lightning until its verdict (``pipeline/verdict.py``: solved, unsolved, diverged; failed if it raised), then
+rest. The plan runs as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate), each
+training with Lightning until its verdict (``pipeline/verdict.py``: solved, unsolved, diverged; failed if it raised), then
 scoring the test set. A cell's result is its best learning rate. Runs this MLflow experiment already finished
 with the same data, training settings and training code are reused (``sweep.reuse: false`` retrains them).
 Trials checkpoint at every validation into the storage path (``pipeline/checkpoints.py``); a trial whose worker
