@@ -49,9 +49,9 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
             "data_hash": hashlib.sha256((sha["train_path"] + sha["test_path"]).encode()).hexdigest()[:16]}
     s = cfg.sweep
     cells = {}
-    for arch in s.architectures:
-        for width in s.widths_for(arch):
-            for (task, size), data in datasets.items():
+    for (task, size), data in datasets.items():
+        for arch in s.architectures_for(task):
+            for width in s.widths_for(arch):
                 for depth in s.depths_for(arch):
                     for seed in s.seeds:
                         cell = {"task": task, "size": size, "arch": arch, "width": width, "depth": depth,

@@ -69,6 +69,9 @@ class SweepConfig(Section):
     heads: PositiveInt = 4
     dropout: float = Field(0.1, ge=0, lt=1)
     arch_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="architecture -> options")
+    task_architectures: dict[str, list[str]] = Field(default_factory=dict, description="task -> the architectures "
+                                                     "trained on it instead of sweep.architectures (one profile, "
+                                                     "each paper's models on its own tasks)")
     arch_depths: dict[str, list[PositiveInt]] = Field(default_factory=dict, description="architecture -> its own "
                                                       "depths instead of sweep.depths (the separations paper's LSTM "
                                                       "stops at 3 layers)")
@@ -154,6 +157,9 @@ class SweepConfig(Section):
         w = self.workers()
         return {"cpu": self.cpus_per_trial * w, "gpu": self.gpus_per_trial if self.gpus_per_trial > 1
                 else self.gpus_per_trial * w}
+
+    def architectures_for(self, task: str) -> list[str]:
+        return self.task_architectures.get(task, self.architectures)
 
     def depths_for(self, arch: str) -> list[int]:
         return self.arch_depths.get(arch, self.depths)
@@ -257,6 +263,15 @@ def check_semantics(cfg: Config) -> None:
             raise one_of("sweep.arch_depths", arch, cfg.sweep.architectures)
         if not depths:
             raise ConfigError(f"sweep.arch_depths.{arch} is empty: {arch} would have no trials")
+    sweep_tasks = {task for task, _ in cfg.sweep_datasets()}
+    for task, archs in cfg.sweep.task_architectures.items():
+        if task not in sweep_tasks:
+            raise one_of("sweep.task_architectures", task, sweep_tasks)
+        if not archs:
+            raise ConfigError(f"sweep.task_architectures.{task} is empty: {task} would have no trials")
+        for arch in archs:
+            if arch not in cfg.sweep.architectures:
+                raise one_of(f"sweep.task_architectures.{task}", arch, cfg.sweep.architectures)
     for key in ("architectures", "widths", "depths", "seeds"):
         if not getattr(cfg.sweep, key):
             raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")

@@ -13,9 +13,9 @@ def test_every_profile_validates_and_builds_every_model_of_its_grid(profile):
     assert cfg.profile == profile and cfg.sweep_datasets()
     for task, size in cfg.sweep_datasets():
         task_obj = tasks.get_task(task, size, **cfg.generate.task_params.get(task, {}))
-        for arch in cfg.sweep.architectures:  # the smallest width, to keep it fast at paper sizes
-            models.build_model(arch, vocab_size=task_obj.vocab_size, width=min(cfg.sweep.widths),
-                               depth=min(cfg.sweep.depths), heads=cfg.sweep.heads, max_len=64,
+        for arch in cfg.sweep.architectures_for(task):  # the smallest width, to keep it fast at paper sizes
+            models.build_model(arch, vocab_size=task_obj.vocab_size, width=min(cfg.sweep.widths_for(arch)),
+                               depth=min(cfg.sweep.depths_for(arch)), heads=cfg.sweep.heads, max_len=64,
                                **cfg.sweep.arch_options.get(arch, {}))
 
 
@@ -59,7 +59,7 @@ def test_params_overrides_win_over_the_profile(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("profile: nope", "profile: 'nope' is not allowed; allowed values: laptop, paper, separations, tiny"),
+    ("profile: nope", "profile: 'nope' is not allowed; allowed values: cpu-repro, laptop, paper, separations, tiny"),
     ("sweep: {architectures: [standard, transformerx]}",
      "sweep.architectures: 'transformerx' is not allowed; allowed values: " + ", ".join(sorted(models.ARCHITECTURES))),
     ("sweep: {widths: [16, 15]}", "sweep.widths: 15 is not divisible by sweep.heads = 2"),
@@ -90,6 +90,11 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {widths: [8, 8, 16]}", "sweep.widths: \\[8, 8, 16\\] must be strictly increasing"),
     ("sweep: {arch_widths: {lstm: [32, 16]}}", "sweep.arch_widths.lstm: \\[32, 16\\] must be strictly increasing"),
     ("sweep: {arch_lrs: {lstm: []}}", "sweep.arch_lrs.lstm is empty"),
+    ("sweep: {task_architectures: {dyck: [lstm]}}", "sweep.task_architectures: 'dyck' is not allowed; allowed "
+                                                    "values: arithmetic, lis"),
+    ("sweep: {task_architectures: {lis: [rnn]}}", "sweep.task_architectures.lis: 'rnn' is not allowed; allowed "
+                                                  "values: dss, linear,"),
+    ("sweep: {task_architectures: {lis: []}}", "sweep.task_architectures.lis is empty"),
     ("sweep: {search: bisect}", "sweep.search: Input should be 'grid' or 'frontier'"),
     ("sweep: {gpus_per_trial: 1.5}", "sweep.gpus_per_trial: 1.5 -- above 1 it counts whole GPUs"),
     ("sweep: {gpus_per_trial: 2, workers_per_trial: 3}", "each data-parallel worker takes one GPU, so "
@@ -160,6 +165,17 @@ def test_an_architecture_may_have_its_own_widths_and_learning_rates(tmp_path, ti
     assert {c.width for c in cells if c.arch == "lstm"} == {64, 128, 256}
     assert {tuple(v["lrs"]) for c, v in cells.items() if c.arch == "lstm"} == {(0.01,)}
     assert {tuple(v["lrs"]) for c, v in cells.items() if c.arch == "transformer"} == {(0.001, 0.0003)}
+
+
+def test_each_task_may_train_its_own_architectures(tmp_path, tiny_data):
+    """Each paper's models on its own tasks, in one sweep: the others train on every task."""
+    from pipeline.cells import build_cells
+
+    p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {architectures: "
+                     "[standard, sparse, lstm], task_architectures: {lis: [lstm]}}\n")
+    cells = build_cells(config_mod.load(p), tiny_data)
+    assert {c.arch for c in cells if c.task == "lis"} == {"lstm"}
+    assert {c.arch for c in cells if c.task == "arithmetic"} == {"standard", "sparse", "lstm"}
 
 
 def test_datasets_overrides_replace_the_profiles_and_other_mappings_merge(tmp_path):
