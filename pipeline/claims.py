@@ -162,26 +162,31 @@ def locality(ev: Evidence) -> Check:
 
 def standard_first_on_arithmetic(ev: Evidence) -> Check:
     """On arithmetic the standard Transformer ranks first: its minimum width is no larger than sparse's and
-    linear's; where neither solves, its best test accuracy is no lower (a difference below TIE decides nothing)."""
+    linear's (solved at the same width: a tie, which holds); where neither solves, its best test accuracy is no
+    lower (a difference below TIE decides nothing)."""
     failures, passes = [], []
     for size in ev.sizes("arithmetic"):
         for depth in ev.depths("arithmetic", "standard"):
             def rank(arch: str) -> tuple[float, float]:
-                return ev.min_width("arithmetic", size, arch, [depth]), -ev.best_accuracy("arithmetic", size, arch,
-                                                                                         [depth])
+                return ev.min_width("arithmetic", size, arch, [depth]), ev.best_accuracy("arithmetic", size, arch,
+                                                                                        [depth])
 
-            base = rank("standard")
+            (width, accuracy) = rank("standard")
             for arch in EFFICIENT:
                 if depth not in ev.depths("arithmetic", arch):
                     continue
-                other = rank(arch)
-                if any(math.isnan(v) for v in base + other):
+                (other_width, other_accuracy) = rank(arch)
+                if any(math.isnan(v) for v in (width, accuracy, other_width, other_accuracy)):
                     continue
-                if base[0] == other[0] == INF and abs(base[1] - other[1]) < TIE:
-                    continue  # neither solves and their accuracies are within noise: no ordering to check
-                case = (f"{size} ops d{depth}: standard D={width_text(base[0])} ({-base[1]:.0%}) vs {arch} "
-                        f"D={width_text(other[0])} ({-other[1]:.0%})")
-                (passes if base <= other else failures).append(case)
+                if width == other_width == INF:
+                    if abs(accuracy - other_accuracy) < TIE:
+                        continue  # neither solves and their accuracies are within noise: no ordering to check
+                    first = accuracy > other_accuracy
+                else:
+                    first = width <= other_width
+                case = (f"{size} ops d{depth}: standard D={width_text(width)} ({accuracy:.0%}) vs {arch} "
+                        f"D={width_text(other_width)} ({other_accuracy:.0%})")
+                (passes if first else failures).append(case)
     return holds_if(failures, passes, "needs arithmetic with standard and sparse or linear at one depth")
 
 

@@ -73,6 +73,11 @@ def test_locality_and_arithmetic_ordering():
     assert result["status"] == "holds" and "standard D=none (80%) vs sparse D=none (40%)" in result["detail"]
     flipped = rows("arithmetic", "standard", 2, {2: 64}) + rows("arithmetic", "linear", 2, {2: 32})
     assert check(flipped, "dp_arithmetic_standard_first")["status"] == "fails"
+    # solved at the same width: a tie, whichever reached the higher accuracy
+    tie = rows("arithmetic", "standard", 2, {2: 32}) + rows("arithmetic", "linear", 2, {2: 32})
+    for row in tie[len(tie) // 2:]:
+        row["final_accuracy"] = 0.99 if row["status"] == "solved" else row["final_accuracy"]
+    assert check(tie, "dp_arithmetic_standard_first")["status"] == "holds"
 
 
 def test_index_lookup_separation_and_the_length_it_needs():
