@@ -4,8 +4,8 @@ recorded in MLflow.
     python -m pipeline.sweep                    (dvc.yaml runs this after every `generate`)
 
 Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
-(and its auth token) are checked, the datasets are published to ``cluster.storage_path``, and every Ray node is
-probed: it must import the code and read the data, and some node must hold a trial's CPUs and GPUs
+(and its auth token) are checked, the datasets are published to ``cluster.storage_path``, some node must hold a
+trial's CPUs and GPUs, and on a cluster every Ray node is probed: it must import the code and read the data
 (``pipeline/cluster.py``). ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
 rest. The plan runs as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate), each
@@ -237,7 +237,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
             address = cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
             client.log_param(parent, "ray", address)
             cluster.check_resources(**s.trial_resources())
-            cluster.probe_nodes(next(iter(published.values())))
+            if cfg.cluster.ray():  # a local Ray runs this process's code on files it has read: nothing to probe
+                cluster.probe_nodes(next(iter(published.values())))
             import ray
 
             # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next
