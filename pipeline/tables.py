@@ -78,16 +78,18 @@ def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
 
 def cheapest(best: pd.DataFrame, column: str) -> pd.DataFrame:
     """Per (task, size, depth): the architecture with the smallest ``column`` among those solved, and its cost
-    over the standard Transformer's (NaN when standard did not solve, or is absent)."""
+    over the standard Transformer's (NaN when standard did not solve, or is absent). A tie with standard goes to
+    standard (no saving); other ties are all named, comma-separated."""
     rows = []
     for (task, size, depth), group in best.groupby(["task", "size", "depth"]):
         costs = group.set_index("arch")[column].dropna()
         if costs.empty:
             continue
-        arch = costs.idxmin()
+        tied = sorted(costs.index[costs <= costs.min() * (1 + 1e-9)])
+        archs = [BASELINE] if BASELINE in tied else tied
         base = costs.get(BASELINE)
-        rows.append({"task": task, "size": size, "depth": depth, "cheapest": arch,
-                     "ratio_to_standard": float(costs[arch] / base) if base else float("nan")})
+        rows.append({"task": task, "size": size, "depth": depth, "cheapest": ", ".join(archs),
+                     "ratio_to_standard": float(costs.min() / base) if base else float("nan")})
     return pd.DataFrame(rows, columns=["task", "size", "depth", "cheapest", "ratio_to_standard"])
 
 
@@ -112,7 +114,7 @@ def convention_table(best: pd.DataFrame, depth: int, column: str) -> pd.DataFram
         accuracy = "" if pd.isna(r.accuracy) else f", {r.accuracy:.0%}"
         text = f"{fmt_cost(r[column])} (D={r.width:.0f}{accuracy})"
         mark = marks.loc[(r.task, r["size"])] if (r.task, r["size"]) in marks.index else None
-        if mark is not None and mark.cheapest == r.arch:
+        if mark is not None and r.arch in mark.cheapest.split(", "):
             ratio = "" if pd.isna(mark.ratio_to_standard) else f", {mark.ratio_to_standard:.2f}x standard"
             text = f"**{text}**{ratio}"
         return text
@@ -139,7 +141,7 @@ def note(threshold: float) -> str:
     return (f"The smallest width D solved by every seed (validation accuracy at or above {threshold:.0%}), with its "
             "mean test accuracy; one table per depth and cost convention. '-' = no width solved (best measured "
             "test accuracy in brackets). Bold: the cheapest architecture of the row, with its cost over the "
-            "standard Transformer's. Training PFLOPs: compute spent until the trial was solved, mean over the "
+            "standard Transformer's (a tie with standard marks standard alone). Training PFLOPs: compute spent until the trial was solved, mean over the "
             "seeds measured at that width. '@ paper L': the paper-convention count at the length the paper states "
             "(paper L), beside ours at the data's longest sequence (L).")
 

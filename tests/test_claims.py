@@ -70,14 +70,19 @@ def test_locality_and_arithmetic_ordering():
              + rows("arithmetic", "sparse", 2, {2: None}, accuracy=0.4)
              + rows("arithmetic", "linear", 2, {2: None}, accuracy=0.7))
     result = check(order, "dp_arithmetic_standard_first")
-    assert result["status"] == "holds" and "standard D=none (80%) vs sparse D=none (40%)" in result["detail"]
+    assert result["status"] == "holds"
+    assert "2 ops d2: standard D=none vs sparse D=none; at every width: best 80% vs 40%" in result["detail"]
     flipped = rows("arithmetic", "standard", 2, {2: 64}) + rows("arithmetic", "linear", 2, {2: 32})
     assert check(flipped, "dp_arithmetic_standard_first")["status"] == "fails"
-    # solved at the same width: a tie, whichever reached the higher accuracy
-    tie = rows("arithmetic", "standard", 2, {2: 32}) + rows("arithmetic", "linear", 2, {2: 32})
-    for row in tie[len(tie) // 2:]:
-        row["final_accuracy"] = 0.99 if row["status"] == "solved" else row["final_accuracy"]
-    assert check(tie, "dp_arithmetic_standard_first")["status"] == "holds"
+    # solved at the same width: the narrower widths rank them; within TIE a tie, which holds
+    for standard, linear, status in [(0.6, 0.2, "holds"), (0.2, 0.6, "fails"), (0.3, 0.32, "holds")]:
+        same = (rows("arithmetic", "standard", 2, {2: 64}, accuracy=standard)
+                + rows("arithmetic", "linear", 2, {2: 64}, accuracy=linear))
+        result = check(same, "dp_arithmetic_standard_first")
+        assert result["status"] == status
+        assert f"standard D=64 vs linear D=64; below D=64: best {standard:.0%} vs {linear:.0%}" in result["detail"]
+    narrowest = rows("arithmetic", "standard", 2, {2: 16}) + rows("arithmetic", "linear", 2, {2: 16})
+    assert check(narrowest, "dp_arithmetic_standard_first")["status"] == "holds"  # no wider: nothing to rank below
 
 
 def test_index_lookup_separation_and_the_length_it_needs():
@@ -117,6 +122,10 @@ def test_table2_three_conventions_per_depth_cheapest_and_paper_length():
         d3.loc["standard", "min_paper_gflops"] * (paper_l + 2) / (65 + 2))
     marks = cheapest(best[best.depth == 3], "min_paper_gflops").iloc[0]
     assert marks.cheapest == "linear" and marks.ratio_to_standard == pytest.approx(0.25)
+    tie = best.assign(min_paper_gflops=1.0)  # every architecture costs the same: standard keeps the mark
+    assert set(cheapest(tie[tie.depth == 3], "min_paper_gflops").cheapest) == {"standard"}
+    no_base = tie[(tie.depth == 3) & (tie.arch != "standard")]
+    assert cheapest(no_base, "min_paper_gflops").iloc[0].cheapest == ", ".join(sorted(no_base.arch))
     shown = convention_table(best, 3, "min_paper_gflops").iloc[0]
     assert shown["linear"].startswith("**") and "0.25x standard" in shown["linear"]
     assert shown["sparse"].startswith("- (best 30%") and shown["paper L"] == str(paper_l)
