@@ -5,7 +5,8 @@ A change is a *regression* when
 - the verdict falls (solved > unsolved > diverged > failed),
 - test accuracy drops by more than ``nightly.accuracy_drop``,
 - the minimum width every seed solves grows (or no width solves any more), per (task, size, arch, depth),
-- training throughput (training PFLOPs per second of training) drops by more than ``nightly.throughput_drop``;
+- training throughput (training PFLOPs per second of training) drops by more than ``nightly.throughput_drop``,
+- a claim check of the papers (``pipeline/claims.py``) falls (holds > not tested > fails);
 the same moves the other way are *improvements*. Cells only one night has are *new* or *missing*.
 """
 
@@ -21,13 +22,14 @@ from pipeline.config import NightlyConfig
 from pipeline.tables import min_gflops
 
 RANK = {"solved": 3, "unsolved": 2, "diverged": 1, "failed": 0}
+CLAIM_RANK = {"holds": 2, "not tested": 1, "fails": 0}
 
 
 @dataclass(frozen=True)
 class Change:
     kind: str       # regression | improvement
-    what: str       # verdict | accuracy | min_width | throughput
-    where: str      # the cell (or the row of the minimum-width table)
+    what: str       # verdict | accuracy | min_width | throughput | claim
+    where: str      # the cell (or the row of the minimum-width table, or the claim's id)
     before: str
     after: str
 
@@ -44,8 +46,10 @@ def throughput(r) -> float:
     return r.train_pflops / seconds if r.measured and seconds and seconds > 0 else math.nan
 
 
-def compare(before: pd.DataFrame, after: pd.DataFrame, tol: NightlyConfig) -> dict:
-    """{'regressions', 'improvements': [Change as dict], 'new', 'missing': [cell names]}"""
+def compare(before: pd.DataFrame, after: pd.DataFrame, tol: NightlyConfig, claims_before: dict | None = None,
+            claims_after: dict | None = None) -> dict:
+    """{'regressions', 'improvements': [Change as dict], 'new', 'missing': [cell names]}; ``claims_*``: claim id ->
+    status, as ``results/report.json`` holds them."""
     old, new = before.set_index("cell_id"), after.set_index("cell_id")
     changes: list[Change] = []
     for cell_id in old.index.intersection(new.index):
@@ -74,6 +78,12 @@ def compare(before: pd.DataFrame, after: pd.DataFrame, tol: NightlyConfig) -> di
             show = [("none" if v == math.inf else f"{v:.0f}") for v in (a, b)]
             changes.append(Change("regression" if b > a else "improvement", "min_width",
                                   f"{task} {size} {arch} d{depth}", *show))
+    claims_before, claims_after = claims_before or {}, claims_after or {}
+    for claim in sorted(claims_before.keys() & claims_after.keys()):
+        a, b = claims_before[claim], claims_after[claim]
+        if CLAIM_RANK[a] != CLAIM_RANK[b]:
+            changes.append(Change("regression" if CLAIM_RANK[b] < CLAIM_RANK[a] else "improvement", "claim", claim,
+                                  a, b))
     return {"regressions": [asdict(c) for c in changes if c.kind == "regression"],
             "improvements": [asdict(c) for c in changes if c.kind == "improvement"],
             "new": sorted(cell_name(r) for r in after[~after.cell_id.isin(before.cell_id)].itertuples()),

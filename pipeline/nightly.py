@@ -4,9 +4,10 @@
     python -m pipeline.nightly                         # dvc repro on params.yaml's profile
 
 Each night is kept in ``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the
-metrics and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged ``nightly.date`` /
+metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged ``nightly.date`` /
 ``nightly.commit``). The comparison with the latest earlier night of the same profile
-(``pipeline/comparison.py``: accuracy, verdict, minimum width, training throughput) goes to ``report/nightly.md``,
+(``pipeline/comparison.py``: accuracy, verdict, minimum width, training throughput, the papers' claim
+checks) goes to ``report/nightly.md``,
 into the night's directory and into a section of ``report/index.html``.
 
 Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
@@ -112,8 +113,9 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
             result = {"regressions": [], "improvements": [], "new": [], "missing": []}
             text = f"# {title}\n\nFirst night of profile {cfg.profile}: nothing to compare with.\n"
         else:
+            claims = [json.loads((d / "report.json").read_text()).get("claims", {}) for d in (before, night)]
             result = comparison.compare(pd.read_csv(before / "sweep.csv"), pd.read_csv(night / "sweep.csv"),
-                                        cfg.nightly)
+                                        cfg.nightly, *claims)
             text = comparison.markdown(result, f"{title}, against {before.name}")
         (night / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
         for path in (night / "nightly.md", repo / "report" / "nightly.md"):

@@ -42,6 +42,16 @@ def test_compare_finds_verdict_accuracy_width_and_throughput_changes():
     assert grown["new"] == ["lis 8 standard D=16 d2 seed 0"] and grown["missing"] == ["lis 4 standard D=16 d2 seed 0"]
 
 
+def test_compare_finds_claims_that_stopped_or_started_holding():
+    table = night({4: 16})
+    before = {"dp_locality": "holds", "dp_width_grows": "fails", "sep_dyck_lstm": "not tested", "gone": "holds"}
+    after = {"dp_locality": "fails", "dp_width_grows": "holds", "sep_dyck_lstm": "not tested", "added": "fails"}
+    result = compare(table, table, NightlyConfig(), before, after)
+    assert [(c["where"], c["before"], c["after"]) for c in result["regressions"]] == [("dp_locality", "holds", "fails")]
+    assert [(c["where"], c["what"]) for c in result["improvements"]] == [("dp_width_grows", "claim")]
+    assert compare(table, table, NightlyConfig(), before, {**before, "dp_locality": "not tested"})["regressions"]
+
+
 def test_a_second_nightly_run_stops_with_a_clear_message_while_the_first_holds_the_lock(tmp_path):
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     held = acquire(tmp_path / "nightly" / ".lock", wait=False)
