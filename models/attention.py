@@ -140,7 +140,7 @@ def blockwise_attention(q, k, v, extra: torch.Tensor, mask: torch.Tensor, dropou
     runs it, not the materialising math backend."""
     B, H, T, hd = q.shape
     n, Q, S = mask.shape
-    qb = F.pad(q, (0, 0, 0, n * Q - T)).view(B * H, n, Q, hd)  # queries in blocks, the last one padded
+    qb = F.pad(q, (0, 0, 0, n * Q - T)).reshape(B * H, n, Q, hd)  # queries in blocks, the last one padded
 
     def keys_of_blocks(t: torch.Tensor) -> torch.Tensor:  # (B, H, T, hd) -> (B*H, n, 2Q + G, hd)
         tb = F.pad(t, (0, 0, Q, n * Q - T)).view(B * H, n + 1, Q, hd)  # a zero block in front, the last padded

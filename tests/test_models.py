@@ -214,7 +214,8 @@ def test_blockwise_kernel_equals_the_dense_masked_reference(pattern, length, mon
     monkeypatch.setattr(models.attention, "BLOCK_QUERIES", 8)
     monkeypatch.setattr(models.attention, "BLOCKWISE_SAVING", 1)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, length, 4, requires_grad=True) for _ in range(3))
+    # (B, H, T, hd) views of (B, T, H, hd), as the model passes them: not contiguous
+    q, k, v = (torch.randn(2, length, 3, 4).transpose(1, 2).requires_grad_() for _ in range(3))
     g = torch.randn(2, 3, length, 4)
     pos = torch.arange(length)
     outs = [blockwise_attention(q, k, v, *pattern.blocks(length), 0.0),
