@@ -11,6 +11,7 @@ timings taken after warm-up, printed with its spread (min..max over the repeats)
 
     python -m benchmarks.bench_models                 # the issue's settings (about 10 minutes on 2 cores)
     python -m benchmarks.bench_models --quick         # a smoke run in seconds: checks the script, measures nothing
+    python -m benchmarks.bench_models --training-only # section 1 alone
 """
 
 from __future__ import annotations
@@ -334,10 +335,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, measures nothing")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--training-only", action="store_true", help="only section 1 (about 3 minutes)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     q = args.quick
     bench_training(q)
+    if args.training_only:
+        return
     recurrent = ["linear", "retnet", "linear_nofm", "lstm", "dss", "mamba"]
     bench_decode(["standard", "sparse", "sliding_window", *recurrent], width=32 if q else 64, depth=2,
                  batch=8 if q else 64, tokens=40 if q else 500, recompute_for={"standard", "linear", "mamba"},

@@ -6,9 +6,9 @@ here is monotone: once position j falls out of query i's reach, no later query r
 cache may drop it (``keep``). Full causal attention keeps everything in a preallocated buffer instead.
 
 A local pattern (every allowed pair has i - j < reach, or j among a few global keys) trains blockwise when
-that reads far fewer keys than the sequence holds: queries in blocks of Q, each block against the Q + reach - 1
-positions its windows can touch plus the global keys (``Pattern.blocks``), one batched masked attention call.
-Its cost grows as L (Q + reach + globals), not L^2; at short L the dense masked call stays.
+that reads far fewer keys than the sequence holds: queries in blocks of Q >= reach, each block against its own
+and the previous block's keys (all its windows can touch) plus the global keys (``Pattern.blocks``), one batched
+masked attention call. Its cost grows as L (2 Q + globals), not L^2; at short L the dense masked call stays.
 """
 
 from __future__ import annotations
@@ -50,26 +50,26 @@ class Pattern:
         return torch.zeros(0, dtype=torch.long)
 
     def blocks(self, length: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Blockwise plan for a sequence of ``length``: key positions (n, S) of each of the n blocks of Q queries
-        and the (n, Q, S) mask over them; None where it would not save work (full causal, or keys per query block
-        above L / BLOCKWISE_SAVING)."""
+        """Blockwise plan for a sequence of ``length`` in n blocks of Q queries, for ``blockwise_attention``: the
+        global key positions (G,) and the (n, Q, 2Q + G) mask of each block over its keys (previous block, own
+        block, global keys); None where it would not save work (full causal, or keys per block above
+        L / BLOCKWISE_SAVING)."""
         if self.reach is None:
             return None
-        R, extra = self.reach, self.global_keys(length)
-        Q = R * max(1, BLOCK_QUERIES // R)  # queries per block: a multiple of the reach, about BLOCK_QUERIES
-        if (Q + R - 1 + len(extra)) * BLOCKWISE_SAVING > length:
+        extra = self.global_keys(length)
+        Q = max(self.reach, BLOCK_QUERIES)  # Q >= reach: the previous block holds every earlier key a window reaches
+        if (2 * Q + len(extra)) * BLOCKWISE_SAVING > length:
             return None
         starts = torch.arange(math.ceil(length / Q))[:, None] * Q  # (n, 1): first query of each block
-        local = starts - (R - 1) + torch.arange(Q + R - 1)  # (n, Q+R-1): every position the block's windows reach
+        local = starts - Q + torch.arange(2 * Q)  # (n, 2Q): the previous block's positions, then the block's own
         keys = torch.cat([local, extra.expand(len(starts), -1)], 1)  # (n, S)
-        # a global key inside the local span is there already: count it once
-        valid = (keys >= 0) & (keys < length) & torch.cat([torch.ones_like(local, dtype=torch.bool),
-                                                           extra < starts - (R - 1)], 1)
-        queries = starts + torch.arange(Q)  # (n, Q); the last block may run past the sequence
-        # rows past the sequence (dropped afterwards) read every valid key: SDPA's math backend turns a row with
-        # no key into NaN, which would reach the gradients (CPU flash attention returns zeros)
-        mask = (self.allowed(queries[..., None], keys[:, None, :]) | (queries >= length)[..., None]) & valid[:, None]
-        return keys.clamp(0, length - 1).to(device), mask.to(device)
+        # block 0's previous block is padding, not keys; a global key inside the local span is there already
+        valid = torch.cat([local >= 0, extra < starts - Q], 1)  # (n, S)
+        # the last block may run past the sequence: padded queries (dropped afterwards) see their own padded key
+        # (allowed(i, i) holds), so no row is empty; real queries never reach a padded key (j > i)
+        queries = starts + torch.arange(Q)  # (n, Q)
+        mask = self.allowed(queries[..., None], keys[:, None, :]) & valid[:, None]
+        return extra.to(device), mask.to(device)
 
 
 # blockwise only where a block reads at most 1/this of the keys: measured on 2 CPU cores (benchmarks/bench_models.py)
@@ -131,13 +131,24 @@ class SoftmaxAttention(Mixer):
         return 2 * self.pattern.attended(length) * width * bytes_per_value
 
 
-def blockwise_attention(q, k, v, keys: torch.Tensor, mask: torch.Tensor, dropout: float) -> torch.Tensor:
-    """q, k, v (B, H, T, hd), ``Pattern.blocks``' key positions (n, S) and mask (n, Q, S) -> (B, H, T, hd)."""
+def blockwise_attention(q, k, v, extra: torch.Tensor, mask: torch.Tensor, dropout: float) -> torch.Tensor:
+    """q, k, v (B, H, T, hd), ``Pattern.blocks``' global keys (G,) and mask (n, Q, 2Q + G) -> (B, H, T, hd).
+
+    Block b's keys are blocks b-1 and b of a front-padded k: two shifted views of one (n+1)-block tensor, so
+    forward and backward are plain copies and adds (an index gather's backward is a slow scatter-add on CPU).
+    Blocks ride in SDPA's head dimension, (B*H, n, Q, hd) with a (1, n, Q, S) mask: 4-D, so CPU flash attention
+    runs it, not the materialising math backend."""
     B, H, T, hd = q.shape
     n, Q, S = mask.shape
-    qb = F.pad(q, (0, 0, 0, n * Q - T)).view(B, H, n, Q, hd)  # queries in blocks, the last one padded
-    kb, vb = k[:, :, keys], v[:, :, keys]  # (B, H, n, S, hd): the keys each block reads
-    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout)  # (B, H, n, Q, hd)
+    qb = F.pad(q, (0, 0, 0, n * Q - T)).reshape(B * H, n, Q, hd)  # queries in blocks, the last one padded
+
+    def keys_of_blocks(t: torch.Tensor) -> torch.Tensor:  # (B, H, T, hd) -> (B*H, n, 2Q + G, hd)
+        tb = F.pad(t, (0, 0, Q, n * Q - T)).view(B * H, n + 1, Q, hd)  # a zero block in front, the last padded
+        glob = t[:, :, extra].view(B * H, 1, len(extra), hd).expand(-1, n, -1, -1)  # (B*H, n, G, hd)
+        return torch.cat([tb[:, :-1], tb[:, 1:], glob], 2)
+
+    y = F.scaled_dot_product_attention(qb, keys_of_blocks(k), keys_of_blocks(v), attn_mask=mask[None],
+                                       dropout_p=dropout)  # (B*H, n, Q, hd)
     return y.view(B, H, n * Q, hd)[:, :, :T]
 
 

@@ -3,7 +3,10 @@ import torch
 
 import models
 from models.dss import ssm_kernel, ssm_kernel_reference
+from models.attention import blockwise_attention
 from models.selective_scan import CHECKPOINT, selective_scan, selective_scan_reference
+from models.sinks import Sinks
+from models.sliding_window import Window
 from models.sparse import BlockSparse, block_size
 from models.standard import Causal
 from pipeline.evaluation import decode
@@ -200,6 +203,27 @@ def test_dss_kernel_without_pow_matches_the_powers_forward_and_gradients():
         torch.testing.assert_close(K, K_ref, rtol=1e-4, atol=1e-5)
         for a, b in zip(grads, grads_ref):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("pattern", [Window(5), Window(8), Sinks(5, 3), BlockSparse(4, 1), BlockSparse(3, 2)],
+                         ids=["window5", "window8", "sinks", "sparse4x1", "sparse3x2"])
+@pytest.mark.parametrize("length", [64, 70])
+def test_blockwise_kernel_equals_the_dense_masked_reference(pattern, length, monkeypatch):
+    """The kernel alone, blocks of max(reach, 8) queries (a multiple of the reach or not; the sequence a multiple
+    of the block or not): output and gradients of q, k, v agree with one SDPA call under the dense mask."""
+    monkeypatch.setattr(models.attention, "BLOCK_QUERIES", 8)
+    monkeypatch.setattr(models.attention, "BLOCKWISE_SAVING", 1)
+    torch.manual_seed(0)
+    # (B, H, T, hd) views of (B, T, H, hd), as the model passes them: not contiguous
+    q, k, v = (torch.randn(2, length, 3, 4).transpose(1, 2).requires_grad_() for _ in range(3))
+    g = torch.randn(2, 3, length, 4)
+    pos = torch.arange(length)
+    outs = [blockwise_attention(q, k, v, *pattern.blocks(length), 0.0),
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=pattern.mask(pos, pos))]
+    (y, grads), (ref, ref_grads) = ((out, torch.autograd.grad(out, (q, k, v), g)) for out in outs)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch, options", [("sliding_window", {"window": 3}), ("sinks", {"window": 4, "sinks": 3}),
