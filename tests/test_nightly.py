@@ -69,10 +69,12 @@ def test_a_second_nightly_run_stops_with_a_clear_message_while_the_first_holds_t
 @pytest.mark.slow
 @pytest.mark.integration
 def test_two_nights_with_an_injected_regression(tmp_path):
-    """Night 1 on a narrowed tiny profile; night 2 after an LSTM that raises: its cells regress, exit 1."""
+    """Night 1 on a narrowed tiny profile; night 2 after an LSTM that raises: its cells regress, exit 1. No retries:
+    an LSTM that always raises would be retried twice per trial (sweep.max_failures), which tests/test_resume.py
+    covers, for nothing here."""
     from tests.test_pipeline import copy_repo, run
 
-    repo = copy_repo(tmp_path, "sweep: {architectures: [standard, lstm], widths: [8, 16]}")
+    repo = copy_repo(tmp_path, "sweep: {architectures: [standard, lstm], widths: [8, 16], max_failures: 0}")
     first = run([sys.executable, "-m", "pipeline.nightly", "--profile", "tiny"], repo)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "First night of profile tiny" in (repo / "report" / "nightly.md").read_text()
