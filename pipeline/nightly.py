@@ -4,11 +4,10 @@
     python -m pipeline.nightly                         # dvc repro on params.yaml's profile
 
 Each night is kept in ``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the
-metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged ``nightly.date`` /
-``nightly.commit``). The comparison with the latest earlier night of the same profile
-(``pipeline/comparison.py``: accuracy, verdict, minimum width, training throughput, the papers' claim
-checks) goes to ``report/nightly.md``,
-into the night's directory and into a section of ``report/index.html``.
+metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged
+``nightly.date`` / ``nightly.commit``). The comparison with the latest earlier night of the same profile
+(``pipeline/comparison.py``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
+goes to ``report/nightly.md``, into the night's directory and into a section of ``report/index.html``.
 
 Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
 (a scheduler alerts on it), 2 the pipeline or the config failed, 3 another nightly run holds the lock

@@ -9,8 +9,8 @@ trial's CPUs and GPUs, and on a cluster every Ray node is probed: it must import
 (``pipeline/cluster.py``). ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
 rest. The plan runs as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate), each
-training with Lightning until its verdict (``pipeline/verdict.py``: solved, unsolved, diverged; failed if it raised), then
-scoring the test set. A cell's result is its best learning rate. Runs this MLflow experiment already finished
+training with Lightning until its verdict (``pipeline/verdict.py``: solved, unsolved, diverged; failed if it
+raised), then scoring the test set. A cell's result is its best learning rate. Runs this MLflow experiment already finished
 with the same data, training settings and training code are reused (``sweep.reuse: false`` retrains them).
 Trials checkpoint at every validation into the storage path (``pipeline/checkpoints.py``); a trial whose worker
 died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
@@ -99,7 +99,8 @@ def run_cell(config: dict) -> None:
 
     checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as directory:
-        result = run_trial(spec, checkpoint=save, resume=Path(directory) / FILE if directory else None, resumed=resumed)
+        resume = Path(directory) / FILE if directory else None
+        result = run_trial(spec, checkpoint=save, resume=resume, resumed=resumed)
     tune.report(where | result | {"step": result["train_steps"], "final": True})
 
 

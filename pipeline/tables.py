@@ -141,9 +141,10 @@ def note(threshold: float) -> str:
     return (f"The smallest width D solved by every seed (validation accuracy at or above {threshold:.0%}), with its "
             "mean test accuracy; one table per depth and cost convention. '-' = no width solved (best measured "
             "test accuracy in brackets). Bold: the cheapest architecture of the row, with its cost over the "
-            "standard Transformer's (a tie with standard marks standard alone). Training PFLOPs: compute spent until the trial was solved, mean over the "
-            "seeds measured at that width. '@ paper L': the paper-convention count at the length the paper states "
-            "(paper L), beside ours at the data's longest sequence (L).")
+            "standard Transformer's (a tie with standard marks standard alone). Training PFLOPs: compute spent "
+            "until the trial was solved, mean over the seeds measured at that width. '@ paper L': the "
+            "paper-convention count at the length the paper states (paper L), beside ours at the data's longest "
+            "sequence (L).")
 
 
 def tables_markdown(best: pd.DataFrame, threshold: float) -> str:
