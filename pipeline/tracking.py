@@ -248,9 +248,11 @@ class ChildRuns(tune.Callback):
         self.client.set_terminated(run_id, "FINISHED")
         return metrics | tags | {"mlflow_run_id": run_id, "reused_from": origin}
 
-    def on_trial_start(self, iteration, trials, trial, **info):
-        if trial.trial_id in self.runs:  # a retry: the same run goes on (the trial resumes its checkpoint)
-            return
+    def run_of(self, trial) -> str:
+        """The trial's run id, its run created on first need: a trial whose actor dies while starting gets
+        ``on_trial_recover`` or ``on_trial_error`` from Tune without any ``on_trial_start`` before it."""
+        if trial.trial_id in self.runs:  # a retry or a later event: the same run goes on
+            return self.runs[trial.trial_id]
         config = trial.config
         run_id = self.child(config["cell"], config["train"], config["trial_key"], ray_trial_id=trial.trial_id)
         self.runs[trial.trial_id] = run_id
@@ -261,13 +263,17 @@ class ChildRuns(tune.Callback):
                        if m.step < config["resume_step"]]  # the resumed trial reports the checkpoint's step
             for chunk in range(0, len(history), 1000):
                 self.client.log_batch(run_id, metrics=history[chunk:chunk + 1000])
+        return run_id
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.run_of(trial)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self.restarts[trial.trial_id] = self.restarts.get(trial.trial_id, 0) + 1
-        self.client.set_tag(self.runs[trial.trial_id], "restarts", self.restarts[trial.trial_id])
+        self.client.set_tag(self.run_of(trial), "restarts", self.restarts[trial.trial_id])
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        run_id = self.runs[trial.trial_id]
+        run_id = self.run_of(trial)
         step = int(result.get("step", iteration))
         metrics = numeric({k: result[k] for k in self.METRICS if k in result})
         if "node" in result and self.nodes.get(trial.trial_id) != result["node"]:  # first report, or a new node
@@ -281,10 +287,10 @@ class ChildRuns(tune.Callback):
             self.client.log_metric(run_id, key, value, step=step)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.client.set_terminated(self.runs[trial.trial_id], "FINISHED")
+        self.client.set_terminated(self.run_of(trial), "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        run_id = self.runs[trial.trial_id]
+        run_id = self.run_of(trial)
         self.errors[trial.trial_id] = error_line(trial.error_file)
         for key, value in {"status": "failed", "reason": self.errors[trial.trial_id],
                            "error": str(trial.error_file)}.items():

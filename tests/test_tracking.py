@@ -1,4 +1,5 @@
-"""check_mlflow: every store that cannot work is a named ServiceError before any compute."""
+"""check_mlflow: every store that cannot work is a named ServiceError before any compute. ChildRuns: every trial
+gets its run, whatever order Tune's events come in."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import shutil
 import sqlite3
 import subprocess
 import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import ServiceError, check_mlflow
+from pipeline.tracking import ChildRuns, ServiceError, check_mlflow
 
 # what `mlflow server --artifacts-only` (MLflow 3.17) answers on /api/2.0/mlflow/experiments/search, with HTTP 503
 ARTIFACTS_ONLY = ("Endpoint: /api/2.0/mlflow/experiments/search disabled due to the mlflow server running in "
@@ -116,3 +118,24 @@ def test_a_server_that_answers_health_but_serves_no_tracking_api_is_named():
             check_mlflow(uri + "/prefix")
     with pytest.raises(ServiceError, match="MLflow server at http://127.0.0.1:9 is unreachable"):
         check_mlflow("http://127.0.0.1:9")
+
+
+def test_a_trial_that_dies_while_starting_gets_its_run_at_its_first_event(store, tmp_path):
+    """Tune calls on_trial_recover (or on_trial_error) without on_trial_start for a trial whose actor dies while
+    starting (a killed Ray worker): its restart and its failure are recorded on a run of its own."""
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.create_experiment("e")
+    parent = client.create_run(experiment).info.run_id
+    cell = {"name": "lis-250-standard-w64", "cell_id": "c1", "run_key": "k", "task": "lis", "size": 250,
+            "arch": "standard", "width": 64, "depth": 2, "seed": 0, "max_len": 600, "data_hash": "h"}
+    trial = types.SimpleNamespace(trial_id="t1", config={"cell": cell, "train": {"lr": 1e-3}, "trial_key": "c1/lr"},
+                                  error_file=None)
+    callback = ChildRuns(client, experiment, parent)
+    callback.on_trial_recover(0, [], trial)
+    callback.on_trial_start(0, [], trial)  # the retry starts: the same run goes on
+    callback.on_trial_recover(0, [], trial)
+    callback.on_trial_error(0, [], trial)
+    runs = client.search_runs([experiment], "tags.cell_id = 'c1'")
+    assert len(runs) == 1 and runs[0].info.run_id == callback.runs["t1"]
+    assert runs[0].data.tags["restarts"] == "2" and runs[0].data.tags["status"] == "failed"
+    assert runs[0].info.status == "FAILED"
