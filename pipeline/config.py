@@ -249,24 +249,23 @@ def check_semantics(cfg: Config) -> None:
                     built.check_space(gen.test_samples, gen.train_samples)
             except tasks.TaskError as err:
                 raise ConfigError(f"generate.datasets.{task}: {err}") from None
+    # settings keyed by task or architecture need only name a registered one: an override that narrows what to
+    # run (generate.datasets, sweep.datasets, sweep.architectures) leaves the profile's settings of the rest unused
     for key in ("task_params", "per_task"):
         for task in getattr(cfg.generate, key):
-            if task not in cfg.generate.datasets:
-                raise one_of(f"generate.{key}", task, cfg.generate.datasets)
+            if task not in cfg.tasks:
+                raise one_of(f"generate.{key}", task, cfg.tasks)
     for task, sizes in (cfg.sweep.datasets or {}).items():
         for size in sizes:
             if size not in cfg.generate.datasets.get(task, []):
                 raise one_of(f"sweep.datasets.{task}", size,
                              [f"{t}={s}" for t, ss in cfg.generate.datasets.items() for s in ss])
     for arch, depths in cfg.sweep.arch_depths.items():
-        if arch not in cfg.sweep.architectures:
-            raise one_of("sweep.arch_depths", arch, cfg.sweep.architectures)
         if not depths:
             raise ConfigError(f"sweep.arch_depths.{arch} is empty: {arch} would have no trials")
-    sweep_tasks = {task for task, _ in cfg.sweep_datasets()}
     for task, archs in cfg.sweep.task_architectures.items():
-        if task not in sweep_tasks:
-            raise one_of("sweep.task_architectures", task, sweep_tasks)
+        if task not in cfg.tasks:
+            raise one_of("sweep.task_architectures", task, cfg.tasks)
         if not archs:
             raise ConfigError(f"sweep.task_architectures.{task} is empty: {task} would have no trials")
         for arch in archs:
@@ -275,16 +274,10 @@ def check_semantics(cfg: Config) -> None:
     for key in ("architectures", "widths", "depths", "seeds"):
         if not getattr(cfg.sweep, key):
             raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
-    for arch, widths in cfg.sweep.arch_widths.items():
-        if arch not in cfg.sweep.architectures:
-            raise one_of("sweep.arch_widths", arch, cfg.sweep.architectures)
-    for arch in cfg.sweep.architectures:
+    for arch in dict.fromkeys([*cfg.sweep.architectures, *cfg.sweep.arch_widths]):
         key = f"sweep.arch_widths.{arch}" if arch in cfg.sweep.arch_widths else "sweep.widths"
         check_widths(key, cfg.sweep.widths_for(arch), cfg.sweep.heads, cfg.sweep.search)
-    for arch in cfg.sweep.arch_lrs:
-        if arch not in cfg.sweep.architectures:
-            raise one_of("sweep.arch_lrs", arch, cfg.sweep.architectures)
-    for arch in cfg.sweep.architectures:
+    for arch in dict.fromkeys([*cfg.sweep.architectures, *cfg.sweep.arch_lrs]):
         key = f"sweep.arch_lrs.{arch}" if arch in cfg.sweep.arch_lrs else "sweep.lrs"
         lrs = cfg.sweep.learning_rates(arch)
         if not lrs:
@@ -308,9 +301,11 @@ def check_architectures(cfg: Config) -> None:
     for arch in cfg.sweep.architectures:
         if arch not in models.ARCHITECTURES:
             raise one_of("sweep.architectures", arch, models.ARCHITECTURES)
+    for key in ("arch_depths", "arch_widths", "arch_lrs", "arch_options"):
+        for arch in getattr(cfg.sweep, key):
+            if arch not in models.ARCHITECTURES:
+                raise one_of(f"sweep.{key}", arch, models.ARCHITECTURES)
     for arch, options in cfg.sweep.arch_options.items():
-        if arch not in models.ARCHITECTURES:
-            raise one_of("sweep.arch_options", arch, models.ARCHITECTURES)
         models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
 
 

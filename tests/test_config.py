@@ -188,6 +188,20 @@ def test_datasets_overrides_replace_the_profiles_and_other_mappings_merge(tmp_pa
     assert cfg.generate.for_task("index_lookup").test_samples == 100
 
 
+@pytest.mark.parametrize("profile, override", [
+    ("paper", "{generate: {datasets: {lis: [250]}}, sweep: {datasets: {lis: [250]}}}"),  # its per_task stays
+    ("cpu-repro", "sweep: {datasets: {arithmetic: [2]}}"),  # its task_architectures of index_lookup stay
+    ("separations", "sweep: {architectures: [transformer]}"),  # its arch_depths of the LSTM stay
+])
+def test_an_override_that_narrows_what_to_run_keeps_the_profiles_other_settings_valid(tmp_path, profile, override):
+    tasks_line = "tasks: [" + ", ".join(tasks.TASKS) + "]\n"
+    narrowed = yaml.safe_load(override)
+    params = f"profile: {profile}\n{tasks_line}{yaml.safe_dump(narrowed)}"
+    cfg = config_mod.load(write_params(tmp_path / "params.yaml", params))
+    assert {k: getattr(getattr(cfg, section), k) for section, keys in narrowed.items() for k in keys} \
+        == {k: v for keys in narrowed.values() for k, v in keys.items()}
+
+
 def test_an_override_of_lr_replaces_the_profiles_lrs_and_back(tmp_path):
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {lrs: [0.1, 0.01]}\n")
     assert config_mod.load(p).sweep.learning_rates() == [0.1, 0.01]
