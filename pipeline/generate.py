@@ -4,7 +4,9 @@
     python -m pipeline.generate --task lis --workers 2  (the same bytes, made by two worker processes)
 
 Samples come in chunks of ``generate.chunk_size`` from the task's compiled generator, chunk c of a split seeded by
-(seed, task, size, split, c), so the files are the same whichever process made which chunk. Test samples are drawn
+(seed, task, size, split, c), so the files are the same whichever process made which chunk. With several workers,
+each makes whole datasets (sizes), the costliest first, when the task's sizes can share the workers evenly; else
+the workers make the chunks of one dataset at a time and this process writes them. Test samples are drawn
 first, then train samples; with ``generate.unique`` (the default) every kept sample is new, whole sequences
 compared through 64-bit hashes, so train is unique and disjoint from test. Before anything is written, every size
 is validated and the sample counts compared with the space of distinct samples. Each written file is re-checked
@@ -36,6 +38,7 @@ import numpy as np
 
 import tasks
 from pipeline import config as config_mod
+from pipeline import progress as progress_mod
 from pipeline.datasets import DatasetError, ParquetSink, dataset_path, read_metadata
 from pipeline.dedup import SeenSet, row_hashes
 from pipeline.parallel import Pool
@@ -139,19 +142,56 @@ def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool 
         if final.exists():  # never mix files of an earlier run
             shutil.rmtree(final)
         with Pool(workers or gen.workers) as pool:
-            for task in built:
-                seen = SeenSet(gen.test_samples + gen.train_samples) if gen.unique else None
-                for split in SPLITS:
-                    count = gen.test_samples if split == "test" else gen.train_samples
-                    path = staging / dataset_path(out_dir, name, task.size, split).name
-                    stats = write_split(task, split, count, gen, seen, path, pool)
-                    checked = validate_file(path, gen.validate_samples, gen.seed, pool) if check else 0
-                    manifest["datasets"].append({"size": task.size, "split": split, "file": path.name,
-                                                 "samples": stats["samples"], "max_length": stats["max_length"],
-                                                 "mean_length": stats["mean_length"], "checked": checked})
+            if by_dataset(built, pool.workers):
+                # a whole dataset per worker, the costliest first: no chunk crosses a pipe, no one process writes
+                # every file (the critical path of the other way)
+                order = sorted(built, key=cost, reverse=True)
+                with progress(len(built), f"{name}: datasets, {pool.workers} at a time", unit="datasets") as bar:
+                    made = pool.map(make_dataset, [(t.name, t.size, json.dumps(t.params, sort_keys=True), gen,
+                                                    staging, check) for t in order], done=lambda _: bar.update())
+                entries = dict(zip((t.size for t in order), made))
+                for task in built:
+                    manifest["datasets"] += entries[task.size]
+            else:
+                for task in built:
+                    manifest["datasets"] += write_dataset(task, gen, staging, check, pool)
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         staging.rename(final)  # the task's files appear together, and only when all are complete
     return manifest
+
+
+def cost(task: tasks.Task) -> int:
+    """A dataset's expected cost, up to a factor shared by the task's sizes: its longest sequence."""
+    return task.max_length()
+
+
+def by_dataset(built: list[tasks.Task], workers: int) -> bool:
+    """Whether to give each worker whole datasets: when there are several workers and no dataset is more than an
+    even share of the work, so they can end together. Otherwise the workers make chunks of one dataset at a time,
+    which this process writes."""
+    return workers > 1 and len(built) >= workers and max(map(cost, built)) <= sum(map(cost, built)) / workers
+
+
+def write_dataset(task: tasks.Task, gen: config_mod.GenerateConfig, staging: Path, check: bool, pool: Pool) -> list:
+    """The test file, then the train file, of one size of a task (train unique and disjoint from test with
+    ``gen.unique``), each re-checked unless ``check`` is false; their manifest entries."""
+    seen = SeenSet(gen.test_samples + gen.train_samples) if gen.unique else None
+    entries = []
+    for split in SPLITS:
+        count = gen.test_samples if split == "test" else gen.train_samples
+        path = staging / dataset_path(staging, task.name, task.size, split).name
+        stats = write_split(task, split, count, gen, seen, path, pool)
+        checked = validate_file(path, gen.validate_samples, gen.seed, pool) if check else 0
+        entries.append({"size": task.size, "split": split, "file": path.name, "samples": stats["samples"],
+                        "max_length": stats["max_length"], "mean_length": stats["mean_length"], "checked": checked})
+    return entries
+
+
+def make_dataset(name: str, size: int, params: str, gen: config_mod.GenerateConfig, staging: Path,
+                 check: bool) -> list:
+    """``write_dataset`` alone in a worker process, beside the other workers' datasets."""
+    progress_mod.SHOWN = False  # the parent shows one bar for all the workers
+    return write_dataset(cached_task(name, size, params), gen, staging, check, Pool(1))
 
 
 def try_lock(path: Path, wait: bool = False) -> int | None:

@@ -1,5 +1,6 @@
 """Worker processes for the data stages: results come back in submission order, so output never depends on how
-many workers made it. ``workers = 1`` runs everything in this process (no start-up cost, for small data)."""
+many workers made it. ``workers = 1`` runs everything in this process (no start-up cost, for small data). On an
+error or a signal the workers are killed, not awaited: a worker writing files must not outlive the clean-up."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 WORKER_NICENESS = 5
 
@@ -56,13 +57,44 @@ class Pool:
             for future in pending:
                 future.cancel()
 
-    def close(self, wait: bool = True) -> None:
-        if self.executor is not None:
-            self.executor.shutdown(wait=wait, cancel_futures=True)
+    def map(self, fn: Callable, args: Iterable[tuple], done: Callable | None = None) -> list:
+        """``fn(*a)`` for each ``a``, all queued at once and started in that order; the results in that order, each
+        also passed to ``done`` as it comes. The first error raises as soon as it happens, not when the tasks queued
+        before it are done."""
+        if self.executor is None:
+            results = []
+            for a in args:
+                results.append(fn(*a))
+                if done:
+                    done(results[-1])
+            return results
+        futures = [self.executor.submit(fn, *a) for a in args]
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                if done:
+                    done(result)
+            return [future.result() for future in futures]
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def close(self, kill: bool = False) -> None:
+        if self.executor is None:
+            return
+        if kill:  # Python 3.14 has executor.kill_workers(); before it, the processes are only in _processes
+            processes = list((self.executor._processes or {}).values())
+            for process in processes:
+                process.kill()
+            for process in processes:
+                process.join(timeout=10)  # dead, not just signalled
+        # not awaited after a kill: the executor's threads may wait forever on the pipes of the dead workers
+        self.executor.shutdown(wait=not kill, cancel_futures=True)
 
     def __enter__(self) -> "Pool":
         return self
 
     def __exit__(self, error: type[BaseException] | None, *exc) -> None:
-        # on an error or a signal, the caller's clean-up need not wait for the workers to end their chunks in flight
-        self.close(wait=error is None)
+        # on an error or a signal the caller cleans up (removes the files being written): the workers must be gone
+        # first, and it need not wait for them to end the work in flight
+        self.close(kill=error is not None)

@@ -109,15 +109,32 @@ def test_same_seed_gives_identical_files(tiny_cfg, tiny_data, tmp_path):
             dataset_path(tiny_data, "lis", size, split).read_bytes()
 
 
-def test_worker_count_does_not_change_a_byte(tiny_cfg, tmp_path):
+@pytest.mark.parametrize("datasets, by_dataset", [
+    ({"arithmetic": [3]}, False),  # one dataset: the workers make its chunks, this process writes them
+    ({"lis": [5, 6, 7]}, True),  # several of similar cost: a whole dataset per worker
+])
+def test_worker_count_does_not_change_a_byte(tiny_cfg, tmp_path, datasets, by_dataset):
     """Many chunks, duplicates dropped, arithmetic's fill draws: 1 process and 2 workers write the same files."""
-    cfg = small_config(tiny_cfg, {"arithmetic": [3]}, train=3000, test=300, chunk_size=256, row_group_size=1000)
-    for workers in (1, 2):
-        generate_task(cfg, "arithmetic", tmp_path / str(workers), check=False, workers=workers)
-    for split in SPLITS:
-        one, two = (dataset_path(tmp_path / w, "arithmetic", 3, split) for w in ("1", "2"))
-        assert file_hash(one) == file_hash(two)
-        assert pq.ParquetFile(one).metadata.num_row_groups == (3 if split == "train" else 1)
+    cfg = small_config(tiny_cfg, datasets, train=3000, test=300, chunk_size=256, row_group_size=1000)
+    (name, sizes), = datasets.items()
+    assert generate_mod.by_dataset([tasks.get_task(name, size) for size in sizes], 2) == by_dataset
+    manifests = [generate_task(cfg, name, tmp_path / str(workers), workers=workers) for workers in (1, 2)]
+    assert manifests[0] == manifests[1]
+    for size in sizes:
+        for split in SPLITS:
+            one, two = (dataset_path(tmp_path / w, name, size, split) for w in ("1", "2"))
+            assert file_hash(one) == file_hash(two)
+            assert pq.ParquetFile(one).metadata.num_row_groups == (3 if split == "train" else 1)
+
+
+def test_a_failing_dataset_fails_the_task_and_leaves_no_file_nor_worker(tiny_cfg, tmp_path):
+    """A whole dataset per worker: a worker's error is the task's, named, and the clean-up leaves nothing."""
+    cfg = small_config(tiny_cfg, {"arithmetic": [1, 2, 3, 4]}, train=500, test=20)  # size 1: 473 distinct, 520 asked
+    assert generate_mod.by_dataset([tasks.get_task("arithmetic", n) for n in (1, 2, 3, 4)], 2)
+    with pytest.raises(tasks.TaskError, match="arithmetic size 1: only [0-9]+ distinct train samples after"):
+        generate_task(cfg, "arithmetic", tmp_path, workers=2)
+    assert not [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]  # workers gone
+    assert not files_under(tmp_path)
 
 
 def test_too_many_samples_for_the_space_fails_before_writing(tiny_cfg, tmp_path):
@@ -161,15 +178,16 @@ def files_under(path: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_path, sig):
-    """A real generate process with two workers, stopped mid-way through its train file while other generates
-    start beside it, then killed: SIGTERM and SIGINT remove its staging directory at once; after SIGKILL (no
-    clean-up runs) DVC does not see what is left, and the next run removes it."""
+    """A real generate process with two workers, each writing a dataset of its own, stopped mid-way through a
+    train file while other generates start beside it, then killed: SIGTERM and SIGINT remove its staging directory
+    at once (its workers killed first); after SIGKILL (no clean-up runs) DVC does not see what is left, and the
+    next run removes it."""
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
     shutil.copy(ROOT / ".dvcignore", tmp_path)  # the project's own
     (tmp_path / "dvc.yaml").write_text("stages:\n  sweep:\n    cmd: 'true'\n    deps: [data]\n")
     small = write_params(tmp_path / "small.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n")
     big = write_params(tmp_path / "big.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n"
-                                              "generate: {train_samples: 2000000, datasets: {lis: [6]}}\n")
+                                              "generate: {train_samples: 2000000, datasets: {lis: [5, 6, 7]}}\n")
     data = tmp_path / "data"
     assert generate_mod.main(["--task", "arithmetic", "--params", str(small), "--out", str(data)]) == 0
     if sig == signal.SIGKILL:
@@ -200,9 +218,9 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
         assert partial.exists()  # left behind, but DVC ignores it: data/ hashes as before
         status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=tmp_path, capture_output=True, text=True)
         assert "up to date" in status.stdout, status.stdout + status.stderr
-    assert files_under(data) == ([str(p.relative_to(data)) for p in staging.iterdir()] if sig == signal.SIGKILL
-                                 else []) + ["arithmetic/arithmetic_2_test.parquet",
-                                             "arithmetic/arithmetic_2_train.parquet", "arithmetic/manifest.json"]
+    left = [str(p.relative_to(data)) for p in staging.iterdir()] if sig == signal.SIGKILL else []
+    assert files_under(data) == sorted(left + ["arithmetic/arithmetic_2_test.parquet",
+                                               "arithmetic/arithmetic_2_train.parquet", "arithmetic/manifest.json"])
 
     assert generate_mod.main(["--task", "lis", "--params", str(small), "--out", str(data), "--no-check"]) == 0
     assert not staging.exists() and (data / "lis" / "manifest.json").exists()
