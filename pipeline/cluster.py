@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from pipeline.tracking import ServiceError
+from pipeline.services import ServiceError
 
 PACKAGES = ("pipeline", "models", "tasks")
 

@@ -30,6 +30,7 @@ from pipeline import claims as claims_mod
 from pipeline import config as config_mod
 from pipeline import figures as figures_mod
 from pipeline import tables
+from pipeline.services import ServiceError, check_mlflow
 
 REQUIRED = ("task", "size", "max_len", "arch", "width", "depth", "seed", "measured", "status", "reason",
             "final_accuracy", "paper_gflops", "exact_gflops", "solve_pflops", "mlflow_run_id", "parent_run_id")
@@ -141,8 +142,6 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
     if log_mlflow:
         from mlflow.tracking import MlflowClient
 
-        from pipeline.tracking import check_mlflow
-
         uri = cfg.cluster.mlflow()
         check_mlflow(uri)
         client = MlflowClient(uri)
@@ -195,8 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics", default=str(root / "results" / "report.json"), help="metrics file (default: %(default)s)")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to the MLflow parent run")
     args = ap.parse_args(argv)
-    from pipeline.tracking import ServiceError
-
     try:
         summary = report(config_mod.load(args.params), Path(args.results), Path(args.out), Path(args.metrics),
                          log_mlflow=not args.no_mlflow)

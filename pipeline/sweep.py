@@ -27,14 +27,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import importlib
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -42,7 +45,10 @@ from pipeline import config as config_mod
 from pipeline.cells import build_cells, expected_cost, model_costs, run_key
 from pipeline.datasets import DatasetError
 from pipeline.frontier import make_plan
-from pipeline.train import TrialSpec
+from pipeline.services import ServiceError, check_mlflow, check_ray
+
+if TYPE_CHECKING:
+    from pipeline.train import TrialSpec
 
 RESULTS = config_mod.ROOT / "results"
 RESULT_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops",
@@ -56,6 +62,8 @@ TRAIN_KEYS = ("heads", "dropout", "optimizer", "batch_size", "epochs", "max_step
 
 
 def trial_spec(cell: dict, train: dict) -> TrialSpec:
+    from pipeline.train import TrialSpec  # Lightning: imported by the trials, not by the driver
+
     names = {f.name for f in fields(TrialSpec)}
     return TrialSpec(**{k: v for k, v in {**cell, **train}.items() if k in names})
 
@@ -140,16 +148,15 @@ def write_atomic(path: Path, text: str) -> None:
 def exclusive(out_dir: Path):
     """One sweep at a time per results directory: a second one stops at once instead of racing the first for
     its outputs (``dvc repro`` holds DVC's own lock too; this covers ``python -m pipeline.sweep``)."""
-    from pipeline.tracking import ServiceError
-
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".sweep.lock", "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            raise ServiceError(f"another sweep is running with results in {out_dir} ({lock.read().strip()}); "
-                               "wait for it to end, or stop it (its finished trials are kept)") from None
+            raise ServiceError(f"another sweep is running with results in {out_dir} "
+                                          f"({lock.read().strip()}); wait for it to end, or stop it (its finished "
+                                          "trials are kept)") from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -168,23 +175,50 @@ def reporter():
 
 
 def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
+    """The stage: cells built from the datasets, MLflow and Ray checked, a local Ray started (a cluster is joined
+    later, only if something needs training), then ``run_sweep``; Ray is left when it ends, however it ends."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic trial table, not a box per trial and result
     # Tune saves its experiment state whenever a trial has made checkpoints_to_keep checkpoints, and warns about it
     # at every validation of short trials; we restore from our own checkpoints, not from that state
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    import psutil
+    import ray
+    from ray import tune  # noqa: F401 (Ray Tune's modules: imported by this thread, before the other one starts)
+
+    from pipeline import cluster
+
+    stage_start = psutil.Process().create_time()  # the stage's process, imports included
+    cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
+    check_mlflow(cfg.cluster.mlflow())
+    check_ray(cfg.cluster.ray())
+    # a local ray.init mostly waits for Ray's processes: the driver's slow imports (MLflow, Lightning) run meanwhile
+    # in a thread (~3 s saved). Never the same package in both threads: a half-imported module breaks the other.
+    importing = threading.Thread(target=lambda: [importlib.import_module(m) for m in DRIVER_MODULES], daemon=True)
+    importing.start()
+    local = cfg.cluster.ray() is None
+    try:
+        if local:
+            cluster.connect_ray(None, os.cpu_count() or 1)
+        importing.join()
+        return run_sweep(cfg, cells, out_dir, stage_start, local)
+    finally:
+        ray.shutdown()
+
+
+DRIVER_MODULES = ("mlflow", "lightning", "pipeline.tracking", "pipeline.checkpoints", "pipeline.searcher",
+                  "pipeline.storage")
+
+
+def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: float, local: bool) -> pd.DataFrame:
+    """The sweep once its cells are built (and a local Ray is up): MLflow runs, the plan, Tune, the outputs."""
+    import ray
     from ray import tune
 
     from pipeline import checkpoints, cluster, storage
     from pipeline.searcher import CellSearcher, trial_key
-    from pipeline.tracking import ChildRuns, check_mlflow, check_ray, close_orphans, driver_tags, start_parent
+    from pipeline.tracking import ChildRuns, close_orphans, driver_tags, start_parent
 
-    import psutil
-
-    stage_start = psutil.Process().create_time()  # the stage's process, imports included
-    cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
     uri = cfg.cluster.mlflow()
-    check_mlflow(uri)
-    check_ray(cfg.cluster.ray())
     s = cfg.sweep
     train = {k: getattr(s, k) for k in TRAIN_KEYS} | {"threshold": cfg.report.accuracy_threshold,
                                                       "threads": s.cpus_per_trial, "use_gpu": s.gpus_per_trial > 0,
@@ -235,13 +269,11 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
               f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; MLflow {uri}",
               flush=True)
         if to_train:
-            address = cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
+            address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
             client.log_param(parent, "ray", address)
             cluster.check_resources(**s.trial_resources())
             if cfg.cluster.ray():  # a local Ray runs this process's code on files it has read: nothing to probe
                 cluster.probe_nodes(next(iter(published.values())))
-            import ray
-
             # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next
             # trial waits for the last one's worker to come up
             slots = min(int(ray.cluster_resources().get("CPU", 1) // s.trial_resources()["cpu"]),
@@ -257,7 +289,6 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
                     progress_reporter=reporter(), failure_config=tune.FailureConfig(max_failures=s.max_failures),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep)))
             tuner.fit()
-            ray.shutdown()
         runs = []
         for cell_key, by_lr in searcher.runs.items():
             for run in by_lr.values():
@@ -321,8 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=str(config_mod.ROOT / "data"), help="data directory (default: %(default)s)")
     ap.add_argument("--out", default=str(RESULTS), help="results directory (default: %(default)s)")
     args = ap.parse_args(argv)
-    from pipeline.tracking import ServiceError
-
     try:
         with exclusive(Path(args.out)):
             sweep(config_mod.load(args.params), Path(args.data), Path(args.out))

@@ -22,7 +22,7 @@ if problem := services.namespace_problem():
 DRIVER = """
 import json, os, ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from pipeline.tracking import check_ray
+from pipeline.services import check_ray
 
 check_ray(os.environ["RAY_ADDRESS"])
 ray.init(log_to_driver=False, logging_level="ERROR")
@@ -77,7 +77,7 @@ def test_driver_without_the_token_fails_fast_with_a_named_error(cluster, token):
     elapsed = time.monotonic() - start
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("pipeline.tracking.ServiceError: Ray head at 127.0.0.1:"), done.stderr[-2000:]
+    assert last.startswith("pipeline.services.ServiceError: Ray head at 127.0.0.1:"), done.stderr[-2000:]
     assert "requires its auth token" in last and "RAY_AUTH_TOKEN_PATH" in last and "ray get-auth-token" in last
     assert ("sends none" if token is None else "rejects the token") in last
     assert elapsed < 15, f"{elapsed:.1f} s: the check should not wait for ray.init's retries"

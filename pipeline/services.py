@@ -1,0 +1,129 @@
+"""The services a sweep needs, checked before any compute: the MLflow store (a server, or an SQLite file) and a
+Ray head (reachable, and accepting this driver's auth token). Every problem is a ``ServiceError`` that names the
+address and what to do. Light on purpose (MLflow is imported only to ask a server): the sweep stage checks these
+before it starts a local Ray, and imports MLflow's client meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sqlite3
+import tempfile
+from pathlib import Path
+
+
+class ServiceError(RuntimeError):
+    """MLflow or Ray cannot be reached or used; the message names the address."""
+
+
+def check_mlflow(uri: str) -> None:
+    """Fail fast, before any compute, on a store that cannot work: a server that does not answer or serves no
+    tracking API, an SQLite store that cannot be read and written."""
+    if uri.startswith(("http://", "https://")):
+        check_server(uri)
+    elif uri.startswith("sqlite:///"):
+        check_sqlite(uri, Path(uri.removeprefix("sqlite:///")))
+    else:
+        raise ServiceError(f"MLflow tracking URI {uri!r}: use sqlite:///path/to/mlflow.db or http(s)://server "
+                           "(the file store is deprecated)")
+
+
+def check_server(uri: str) -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    creds = get_default_host_creds(uri)  # the client's own credentials and TLS settings
+
+    def get(endpoint: str, **params):
+        try:  # no retries: MLflow's client retries an unavailable server with backoff for minutes
+            return http_request(creds, endpoint, "GET", max_retries=0, timeout=10, raise_on_status=False,
+                                params=params)
+        except MlflowException as err:
+            raise ServiceError(f"MLflow server at {uri} is unreachable ({err.message}); start it with `mlflow "
+                               "server` or unset MLFLOW_TRACKING_URI / cluster.mlflow_tracking_uri") from None
+
+    health = get("/health")
+    if health.status_code != 200:
+        raise ServiceError(f"MLflow server at {uri} answered /health with HTTP {health.status_code}")
+    # /health also answers on a server started with --artifacts-only: ask the tracking API itself
+    search = get("/api/2.0/mlflow/experiments/search", max_results=1)
+    if search.status_code != 200:
+        raise ServiceError(f"MLflow server at {uri} serves no tracking API: searching experiments answered HTTP "
+                           f"{search.status_code} ({search.text.strip()[:300]})")
+
+
+SQLITE_PROBLEMS = {"file is not a database": "is not an SQLite database",
+                   "attempt to write a readonly database": "is read-only",
+                   "unable to open database file": "cannot be opened (unreadable?)",
+                   "database is locked": "stayed locked by another process for 10 s"}
+
+
+def check_sqlite(uri: str, path: Path) -> None:
+    where = f"MLflow SQLite store {uri}"
+    if not path.parent.is_dir():
+        raise ServiceError(f"{where}: directory {path.parent} does not exist")
+    try:  # SQLite creates the store, and its journal at every write, beside it
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as err:
+        raise ServiceError(f"{where}: directory {path.parent} is read-only ({err.strerror}); SQLite must create "
+                           "files there") from None
+    if not path.exists():
+        return  # MLflow creates it
+    if not path.is_file():
+        raise ServiceError(f"{where}: {path} is not a file")
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=10)) as db:
+            db.execute("BEGIN IMMEDIATE")  # the write lock
+            db.execute("CREATE TABLE capacity_atlas_probe (x)")  # a real write, never committed
+            db.rollback()
+    except sqlite3.Error as err:
+        raise ServiceError(f"{where}: {path} {SQLITE_PROBLEMS.get(str(err), 'cannot be written')} ({err})") from None
+
+
+def check_ray(address: str | None) -> None:
+    """Fail fast on a Ray head that does not answer or does not accept this driver: ray.init would retry for 20 s
+    to minutes before giving up with a bare ConnectionError."""
+    if not address or address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ServiceError(f"Ray address {address!r}: expected host:port or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as err:
+        raise ServiceError(f"Ray head at {address} is unreachable ({err}); start one with `ray start --head` "
+                           "or unset RAY_ADDRESS / cluster.ray_address for a local Ray") from None
+    if not address.startswith("ray://"):  # a GCS address; Ray Client's server speaks another protocol
+        check_ray_token(hostport)
+
+
+def check_ray_token(gcs_address: str) -> None:
+    """A head started with token authentication (RAY_AUTH_MODE=token, Ray's default once a token exists) rejects
+    every request without its token; Ray's GCS client says so at once, where ray.init retries."""
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        ensure_token_if_auth_enabled(None, create_token_if_missing=False)  # RAY_AUTH_MODE=token but no token
+        GcsClient(address=gcs_address)  # fetches the cluster id: the first authenticated request
+    except AuthenticationError as err:
+        raise ServiceError(f"Ray head at {gcs_address} requires its auth token: {token_problem()}. "
+                           f"{RAY_TOKEN_HELP} (Ray: {err.message})") from None
+
+
+RAY_TOKEN_HELP = ("Give the driver the head's token: RAY_AUTH_MODE=token and either RAY_AUTH_TOKEN=<token> or "
+                  "RAY_AUTH_TOKEN_PATH=<file holding it>; `ray get-auth-token` on the head prints it")
+
+
+def token_problem() -> str:
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return "this driver sends none (RAY_AUTH_MODE is not token)"
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+            or (Path.home() / ".ray" / "auth_token").exists()):
+        return "RAY_AUTH_MODE=token but no token was found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
+    return "the head rejects the token this driver sends"
