@@ -177,7 +177,7 @@ def files_under(path: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_path, sig):
+def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_path, sig, request):
     """A real generate process with two workers, each writing a dataset of its own, stopped mid-way through a
     train file while other generates start beside it, then killed: SIGTERM and SIGINT remove its staging directory
     at once (its workers killed first); after SIGKILL (no clean-up runs) DVC does not see what is left, and the
@@ -197,6 +197,7 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
     run = subprocess.Popen([sys.executable, "-m", "pipeline.generate", "--task", "lis", "--params", str(big), "--out",
                             str(data), "--no-check", "--workers", "2"], cwd=ROOT, stderr=subprocess.DEVNULL,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    request.addfinalizer(run.kill)  # a failing test leaves no run behind (its workers exit with it)
     staging = data / generate_mod.STAGING_DIR / "lis"
     partial = staging / "lis_6_train.parquet.tmp"
     while not partial.exists():
