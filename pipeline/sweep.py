@@ -8,10 +8,11 @@ Before anything trains: the config is validated, every dataset file is opened an
 trial's CPUs and GPUs, and on a cluster every Ray node is probed: it must import the code and read the data
 (``pipeline/cluster.py``). ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
-rest. The plan runs as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate), each
-training with Lightning until its verdict (``pipeline/verdict.py``: solved, unsolved, diverged; failed if it
-raised), then scoring the test set. A cell's result is its best learning rate. Runs this MLflow experiment already finished
-with the same data, training settings and training code are reused (``sweep.reuse: false`` retrains them).
+rest. The plan runs as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate)
+(``pipeline/trainable.py``), each training with Lightning until its verdict (``pipeline/verdict.py``: solved,
+unsolved, diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate.
+Runs this MLflow experiment already finished with the same data, training settings and training code are reused
+(``sweep.reuse: false`` retrains them).
 Trials checkpoint at every validation into the storage path (``pipeline/checkpoints.py``); a trial whose worker
 died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
 from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
@@ -29,15 +30,12 @@ import contextlib
 import fcntl
 import importlib
 import json
-import logging
 import os
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -46,9 +44,6 @@ from pipeline.cells import build_cells, expected_cost, model_costs, run_key
 from pipeline.datasets import DatasetError
 from pipeline.frontier import make_plan
 from pipeline.services import ServiceError, check_mlflow, check_ray
-
-if TYPE_CHECKING:
-    from pipeline.train import TrialSpec
 
 RESULTS = config_mod.ROOT / "results"
 RESULT_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops",
@@ -59,57 +54,6 @@ CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "se
 TRAIN_KEYS = ("heads", "dropout", "optimizer", "batch_size", "epochs", "max_steps", "weight_decay", "warmup_fraction",
               "grad_clip", "precision", "patience", "plateau_checks", "min_delta", "stop_when_solved", "val_samples",
               "val_every_steps", "eval_samples", "eval_batch_size")
-
-
-def trial_spec(cell: dict, train: dict) -> TrialSpec:
-    from pipeline.train import TrialSpec  # Lightning: imported by the trials, not by the driver
-
-    names = {f.name for f in fields(TrialSpec)}
-    return TrialSpec(**{k: v for k, v in {**cell, **train}.items() if k in names})
-
-
-def run_cell(config: dict) -> None:
-    """Ray Tune trainable (runs in a Ray worker): one learning-rate run of a cell, reporting and checkpointing
-    at every validation, then the final metrics with the verdict. A retried trial continues from its last
-    checkpoint (``tune.get_checkpoint``), a trial of a sweep that died from the checkpoint it left
-    (``config["resume"]``)."""
-    import lightning as L
-    import ray
-    import torch
-    from ray import tune
-
-    from pipeline.checkpoints import FILE, write_meta
-    from pipeline.storage import fetch
-    from pipeline.train import run_trial
-
-    logging.getLogger("lightning").setLevel(logging.WARNING)
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    node = ray.util.get_node_ip_address()
-    cell = config["cell"] | {k: str(fetch(config["cell"][k], node)) for k in ("train_path", "test_path")}
-    spec = trial_spec(cell, config["train"])
-    if spec.use_gpu and not torch.cuda.is_available():
-        raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
-    where = {"node": node}
-
-    def progress(trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
-        return where | {"step": trainer.global_step, "train_pflops": module.train_flops / 1e15,
-                        "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
-                        **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy")
-                           if k in m}}
-
-    def save(trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:
-        write_meta(directory, config["trial_key"], config["cell"]["run_key"], trainer.global_step)
-        tune.report(progress(trainer, module, trainer.callback_metrics),
-                    checkpoint=tune.Checkpoint.from_directory(directory))
-
-    def resumed(trainer: L.Trainer, module: L.LightningModule, metrics: dict) -> None:
-        tune.report(progress(trainer, module, metrics))
-
-    checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
-    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as directory:
-        resume = Path(directory) / FILE if directory else None
-        result = run_trial(spec, checkpoint=save, resume=resume, resumed=resumed)
-    tune.report(where | result | {"step": result["train_steps"], "final": True})
 
 
 def trial_name(trial) -> str:
@@ -205,8 +149,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
         ray.shutdown()
 
 
-DRIVER_MODULES = ("mlflow", "lightning", "pipeline.tracking", "pipeline.checkpoints", "pipeline.searcher",
-                  "pipeline.storage")
+DRIVER_MODULES = ("mlflow", "pipeline.tracking", "pipeline.checkpoints", "pipeline.searcher", "pipeline.storage",
+                  "pipeline.trainable")
 
 
 def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: float, local: bool) -> pd.DataFrame:
@@ -216,6 +160,7 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
 
     from pipeline import checkpoints, cluster, storage
     from pipeline.searcher import CellSearcher, trial_key
+    from pipeline.trainable import run_cell
     from pipeline.tracking import ChildRuns, close_orphans, driver_tags, start_parent
 
     uri = cfg.cluster.mlflow()

@@ -1,0 +1,63 @@
+"""The Ray Tune trainable: one learning-rate run of a cell, in a Ray worker (``run_cell``).
+
+It fetches the cell's datasets to the node, trains with Lightning (``pipeline/train.py``), reports to Tune and
+checkpoints at every validation, and reports the final metrics with the verdict at the end. The driver
+(``pipeline/sweep.py``) hands it to Tune by reference, so a worker imports this module and what it needs, not the
+driver's stage module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import fields
+from pathlib import Path
+
+import lightning as L
+import ray
+import torch
+from ray import tune
+
+from pipeline.checkpoints import FILE, write_meta
+from pipeline.storage import fetch
+from pipeline.train import TrialSpec, run_trial
+
+
+def trial_spec(cell: dict, train: dict) -> TrialSpec:
+    names = {f.name for f in fields(TrialSpec)}
+    return TrialSpec(**{k: v for k, v in {**cell, **train}.items() if k in names})
+
+
+def run_cell(config: dict) -> None:
+    """Ray Tune trainable (runs in a Ray worker): one learning-rate run of a cell, reporting and checkpointing
+    at every validation, then the final metrics with the verdict. A retried trial continues from its last
+    checkpoint (``tune.get_checkpoint``), a trial of a sweep that died from the checkpoint it left
+    (``config["resume"]``)."""
+    logging.getLogger("lightning").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    node = ray.util.get_node_ip_address()
+    cell = config["cell"] | {k: str(fetch(config["cell"][k], node)) for k in ("train_path", "test_path")}
+    spec = trial_spec(cell, config["train"])
+    if spec.use_gpu and not torch.cuda.is_available():
+        raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
+    where = {"node": node}
+
+    def progress(trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
+        return where | {"step": trainer.global_step, "train_pflops": module.train_flops / 1e15,
+                        "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
+                        **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy")
+                           if k in m}}
+
+    def save(trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:
+        write_meta(directory, config["trial_key"], config["cell"]["run_key"], trainer.global_step)
+        tune.report(progress(trainer, module, trainer.callback_metrics),
+                    checkpoint=tune.Checkpoint.from_directory(directory))
+
+    def resumed(trainer: L.Trainer, module: L.LightningModule, metrics: dict) -> None:
+        tune.report(progress(trainer, module, metrics))
+
+    checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
+    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as directory:
+        resume = Path(directory) / FILE if directory else None
+        result = run_trial(spec, checkpoint=save, resume=resume, resumed=resumed)
+    tune.report(where | result | {"step": result["train_steps"], "final": True})
