@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline import cluster
 from pipeline import config as config_mod
 from pipeline.cells import build_cells, expected_cost, model_costs, run_key
 from pipeline.datasets import DatasetError
@@ -98,9 +99,8 @@ def exclusive(out_dir: Path):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            raise ServiceError(f"another sweep is running with results in {out_dir} "
-                                          f"({lock.read().strip()}); wait for it to end, or stop it (its finished "
-                                          "trials are kept)") from None
+            raise ServiceError(f"another sweep is running with results in {out_dir} ({lock.read().strip()}); "
+                               "wait for it to end, or stop it (its finished trials are kept)") from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -129,8 +129,6 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     import ray
     from ray import tune  # noqa: F401 (Ray Tune's modules: imported by this thread, before the other one starts)
 
-    from pipeline import cluster
-
     stage_start = psutil.Process().create_time()  # the stage's process, imports included
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
     check_mlflow(cfg.cluster.mlflow())
@@ -158,7 +156,7 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
     import ray
     from ray import tune
 
-    from pipeline import checkpoints, cluster, storage
+    from pipeline import checkpoints, storage
     from pipeline.searcher import CellSearcher, trial_key
     from pipeline.trainable import run_cell
     from pipeline.tracking import ChildRuns, close_orphans, driver_tags, start_parent
@@ -217,7 +215,7 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
             address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
             client.log_param(parent, "ray", address)
             cluster.check_resources(**s.trial_resources())
-            if cfg.cluster.ray():  # a local Ray runs this process's code on files it has read: nothing to probe
+            if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
                 cluster.probe_nodes(next(iter(published.values())))
             # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next
             # trial waits for the last one's worker to come up
