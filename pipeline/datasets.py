@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,11 +90,13 @@ class ParquetSink:
     """Append batches to ``path.tmp`` in row groups of exactly ``row_group_size`` samples (the last one shorter), so
     memory stays bounded and the bytes depend only on the samples; ``close`` renames it into place when complete."""
 
-    def __init__(self, path: Path, metadata: dict, row_group_size: int):
+    def __init__(self, path: Path, metadata: dict, row_group_size: int,
+                 inspect: Callable[[pa.Table, int], None] | None = None):
         self.path, self.tmp = Path(path), Path(f"{path}.tmp")
         self.metadata, self.row_group_size = metadata, row_group_size
+        self.inspect = inspect  # sees each table just before it is written, with the index of its first row
         self.pending: list[pa.Table] = []
-        self.pending_rows = self.count = 0
+        self.pending_rows = self.count = self.written = 0
         self.stats = Stats()
         self.writer = None
 
@@ -115,7 +118,10 @@ class ParquetSink:
         if self.writer is None:
             self.tmp.parent.mkdir(parents=True, exist_ok=True)
             self.writer = pq.ParquetWriter(self.tmp, SCHEMA, compression="zstd")
+        if self.inspect is not None:
+            self.inspect(table.slice(0, rows), self.written)
         self.writer.write_table(table.slice(0, rows), row_group_size=self.row_group_size)
+        self.written += rows
         self.pending = [table.slice(rows)] if rows < len(table) else []
         self.pending_rows = len(table) - rows
 

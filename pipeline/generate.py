@@ -9,8 +9,9 @@ each makes whole datasets (sizes), the costliest first, when the task's sizes ca
 the workers make the chunks of one dataset at a time and this process writes them. Test samples are drawn
 first, then train samples; with ``generate.unique`` (the default) every kept sample is new, whole sequences
 compared through 64-bit hashes, so train is unique and disjoint from test. Before anything is written, every size
-is validated and the sample counts compared with the space of distinct samples. Each written file is re-checked
-by the task's independent checker (``generate.validate_samples`` per file, null = all; ``--no-check`` skips it).
+is validated and the sample counts compared with the space of distinct samples. The task's independent checker
+passes every sample (or ``generate.validate_samples`` of each file, at random) as it is handed to the Parquet
+writer, so no file is read back (``python -m pipeline.validate`` re-reads files; ``--no-check`` skips the check).
 Everything is written into ``<out>/.staging/<task>/`` and renamed to ``<out>/<task>/`` only once every file is
 complete: an interrupted or failed run leaves no file that looks complete. A failure, SIGTERM or Ctrl-C removes the
 staging directory at once; after a SIGKILL (no clean-up runs) it stays, ignored by DVC (``.dvcignore``), until the
@@ -43,7 +44,7 @@ from pipeline.datasets import DatasetError, ParquetSink, dataset_path, read_meta
 from pipeline.dedup import SeenSet, row_hashes
 from pipeline.parallel import Pool
 from pipeline.progress import progress
-from pipeline.validate import cached_task, validate_file
+from pipeline.validate import WriteCheck, cached_task, validate_file
 from tasks import SPLITS
 
 MAX_DRAWS_PER_SAMPLE = 20  # give up when unique samples are this rare: the space is too small
@@ -86,12 +87,14 @@ def make_chunk(stream: Stream, index: int) -> tuple[tasks.Batch, np.ndarray | No
 
 
 def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.GenerateConfig, seen: SeenSet | None,
-                path: Path, pool: Pool) -> dict:
+                path: Path, pool: Pool, check: bool) -> tuple[dict, int]:
+    """Write one split's file; its statistics and how many of its samples the checker passed."""
     chunk = min(gen.chunk_size, count)
     stream = Stream(task.name, task.size, json.dumps(task.params, sort_keys=True), split, gen.seed, chunk, count,
                     seen is not None)
     meta = {**task.metadata(), "split": split, "seed": gen.seed, "unique": gen.unique, "chunk_size": chunk}
-    sink = ParquetSink(path, meta, gen.row_group_size)
+    checker = WriteCheck(task, path, count, gen.validate_samples, gen.seed) if check else None
+    sink = ParquetSink(path, meta, gen.row_group_size, inspect=checker)
     bar = progress(count, f"{task.name} {task.size} {split}", unit="samples")
     # this process pauses to write each row group (its main cost): queue that many chunks beyond the usual 2 per
     # worker, so the workers keep generating meanwhile (a few MB per chunk)
@@ -116,7 +119,7 @@ def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.Genera
     finally:
         chunks.close()
         bar.close()
-    return stats
+    return stats, checker.checked if checker else 0
 
 
 def check_file(task: tasks.Task, path: Path) -> int:
@@ -174,14 +177,13 @@ def by_dataset(built: list[tasks.Task], workers: int) -> bool:
 
 def write_dataset(task: tasks.Task, gen: config_mod.GenerateConfig, staging: Path, check: bool, pool: Pool) -> list:
     """The test file, then the train file, of one size of a task (train unique and disjoint from test with
-    ``gen.unique``), each re-checked unless ``check`` is false; their manifest entries."""
+    ``gen.unique``), each checked while written unless ``check`` is false; their manifest entries."""
     seen = SeenSet(gen.test_samples + gen.train_samples) if gen.unique else None
     entries = []
     for split in SPLITS:
         count = gen.test_samples if split == "test" else gen.train_samples
         path = staging / dataset_path(staging, task.name, task.size, split).name
-        stats = write_split(task, split, count, gen, seen, path, pool)
-        checked = validate_file(path, gen.validate_samples, gen.seed, pool) if check else 0
+        stats, checked = write_split(task, split, count, gen, seen, path, pool, check)
         entries.append({"size": task.size, "split": split, "file": path.name, "samples": stats["samples"],
                         "max_length": stats["max_length"], "mean_length": stats["mean_length"], "checked": checked})
     return entries
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=str(config_mod.ROOT / "params.yaml"), help="params file (default: %(default)s)")
     ap.add_argument("--out", default=str(config_mod.ROOT / "data"), help="data directory (default: %(default)s)")
     ap.add_argument("--workers", type=int, help="generator processes (default: generate.workers); same output")
-    ap.add_argument("--no-check", action="store_true", help="skip re-checking the written samples")
+    ap.add_argument("--no-check", action="store_true", help="skip checking the samples as they are written")
     args = ap.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         ap.error("--workers must be >= 1")
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for d in manifest["datasets"]:
         print(f"{args.task} size {d['size']} {d['split']}: {d['samples']} samples, max length {d['max_length']}, "
-              f"{d['checked']} re-checked")
+              f"{d['checked']} checked")
     if not manifest["datasets"]:
         print(f"{args.task}: no sizes in profile {manifest['profile']!r}; wrote only the manifest")
     return 0

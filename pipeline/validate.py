@@ -7,8 +7,9 @@
 Each file's task is rebuilt from the file's own metadata (name, size, parameters) and must give the same
 vocabulary; the footer's statistics must match the data (sample count, maximum length). Then the task's
 independent checker (plain Python, none of the generator's code) runs on every chosen sample, one row group per
-work unit, spread over worker processes, with a progress bar. The generate stage runs the same check on each file
-it writes (``generate.validate_samples`` per file; null = every sample).
+work unit, spread over worker processes, with a progress bar. The generate stage runs the same checker on the same
+rows (``generate.validate_samples`` per file, the same seeded choice; null = every sample) while it writes each
+file, on the tables it hands to the Parquet writer.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -42,8 +44,12 @@ def task_key(meta: dict) -> tuple[str, int, str]:
 
 def check_rows(path: Path, key: tuple[str, int, str], group: int, first: int, rows: np.ndarray) -> int:
     """Run the checker on ``rows`` (indices inside row group ``group``, which starts at sample ``first``)."""
-    task = cached_task(*key)
     table = pq.ParquetFile(path).read_row_group(group, columns=["tokens", "prompt_len", "answer"])
+    return check_table(cached_task(*key), table, first, rows, path)
+
+
+def check_table(task: tasks.Task, table: pa.Table, first: int, rows: np.ndarray, path: Path) -> int:
+    """Run the checker on ``rows`` of ``table``, whose row 0 is sample ``first`` of file ``path``."""
     tokens = table.column("tokens").combine_chunks()
     offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
     prompt_len, answer = table.column("prompt_len").to_numpy(), table.column("answer").to_numpy()
@@ -53,6 +59,27 @@ def check_rows(path: Path, key: tuple[str, int, str], group: int, first: int, ro
         except tasks.TaskError as err:
             raise tasks.TaskError(f"{path} sample {first + r}: {err}") from None
     return len(rows)
+
+
+def chosen_rows(count: int, samples: int | None, seed: int) -> np.ndarray:
+    """The rows a check covers, in order: all ``count`` (``samples`` None), or that many of them at random."""
+    if samples is None or samples >= count:
+        return np.arange(count)
+    return np.sort(np.random.default_rng(seed).choice(count, samples, replace=False))
+
+
+class WriteCheck:
+    """The checker on the chosen rows of a file as it is written: called with each table handed to the Parquet
+    writer and its first row's index (``ParquetSink``'s ``inspect``), so no file is read back."""
+
+    def __init__(self, task: tasks.Task, path: Path, count: int, samples: int | None, seed: int):
+        self.task, self.path = task, path
+        self.rows = chosen_rows(count, samples, seed)
+        self.checked = 0
+
+    def __call__(self, table: pa.Table, first: int) -> None:
+        rows = self.rows[(self.rows >= first) & (self.rows < first + len(table))] - first
+        self.checked += check_table(self.task, table, first, rows, self.path)
 
 
 def validate_file(path: Path, samples: int | None = None, seed: int = 0, pool: Pool | None = None) -> int:
@@ -71,8 +98,7 @@ def validate_file(path: Path, samples: int | None = None, seed: int = 0, pool: P
     if (meta["stats"]["samples"], meta["stats"]["max_length"]) != (count, max_length):
         raise DatasetError(f"{path}: stats say {meta['stats']['samples']} samples of max length "
                            f"{meta['stats']['max_length']}, the data has {count} of max length {max_length}")
-    chosen = np.arange(count) if samples is None or samples >= count else \
-        np.sort(np.random.default_rng(seed).choice(count, samples, replace=False))
+    chosen = chosen_rows(count, samples, seed)
     starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
     units = []
     for g in range(parquet.num_row_groups):

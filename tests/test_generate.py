@@ -168,6 +168,25 @@ def test_an_interrupted_run_leaves_no_file_that_looks_complete(tiny_cfg, tmp_pat
     assert not files_under(tmp_path)
 
 
+def test_the_checker_fails_the_stage_on_a_wrong_sample_as_it_is_written(tiny_cfg, tmp_path, monkeypatch):
+    make_chunk = generate_mod.make_chunk
+
+    def wrong(stream, index):  # a generator bug in one sample of the second train chunk
+        batch, hashes = make_chunk(stream, index)
+        if stream.split == "train" and index == 1:
+            batch.values[batch.offsets[7] + batch.prompt_len[7] + 2] += 1
+        return batch, hashes
+
+    monkeypatch.setattr(generate_mod, "make_chunk", wrong)
+    cfg = small_config(tiny_cfg, {"lis": [6]}, train=1000, chunk_size=100, row_group_size=64)  # several writes
+    with pytest.raises(tasks.TaskError, match=r"lis_6_train\.parquet sample 1[0-9][0-9]: lis chain of thought"):
+        generate_task(cfg, "lis", tmp_path)
+    assert not files_under(tmp_path)
+    cfg.generate.validate_samples = 30  # a random subset: this one misses the wrong sample
+    manifest = generate_task(cfg, "lis", tmp_path)
+    assert [d["checked"] for d in manifest["datasets"]] == [30, 30]
+
+
 def files_under(path: Path) -> list[str]:
     """Every file under ``path`` but the staging directory's (empty) lock files."""
     locks = set((path / generate_mod.STAGING_DIR).glob("*.lock"))
