@@ -49,8 +49,8 @@ class GenerateConfig(Section):
                                                       "changing it changes the data")
     workers: PositiveInt = Field(1, description="generator and checker processes (1: in the stage's own process); "
                                                 "the files are byte-identical for any value")
-    validate_samples: PositiveInt | None = Field(None, description="samples per file re-checked after writing by "
-                                                                   "the task's checker; None = every sample")
+    validate_samples: PositiveInt | None = Field(None, description="samples per file checked by the task's "
+                                                                   "checker as it is written; None = every sample")
     per_task: dict[str, TaskGenerate] = Field(default_factory=dict, description="task name -> train_samples, "
                                               "test_samples or unique for that task only")
 

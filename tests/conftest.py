@@ -22,7 +22,7 @@ def tiny_cfg() -> config_mod.Config:
 
 @pytest.fixture(scope="session")
 def tiny_data(tiny_cfg, tmp_path_factory) -> Path:
-    """The tiny profile's datasets, every sample re-checked by its task's checker while written."""
+    """The tiny profile's datasets, every sample checked by its task's checker as it was written."""
     out = tmp_path_factory.mktemp("data")
     for task in tiny_cfg.tasks:
         generate_task(tiny_cfg, task, out, check=True)

@@ -35,7 +35,7 @@ def small_config(tiny_cfg, datasets: dict, train: int = 300, test: int = 60, **g
 @pytest.fixture(scope="module")
 def small_data(tiny_cfg, tmp_path_factory):
     """Every task at its small sizes (distinct samples for the DP tasks, i.i.d. for the separations tasks, as the
-    paper and separations profiles do), every sample re-checked by the stage."""
+    paper and separations profiles do), every sample checked by the stage."""
     out = tmp_path_factory.mktemp("small")
     for name, sizes in SMALL_SIZES.items():
         unique = tasks.TASKS[name].family == "cot"
