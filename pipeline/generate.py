@@ -10,7 +10,7 @@ the workers make the chunks of one dataset at a time and this process writes the
 first, then train samples; with ``generate.unique`` (the default) every kept sample is new, whole sequences
 compared through 64-bit hashes, so train is unique and disjoint from test. Before anything is written, every size
 is validated and the sample counts compared with the space of distinct samples. The task's independent checker
-passes every sample (or ``generate.validate_samples`` of each file, at random) as it is handed to the Parquet
+runs on every sample (or on ``generate.validate_samples`` of each file, at random) as it is handed to the Parquet
 writer, so no file is read back (``python -m pipeline.validate`` re-reads files; ``--no-check`` skips the check).
 Everything is written into ``<out>/.staging/<task>/`` and renamed to ``<out>/<task>/`` only once every file is
 complete: an interrupted or failed run leaves no file that looks complete. A failure, SIGTERM or Ctrl-C removes the
@@ -88,7 +88,7 @@ def make_chunk(stream: Stream, index: int) -> tuple[tasks.Batch, np.ndarray | No
 
 def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.GenerateConfig, seen: SeenSet | None,
                 path: Path, pool: Pool, check: bool) -> tuple[dict, int]:
-    """Write one split's file; its statistics and how many of its samples the checker passed."""
+    """Write one split's file; its statistics and how many of its samples the checker ran on."""
     chunk = min(gen.chunk_size, count)
     stream = Stream(task.name, task.size, json.dumps(task.params, sort_keys=True), split, gen.seed, chunk, count,
                     seen is not None)
