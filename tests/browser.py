@@ -10,16 +10,20 @@ connections.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 BINARIES = ("chromium-headless-shell", "chromium")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -56,6 +60,15 @@ class Figure:
     loaded: bool
     width: float
     height: float
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, dead but not yet reaped, do not count)."""
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 class Page:
@@ -99,9 +112,14 @@ class Page:
         self.close()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()  # the browser and only it: a session of its own, stopped by pid
-            self.proc.wait()
+        # the browser and its helper processes, and only them: a session (and process group) of its own. All must
+        # be gone before the profile is removed: a renderer still alive writes its Session Storage back into it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        deadline = time.monotonic() + 10
+        while group_running(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         for fd in (self._to_chrome, self._from_chrome):
             try:
                 os.close(fd)

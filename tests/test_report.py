@@ -13,7 +13,7 @@ import pytest
 
 from pipeline import config as config_mod
 from pipeline.report import report
-from tests.browser import report_problems
+from tests.browser import Page, group_running, report_problems
 from tests.test_claims import rows
 
 
@@ -76,3 +76,12 @@ def test_a_broken_figure_or_claim_table_is_caught_in_chromium(synthetic, tmp_pat
         "not loaded: img heatmap_lis_standard_d2.png", "not loaded: img sep_width_index_lookup.png",
         f"failed to load: {(broken / 'sep_width_index_lookup.png').as_uri()}", "not on the page: stray.png",
         f"claim table: {len(claims)} rows shown, {len(claims) - 1} in claims.json, or their cells differ"]
+
+
+def test_a_closed_browser_page_leaves_no_process_and_no_profile(tmp_path):
+    page_file = tmp_path / "page.html"
+    page_file.write_text("<!doctype html><title>t</title><p>a page")
+    for _ in range(3):  # a renderer outliving the browser rewrote its profile about every other time
+        with Page(page_file.as_uri()) as page:
+            assert page.evaluate("document.title") == "t"
+        assert not group_running(page.proc.pid) and not page.home.exists()
