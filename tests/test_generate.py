@@ -201,7 +201,11 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
     train file while other generates start beside it, then killed: SIGTERM and SIGINT remove its staging directory
     at once (its workers killed first); after SIGKILL (no clean-up runs) DVC does not see what is left, and the
     next run removes it."""
-    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    # no analytics, as the project's own config says: DVC's analytics daemon would leave a file in /tmp per command
+    quiet = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True, env=quiet)
+    subprocess.run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], cwd=tmp_path, check=True,
+                   env=quiet)
     shutil.copy(ROOT / ".dvcignore", tmp_path)  # the project's own
     (tmp_path / "dvc.yaml").write_text("stages:\n  sweep:\n    cmd: 'true'\n    deps: [data]\n")
     small = write_params(tmp_path / "small.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n")
