@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -42,6 +41,7 @@ from pipeline import config as config_mod
 from pipeline import progress as progress_mod
 from pipeline.datasets import DatasetError, ParquetSink, dataset_path, read_metadata
 from pipeline.dedup import SeenSet, row_hashes
+from pipeline.locks import remove_if_dead, try_lock
 from pipeline.parallel import Pool
 from pipeline.progress import progress
 from pipeline.validate import WriteCheck, cached_task, validate_file
@@ -196,19 +196,6 @@ def make_dataset(name: str, size: int, params: str, gen: config_mod.GenerateConf
     return write_dataset(cached_task(name, size, params), gen, staging, check, Pool(1))
 
 
-def try_lock(path: Path, wait: bool = False) -> int | None:
-    """A descriptor of lock file ``path`` (created if missing) holding its exclusive flock, or None when another
-    process holds it. The kernel drops the lock when the holder dies, however it dies. A regular file opened for
-    writing, not the directory it guards: NFS emulates flock with POSIX locks, which need that."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
 @contextlib.contextmanager
 def staging_dir(out_dir: Path, name: str) -> Iterator[Path]:
     """A new ``out_dir/.staging/<name>/``, whose lock file ``<name>.lock`` beside it this process holds while it
@@ -242,18 +229,6 @@ def staging_dir(out_dir: Path, name: str) -> Iterator[Path]:
         raise
     finally:
         os.close(lock)
-
-
-def remove_if_dead(staging: Path) -> None:
-    """Remove a staging directory whose lock nobody holds: its run died (or renamed it into place just now)."""
-    held = try_lock(staging.with_name(f"{staging.name}.lock"))
-    if held is None:
-        return
-    try:
-        if staging.exists():
-            shutil.rmtree(staging)
-    finally:
-        os.close(held)
 
 
 @contextlib.contextmanager

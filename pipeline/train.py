@@ -18,7 +18,6 @@ the scores from ``pipeline/evaluation.py``.
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from pipeline.batches import IGNORE, loader
 from pipeline.checkpoints import Resumable
 from pipeline.datasets import Dataset, read_dataset
 from pipeline.evaluation import final_accuracy
+from pipeline.locks import scratch_dir
 from tasks import PAD_ID
 
 @dataclass
@@ -241,8 +241,8 @@ def fit(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50,
                                      spec.stop_when_solved)
     parallel = dict(devices=spec.workers, strategy=distributed.strategy(spec.use_gpu),
                     use_distributed_sampler=False) if spec.workers > 1 else dict(devices=1)
-    with tempfile.TemporaryDirectory(prefix="trial-") as scratch:
-        resumable = Resumable(train_loader.batch_sampler, checkpoint, Path(scratch), resumed)
+    with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
+        resumable = Resumable(train_loader.batch_sampler, checkpoint, scratch, resumed)
         trainer = L.Trainer(
             accelerator="gpu" if spec.use_gpu else "cpu", precision=spec.precision, **parallel,
             max_epochs=spec.epochs, max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip,

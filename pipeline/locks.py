@@ -1,0 +1,81 @@
+"""Directories owned by a live process: each has a lock file beside it (``<dir>.lock``) that its owner holds with
+flock. The kernel drops the lock when the owner dies, however it dies, so a directory whose lock nobody holds is
+a dead run's leftovers (after a SIGKILL no clean-up code runs) and the next run can remove it.
+
+Used by the generate stage (``data/.staging/<task>/``) and by every trial for its checkpoints' scratch space
+(``scratch_dir``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def try_lock(path: Path, wait: bool = False) -> int | None:
+    """A descriptor of lock file ``path`` (created if missing) holding its exclusive flock, or None when another
+    process holds it. A regular file opened for writing, not the directory it guards: NFS emulates flock with POSIX
+    locks, which need that."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def lock_of(directory: Path) -> Path:
+    return directory.with_name(f"{directory.name}.lock")
+
+
+def remove_if_dead(directory: Path, unlink_lock: bool = False) -> None:
+    """Remove ``directory`` if its lock nobody holds: its owner died (or has just finished with it). With
+    ``unlink_lock`` the lock file goes too: only safe while the caller holds the guard under which owners create
+    their directories and take their locks."""
+    held = try_lock(lock_of(directory))
+    if held is None:
+        return
+    try:
+        if directory.exists():
+            shutil.rmtree(directory)
+        if unlink_lock:
+            lock_of(directory).unlink()
+    finally:
+        os.close(held)
+
+
+SCRATCH = "capacity-atlas-trials"  # under the node's temporary directory
+
+
+@contextlib.contextmanager
+def scratch_dir(root: Path | None = None) -> Iterator[Path]:
+    """A new private directory under ``root`` (default: ``<tmp>/capacity-atlas-trials/``), held while the caller
+    uses it and removed afterwards. First removes what killed owners left there (a trial's newest checkpoint,
+    as big as its model and optimizer state)."""
+    root = Path(root or Path(tempfile.gettempdir()) / SCRATCH)
+    root.mkdir(parents=True, exist_ok=True)
+    guard = try_lock(root / ".lock", wait=True)  # no owner is between creating its directory and locking it
+    try:
+        for entry in root.iterdir():
+            if entry.is_dir():
+                remove_if_dead(entry, unlink_lock=True)
+        path = Path(tempfile.mkdtemp(prefix="trial-", dir=root))
+        lock = try_lock(lock_of(path))
+    finally:
+        os.close(guard)
+    try:
+        yield path
+    finally:
+        guard = try_lock(root / ".lock", wait=True)  # no other owner is scanning while the lock file goes
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            lock_of(path).unlink(missing_ok=True)
+        finally:
+            os.close(lock)
+            os.close(guard)

@@ -1,0 +1,37 @@
+"""Directories owned by live processes (pipeline/locks.py): what a killed owner leaves is removed by the next
+owner; a live owner's is spared."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.locks import lock_of, scratch_dir
+from tests.conftest import ROOT
+
+OWNER = """import sys, time
+from pathlib import Path
+from pipeline.locks import scratch_dir
+with scratch_dir(Path(sys.argv[1])) as d:
+    (d / "trial.ckpt").write_bytes(b"x" * 1000)
+    print(d, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_trials_scratch_is_removed_by_the_next_and_a_live_ones_spared(tmp_path, request):
+    owners = [subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True) for _ in range(2)]
+    for owner in owners:  # killed and reaped: no zombie left for other tests to trip over
+        request.addfinalizer(lambda owner=owner: (owner.kill(), owner.wait()))
+    killed, live = (Path(owner.stdout.readline().strip()) for owner in owners)
+    owners[0].kill()  # SIGKILL: no clean-up code runs
+    owners[0].wait()
+    assert (killed / "trial.ckpt").exists()
+    with scratch_dir(tmp_path) as mine:
+        assert not killed.exists() and not lock_of(killed).exists()
+        assert (live / "trial.ckpt").exists() and lock_of(live).exists()
+        assert mine.is_dir() and mine.parent == tmp_path
+    assert not mine.exists() and not lock_of(mine).exists()
+    assert owners[1].poll() is None
