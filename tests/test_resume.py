@@ -4,6 +4,7 @@ worker is SIGKILLed. (b) and (c) must end exactly as (a), with one MLflow run pe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,7 +33,19 @@ def start(cmd: list[str], cwd: Path) -> subprocess.Popen:
 
 
 def checkpoints(repo: Path) -> list[dict]:
-    return [json.loads(m.read_text()) for m in (repo / "ray_results").glob("*/*/checkpoint_*/meta.json")]
+    metas = []
+    for m in (repo / "ray_results").glob("*/*/checkpoint_*/meta.json"):
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):  # Tune removing an old one, or writing
+            metas.append(json.loads(m.read_text()))
+    return metas
+
+
+def newest_steps(repo: Path) -> dict[str, int]:
+    """trial key -> the step of its newest checkpoint in storage."""
+    newest: dict[str, int] = {}
+    for meta in checkpoints(repo):
+        newest[meta["trial_key"]] = max(newest.get(meta["trial_key"], 0), meta["step"])
+    return newest
 
 
 def wait_for(condition, what: str, timeout: float = 300):
@@ -106,7 +119,10 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, tmp_p
     repo = copy_repo(tmp_path, KILLABLE_SWEEP)
     assert run(["dvc", "repro", "generate"], repo).returncode == 0
     sweep = start(["dvc", "repro"], repo)
-    wait_for(lambda: any(m["step"] >= 40 for m in checkpoints(repo)), "a checkpoint at step 40")
+    # whichever trial the killed worker runs has a checkpoint at step 60 or later, so Tune has taken one at step 40
+    # or later (a trial starting a second after the other had none yet when the first reached step 40)
+    wait_for(lambda: len(newest := newest_steps(repo)) == 2 and min(newest.values()) >= 60,
+             "a checkpoint at step 60 of both trials")
     workers = wait_for(lambda: [p for p in psutil.Process(sweep.pid).children(recursive=True)
                                 if "ray::ImplicitFunc" in " ".join(p.cmdline())], "a Ray trial worker of this sweep")
     workers[0].kill()
