@@ -118,9 +118,10 @@ class ParquetSink:
         if self.writer is None:
             self.tmp.parent.mkdir(parents=True, exist_ok=True)
             self.writer = pq.ParquetWriter(self.tmp, SCHEMA, compression="zstd")
+        full = table.slice(0, rows)
         if self.inspect is not None:
-            self.inspect(table.slice(0, rows), self.written)
-        self.writer.write_table(table.slice(0, rows), row_group_size=self.row_group_size)
+            self.inspect(full, self.written)
+        self.writer.write_table(full, row_group_size=self.row_group_size)
         self.written += rows
         self.pending = [table.slice(rows)] if rows < len(table) else []
         self.pending_rows = len(table) - rows

@@ -50,12 +50,15 @@ def check_rows(path: Path, key: tuple[str, int, str], group: int, first: int, ro
 
 def check_table(task: tasks.Task, table: pa.Table, first: int, rows: np.ndarray, path: Path) -> int:
     """Run the checker on ``rows`` of ``table``, whose row 0 is sample ``first`` of file ``path``."""
-    tokens = table.column("tokens").combine_chunks()
+    if not len(rows):
+        return 0
+    picked = table.take(pa.array(rows))  # copies the chosen rows only, not the whole row group
+    tokens = picked.column("tokens").combine_chunks()
     offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy()
-    prompt_len, answer = table.column("prompt_len").to_numpy(), table.column("answer").to_numpy()
-    for r in rows:
+    prompt_len, answer = picked.column("prompt_len").to_numpy(), picked.column("answer").to_numpy()
+    for i, r in enumerate(rows):
         try:
-            task.check(values[offsets[r]:offsets[r + 1]], int(prompt_len[r]), int(answer[r]))  # offsets index .values
+            task.check(values[offsets[i]:offsets[i + 1]], int(prompt_len[i]), int(answer[i]))  # offsets index .values
         except tasks.TaskError as err:
             raise tasks.TaskError(f"{path} sample {first + r}: {err}") from None
     return len(rows)
