@@ -1,5 +1,7 @@
 """Model speed, measured side by side in one run on this machine (CPU). Every figure is the median of repeated
-timings taken after warm-up, printed with its spread (min..max over the repeats):
+timings taken after warm-up, printed with its spread (min..max over the repeats); a ratio of two training
+variants is taken round by round (both timed in the same round, so a slow spell of the machine hits both) and
+printed the same way:
 
 1. training tokens/s of every registered architecture, and its cost per token relative to standard
    (L=400, D=128, batch 32, depth 2, AdamW); local attention also at L=2048, blockwise against the dense masked call;
@@ -56,6 +58,11 @@ class Timing:
         rates = sorted(work / s for s in self.samples)
         return f"{work / self.median:9,.0f} ({rates[0]:,.0f}..{rates[-1]:,.0f})"
 
+    def ratio(self, base: Timing) -> str:
+        """self / base, round by round (both timed in the same rounds): 'median (min..max)' of the ratios."""
+        ratios = sorted(a / b for a, b in zip(self.samples, base.samples))
+        return f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}..{ratios[-1]:.2f})"
+
 
 # ---- 1. training throughput ---------------------------------------------------------------------------------
 def set_blockwise(model: models.LanguageModel, on: bool) -> None:
@@ -103,16 +110,16 @@ def train_rates(variants: dict[str, tuple[str, dict, bool]], width: int, depth: 
 
 def bench_training(q: bool) -> None:
     width, depth, batch, length = (32, 2, 4, 32) if q else (128, 2, 32, 400)
-    rounds, steps = (1, 1) if q else (5, 2)
+    rounds, steps = (1, 1) if q else (7, 2)
     print(f"\n== training tokens/s: L={length}, D={width}, batch {batch}, depth {depth}, AdamW, "
           f"{torch.get_num_threads()} threads; median (min..max) of {rounds} rounds x {steps} steps")
     archs = sorted(models.ARCHITECTURES)
     timings = train_rates({a: (a, {}, True) for a in archs}, width, depth, batch, length, rounds, steps)
     tokens = batch * length
-    base = timings["standard"].median
-    print(f"{'arch':>16} {'tokens/s (min..max)':>30} {'cost/token vs standard':>23}")
+    base = timings["standard"]
+    print(f"{'arch':>16} {'tokens/s (min..max)':>30} {'cost/token vs standard, per round':>34}")
     for arch in sorted(archs, key=lambda a: timings[a].median):
-        print(f"{arch:>16} {timings[arch].rate(tokens):>30} {timings[arch].median / base:22.2f}x")
+        print(f"{arch:>16} {timings[arch].rate(tokens):>30} {timings[arch].ratio(base):>34}")
 
     long, long_batch, window = (256, 2, 8) if q else (2048, 4, 64)
     print(f"\n== local attention at L={long}, batch {long_batch}: blockwise vs the dense masked call "
@@ -123,12 +130,11 @@ def bench_training(q: bool) -> None:
         variants[arch] = (arch, options, True)
         variants[f"{arch} dense"] = (arch, options, False)
     timings = train_rates(variants, width, depth, long_batch, long, rounds, steps)
-    tokens, base = long_batch * long, timings["standard"].median
-    print(f"{'variant':>20} {'tokens/s (min..max)':>30} {'vs standard':>12} {'blockwise speed-up':>19}")
+    tokens, base = long_batch * long, timings["standard"]
+    print(f"{'variant':>20} {'tokens/s (min..max)':>30} {'vs standard':>20} {'blockwise speed-up':>20}")
     for name, t in timings.items():
         dense = timings.get(f"{name} dense")
-        gain = f"{dense.median / t.median:18.2f}x" if dense else f"{'':>19}"
-        print(f"{name:>20} {t.rate(tokens):>30} {t.median / base:11.2f}x {gain}")
+        print(f"{name:>20} {t.rate(tokens):>30} {t.ratio(base):>20} {dense.ratio(t) if dense else '':>20}")
 
 
 # ---- 2. decoding ---------------------------------------------------------------------------------------------

@@ -39,12 +39,12 @@ import numpy as np
 import tasks
 from pipeline import config as config_mod
 from pipeline import progress as progress_mod
-from pipeline.datasets import DatasetError, ParquetSink, dataset_path, read_metadata
+from pipeline.datasets import DatasetError, ParquetSink, dataset_path
 from pipeline.dedup import SeenSet, row_hashes
 from pipeline.locks import remove_if_dead, try_lock
 from pipeline.parallel import Pool
 from pipeline.progress import progress
-from pipeline.validate import WriteCheck, cached_task, validate_file
+from pipeline.validate import WriteCheck, cached_task
 from tasks import SPLITS
 
 MAX_DRAWS_PER_SAMPLE = 20  # give up when unique samples are this rare: the space is too small
@@ -120,14 +120,6 @@ def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.Genera
         chunks.close()
         bar.close()
     return stats, checker.checked if checker else 0
-
-
-def check_file(task: tasks.Task, path: Path) -> int:
-    """Run the task's checker over every sample of a written file; returns the number checked."""
-    meta = read_metadata(path)
-    if (meta["task"], meta["size"]) != (task.name, task.size):
-        raise DatasetError(f"{path} holds {meta['task']} size {meta['size']}, not {task.name} size {task.size}")
-    return validate_file(path)
 
 
 def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool = True,

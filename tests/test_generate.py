@@ -18,7 +18,7 @@ from pipeline import config as config_mod
 from pipeline import generate as generate_mod
 from pipeline import validate as validate_mod
 from pipeline.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
-from pipeline.generate import SPLITS, check_file, generate_task, seq_hash
+from pipeline.generate import SPLITS, generate_task, seq_hash
 from tests.conftest import ROOT, write_params
 from tests.test_tasks import SMALL_SIZES
 
@@ -56,7 +56,8 @@ def test_generated_files_are_unique_disjoint_checked_and_documented(tiny_cfg, ti
                 assert meta["vocab"][:2] == ["<pad>", "<eos>"] and meta["seed"] == 2023 and meta["unique"]
                 assert meta["stats"]["max_length"] == int(data.lengths.max())
                 assert meta["stats"]["samples"] == sum(meta["stats"]["length_counts"].values()) == len(data)
-                assert check_file(tasks.get_task(task_name, size), path) == len(data)
+                assert (meta["task"], meta["size"]) == (task_name, size)
+                assert validate_mod.validate_file(path) == len(data)
             assert not hashes["train"] & hashes["test"]
 
 
