@@ -10,10 +10,13 @@ all four of its sizes, as ``dvc repro`` runs the stage (each worker makes whole 
     python benchmarks/bench_generators.py                     # every task and paper size (~8 minutes on 2 cores)
     python benchmarks/bench_generators.py --tasks lis ed --seconds 0.3 --stage-samples 50000
     python benchmarks/bench_generators.py --tasks arithmetic ed ed_local lis --seconds 0.3 --stage-samples 1000000
+    python benchmarks/bench_generators.py --suite-only --stage-samples 1000000   # the last table alone (~5 minutes)
 
 The kernel columns include neither hashing nor Parquet writing; the stage columns include everything. The last
 lines estimate the DP paper's suite, 16 datasets x 1.1M samples, at each side's rates, and (with the DP tasks in
-``--tasks``) time the whole stage on the suite at ``--stage-samples``: 1000000 is the paper's suite itself.
+``--tasks``) time the whole stage on the suite at ``--stage-samples``: 1000000 is the paper's suite itself. Before
+and after that table, what this machine's two cores give at that moment: one generator kernel alone, then two
+copies at once in separate processes (the most two workers can gain over one on a shared machine).
 """
 
 from __future__ import annotations
@@ -63,19 +66,67 @@ def stage_seconds(name: str, sizes: list[int], train_samples: int, workers: int)
         return time.perf_counter() - start
 
 
+CORE_PROBE = """
+import sys, time, numpy as np, tasks
+task, rng = tasks.get_task("ed", 20), np.random.default_rng(0)
+task.sample_batch(rng, "train", 1)  # the compiled kernel, loaded from numba's cache
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # both copies start together
+start = time.perf_counter()
+for _ in range(int(sys.argv[1])):
+    task.sample_batch(rng, "train", 4096)
+print(time.perf_counter() - start)
+"""
+
+
+def two_core_gain(batches: int, repeats: int = 3) -> str:
+    """How much more two processes make than one: ``2 t_alone / t_both`` (the slower of the pair), with one
+    process alone and then two at once, ``repeats`` times; 'median (min..max)'."""
+    def run(copies: int) -> float:
+        start_at = str(time.time() + 3)  # after every copy's imports
+        procs = [subprocess.Popen([sys.executable, "-c", CORE_PROBE, str(batches), start_at], cwd=ROOT, text=True,
+                                  stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                 for _ in range(copies)]
+        return max(float(p.communicate()[0]) for p in procs)
+
+    gains = sorted(2 * run(1) / run(2) for _ in range(repeats))
+    return f"{gains[len(gains) // 2]:.2f}x ({gains[0]:.2f}..{gains[-1]:.2f})"
+
+
+def bench_suite(paper: dict[str, list[int]], train_samples: int) -> None:
+    """The whole stage per DP task with 1 and 2 workers, between two measures of what two cores give."""
+    probe = 150  # batches of 4,096 ed n=20 samples: about 3 s of kernel
+    print(f"\nTwo processes against one, same kernel (ed n=20), 3 times: {two_core_gain(probe)}")
+    print(f"The generate stage per DP task, all its paper sizes, as dvc repro runs it "
+          f"({train_samples + train_samples // 10:,} samples a dataset):")
+    print(f"{'task':<13}{'1 worker':>10}{'2 workers':>11}{'2w/1w':>7}")
+    total = {1: 0.0, 2: 0.0}
+    for name, task_sizes in paper.items():
+        one, two = (stage_seconds(name, task_sizes, train_samples, w) for w in (1, 2))
+        total[1], total[2] = total[1] + one, total[2] + two
+        print(f"{name:<13}{one:>9.1f}s{two:>10.1f}s{one / two:>6.2f}x", flush=True)
+    print(f"{'all four':<13}{total[1]:>9.1f}s{total[2]:>10.1f}s{total[1] / total[2]:>6.2f}x")
+    print(f"Two processes against one, after the table: {two_core_gain(probe)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="*", default=sorted(tasks.TASKS), help="tasks to time (default: all)")
     ap.add_argument("--seconds", type=float, default=1.0, help="minimum time per measurement (default: %(default)s)")
     ap.add_argument("--stage-samples", type=int, default=220_000,
                     help="train samples per end-to-end stage run, DP paper sizes only; 0 skips (default: %(default)s)")
+    ap.add_argument("--suite-only", action="store_true",
+                    help="only the whole stage per DP task (the DP tasks' kernels and single datasets are skipped)")
     args = ap.parse_args(argv)
+    if args.suite_only:
+        args.tasks = []
     paper = config_mod.load(profile="paper", architectures=False).sweep.datasets  # the DP paper's grid
     sizes = {**paper, **config_mod.load(profile="separations", architectures=False).generate.datasets}
-    print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement\n")
-    print(f"{'':<18}{'--------- kernel, one process ---------':>39}   {'----- generate stage, end to end -----':>38}")
-    print(f"{'task':<13}{'size':>5}{'reference/s':>14}{'ours/s':>12}{'ratio':>9}   {'1 worker/s':>12}{'2 workers/s':>13}"
-          f"{'2w/1w':>7}{'2w/ours':>8}")
+    print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement")
+    if args.tasks:
+        print(f"\n{'':<18}{'--------- kernel, one process ---------':>39}   "
+              f"{'----- generate stage, end to end -----':>38}")
+        print(f"{'task':<13}{'size':>5}{'reference/s':>14}{'ours/s':>12}{'ratio':>9}   {'1 worker/s':>12}"
+              f"{'2 workers/s':>13}{'2w/1w':>7}{'2w/ours':>8}")
     suite = {"reference": 0.0, "ours": 0.0, "stage": 0.0}
     samples = args.stage_samples + args.stage_samples // 10  # train + test
     for name in args.tasks:
@@ -94,22 +145,14 @@ def main(argv: list[str] | None = None) -> int:
             if size in paper.get(name, []):
                 suite["reference"] += SUITE_SAMPLES / ref
                 suite["ours"] += SUITE_SAMPLES / ours
-    if all(name in args.tasks for name in paper):
+    if all(name in args.tasks for name in paper) and not args.suite_only:
         print(f"\nDP paper suite ({sum(map(len, paper.values()))} datasets x {SUITE_SAMPLES:,} samples), "
               f"generation alone, one core: reference {suite['reference'] / 3600:.1f} h, ours "
               f"{suite['ours'] / 60:.1f} min" + (f"; the whole stage one dataset at a time, 2 workers: "
                                                  f"{suite['stage'] / 60:.1f} min (at {args.stage_samples:,}-sample "
                                                  "runs: start-up weighs more)" if args.stage_samples else ""))
-        if args.stage_samples:
-            print(f"\nThe generate stage per DP task, all its paper sizes, as dvc repro runs it "
-                  f"({samples:,} samples a dataset):")
-            print(f"{'task':<13}{'1 worker':>10}{'2 workers':>11}{'2w/1w':>7}")
-            total = {1: 0.0, 2: 0.0}
-            for name, task_sizes in paper.items():
-                one, two = (stage_seconds(name, task_sizes, args.stage_samples, w) for w in (1, 2))
-                total[1], total[2] = total[1] + one, total[2] + two
-                print(f"{name:<13}{one:>9.1f}s{two:>10.1f}s{one / two:>6.2f}x", flush=True)
-            print(f"{'all four':<13}{total[1]:>9.1f}s{total[2]:>10.1f}s{total[1] / total[2]:>6.2f}x")
+    if (args.suite_only or all(name in args.tasks for name in paper)) and args.stage_samples:
+        bench_suite(paper, args.stage_samples)
     return 0
 
 
