@@ -120,6 +120,8 @@ class SweepConfig(Section):
                                                    "continues from the trial's last checkpoint")
     checkpoints_to_keep: PositiveInt = Field(2, description="a trial's newest checkpoints kept in "
                                              "cluster.storage_path (one per validation); older ones are deleted")
+    keep_checkpoints: bool = Field(False, description="keep a trial's checkpoints (weights and optimiser state) "
+                                   "after it ends; by default they are deleted once its result is recorded")
     experiment: str = "capacity-atlas"
     reuse: bool = Field(True, description="reuse runs this MLflow experiment already finished with the same data, "
                                           "training settings and training code, instead of training them again")

@@ -228,7 +228,8 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
                     reuse_actors=True, trial_name_creator=trial_name,
                     trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.config['trial_key']}-{t.trial_id}"),
                 run_config=tune.RunConfig(
-                    name=f"{cfg.profile}-{int(started)}", storage_path=store, callbacks=[children], verbose=1,
+                    name=f"{cfg.profile}-{int(started)}", storage_path=store, verbose=1,
+                    callbacks=[children] + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
                     progress_reporter=reporter(), failure_config=tune.FailureConfig(max_failures=s.max_failures),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep)))
             tuner.fit()

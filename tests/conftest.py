@@ -49,13 +49,15 @@ KILLABLE_SWEEP = """sweep:
 
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory) -> tuple[Path, float]:
-    """A tiny-profile copy of the repo after `dvc repro` of KILLABLE_SWEEP, with a local Ray and SQLite MLflow,
+    """A tiny-profile copy of the repo after `dvc repro` of KILLABLE_SWEEP (keeping the trials' checkpoints), with
+    a local Ray and SQLite MLflow,
     and the wall time of that `dvc repro` (its data generated first, outside the timing)."""
     import time
 
     from tests.test_pipeline import copy_repo, run
 
-    repo = copy_repo(tmp_path_factory.mktemp("whole"), KILLABLE_SWEEP)
+    # keep_checkpoints changes what stays in storage, not a result (tests/test_resume.py checks both ways)
+    repo = copy_repo(tmp_path_factory.mktemp("whole"), KILLABLE_SWEEP + "\n  keep_checkpoints: true")
     assert run(["dvc", "repro", "generate"], repo).returncode == 0
     began = time.time()
     result = run(["dvc", "repro"], repo)

@@ -52,4 +52,6 @@ def test_a_sweep_on_two_token_authenticated_nodes_records_everything_on_the_serv
     stored = {p.name for p in server.artifact_root.rglob("*") if p.is_file()}
     assert "config.yaml" in stored and all(Path(a).name in stored for paths in artifacts.values() for a in paths)
     assert (shared / "datasets").is_dir()  # the trials read the data from there
+    trial_dirs = [d for d in shared.glob("*/*-lr*") if d.is_dir()]
+    assert len(trial_dirs) == 2 and not [c for d in trial_dirs for c in d.glob("checkpoint_*")]  # deleted once done
     pd.testing.assert_frame_equal(trials(repo / "results")[SAME], trials(local / "results")[SAME])

@@ -40,6 +40,11 @@ def checkpoints(repo: Path) -> list[dict]:
     return metas
 
 
+def checkpoint_counts(repo: Path) -> list[int]:
+    """Checkpoints in storage of each trial directory of every sweep."""
+    return [len(list(d.glob("checkpoint_*"))) for d in (repo / "ray_results").glob("*/*-lr*") if d.is_dir()]
+
+
 def newest_steps(repo: Path) -> dict[str, int]:
     """trial key -> the step of its newest checkpoint in storage."""
     newest: dict[str, int] = {}
@@ -97,6 +102,7 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
     _, parents, children = mlflow_runs(repo)
     assert [r.info.status for r in parents] == ["RUNNING"]  # what a dead driver leaves
     assert checkpoints(repo)
+    assert max(checkpoint_counts(repo)) <= 3  # sweep.checkpoints_to_keep, and one still being copied
 
     result = run(["dvc", "repro"], repo)
     total = time.time() - began
@@ -109,9 +115,7 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
     killed = [r for r in parents if r.info.status == "KILLED"]
     assert len(killed) == 1 and "driver process died" in killed[0].data.tags["reason"]
     assert_one_whole_run_per_trial(repo, reference)
-    newest = max((d for d in (repo / "ray_results").iterdir() if d.name.startswith("tiny-")), key=lambda d: d.name)
-    kept = [len(list(d.glob("checkpoint_*"))) for d in newest.glob("*-lr*")]
-    assert kept and max(kept) <= 2  # sweep.checkpoints_to_keep (the killed sweep's may hold one still in flight)
+    assert not any(checkpoint_counts(repo))  # finished: the rerun's checkpoints and the killed sweep's are gone
 
 
 def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, tmp_path):
@@ -134,3 +138,9 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, tmp_p
     client, parents, children = mlflow_runs(repo)
     assert [c.data.tags.get("restarts") for c in children].count("1") == 1
     assert_one_whole_run_per_trial(repo, reference)
+    assert not any(checkpoint_counts(repo))
+
+
+def test_finished_trials_keep_their_checkpoints_only_when_asked(uninterrupted):
+    reference, _ = uninterrupted  # sweep.keep_checkpoints: true; the tests above run with the default, false
+    assert sorted(checkpoint_counts(reference)) == [2, 2]  # sweep.checkpoints_to_keep of each trial
