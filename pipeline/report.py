@@ -124,7 +124,8 @@ def page(cfg: config_mod.Config, table: pd.DataFrame, figures: list, best: pd.Da
              f"<p>{html.escape(tables.note(cfg.report.accuracy_threshold))}</p>"]
     for depth in sorted(best.depth.unique()):
         for column, title in tables.CONVENTIONS.items():
-            parts += [f"<h3>Depth {depth}: {title}</h3>", html_table(tables.convention_table(best, depth, column))]
+            shown = tables.convention_table(best, depth, column, cfg.report.accuracy_threshold)
+            parts += [f"<h3>Depth {depth}: {title}</h3>", html_table(shown)]
     parts += ["<h2>Figures</h2>",
               "<p>Heatmaps: test accuracy, mean over seeds (± the seeds' standard deviation); * = solved "
               "(validation at the threshold) by every seed; hatched = inferred by the frontier search, not trained; "

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from pipeline.claims import CLAIMS, evaluate
-from pipeline.tables import PAPER_LENGTHS, cheapest, convention_table, min_gflops
+from pipeline.tables import BELOW, PAPER_LENGTHS, cheapest, convention_table, min_gflops
 
 
 def rows(task: str, arch: str, depth: int, solved_from: dict[int, int | None], widths=(16, 32, 64),
@@ -132,3 +132,12 @@ def test_table2_three_conventions_per_depth_cheapest_and_paper_length():
     assert shown["standard @ paper L"] != ""
     alone = convention_table(best, 5, "min_train_pflops").iloc[0]["standard"]
     assert alone == "**0.016 (D=16, 95%)**, 1.00x standard"
+
+
+def test_a_width_solved_on_validation_but_below_the_threshold_on_test_is_marked():
+    table = pd.DataFrame(rows("lis", "standard", 2, {6: 32}) + rows("lis", "sparse", 2, {6: 64}))
+    table.loc[(table.arch == "sparse") & (table.width == 64), "final_accuracy"] = 0.864
+    best = min_gflops(table)
+    shown = convention_table(best, 2, "min_exact_gflops", threshold=0.9).iloc[0]
+    assert shown["sparse"].endswith(f"(D=64, 86%{BELOW})") and BELOW not in shown["standard"]
+    assert BELOW not in convention_table(best, 2, "min_exact_gflops").iloc[0]["sparse"]  # no threshold: no mark
