@@ -11,7 +11,7 @@ printed the same way:
 4. this CPU's peak (best torch.mm over several sizes) beside its theoretical figure, and training FLOP/s against it;
 5. resident memory (``benchmarks/bench_memory.py``, run as a subprocess when present).
 
-    python -m benchmarks.bench_models                 # the issue's settings (about 10 minutes on 2 cores)
+    python -m benchmarks.bench_models                 # the issue's settings (about 15 minutes on 2 cores)
     python -m benchmarks.bench_models --quick         # a smoke run in seconds: checks the script, measures nothing
     python -m benchmarks.bench_models --training-only # section 1 alone
 """
@@ -139,16 +139,17 @@ def bench_training(q: bool) -> None:
 
 # ---- 2. decoding ---------------------------------------------------------------------------------------------
 @torch.no_grad()
-def decode_cached(model, prompt: torch.Tensor, tokens: int) -> tuple[torch.Tensor, list[float]]:
-    """Greedy tokens and seconds per generated token, using the model's cache."""
+def decode_cached(model, prompt: torch.Tensor, tokens: int) -> tuple[torch.Tensor, list[float], float]:
+    """Greedy tokens, the seconds of each one-token step after the prefill, and the seconds of the whole decode."""
+    start = time.perf_counter()
     cache = model.new_cache(prompt.shape[0])
     out = [model(prompt, cache)[:, -1].argmax(-1, keepdim=True)]
-    times = []
+    steps = []
     for _ in range(tokens - 1):
-        start = time.perf_counter()
+        step = time.perf_counter()
         out.append(model(out[-1], cache)[:, -1].argmax(-1, keepdim=True))
-        times.append(time.perf_counter() - start)
-    return torch.cat(out, 1), times
+        steps.append(time.perf_counter() - step)
+    return torch.cat(out, 1), steps, time.perf_counter() - start
 
 
 @torch.no_grad()
@@ -160,28 +161,40 @@ def decode_recompute(model, prompt: torch.Tensor, tokens: int) -> tuple[torch.Te
     return seq[:, prompt.shape[1]:], time.perf_counter() - start
 
 
-def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats):
-    print(f"\n== greedy decoding: {tokens} tokens, batch {batch}, width {width}, depth {depth}; "
-          f"median of {repeats} after a warm-up decode")
-    print(f"{'arch':>16} {'cached s':>9} {'recompute s':>12} {'speed-up':>9} {'same tokens':>12} "
-          f"{'ms/token first 10%':>19} {'last 10%':>9} {'late/early':>10}")
+def spread(values: list[float], fmt: str = ".2f", unit: str = "") -> str:
+    """'median (min..max)' of repeated measurements."""
+    v = sorted(values)
+    return f"{statistics.median(v):{fmt}}{unit} ({v[0]:{fmt}}..{v[-1]:{fmt}})"
+
+
+def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, recompute_repeats):
+    print(f"\n== greedy decoding: {tokens} tokens, batch {batch}, width {width}, depth {depth}; median (min..max) of "
+          f"{repeats} cached decodes after a warm-up one; recomputing the prefix every token {recompute_repeats} "
+          f"times, each in the same round as a cached decode (the speed-up is per round)")
+    print(f"{'arch':>16} {'cached s':>18} {'recompute s':>20} {'speed-up':>18} {'same tokens':>11} "
+          f"{'ms/token first 10%':>20} {'ms/token last 10%':>20} {'late/early':>18}")
     prompt = torch.randint(2, VOCAB, (batch, 10))
     for arch in archs:
         model = build(arch, width, depth, tokens + 16)
         decode_cached(model, prompt, min(tokens, 20))  # warm-up
-        runs = [decode_cached(model, prompt, tokens) for _ in range(repeats)]
-        out, times = runs[0]
-        cached = Timing([sum(t) for _, t in runs]).median
-        tenth = max(1, len(times) // 10)
-        early = statistics.median([sum(t[:tenth]) / tenth for _, t in runs])
-        late = statistics.median([sum(t[-tenth:]) / tenth for _, t in runs])
-        if arch in recompute_for:
-            again, recompute = decode_recompute(model, prompt, tokens)
-            same = "yes" if torch.equal(again, out) else "NO"
-            extra = f"{recompute:12.2f} {recompute / cached:8.1f}x {same:>12}"
+        cached, steps, recomputed, outputs = [], [], [], []
+        for r in range(repeats):
+            out, times, seconds = decode_cached(model, prompt, tokens)
+            cached.append(seconds), steps.append(times), outputs.append(out)
+            if arch in recompute_for and r < recompute_repeats:
+                again, seconds = decode_recompute(model, prompt, tokens)
+                recomputed.append(seconds), outputs.append(again)
+        tenth = max(1, len(steps[0]) // 10)
+        early = [sum(t[:tenth]) / tenth for t in steps]
+        late = [sum(t[-tenth:]) / tenth for t in steps]
+        if recomputed:
+            same = "yes" if all(torch.equal(o, outputs[0]) for o in outputs) else "NO"
+            extra = (f"{spread(recomputed):>20} {spread([a / b for a, b in zip(recomputed, cached)], '.1f', 'x'):>18} "
+                     f"{same:>11}")
         else:
-            extra = f"{'-':>12} {'-':>9} {'-':>12}"
-        print(f"{arch:>16} {cached:9.2f} {extra} {1e3 * early:19.2f} {1e3 * late:9.2f} {late / early:10.2f}")
+            extra = f"{'-':>20} {'-':>18} {'-':>11}"
+        print(f"{arch:>16} {spread(cached):>18} {extra} {spread([1e3 * t for t in early]):>20} "
+              f"{spread([1e3 * t for t in late]):>20} {spread([b / a for a, b in zip(early, late)]):>18}")
 
 
 # ---- 3. Lightning overhead ------------------------------------------------------------------------------------
@@ -351,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     recurrent = ["linear", "retnet", "linear_nofm", "lstm", "dss", "mamba"]
     bench_decode(["standard", "sparse", "sliding_window", *recurrent], width=32 if q else 64, depth=2,
                  batch=8 if q else 64, tokens=40 if q else 500, recompute_for={"standard", "linear", "mamba"},
-                 repeats=1 if q else 3)
+                 repeats=2 if q else 3, recompute_repeats=2)
     bench_lightning(q)
     bench_utilisation(q, bench_peak(q, args.threads))
     bench_memory(q)
