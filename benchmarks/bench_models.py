@@ -43,6 +43,12 @@ def build(arch: str, width: int, depth: int, max_len: int, **options) -> models.
                               dropout=0.0, **options).eval()
 
 
+def spread(values: list[float], fmt: str = ".2f", unit: str = "") -> str:
+    """'median (min..max)' of repeated measurements."""
+    v = sorted(values)
+    return f"{statistics.median(v):{fmt}}{unit} ({v[0]:{fmt}}..{v[-1]:{fmt}})"
+
+
 @dataclass
 class Timing:
     """Seconds of repeated measurements: the median and the spread."""
@@ -60,8 +66,7 @@ class Timing:
 
     def ratio(self, base: Timing) -> str:
         """self / base, round by round (both timed in the same rounds): 'median (min..max)' of the ratios."""
-        ratios = sorted(a / b for a, b in zip(self.samples, base.samples))
-        return f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}..{ratios[-1]:.2f})"
+        return spread([a / b for a, b in zip(self.samples, base.samples)], ".2f", "x")
 
 
 # ---- 1. training throughput ---------------------------------------------------------------------------------
@@ -159,12 +164,6 @@ def decode_recompute(model, prompt: torch.Tensor, tokens: int) -> tuple[torch.Te
     for _ in range(tokens):
         seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
     return seq[:, prompt.shape[1]:], time.perf_counter() - start
-
-
-def spread(values: list[float], fmt: str = ".2f", unit: str = "") -> str:
-    """'median (min..max)' of repeated measurements."""
-    v = sorted(values)
-    return f"{statistics.median(v):{fmt}}{unit} ({v[0]:{fmt}}..{v[-1]:{fmt}})"
 
 
 def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, recompute_repeats):

@@ -121,24 +121,26 @@ def latest(storage: str, run_key: str) -> dict[str, dict]:
         for trial_dir in fs.get_file_info(pafs.FileSelector(sweep_dir.path)):
             if trial_dir.type != pafs.FileType.Directory:
                 continue
-            for ckpt in fs.get_file_info(pafs.FileSelector(trial_dir.path)):
-                if not ckpt.base_name.startswith("checkpoint_"):
-                    continue
+            for ckpt in checkpoint_dirs(fs, trial_dir.path):
                 try:
-                    with fs.open_input_stream(f"{ckpt.path}/{META}") as f:
+                    with fs.open_input_stream(f"{ckpt}/{META}") as f:
                         meta = json.loads(f.read())
                 except (OSError, ValueError):
                     continue  # a checkpoint still being copied, or not ours
                 if meta.get("run_key") == run_key and meta["step"] > found.get(meta["trial_key"], {}).get("step", -1):
-                    found[meta["trial_key"]] = {"path": location_of(ckpt.path, storage), "step": meta["step"]}
+                    found[meta["trial_key"]] = {"path": location_of(ckpt, storage), "step": meta["step"]}
     return found
 
 
+def checkpoint_dirs(fs: pafs.FileSystem, trial_dir: str) -> list[str]:
+    """The checkpoint_NNNNNN/ directories directly under ``trial_dir`` (paths of ``fs``; none if it is gone)."""
+    return [e.path for e in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True))
+            if e.type == pafs.FileType.Directory and e.base_name.startswith("checkpoint_")]
+
+
 def drop_checkpoints(fs: pafs.FileSystem, trial_dir: str) -> None:
-    """Deletes every checkpoint_NNNNNN/ directly under ``trial_dir`` (a path of ``fs``)."""
-    for entry in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        if entry.type == pafs.FileType.Directory and entry.base_name.startswith("checkpoint_"):
-            fs.delete_dir(entry.path)
+    for path in checkpoint_dirs(fs, trial_dir):
+        fs.delete_dir(path)
 
 
 class DropFinished(tune.Callback):

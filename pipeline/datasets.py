@@ -118,10 +118,10 @@ class ParquetSink:
         if self.writer is None:
             self.tmp.parent.mkdir(parents=True, exist_ok=True)
             self.writer = pq.ParquetWriter(self.tmp, SCHEMA, compression="zstd")
-        full = table.slice(0, rows)
+        head = table.slice(0, rows)  # what is written now; the rest waits for the next row group
         if self.inspect is not None:
-            self.inspect(full, self.written)
-        self.writer.write_table(full, row_group_size=self.row_group_size)
+            self.inspect(head, self.written)
+        self.writer.write_table(head, row_group_size=self.row_group_size)
         self.written += rows
         self.pending = [table.slice(rows)] if rows < len(table) else []
         self.pending_rows = len(table) - rows

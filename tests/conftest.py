@@ -50,8 +50,8 @@ KILLABLE_SWEEP = """sweep:
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory) -> tuple[Path, float]:
     """A tiny-profile copy of the repo after `dvc repro` of KILLABLE_SWEEP (keeping the trials' checkpoints), with
-    a local Ray and SQLite MLflow,
-    and the wall time of that `dvc repro` (its data generated first, outside the timing)."""
+    a local Ray and SQLite MLflow, and the wall time of that `dvc repro` (its data generated first, outside the
+    timing)."""
     import time
 
     from tests.test_pipeline import copy_repo, run
