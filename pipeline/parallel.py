@@ -88,7 +88,12 @@ class Pool:
                 process.kill()
             for process in processes:
                 process.join(timeout=10)  # dead, not just signalled
-        # not awaited after a kill: the executor's threads may wait forever on the pipes of the dead workers
+            # A worker killed while it sent a result (a chunk is megabytes) leaves part of a message in the result
+            # pipe; the executor's thread would wait for the rest for ever, and the interpreter's exit for that
+            # thread. Once the workers are dead this process holds the last writing end of the pipe: closing it
+            # turns that wait into an end of file, so the thread finds the pool broken and ends.
+            self.executor._result_queue._writer.close()
+        # not awaited after a kill: the executor's threads may still be ending
         self.executor.shutdown(wait=not kill, cancel_futures=True)
 
     def __enter__(self) -> "Pool":

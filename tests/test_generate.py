@@ -19,6 +19,7 @@ from pipeline import generate as generate_mod
 from pipeline import validate as validate_mod
 from pipeline.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
 from pipeline.generate import SPLITS, generate_task, seq_hash
+from pipeline.parallel import Pool
 from tests.conftest import ROOT, write_params
 from tests.test_tasks import SMALL_SIZES
 
@@ -136,6 +137,19 @@ def test_a_failing_dataset_fails_the_task_and_leaves_no_file_nor_worker(tiny_cfg
         generate_task(cfg, "arithmetic", tmp_path, workers=2)
     assert not [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]  # workers gone
     assert not files_under(tmp_path)
+
+
+def test_closing_a_pool_while_workers_send_large_results_does_not_hang():
+    """Workers killed part-way through sending a result (a chunk is megabytes) must not leave the executor's thread
+    waiting for the rest of the message: the interpreter's exit waits for that thread, so the stage, stopped by an
+    error or Ctrl-C while making the chunks of one dataset, would hang instead of exiting."""
+    pool = Pool(2)
+    results = pool.imap(bytes, [(64 << 20,)] * 8)  # each worker sends 64 MB, through a 64 kB pipe buffer
+    next(results)  # the other results are now on their way
+    thread = pool.executor._executor_manager_thread
+    pool.close(kill=True)  # as on an error or a signal
+    thread.join(timeout=20)
+    assert not thread.is_alive()
 
 
 def test_too_many_samples_for_the_space_fails_before_writing(tiny_cfg, tmp_path):
