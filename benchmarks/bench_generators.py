@@ -17,6 +17,10 @@ lines estimate the DP paper's suite, 16 datasets x 1.1M samples, at each side's 
 ``--tasks``) time the whole stage on the suite at ``--stage-samples``: 1000000 is the paper's suite itself. Before
 and after that table, what this machine's two cores give at that moment: one generator kernel alone, then two
 copies at once in separate processes (the most two workers can gain over one on a shared machine).
+
+Every figure is the median of ``--rounds`` measurements (default 3), the two sides of each comparison alternating
+which goes first; each ratio is taken round by round, both sides measured in the same round, and printed as
+'median (min..max)'. A round of the last table times every DP task once each way, so its total is one suite.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import tasks  # noqa: E402
 from benchmarks.reference import reference_sample  # noqa: E402
+from benchmarks.repeats import ratios, side_by_side, spread  # noqa: E402
 from pipeline import config as config_mod  # noqa: E402
 
 SUITE_SAMPLES = 1_100_000  # 1M train + 100k test per dataset
@@ -92,19 +98,26 @@ def two_core_gain(batches: int, repeats: int = 3) -> str:
     return f"{gains[len(gains) // 2]:.2f}x ({gains[0]:.2f}..{gains[-1]:.2f})"
 
 
-def bench_suite(paper: dict[str, list[int]], train_samples: int) -> None:
-    """The whole stage per DP task with 1 and 2 workers, between two measures of what two cores give."""
+def bench_suite(paper: dict[str, list[int]], train_samples: int, rounds: int) -> None:
+    """The whole stage per DP task with 1 and 2 workers, ``rounds`` times, between two measures of what two cores
+    give. Each round times every task, as ``dvc repro`` runs the suite, so a round's total is one suite's time."""
     probe = 150  # batches of 4,096 ed n=20 samples: about 3 s of kernel
     print(f"\nTwo processes against one, same kernel (ed n=20), 3 times: {two_core_gain(probe)}")
     print(f"The generate stage per DP task, all its paper sizes, as dvc repro runs it "
-          f"({train_samples + train_samples // 10:,} samples a dataset):")
-    print(f"{'task':<13}{'1 worker':>10}{'2 workers':>11}{'2w/1w':>7}")
-    total = {1: 0.0, 2: 0.0}
-    for name, task_sizes in paper.items():
-        one, two = (stage_seconds(name, task_sizes, train_samples, w) for w in (1, 2))
-        total[1], total[2] = total[1] + one, total[2] + two
-        print(f"{name:<13}{one:>9.1f}s{two:>10.1f}s{one / two:>6.2f}x", flush=True)
-    print(f"{'all four':<13}{total[1]:>9.1f}s{total[2]:>10.1f}s{total[1] / total[2]:>6.2f}x")
+          f"({train_samples + train_samples // 10:,} samples a dataset), {rounds} rounds:", flush=True)
+    times = {name: ([], []) for name in paper}  # task -> (1-worker seconds, 2-worker seconds), round by round
+    for r in range(rounds):
+        for name, task_sizes in paper.items():
+            one, two = side_by_side(*(lambda w=w: stage_seconds(name, task_sizes, train_samples, w) for w in (1, 2)),
+                                    1, start=r)
+            times[name][0].extend(one)
+            times[name][1].extend(two)
+        print(f"  round {r + 1}: the suite in {sum(t[0][r] for t in times.values()):.1f} s with 1 worker, "
+              f"{sum(t[1][r] for t in times.values()):.1f} s with 2", flush=True)
+    times["all four"] = tuple([sum(t[side][r] for t in times.values()) for r in range(rounds)] for side in (0, 1))
+    print(f"{'task':<13}{'1 worker, s':>22}{'2 workers, s':>22}{'2w/1w':>22}")
+    for name, (one, two) in times.items():
+        print(f"{name:<13}{spread(one, '.1f'):>22}{spread(two, '.1f'):>22}{spread(ratios(one, two), '.2f', 'x'):>22}")
     print(f"Two processes against one, after the table: {two_core_gain(probe)}")
 
 
@@ -114,19 +127,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=1.0, help="minimum time per measurement (default: %(default)s)")
     ap.add_argument("--stage-samples", type=int, default=220_000,
                     help="train samples per end-to-end stage run, DP paper sizes only; 0 skips (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="repeats of every measurement, the sides alternating (default: %(default)s)")
     ap.add_argument("--suite-only", action="store_true",
                     help="only the whole stage per DP task (the DP tasks' kernels and single datasets are skipped)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     if args.suite_only:
         args.tasks = []
     paper = config_mod.load(profile="paper", architectures=False).sweep.datasets  # the DP paper's grid
     sizes = {**paper, **config_mod.load(profile="separations", architectures=False).generate.datasets}
-    print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement")
+    print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement; "
+          f"{args.rounds} rounds, the sides alternating which goes first: medians, and each ratio taken round by "
+          f"round as 'median (min..max)'")
     if args.tasks:
-        print(f"\n{'':<18}{'--------- kernel, one process ---------':>39}   "
-              f"{'----- generate stage, end to end -----':>38}")
-        print(f"{'task':<13}{'size':>5}{'reference/s':>14}{'ours/s':>12}{'ratio':>9}   {'1 worker/s':>12}"
-              f"{'2 workers/s':>13}{'2w/1w':>7}{'2w/ours':>8}")
+        print(f"\n{'':<18}{'------------ kernel, one process ------------':>47}   "
+              f"{'-------- generate stage, end to end --------':>51}")
+        print(f"{'task':<13}{'size':>5}{'reference/s':>14}{'ours/s':>12}{'ratio':>17}   {'1 worker/s':>12}"
+              f"{'2 workers/s':>13}{'2w/1w':>19}{'2w/ours':>8}")
     suite = {"reference": 0.0, "ours": 0.0, "stage": 0.0}
     samples = args.stage_samples + args.stage_samples // 10  # train + test
     for name in args.tasks:
@@ -134,17 +153,21 @@ def main(argv: list[str] | None = None) -> int:
             task = tasks.get_task(name, size)
             rnd, rng = random.Random(0), np.random.default_rng(0)
             task.sample_batch(rng, "train", 1)  # load (or compile) the kernel outside the timing
-            ref = rate(lambda: reference_sample(task, rnd, "train") and 1, args.seconds)
-            ours = rate(lambda: len(task.sample_batch(rng, "train", 4096)), args.seconds)
-            line = f"{name:<13}{size:>5}{ref:>14,.0f}{ours:>12,.0f}{ours / ref:>8,.0f}x"
+            refs, ours = side_by_side(lambda: rate(lambda: reference_sample(task, rnd, "train") and 1, args.seconds),
+                                      lambda: rate(lambda: len(task.sample_batch(rng, "train", 4096)), args.seconds),
+                                      args.rounds)
+            ref, our = statistics.median(refs), statistics.median(ours)
+            line = f"{name:<13}{size:>5}{ref:>14,.0f}{our:>12,.0f}{spread(ratios(ours, refs), ',.0f', 'x'):>17}"
             if size in paper.get(name, []) and args.stage_samples:
-                one, two = (samples / stage_seconds(name, [size], args.stage_samples, w) for w in (1, 2))
-                line += f"   {one:>12,.0f}{two:>13,.0f}{two / one:>6.2f}x{two / ours:>7.2f}x"
+                ones, twos = side_by_side(*(lambda w=w: samples / stage_seconds(name, [size], args.stage_samples, w)
+                                            for w in (1, 2)), args.rounds)
+                one, two = statistics.median(ones), statistics.median(twos)
+                line += f"   {one:>12,.0f}{two:>13,.0f}{spread(ratios(twos, ones), '.2f', 'x'):>19}{two / our:>7.2f}x"
                 suite["stage"] += SUITE_SAMPLES / two
             print(line, flush=True)
             if size in paper.get(name, []):
                 suite["reference"] += SUITE_SAMPLES / ref
-                suite["ours"] += SUITE_SAMPLES / ours
+                suite["ours"] += SUITE_SAMPLES / our
     if all(name in args.tasks for name in paper) and not args.suite_only:
         print(f"\nDP paper suite ({sum(map(len, paper.values()))} datasets x {SUITE_SAMPLES:,} samples), "
               f"generation alone, one core: reference {suite['reference'] / 3600:.1f} h, ours "
@@ -152,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"{suite['stage'] / 60:.1f} min (at {args.stage_samples:,}-sample "
                                                  "runs: start-up weighs more)" if args.stage_samples else ""))
     if (args.suite_only or all(name in args.tasks for name in paper)) and args.stage_samples:
-        bench_suite(paper, args.stage_samples)
+        bench_suite(paper, args.stage_samples, args.rounds)
     return 0
 
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import models
+from benchmarks.repeats import ratios, side_by_side, spread
 from pipeline.train import SequenceModel, TrialSpec
 
 VOCAB = 64
@@ -41,12 +42,6 @@ def build(arch: str, width: int, depth: int, max_len: int, **options) -> models.
     torch.manual_seed(0)
     return models.build_model(arch, vocab_size=VOCAB, width=width, depth=depth, heads=4, max_len=max_len,
                               dropout=0.0, **options).eval()
-
-
-def spread(values: list[float], fmt: str = ".2f", unit: str = "") -> str:
-    """'median (min..max)' of repeated measurements."""
-    v = sorted(values)
-    return f"{statistics.median(v):{fmt}}{unit} ({v[0]:{fmt}}..{v[-1]:{fmt}})"
 
 
 @dataclass
@@ -66,7 +61,7 @@ class Timing:
 
     def ratio(self, base: Timing) -> str:
         """self / base, round by round (both timed in the same rounds): 'median (min..max)' of the ratios."""
-        return spread([a / b for a, b in zip(self.samples, base.samples)], ".2f", "x")
+        return spread(ratios(self.samples, base.samples), ".2f", "x")
 
 
 # ---- 1. training throughput ---------------------------------------------------------------------------------
@@ -188,12 +183,12 @@ def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, rec
         late = [sum(t[-tenth:]) / tenth for t in steps]
         if recomputed:
             same = "yes" if all(torch.equal(o, outputs[0]) for o in outputs) else "NO"
-            extra = (f"{spread(recomputed):>20} {spread([a / b for a, b in zip(recomputed, cached)], '.1f', 'x'):>18} "
+            extra = (f"{spread(recomputed):>20} {spread(ratios(recomputed, cached), '.1f', 'x'):>18} "
                      f"{same:>11}")
         else:
             extra = f"{'-':>20} {'-':>18} {'-':>11}"
         print(f"{arch:>16} {spread(cached):>18} {extra} {spread([1e3 * t for t in early]):>20} "
-              f"{spread([1e3 * t for t in late]):>20} {spread([b / a for a, b in zip(early, late)]):>18}")
+              f"{spread([1e3 * t for t in late]):>20} {spread(ratios(late, early)):>18}")
 
 
 # ---- 3. Lightning overhead ------------------------------------------------------------------------------------
@@ -253,22 +248,23 @@ def bench_lightning(q: bool) -> None:
           f"{repeats} runs each of {steps} steps, alternating, after a warm-up fit of each")
     for width in ([32] if q else [64, 256]):
         batch = (*batch_of(batch_size, length), torch.tensor(1.0))  # a trial's batch: inputs, targets, share
-        runs: dict[str, list[tuple[float, float]]] = {"bare": [], "lightning": []}
-        sides = [("bare", bare_fit), ("lightning", lightning_fit)]
-        for _, fit in sides:  # warm-up: the first large model in a process pays for the allocator's growth
+        def measure(fit) -> tuple[float, float]:
+            """Seconds per step: the median between consecutive step starts, and the fit's time over its steps."""
+            starts, total = fit(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
+            gaps = [b - a for a, b in zip(starts[3:], starts[4:])] or [starts[-1] - starts[0]]
+            return statistics.median(gaps), total / steps
+
+        for fit in (bare_fit, lightning_fit):  # warm-up: the first large model in a process pays for the allocator
             fit(SequenceModel(spec_for("standard", width, 3, length)), batch, 4)
-        for r in range(repeats):
-            for name, fit in sides[::1 if r % 2 == 0 else -1]:  # alternate which side goes first
-                starts, total = fit(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
-                gaps = [b - a for a, b in zip(starts[3:], starts[4:])] or [starts[-1] - starts[0]]
-                runs[name].append((statistics.median(gaps), total / steps))
+        runs = side_by_side(lambda: measure(bare_fit), lambda: measure(lightning_fit), repeats)
         cells = []
         for k, label in ((0, "step-to-step"), (1, "fit/steps")):
-            bare = statistics.median(r[k] for r in runs["bare"])
-            lit = statistics.median(r[k] for r in runs["lightning"])
-            spread = [100 * (lt[k] / br[k] - 1) for br, lt in zip(runs["bare"], runs["lightning"])]
-            cells.append(f"{label} bare {1e3 * bare:.1f} ms, Lightning {1e3 * lit:.1f} ms, overhead "
-                         f"{100 * (lit / bare - 1):+.1f}% ({min(spread):+.1f}..{max(spread):+.1f})")
+            bare, lit = ([r[k] for r in side] for side in runs)
+            overheads = [100 * (r - 1) for r in ratios(lit, bare)]
+            cells.append(f"{label} bare {1e3 * statistics.median(bare):.1f} ms, Lightning "
+                         f"{1e3 * statistics.median(lit):.1f} ms, overhead "
+                         f"{100 * (statistics.median(lit) / statistics.median(bare) - 1):+.1f}% "
+                         f"({min(overheads):+.1f}..{max(overheads):+.1f})")
         print(f"standard D={width}: " + "; ".join(cells))
 
 
