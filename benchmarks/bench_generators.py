@@ -7,10 +7,10 @@ re-check of 2,000 samples per file, as the ``paper`` profile runs it), at ``--st
 tenth as many test samples: first for each dataset alone (the workers make its chunks), then for each DP task with
 all four of its sizes, as ``dvc repro`` runs the stage (each worker makes whole datasets).
 
-    python benchmarks/bench_generators.py                     # every task and paper size (~8 minutes on 2 cores)
+    python benchmarks/bench_generators.py                     # every task and paper size (~20 minutes on 2 cores)
     python benchmarks/bench_generators.py --tasks lis ed --seconds 0.3 --stage-samples 50000
     python benchmarks/bench_generators.py --tasks arithmetic ed ed_local lis --seconds 0.3 --stage-samples 1000000
-    python benchmarks/bench_generators.py --suite-only --stage-samples 1000000   # the last table alone (~5 minutes)
+    python benchmarks/bench_generators.py --suite-only --stage-samples 1000000   # the last table alone (~16 minutes)
 
 The kernel columns include neither hashing nor Parquet writing; the stage columns include everything. The last
 lines estimate the DP paper's suite, 16 datasets x 1.1M samples, at each side's rates, and (with the DP tasks in
