@@ -152,6 +152,19 @@ def test_closing_a_pool_while_workers_send_large_results_does_not_hang():
     assert not thread.is_alive()
 
 
+def test_workers_exit_at_once_and_leave_nothing_behind(tmp_path):
+    """Workers skip their interpreter's teardown when the pool shuts down, yet the stage exits cleanly, with no
+    resource (a semaphore: a worker's progress bar makes one) left for the resource tracker to warn about."""
+    params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [lis]\n"
+                                                    "generate: {datasets: {lis: [5, 6, 7]}, train_samples: 300}\n")
+    run = subprocess.run([sys.executable, "-m", "pipeline.generate", "--task", "lis", "--params", str(params), "--out",
+                          str(tmp_path / "data"), "--workers", "2"], capture_output=True, text=True,
+                         cwd=config_mod.ROOT, env={**os.environ, "PYTHONPATH": str(config_mod.ROOT)})
+    assert run.returncode == 0, run.stderr
+    assert "resource_tracker" not in run.stderr and "Traceback" not in run.stderr
+    assert dataset_path(tmp_path / "data", "lis", 7, "train").exists()
+
+
 def test_too_many_samples_for_the_space_fails_before_writing(tiny_cfg, tmp_path):
     cfg = small_config(tiny_cfg, {"arithmetic": [1]}, test=1000)  # only 473 distinct one-operator expressions
     with pytest.raises(tasks.TaskError, match="space of distinct samples is too small"):
