@@ -104,12 +104,12 @@ def bench_suite(paper: dict[str, list[int]], train_samples: int, rounds: int) ->
     probe = 150  # batches of 4,096 ed n=20 samples: about 3 s of kernel
     print(f"\nTwo processes against one, same kernel (ed n=20), 3 times: {two_core_gain(probe)}")
     print(f"The generate stage per DP task, all its paper sizes, as dvc repro runs it "
-          f"({train_samples + train_samples // 10:,} samples a dataset), {rounds} rounds:", flush=True)
+          f"({train_samples + train_samples // 10:,} samples a dataset; rounds: {rounds}):", flush=True)
     times = {name: ([], []) for name in paper}  # task -> (1-worker seconds, 2-worker seconds), round by round
     for r in range(rounds):
         for name, task_sizes in paper.items():
-            one, two = side_by_side(*(lambda w=w: stage_seconds(name, task_sizes, train_samples, w) for w in (1, 2)),
-                                    1, start=r)
+            one, two = side_by_side(lambda: stage_seconds(name, task_sizes, train_samples, 1),
+                                    lambda: stage_seconds(name, task_sizes, train_samples, 2), 1, start=r)
             times[name][0].extend(one)
             times[name][1].extend(two)
         print(f"  round {r + 1}: the suite in {sum(t[0][r] for t in times.values()):.1f} s with 1 worker, "
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     paper = config_mod.load(profile="paper", architectures=False).sweep.datasets  # the DP paper's grid
     sizes = {**paper, **config_mod.load(profile="separations", architectures=False).generate.datasets}
     print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement; "
-          f"{args.rounds} rounds, the sides alternating which goes first: medians, and each ratio taken round by "
+          f"rounds: {args.rounds}, the sides alternating which goes first: medians, and each ratio taken round by "
           f"round as 'median (min..max)'")
     if args.tasks:
         print(f"\n{'':<18}{'------------ kernel, one process ------------':>47}   "
@@ -159,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             ref, our = statistics.median(refs), statistics.median(ours)
             line = f"{name:<13}{size:>5}{ref:>14,.0f}{our:>12,.0f}{spread(ratios(ours, refs), ',.0f', 'x'):>17}"
             if size in paper.get(name, []) and args.stage_samples:
-                ones, twos = side_by_side(*(lambda w=w: samples / stage_seconds(name, [size], args.stage_samples, w)
-                                            for w in (1, 2)), args.rounds)
+                ones, twos = side_by_side(lambda: samples / stage_seconds(name, [size], args.stage_samples, 1),
+                                          lambda: samples / stage_seconds(name, [size], args.stage_samples, 2),
+                                          args.rounds)
                 one, two = statistics.median(ones), statistics.median(twos)
                 line += f"   {one:>12,.0f}{two:>13,.0f}{spread(ratios(twos, ones), '.2f', 'x'):>19}{two / our:>7.2f}x"
                 suite["stage"] += SUITE_SAMPLES / two

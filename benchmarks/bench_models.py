@@ -248,6 +248,7 @@ def bench_lightning(q: bool) -> None:
           f"{repeats} runs each of {steps} steps, alternating, after a warm-up fit of each")
     for width in ([32] if q else [64, 256]):
         batch = (*batch_of(batch_size, length), torch.tensor(1.0))  # a trial's batch: inputs, targets, share
+
         def measure(fit) -> tuple[float, float]:
             """Seconds per step: the median between consecutive step starts, and the fit's time over its steps."""
             starts, total = fit(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
