@@ -105,16 +105,18 @@ def bench_suite(paper: dict[str, list[int]], train_samples: int, rounds: int) ->
     print(f"\nTwo processes against one, same kernel (ed n=20), 3 times: {two_core_gain(probe)}")
     print(f"The generate stage per DP task, all its paper sizes, as dvc repro runs it "
           f"({train_samples + train_samples // 10:,} samples a dataset; rounds: {rounds}):", flush=True)
-    times = {name: ([], []) for name in paper}  # task -> (1-worker seconds, 2-worker seconds), round by round
+    # task (and the whole suite) -> (1-worker seconds, 2-worker seconds), round by round
+    times = {name: ([], []) for name in [*paper, "all four"]}
     for r in range(rounds):
         for name, task_sizes in paper.items():
             one, two = side_by_side(lambda: stage_seconds(name, task_sizes, train_samples, 1),
                                     lambda: stage_seconds(name, task_sizes, train_samples, 2), 1, start=r)
             times[name][0].extend(one)
             times[name][1].extend(two)
-        print(f"  round {r + 1}: the suite in {sum(t[0][r] for t in times.values()):.1f} s with 1 worker, "
-              f"{sum(t[1][r] for t in times.values()):.1f} s with 2", flush=True)
-    times["all four"] = tuple([sum(t[side][r] for t in times.values()) for r in range(rounds)] for side in (0, 1))
+        for side in (0, 1):
+            times["all four"][side].append(sum(times[name][side][r] for name in paper))
+        print(f"  round {r + 1}: the suite in {times['all four'][0][r]:.1f} s with 1 worker, "
+              f"{times['all four'][1][r]:.1f} s with 2", flush=True)
     print(f"{'task':<13}{'1 worker, s':>22}{'2 workers, s':>22}{'2w/1w':>22}")
     for name, (one, two) in times.items():
         print(f"{name:<13}{spread(one, '.1f'):>22}{spread(two, '.1f'):>22}{spread(ratios(one, two), '.2f', 'x'):>22}")

@@ -153,8 +153,8 @@ def test_closing_a_pool_while_workers_send_large_results_does_not_hang():
 
 
 def test_workers_exit_at_once_and_leave_nothing_behind(tmp_path):
-    """Workers skip their interpreter's teardown when the pool shuts down, yet the stage exits cleanly, with no
-    resource (a semaphore: a worker's progress bar makes one) left for the resource tracker to warn about."""
+    """Workers skip their interpreter's teardown when the pool shuts down, yet the stage exits cleanly, with nothing
+    left for the resource tracker to warn about (a worker's progress bar makes a multiprocessing lock)."""
     params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [lis]\n"
                                                     "generate: {datasets: {lis: [5, 6, 7]}, train_samples: 300}\n")
     run = subprocess.run([sys.executable, "-m", "pipeline.generate", "--task", "lis", "--params", str(params), "--out",
