@@ -23,9 +23,9 @@ import yaml
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline import config as config_mod  # noqa: E402
+from pipeline.common import config as config_mod  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
-from pipeline.tables import min_gflops  # noqa: E402
+from pipeline.reporting.tables import min_gflops  # noqa: E402
 from pipeline.sweep import sweep  # noqa: E402
 
 GRID = {  # lis n = 4, 5, 6 x 5 widths: the minimum width grows with n on this CPU budget

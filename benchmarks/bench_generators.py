@@ -43,8 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 import tasks  # noqa: E402
 from benchmarks.reference import reference_sample  # noqa: E402
 from benchmarks.repeats import ratios, side_by_side, spread  # noqa: E402
-from pipeline import config as config_mod  # noqa: E402
-
+from pipeline.common import config as config_mod  # noqa: E402
 SUITE_SAMPLES = 1_100_000  # 1M train + 100k test per dataset
 ROOT = Path(__file__).resolve().parent.parent
 

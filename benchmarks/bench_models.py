@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 import models
 from benchmarks.repeats import ratios, side_by_side, spread
-from pipeline.train import SequenceModel, TrialSpec
+from pipeline.training.train import SequenceModel, TrialSpec
 
 VOCAB = 64
 

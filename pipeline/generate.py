@@ -11,7 +11,7 @@ first, then train samples; with ``generate.unique`` (the default) every kept sam
 compared through 64-bit hashes, so train is unique and disjoint from test. Before anything is written, every size
 is validated and the sample counts compared with the space of distinct samples. The task's independent checker
 runs on every sample (or on ``generate.validate_samples`` of each file, at random) as it is handed to the Parquet
-writer, so no file is read back (``python -m pipeline.validate`` re-reads files; ``--no-check`` skips the check).
+writer, so no file is read back (``python -m pipeline.data.validate`` re-reads files; ``--no-check`` skips the check).
 Everything is written into ``<out>/.staging/<task>/`` and renamed to ``<out>/<task>/`` only once every file is
 complete: an interrupted or failed run leaves no file that looks complete. A failure, SIGTERM or Ctrl-C removes the
 staging directory at once; after a SIGKILL (no clean-up runs) it stays, ignored by DVC (``.dvcignore``), until the
@@ -37,14 +37,14 @@ from pathlib import Path
 import numpy as np
 
 import tasks
-from pipeline import config as config_mod
-from pipeline import progress as progress_mod
-from pipeline.datasets import DatasetError, ParquetSink, dataset_path
-from pipeline.dedup import SeenSet, row_hashes
-from pipeline.locks import remove_if_dead, try_lock
-from pipeline.parallel import Pool
-from pipeline.progress import progress
-from pipeline.validate import WriteCheck, cached_task
+from pipeline.common import config as config_mod
+from pipeline.common import progress as progress_mod
+from pipeline.data.datasets import DatasetError, ParquetSink, dataset_path
+from pipeline.data.dedup import SeenSet, row_hashes
+from pipeline.common.locks import remove_if_dead, try_lock
+from pipeline.data.parallel import Pool
+from pipeline.common.progress import progress
+from pipeline.data.validate import WriteCheck, cached_task
 from tasks import SPLITS
 
 MAX_DRAWS_PER_SAMPLE = 20  # give up when unique samples are this rare: the space is too small

@@ -6,7 +6,7 @@
 Each night is kept in ``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the
 metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged
 ``nightly.date`` / ``nightly.commit``). The comparison with the latest earlier night of the same profile
-(``pipeline/comparison.py``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
+(``pipeline/reporting/comparison.py``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
 goes to ``report/nightly.md``, into the night's directory and into a section of ``report/index.html``.
 
 Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
@@ -17,9 +17,7 @@ Exit status: 0 no regression (or the first night), 1 a regression beyond the ``n
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,41 +26,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline import comparison
-from pipeline import config as config_mod
+from pipeline.reporting import comparison
+from pipeline.common import config as config_mod
+from pipeline.common.locks import LockBusy, owned
+from pipeline.common.provenance import git_commit
 from pipeline.report import NIGHTLY_MARKER
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
-
-
-class LockBusy(RuntimeError):
-    pass
-
-
-def acquire(path: Path, wait: bool):
-    """An exclusive lock on ``path`` for this process's lifetime (released by the OS if it dies)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = path.open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        raise LockBusy(f"another nightly run holds {path} ({holder}); this one stops. Rerun with --wait to queue "
-                       "behind it") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    handle.flush()
-    return handle
-
-
-def git_commit(repo: Path) -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "nocommit"
-    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def previous_night(history: Path, profile: str, current: Path) -> Path | None:
@@ -90,9 +60,10 @@ def tag_runs(uri: str, parent: str, tags: dict) -> None:
 def nightly(repo: Path, profile: str | None, wait: bool) -> int:
     cfg = config_mod.load(repo / "params.yaml", profile=profile)
     history = repo / cfg.nightly.history
-    handle = acquire(history / ".lock", wait)
-    try:
-        date, commit = time.strftime("%Y-%m-%dT%H%M%S"), git_commit(repo)
+    lock = history / ".lock"
+    busy = f"another nightly run holds {lock} ({{holder}}); this one stops. Rerun with --wait to queue behind it"
+    with owned(lock, busy, wait):
+        date, commit = time.strftime("%Y-%m-%dT%H%M%S"), str(git_commit(repo))
         cmd = [sys.executable, "-m", "dvc"] + (["exp", "run", "-S", f"profile={profile}"] if profile else ["repro"])
         print(f"nightly {date} commit {commit}: {' '.join(cmd[2:])}", flush=True)
         if subprocess.run(cmd, cwd=repo).returncode != 0:
@@ -125,8 +96,6 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
         page.write_text(page.read_text().replace(NIGHTLY_MARKER, html_section, 1))
         print(text)
         return 1 if result["regressions"] else 0
-    finally:
-        handle.close()
 
 
 def main(argv: list[str] | None = None) -> int:

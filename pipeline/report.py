@@ -3,12 +3,12 @@
     python -m pipeline.report
 
 Writes ``report/``: ``index.html`` (the page to open): the claim checks of both papers at the top
-(``pipeline/claims.py``), the DP paper's Table 2 in three cost conventions per depth (``pipeline/tables.py``), and
-the figures (``pipeline/figures.py``: heatmaps, ed_local against ed, accuracy against length, width scans,
+(``pipeline/reporting/claims.py``), the DP paper's Table 2 in three cost conventions per depth (``pipeline/reporting/tables.py``), and
+the figures (``pipeline/reporting/figures.py``: heatmaps, ed_local against ed, accuracy against length, width scans,
 learning curves from the MLflow histories); ``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json``, and
 ``results.csv``. Headline numbers and every claim's status go to ``results/report.json`` (a DVC metrics file);
 the directory is logged to the sweep's MLflow parent run, the claims as its tags. A cell is solved when its
-validation accuracy reached the threshold (``pipeline/verdict.py``); accuracies shown are test-set final-answer
+validation accuracy reached the threshold (``pipeline/training/verdict.py``); accuracies shown are test-set final-answer
 accuracies, the mean over seeds. Failed trials appear everywhere, marked as failed.
 """
 
@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline import claims as claims_mod
-from pipeline import config as config_mod
-from pipeline import figures as figures_mod
-from pipeline import tables
-from pipeline.services import ServiceError, check_mlflow
+from pipeline.reporting import claims as claims_mod
+from pipeline.common import config as config_mod
+from pipeline.reporting import figures as figures_mod
+from pipeline.reporting import tables
+from pipeline.tracking.services import ServiceError, check_mlflow
 
 REQUIRED = ("task", "size", "max_len", "arch", "width", "depth", "seed", "measured", "status", "reason",
             "final_accuracy", "paper_gflops", "exact_gflops", "solve_pflops", "mlflow_run_id", "parent_run_id")
@@ -118,7 +118,7 @@ def page(cfg: config_mod.Config, table: pd.DataFrame, figures: list, best: pd.Da
              f"{html.escape(summary['verdicts'])}. MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
              f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
              f"<h2>Claim checks</h2><p>The papers' claims that a sweep can test ({counts}), each decided by the "
-             "rule in <code>pipeline/claims.py</code> on this sweep's results.</p>", claims_html(checks),
+             "rule in <code>pipeline/reporting/claims.py</code> on this sweep's results.</p>", claims_html(checks),
              NIGHTLY_MARKER,
              "<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>",
              f"<p>{html.escape(tables.note(cfg.report.accuracy_threshold))}</p>"]

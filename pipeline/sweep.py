@@ -6,17 +6,17 @@ recorded in MLflow.
 Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
 (and its auth token) are checked, the datasets are published to ``cluster.storage_path``, some node must hold a
 trial's CPUs and GPUs, and on a cluster every Ray node is probed: it must import the code and read the data
-(``pipeline/cluster.py``). ``sweep.search`` picks the plan (``pipeline/frontier.py``): ``grid`` trains every
+(``pipeline/tracking/cluster.py``). ``sweep.search`` picks the plan (``pipeline/search/frontier.py``): ``grid`` trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
-rest. The plan runs as a Ray Tune searcher (``pipeline/searcher.py``): one trial per (cell, learning rate)
-(``pipeline/trainable.py``), each training with Lightning until its verdict (``pipeline/verdict.py``: solved,
+rest. The plan runs as a Ray Tune searcher (``pipeline/search/searcher.py``): one trial per (cell, learning rate)
+(``pipeline/training/trainable.py``), each training with Lightning until its verdict (``pipeline/training/verdict.py``: solved,
 unsolved, diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate.
 Runs this MLflow experiment already finished with the same data, training settings and training code are reused
 (``sweep.reuse: false`` retrains them).
-Trials checkpoint at every validation into the storage path (``pipeline/checkpoints.py``); a trial whose worker
+Trials checkpoint at every validation into the storage path (``pipeline/training/checkpoints.py``); a trial whose worker
 died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
 from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
-results directory. ``sweep.workers_per_trial`` trains a trial data-parallel (``pipeline/distributed.py``).
+results directory. ``sweep.workers_per_trial`` trains a trial data-parallel (``pipeline/training/distributed.py``).
 Outputs (DVC's): ``results/sweep.csv`` (one row per cell: measured or inferred, verdict, test accuracy, costs),
 ``results/trials.csv`` (one row per learning-rate run) and ``results/sweep.json`` (headline metrics).
 MLflow's store, the storage path (checkpoints, published datasets) and Ray's trial directories are not DVC
@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import importlib
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -39,12 +37,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline import cluster
-from pipeline import config as config_mod
-from pipeline.cells import build_cells, expected_cost, model_costs, run_key
-from pipeline.datasets import DatasetError
-from pipeline.frontier import make_plan
-from pipeline.services import ServiceError, check_mlflow, check_ray
+from pipeline.tracking import cluster
+from pipeline.common import config as config_mod
+from pipeline.common.locks import LockBusy, owned
+from pipeline.common.provenance import git_commit
+from pipeline.search.cells import build_cells, expected_cost, model_costs, run_key
+from pipeline.data.datasets import DatasetError
+from pipeline.search.frontier import make_plan
+from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
 
 RESULTS = config_mod.ROOT / "results"
 RESULT_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops",
@@ -74,38 +74,11 @@ def cell_row(cell: dict, outcome, best: dict | None) -> dict:
     return row | {"lrs": " ".join(f"{lr:g}" for lr in cell["lrs"])}
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=config_mod.ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def exclusive(out_dir: Path):
-    """One sweep at a time per results directory: a second one stops at once instead of racing the first for
-    its outputs (``dvc repro`` holds DVC's own lock too; this covers ``python -m pipeline.sweep``)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / ".sweep.lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            raise ServiceError(f"another sweep is running with results in {out_dir} ({lock.read().strip()}); "
-                               "wait for it to end, or stop it (its finished trials are kept)") from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        lock.flush()
-        yield
 
 
 def reporter():
@@ -147,8 +120,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
         ray.shutdown()
 
 
-DRIVER_MODULES = ("mlflow", "pipeline.tracking", "pipeline.checkpoints", "pipeline.searcher", "pipeline.storage",
-                  "pipeline.trainable")
+DRIVER_MODULES = ("mlflow", "pipeline.tracking.runs", "pipeline.training.checkpoints", "pipeline.search.searcher", "pipeline.data.storage",
+                  "pipeline.training.trainable")
 
 
 def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: float, local: bool) -> pd.DataFrame:
@@ -156,10 +129,12 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
     import ray
     from ray import tune
 
-    from pipeline import checkpoints, storage
-    from pipeline.searcher import CellSearcher, trial_key
-    from pipeline.trainable import run_cell
-    from pipeline.tracking import ChildRuns, close_orphans, driver_tags, start_parent
+    from pipeline.training import checkpoints
+
+    from pipeline.data import storage
+    from pipeline.search.searcher import CellSearcher, trial_key
+    from pipeline.training.trainable import run_cell
+    from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_parent
 
     uri = cfg.cluster.mlflow()
     s = cfg.sweep
@@ -178,6 +153,7 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
                 published[cell[k]] = storage.publish(Path(cell[k]), store, cell["sha256"][k])
             cell[k] = published[cell[k]]
     started = time.time()
+    commit = git_commit()
     client, parent = start_parent(
         uri, s.experiment, f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
         params={"profile": cfg.profile, "search": s.search, "cells": len(cells),
@@ -186,7 +162,7 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
                 "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
                 **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()}, "run_key": key,
                 **{f"train.{k}": v for k, v in train.items()}},
-        tags={"git_commit": git_commit(), "profile": cfg.profile, "stage": "sweep", **driver_tags()})
+        tags={"git_commit": commit.sha, "git_dirty": str(commit.dirty), "profile": cfg.profile, "stage": "sweep", **driver_tags()})
     status = "FAILED"
     try:
         client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
@@ -297,9 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS), help="results directory (default: %(default)s)")
     args = ap.parse_args(argv)
     try:
-        with exclusive(Path(args.out)):
-            sweep(config_mod.load(args.params), Path(args.data), Path(args.out))
-    except (config_mod.ConfigError, DatasetError, ServiceError) as err:
+        out = Path(args.out)
+        # one sweep at a time per results directory: a second stops at once instead of racing the first for its
+        # outputs (`dvc repro` holds DVC's own lock too; this covers `python -m pipeline.sweep`)
+        busy = (f"another sweep is running with results in {out} ({{holder}}); wait for it to end, or stop it "
+                "(its finished trials are kept)")
+        with owned(out / ".sweep.lock", busy):
+            sweep(config_mod.load(args.params), Path(args.data), out)
+    except (config_mod.ConfigError, DatasetError, ServiceError, LockBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except RuntimeError as err:

@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline import config as config_mod  # noqa: E402
+from pipeline.common import config as config_mod  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 
 ROOT = config_mod.ROOT

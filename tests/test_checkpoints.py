@@ -5,9 +5,9 @@ import shutil
 import lightning as L
 import pytest
 
-from pipeline.checkpoints import FILE, latest, write_meta
-from pipeline.datasets import dataset_path, read_dataset
-from pipeline.train import TrialSpec, run_trial
+from pipeline.training.checkpoints import FILE, latest, write_meta
+from pipeline.data.datasets import dataset_path, read_dataset
+from pipeline.training.train import TrialSpec, run_trial
 
 
 class Curve(L.Callback):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipeline.claims import CLAIMS, evaluate
-from pipeline.tables import BELOW, PAPER_LENGTHS, cheapest, convention_table, min_gflops
+from pipeline.reporting.claims import CLAIMS, evaluate
+from pipeline.reporting.tables import BELOW, PAPER_LENGTHS, cheapest, convention_table, min_gflops
 
 
 def rows(task: str, arch: str, depth: int, solved_from: dict[int, int | None], widths=(16, 32, 64),

@@ -3,7 +3,7 @@ import yaml
 
 import models
 import tasks
-from pipeline import config as config_mod
+from pipeline.common import config as config_mod
 from tests.conftest import ROOT, write_params
 
 
@@ -141,7 +141,7 @@ def test_cluster_settings_come_from_params_then_environment(monkeypatch):
 
 
 def test_an_architecture_may_have_its_own_depths(tmp_path, tiny_data):
-    from pipeline.cells import build_cells
+    from pipeline.search.cells import build_cells
 
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, ed, ed_local, lis, index_lookup, "
                      "dyck, eq_random, eq_one, eq_ncp]\nsweep: {depths: [1, 2], arch_depths: {lstm: [3]}}\n")
@@ -155,7 +155,7 @@ def test_an_architecture_may_have_its_own_depths(tmp_path, tiny_data):
 
 def test_an_architecture_may_have_its_own_widths_and_learning_rates(tmp_path, tiny_data):
     """A 1-layer transformer at 64 beside an LSTM at 64..256, in one sweep, without the transformer at 256."""
-    from pipeline.cells import build_cells
+    from pipeline.search.cells import build_cells
 
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {architectures: "
                      "[transformer, lstm], widths: [64], depths: [1], lrs: [0.001, 0.0003], "
@@ -169,7 +169,7 @@ def test_an_architecture_may_have_its_own_widths_and_learning_rates(tmp_path, ti
 
 def test_each_task_may_train_its_own_architectures(tmp_path, tiny_data):
     """Each paper's models on its own tasks, in one sweep: the others train on every task."""
-    from pipeline.cells import build_cells
+    from pipeline.search.cells import build_cells
 
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {architectures: "
                      "[standard, sparse, lstm], task_architectures: {lis: [lstm]}}\n")

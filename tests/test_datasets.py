@@ -8,7 +8,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.datasets import (MAPPED_DIR, DatasetError, ParquetSink, dataset_path, file_hash, read_dataset,
+from pipeline.data.datasets import (MAPPED_DIR, DatasetError, ParquetSink, dataset_path, file_hash, read_dataset,
                                read_metadata)
 from tasks import Batch
 

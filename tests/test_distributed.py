@@ -8,8 +8,8 @@ import sys
 import pandas as pd
 import pytest
 
-from pipeline.checkpoints import FILE
-from pipeline.train import run_trial
+from pipeline.training.checkpoints import FILE
+from pipeline.training.train import run_trial
 from tests.test_checkpoints import Curve, spec  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow

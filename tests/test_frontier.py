@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pipeline.frontier import Cell, FrontierPlan, GridPlan, min_widths
+from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, min_widths
 
 WIDTHS = [16, 32, 64, 128, 256]
 SIZES = [4, 8, 12, 16, 20]
@@ -149,7 +149,7 @@ def test_the_searcher_turns_cells_into_learning_rate_trials_and_reuses_finished_
     best learning rate) reaches the plan once all its learning rates ended."""
     from ray.tune.search import Searcher
 
-    from pipeline.searcher import CellSearcher, trial_key
+    from pipeline.search.searcher import CellSearcher, trial_key
 
     cells = {c: {"cell_id": f"id{c.width}-{c.size}", "lrs": [0.1, 0.01], "width": c.width}
              for c in grid(archs=("standard",))}

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import tasks
-from pipeline import config as config_mod
+from pipeline.common import config as config_mod
 from pipeline import generate as generate_mod
-from pipeline import validate as validate_mod
-from pipeline.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
+from pipeline.data import validate as validate_mod
+from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
 from pipeline.generate import SPLITS, generate_task, seq_hash
-from pipeline.parallel import Pool
+from pipeline.data.parallel import Pool
 from tests.conftest import ROOT, write_params
 from tests.test_tasks import SMALL_SIZES
 

@@ -1,4 +1,4 @@
-"""Directories owned by live processes (pipeline/locks.py): what a killed owner leaves is removed by the next
+"""Directories owned by live processes (pipeline/common/locks.py): what a killed owner leaves is removed by the next
 owner; a live owner's is spared."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.locks import lock_of, scratch_dir
+from pipeline.common.locks import lock_of, scratch_dir
 from tests.conftest import ROOT
 
 OWNER = """import sys, time
 from pathlib import Path
-from pipeline.locks import scratch_dir
+from pipeline.common.locks import scratch_dir
 with scratch_dir(Path(sys.argv[1])) as d:
     (d / "trial.ckpt").write_bytes(b"x" * 1000)
     print(d, flush=True)

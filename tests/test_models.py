@@ -9,7 +9,7 @@ from models.sinks import Sinks
 from models.sliding_window import Window
 from models.sparse import BlockSparse, block_size
 from models.standard import Causal
-from pipeline.evaluation import decode
+from pipeline.training.evaluation import decode
 
 ARCHS = sorted(models.ARCHITECTURES)
 

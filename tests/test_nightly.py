@@ -11,9 +11,9 @@ import sys
 import pandas as pd
 import pytest
 
-from pipeline.comparison import compare
-from pipeline.config import NightlyConfig
-from pipeline.nightly import LockBusy, acquire
+from pipeline.reporting.comparison import compare
+from pipeline.common.config import NightlyConfig
+from pipeline.common.locks import LockBusy, owned
 from tests.conftest import ROOT
 from tests.test_claims import rows
 
@@ -54,15 +54,15 @@ def test_compare_finds_claims_that_stopped_or_started_holding():
 
 def test_a_second_nightly_run_stops_with_a_clear_message_while_the_first_holds_the_lock(tmp_path):
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    held = acquire(tmp_path / "nightly" / ".lock", wait=False)
-    try:
+    lock = tmp_path / "nightly" / ".lock"
+    busy = f"another nightly run holds {lock} ({{holder}}); this one stops. Rerun with --wait"
+    with owned(lock, busy):
         with pytest.raises(LockBusy, match="another nightly run holds .* this one stops. Rerun with --wait"):
-            acquire(tmp_path / "nightly" / ".lock", wait=False)
+            with owned(lock, busy):
+                pass
         done = subprocess.run([sys.executable, "-m", "pipeline.nightly", "--repo", str(tmp_path), "--profile", "tiny"],
                               cwd=ROOT, capture_output=True, text=True, timeout=120,
                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
-    finally:
-        held.close()
     assert done.returncode == 3 and "another nightly run holds" in done.stderr
 
 

@@ -21,8 +21,8 @@ from mlflow.tracking import MlflowClient
 
 import models
 from models.selective_scan import selective_scan
-from pipeline import config as config_mod
-from pipeline.datasets import dataset_path
+from pipeline.common import config as config_mod
+from pipeline.data.datasets import dataset_path
 from pipeline.generate import generate_task
 from tests.browser import report_problems
 from tests.conftest import ROOT

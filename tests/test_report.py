@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline import config as config_mod
+from pipeline.common import config as config_mod
 from pipeline.report import report
 from tests.browser import Page, group_running, report_problems
 from tests.test_claims import rows

@@ -22,7 +22,7 @@ if problem := services.namespace_problem():
 DRIVER = """
 import json, os, ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from pipeline.services import check_ray
+from pipeline.tracking.services import check_ray
 
 check_ray(os.environ["RAY_ADDRESS"])
 ray.init(log_to_driver=False, logging_level="ERROR")
@@ -77,7 +77,7 @@ def test_driver_without_the_token_fails_fast_with_a_named_error(cluster, token):
     elapsed = time.monotonic() - start
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("pipeline.services.ServiceError: Ray head at 127.0.0.1:"), done.stderr[-2000:]
+    assert last.startswith("pipeline.tracking.services.ServiceError: Ray head at 127.0.0.1:"), done.stderr[-2000:]
     assert "requires its auth token" in last and "RAY_AUTH_TOKEN_PATH" in last and "ray get-auth-token" in last
     assert ("sends none" if token is None else "rejects the token") in last
     assert elapsed < 15, f"{elapsed:.1f} s: the check should not wait for ray.init's retries"
@@ -112,7 +112,7 @@ def test_local_ray_of_the_pipeline_listens_on_loopback_only(monkeypatch):
     import ray
     from ray._private import ray_constants
 
-    from pipeline.cluster import connect_ray
+    from pipeline.tracking.cluster import connect_ray
 
     # connect_ray and ray.init set these for this process; the rest of the session gets them back as they were
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)

@@ -3,9 +3,9 @@ a node that cannot read them is named."""
 
 import pytest
 
-from pipeline.cluster import probe
-from pipeline.datasets import DatasetError, dataset_path, file_hash
-from pipeline.storage import DATASETS, fetch, publish
+from pipeline.tracking.cluster import probe
+from pipeline.data.datasets import DatasetError, dataset_path, file_hash
+from pipeline.data.storage import DATASETS, fetch, publish
 
 
 @pytest.fixture
@@ -41,6 +41,6 @@ def test_a_node_that_cannot_read_the_storage_is_named(parquet, tmp_path):
 
 def test_the_node_probe_names_a_package_it_cannot_import_and_data_it_cannot_read(parquet, tmp_path):
     location = publish(parquet, str(tmp_path))
-    assert probe(location, ("pipeline.train",)) == ""
+    assert probe(location, ("pipeline.training.train",)) == ""
     assert "cannot import the package (ModuleNotFoundError" in probe(location, ("pipeline_renamed",))
-    assert "cannot read dataset" in probe(str(tmp_path / "missing.parquet"), ("pipeline.train",))
+    assert "cannot read dataset" in probe(str(tmp_path / "missing.parquet"), ("pipeline.training.train",))

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.services import ServiceError, check_mlflow
-from pipeline.tracking import ChildRuns
+from pipeline.tracking.services import ServiceError, check_mlflow
+from pipeline.tracking.runs import ChildRuns
 
 # what `mlflow server --artifacts-only` (MLflow 3.17) answers on /api/2.0/mlflow/experiments/search, with HTTP 503
 ARTIFACTS_ONLY = ("Endpoint: /api/2.0/mlflow/experiments/search disabled due to the mlflow server running in "

@@ -6,10 +6,10 @@ import torch
 
 import models
 import tasks
-from pipeline.datasets import dataset_path, read_dataset
-from pipeline.batches import IGNORE, Collate, LengthBuckets
-from pipeline.evaluation import final_answers, greedy_accuracy
-from pipeline.train import TrialSpec, run_trial
+from pipeline.data.datasets import dataset_path, read_dataset
+from pipeline.training.batches import IGNORE, Collate, LengthBuckets
+from pipeline.training.evaluation import final_answers, greedy_accuracy
+from pipeline.training.train import TrialSpec, run_trial
 
 EOS = tasks.EOS_ID
 
@@ -104,7 +104,7 @@ def separations_data(tiny_cfg, tmp_path_factory):
 
 
 def test_next_character_targets_follow_the_separator():
-    from pipeline.train import NextCharacterTargets
+    from pipeline.training.train import NextCharacterTargets
 
     vocab = ("<pad>", "<eos>", "[sep]", "a", "b")
     ncp = NextCharacterTargets(vocab)

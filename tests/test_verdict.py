@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import verdict
-from pipeline.datasets import dataset_path, read_dataset
-from pipeline.train import TrialSpec, run_trial, split_validation
+from pipeline.training import verdict
+from pipeline.data.datasets import dataset_path, read_dataset
+from pipeline.training.train import TrialSpec, run_trial, split_validation
 
 
 def fake_trainer():

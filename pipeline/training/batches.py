@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from pipeline.datasets import Dataset
+from pipeline.data.datasets import Dataset
 from tasks import PAD_ID
 
 IGNORE = -100  # the target of positions that are not predicted (cross-entropy's ignore_index)

@@ -16,7 +16,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, FiniteFloat, PositiveInt, ValidationError, ValidationInfo,
                       model_validator)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
 
 
@@ -95,7 +95,7 @@ class SweepConfig(Section):
     warmup_fraction: float = Field(0.05, ge=0, le=1)
     grad_clip: FiniteFloat | None = Field(1.0, gt=0, description="gradient-norm clip; null: none")
     precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
-    # stopping: a trial ends solved, plateaued, diverged or at its budget (pipeline/verdict.py)
+    # stopping: a trial ends solved, plateaued, diverged or at its budget (pipeline/training/verdict.py)
     patience: PositiveInt = Field(2, description="consecutive validations at or above report.accuracy_threshold "
                                                  "that make a trial solved")
     plateau_checks: PositiveInt | None = Field(None, description="validations without a gain of min_delta in "

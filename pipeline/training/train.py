@@ -11,8 +11,8 @@ Task families (``family`` in the dataset metadata):
 Validation: the last ``val_samples`` training samples are held out (never trained on; disjoint from the test set
 when the data is generated with ``unique``). Every validation logs the teacher-forced loss and token accuracy and
 the final-answer accuracy (``val_accuracy``, scored as the test set is), which decides when the trial is solved
-(``pipeline/verdict.py``). The test set is scored once, at the end. Batches come from ``pipeline/batches.py``,
-the scores from ``pipeline/evaluation.py``.
+(``pipeline/training/verdict.py``). The test set is scored once, at the end. Batches come from ``pipeline/training/batches.py``,
+the scores from ``pipeline/training/evaluation.py``.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 
 import models
-from pipeline import distributed, verdict as verdict_mod
-from pipeline.batches import IGNORE, loader
-from pipeline.checkpoints import Resumable
-from pipeline.datasets import Dataset, read_dataset
-from pipeline.evaluation import final_accuracy
-from pipeline.locks import scratch_dir
+from pipeline.training import distributed, verdict as verdict_mod
+from pipeline.training.batches import IGNORE, loader
+from pipeline.training.checkpoints import Resumable
+from pipeline.data.datasets import Dataset, read_dataset
+from pipeline.training.evaluation import final_accuracy
+from pipeline.common.locks import scratch_dir
 from tasks import PAD_ID
 
 @dataclass
@@ -66,7 +66,7 @@ class TrialSpec:
     eval_batch_size: int
     threads: int
     use_gpu: bool
-    workers: int = 1  # data-parallel processes (pipeline/distributed.py), sharing each global batch
+    workers: int = 1  # data-parallel processes (pipeline/training/distributed.py), sharing each global batch
     family: str = "cot"
     vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
     optimizer: str = "adamw"
@@ -213,12 +213,12 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
               ) -> dict:
     """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
     on a given machine. ``checkpoint(trainer, module, directory)`` receives the whole state at every validation
-    (``pipeline/checkpoints.py``); ``resume``: such a checkpoint file to continue from, with the same result as
+    (``pipeline/training/checkpoints.py``); ``resume``: such a checkpoint file to continue from, with the same result as
     a run never stopped (``resumed`` hears its metrics). With ``spec.workers`` > 1 this process is rank 0 of a
-    data-parallel trial and starts the other ranks (``pipeline/distributed.py``)."""
+    data-parallel trial and starts the other ranks (``pipeline/training/distributed.py``)."""
     if spec.workers == 1:
         return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
-    with distributed.other_ranks(spec, resume, checkpoint is not None) as port, \
+    with distributed.other_ranks(spec, run_rank, resume, checkpoint is not None) as port, \
             distributed.ranks_env(0, spec.workers, port):
         return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
 

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipeline.tables import cell_means, min_gflops  # noqa: E402
+from pipeline.reporting.tables import cell_means, min_gflops  # noqa: E402
 
 DP_TASKS = ("arithmetic", "ed", "ed_local", "lis")
 SEPARATIONS_TASKS = ("index_lookup", "dyck", "eq_random", "eq_one", "eq_ncp")

@@ -110,7 +110,7 @@ def write_meta(directory: Path, trial_key: str, run_key: str, step: int) -> None
 def latest(storage: str, run_key: str) -> dict[str, dict]:
     """trial key -> {"path", "step"} of the newest checkpoint under ``storage`` (a path or a pyarrow URI) left
     by trials with this run key. Layout (Ray Tune's): <storage>/<sweep>/<trial>/checkpoint_NNNNNN/."""
-    from pipeline.storage import filesystem, location_of
+    from pipeline.data.storage import filesystem, location_of
 
     fs, root = filesystem(storage)
     found: dict[str, dict] = {}
@@ -149,7 +149,7 @@ class DropFinished(tune.Callback):
     A trial that failed keeps them (``on_trial_error``, not ``on_trial_complete``)."""
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        from pipeline.storage import filesystem
+        from pipeline.data.storage import filesystem
 
         drop_checkpoints(trial.storage.storage_filesystem, trial.path)
         if trial.config.get("resume"):  # <storage>/<dead sweep>/<trial>/checkpoint_NNNNNN

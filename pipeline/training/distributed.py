@@ -22,7 +22,15 @@ import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
+
+from pipeline.data.parallel import exit_with
+
+# (spec, rank, port, resume, checkpointing): one rank > 0 of a trial (``train.run_rank``)
+RunRank = Callable[..., None]
 ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE")
 
 
@@ -42,8 +50,6 @@ def ranks_env(rank: int, world: int, port: int):
     try:
         yield
     finally:
-        import torch.distributed as dist
-
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         for k, v in saved.items():
@@ -53,20 +59,19 @@ def ranks_env(rank: int, world: int, port: int):
                 os.environ[k] = v
 
 
-def strategy(use_gpu: bool):
-    from lightning.pytorch.strategies import DDPStrategy
-
+def strategy(use_gpu: bool) -> DDPStrategy:
     # a worker that died leaves the others in a collective: give up after 10 minutes, not PyTorch's 30
     return DDPStrategy(process_group_backend="nccl" if use_gpu else "gloo", timeout=timedelta(minutes=10))
 
 
 @contextlib.contextmanager
-def other_ranks(spec, resume: Path | None, checkpointing: bool):
+def other_ranks(spec, run_rank: RunRank, resume: Path | None, checkpointing: bool):
     """Ranks 1..workers-1 of ``spec``'s trial, started before rank 0 (this process) trains and awaited after;
-    yields the port rank 0 joins them on. A rank that fails makes rank 0 fail with its exit code."""
+    yields the port rank 0 joins them on. Each rank runs ``run_rank`` (a module-level function, so that a spawned
+    process can import it). A rank that fails makes rank 0 fail with its exit code."""
     port = free_port()
     ctx = multiprocessing.get_context("spawn")  # the parent holds torch and Ray threads: never fork them
-    procs = [ctx.Process(target=rank_main, args=(spec, rank, port, resume, checkpointing, os.getpid()), daemon=True)
+    procs = [ctx.Process(target=rank_main, args=(run_rank, spec, rank, port, resume, checkpointing, os.getpid()), daemon=True)
              for rank in range(1, spec.workers)]
     for proc in procs:
         proc.start()
@@ -82,9 +87,7 @@ def other_ranks(spec, resume: Path | None, checkpointing: bool):
         raise RuntimeError(f"a data-parallel worker of this trial exited with code {failed[0]}")
 
 
-def rank_main(spec, rank: int, port: int, resume: Path | None, checkpointing: bool, parent: int) -> None:
-    from pipeline.parallel import exit_with
-    from pipeline.train import run_rank
-
+def rank_main(run_rank: RunRank, spec, rank: int, port: int, resume: Path | None, checkpointing: bool,
+              parent: int) -> None:
     threading.Thread(target=exit_with, args=(parent,), daemon=True).start()  # rank 0 killed: so are we
     run_rank(spec, rank, port, resume, checkpointing)

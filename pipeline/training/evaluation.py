@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 import models
-from pipeline.batches import IGNORE, loader
-from pipeline.datasets import Dataset
+from pipeline.training.batches import IGNORE, loader
+from pipeline.data.datasets import Dataset
 from tasks import EOS_ID
 
 

@@ -11,9 +11,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline import config as config_mod
-from pipeline.datasets import dataset_path, file_hash, read_metadata
-from pipeline.frontier import Cell
+from pipeline.common import config as config_mod
+from pipeline.common.provenance import code_hash
+from pipeline.data.datasets import dataset_path, file_hash, read_metadata
+from pipeline.search.frontier import Cell
+
+TRAINABLE = "pipeline.training.trainable"  # the module a trial runs: its imports are the training code
 
 
 def cell_id(cell: dict) -> str:
@@ -24,13 +27,10 @@ def cell_id(cell: dict) -> str:
 
 def run_key(train: dict) -> str:
     """What, beyond the cell and learning rate, decides a trial's result: the training settings and the code that
-    trains. A finished run with the same trial key and run key is reused instead of trained (``sweep.reuse``)."""
+    trains (every project module the trainable imports). A finished run with the same trial key and run key is
+    reused instead of trained (``sweep.reuse``)."""
     h = hashlib.sha256(json.dumps(train, sort_keys=True).encode())
-    root = config_mod.ROOT
-    trains = ("train.py", "batches.py", "evaluation.py", "datasets.py", "verdict.py", "checkpoints.py",
-              "distributed.py")
-    for path in sorted([*root.glob("models/*.py"), *(root / "pipeline" / f for f in trains)]):
-        h.update(path.read_bytes())
+    h.update(code_hash(TRAINABLE).encode())
     return h.hexdigest()[:16]
 
 

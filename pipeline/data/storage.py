@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from pipeline.datasets import DatasetError, file_hash
+from pipeline.data.datasets import DatasetError, file_hash
 
 DATASETS = "datasets"  # under the storage path, beside Ray Tune's sweep directories
 

@@ -2,7 +2,7 @@
 
 A *plan* hands out cells to train (``propose``), takes each one's outcome (``record``: solved or not), and in the
 end says for every cell of the grid whether it passed and whether that was measured or inferred (``outcomes``).
-The plans know nothing of Ray or training: ``pipeline/searcher.py`` drives one as a Ray Tune ``Searcher``, and
+The plans know nothing of Ray or training: ``pipeline/search/searcher.py`` drives one as a Ray Tune ``Searcher``, and
 the tests drive them with synthetic accuracy oracles.
 
 ``GridPlan`` proposes every cell at once.

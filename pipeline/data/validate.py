@@ -1,8 +1,8 @@
 """Command `validate`: re-derive every answer and chain-of-thought value of stored datasets from the prompts alone.
 
-    python -m pipeline.validate --task lis                      every file in data/lis, every sample
-    python -m pipeline.validate --task lis --samples 10000      a seeded random subset of each file
-    python -m pipeline.validate data/lis/lis_250_train.parquet --workers 2
+    python -m pipeline.data.validate --task lis                      every file in data/lis, every sample
+    python -m pipeline.data.validate --task lis --samples 10000      a seeded random subset of each file
+    python -m pipeline.data.validate data/lis/lis_250_train.parquet --workers 2
 
 Each file's task is rebuilt from the file's own metadata (name, size, parameters) and must give the same
 vocabulary; the footer's statistics must match the data (sample count, maximum length). Then the task's
@@ -26,10 +26,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import tasks
-from pipeline import config as config_mod
-from pipeline.datasets import DatasetError, read_metadata
-from pipeline.parallel import Pool
-from pipeline.progress import progress
+from pipeline.common import config as config_mod
+from pipeline.data.datasets import DatasetError, read_metadata
+from pipeline.data.parallel import Pool
+from pipeline.common.progress import progress
 
 
 @functools.lru_cache(maxsize=8)
@@ -116,7 +116,7 @@ def validate_file(path: Path, samples: int | None = None, seed: int = 0, pool: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.validate", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m pipeline.data.validate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", type=Path, help="Parquet files to check (or use --task)")
     ap.add_argument("--task", help="check every file in DATA/<task>/")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from pipeline.services import ServiceError
+from pipeline.tracking.services import ServiceError
 
 PACKAGES = ("pipeline", "models", "tasks")
 
@@ -68,8 +68,8 @@ def probe(location: str, modules: tuple[str, ...]) -> str:
             importlib.import_module(name)
     except Exception as err:  # noqa: BLE001 - any import failure is the answer
         return f"Ray node {node} cannot import the package ({type(err).__name__}: {err})"
-    from pipeline.datasets import DatasetError
-    from pipeline.storage import fetch
+    from pipeline.data.datasets import DatasetError
+    from pipeline.data.storage import fetch
 
     try:
         fetch(location, node)
@@ -78,7 +78,7 @@ def probe(location: str, modules: tuple[str, ...]) -> str:
     return ""
 
 
-def probe_nodes(location: str, modules: tuple[str, ...] = ("pipeline.train", "pipeline.checkpoints")) -> None:
+def probe_nodes(location: str, modules: tuple[str, ...] = ("pipeline.training.train", "pipeline.training.checkpoints")) -> None:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

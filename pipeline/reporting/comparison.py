@@ -6,7 +6,7 @@ A change is a *regression* when
 - test accuracy drops by more than ``nightly.accuracy_drop``,
 - the minimum width every seed solves grows (or no width solves any more), per (task, size, arch, depth),
 - training throughput (training PFLOPs per second of training) drops by more than ``nightly.throughput_drop``,
-- a claim check of the papers (``pipeline/claims.py``) falls (holds > not tested > fails);
+- a claim check of the papers (``pipeline/reporting/claims.py``) falls (holds > not tested > fails);
 the same moves the other way are *improvements*. Cells only one night has are *new* or *missing*.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from pipeline.config import NightlyConfig
-from pipeline.tables import min_gflops
+from pipeline.common.config import NightlyConfig
+from pipeline.reporting.tables import min_gflops
 
 RANK = {"solved": 3, "unsolved": 2, "diverged": 1, "failed": 0}
 CLAIM_RANK = {"holds": 2, "not tested": 1, "fails": 0}

@@ -15,7 +15,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from pipeline.config import ROOT
+from pipeline.common.config import ROOT
 
 
 def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: dict) -> tuple[MlflowClient, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.frontier import Cell, Outcome, min_widths
+from pipeline.search.frontier import Cell, Outcome, min_widths
 
 # The lengths L the DP paper's Table 2 states for arithmetic, by number of operators (as quoted in issue 11;
 # the README's dataset table quotes 85 for 6 operators).

@@ -1,4 +1,4 @@
-"""A plan of cells (``pipeline/frontier.py``) driven as a Ray Tune ``Searcher``: one trial per (cell, learning rate).
+"""A plan of cells (``pipeline/search/frontier.py``) driven as a Ray Tune ``Searcher``: one trial per (cell, learning rate).
 
 Tune asks ``suggest`` for a trial whenever a slot is free; the searcher takes the cells its plan proposes, turns
 each into one trial per learning rate, and hands them out longest-expected first (exact forward FLOPs at the
@@ -19,8 +19,8 @@ from typing import Callable
 
 from ray.tune.search import Searcher
 
-from pipeline.frontier import Cell
-from pipeline.verdict import best_run
+from pipeline.search.frontier import Cell
+from pipeline.training.verdict import best_run
 
 
 def trial_key(cell: dict, lr: float) -> str:

@@ -1,4 +1,9 @@
-"""Directories owned by a live process: each has a lock file beside it (``<dir>.lock``) that its owner holds with
+"""Locks held with flock, which the kernel drops when the holder dies, however it dies.
+
+``owned``: one process at a time does a job (a sweep per results directory, a nightly run per history); a second
+one stops at once with a ``LockBusy`` that names the holder, or waits.
+
+Directories owned by a live process: each has a lock file beside it (``<dir>.lock``) that its owner holds with
 flock. The kernel drops the lock when the owner dies, however it dies, so a directory whose lock nobody holds is
 a dead run's leftovers (after a SIGKILL no clean-up code runs) and the next run can remove it.
 
@@ -13,8 +18,13 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+
+class LockBusy(RuntimeError):
+    """Another live process holds the lock; the message names it and what to do."""
 
 
 def try_lock(path: Path, wait: bool = False) -> int | None:
@@ -28,6 +38,24 @@ def try_lock(path: Path, wait: bool = False) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+@contextlib.contextmanager
+def owned(path: Path, busy: str, wait: bool = False) -> Iterator[None]:
+    """Holds lock file ``path`` while the block runs, with this process's pid and start time written in it.
+    When another process holds it: waits if ``wait``, else raises ``LockBusy(busy)``, where ``{holder}`` in
+    ``busy`` is replaced by what the holder wrote."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = try_lock(path, wait)
+    if fd is None:
+        holder = path.read_text().strip() or "unknown"
+        raise LockBusy(busy.format(holder=holder))
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def lock_of(directory: Path) -> Path:

@@ -1,7 +1,7 @@
 """The two papers' claims that a sweep can test, written once as data, and their evaluation on a results table.
 
 Each ``Claim`` names what it says, which results decide it and a rule. A rule reads the ``Evidence`` (the
-minimum-width table of ``pipeline/tables.py`` and the per-cell accuracies) and returns a ``Check``: the claim
+minimum-width table of ``pipeline/reporting/tables.py`` and the per-cell accuracies) and returns a ``Check``: the claim
 *holds*, *fails*, or is *not tested* at this scale, with the reason (e.g. "needs index_lookup lengths > 100").
 A failed trial counts as unsolved, as in the tables; a check over tasks with failed trials says so.
 
@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Literal
 
 import pandas as pd
 
-from pipeline.tables import cell_means, min_gflops
+from pipeline.reporting.tables import cell_means, min_gflops
 
 Status = Literal["holds", "fails", "not tested"]
 TRANSFORMERS = ("transformer", "standard")  # softmax attention: the separations paper's and the DP paper's

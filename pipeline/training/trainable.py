@@ -1,6 +1,6 @@
 """The Ray Tune trainable: one learning-rate run of a cell, in a Ray worker (``run_cell``).
 
-It fetches the cell's datasets to the node, trains with Lightning (``pipeline/train.py``), reports to Tune and
+It fetches the cell's datasets to the node, trains with Lightning (``pipeline/training/train.py``), reports to Tune and
 checkpoints at every validation, and reports the final metrics with the verdict at the end. The driver
 (``pipeline/sweep.py``) hands it to Tune by reference, so a worker imports this module and what it needs, not the
 driver's stage module.
@@ -18,9 +18,9 @@ import ray
 import torch
 from ray import tune
 
-from pipeline.checkpoints import FILE, write_meta
-from pipeline.storage import fetch
-from pipeline.train import TrialSpec, run_trial
+from pipeline.training.checkpoints import FILE, write_meta
+from pipeline.data.storage import fetch
+from pipeline.training.train import TrialSpec, run_trial
 
 
 def trial_spec(cell: dict, train: dict) -> TrialSpec:

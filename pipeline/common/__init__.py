@@ -1,0 +1,1 @@
+"""Shared utilities every stage uses: the typed config, locks, provenance and progress."""

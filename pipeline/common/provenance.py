@@ -1,0 +1,98 @@
+"""Where a result came from: the git commit (and whether the tree was dirty), and the code a stage runs.
+
+``code_files`` is what DVC's ``deps`` and the sweep's reuse key (``run_key``) must cover: the project modules a
+stage's entry point can import, followed statically through every ``import`` statement (top-level or inside a
+function) from the entry module down to ``tasks`` and ``models``. ``tests/test_layout.py`` checks dvc.yaml
+against it, and against what a real import loads.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("pipeline", "tasks", "models")  # the project's own code; everything else is a pinned dependency
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The checkout's commit, and whether tracked files differ from it (a result of uncommitted code)."""
+
+    sha: str
+    dirty: bool
+
+    def __str__(self) -> str:
+        return self.sha[:12] + ("-dirty" if self.dirty else "")
+
+
+def git_commit(repo: Path = ROOT) -> Commit:
+    """The commit of ``repo`` ("unknown" outside a git checkout), dirty when tracked files were changed."""
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    sha = git("rev-parse", "HEAD")
+    return Commit(sha or "unknown", bool(sha) and bool(git("status", "--porcelain", "--untracked-files=no")))
+
+
+def module_file(name: str, root: Path = ROOT) -> Path | None:
+    """The file of a project module or package (``pipeline.search.cells``), or None if it is not the project's."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = root.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every module an ``import`` in ``path`` may load (relative imports resolved against ``module``)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return names
+
+
+@cache
+def code_files(*entries: str, root: Path = ROOT) -> tuple[Path, ...]:
+    """The project files that importing ``entries`` (module names) can execute, parent packages included."""
+    seen: dict[str, Path] = {}
+    todo = list(entries)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = module_file(name, root)
+        if path is None:
+            continue
+        seen[name] = path
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # importing a.b.c runs a and a.b first
+        todo.extend(imported_names(path, name))
+    return tuple(sorted(set(seen.values())))
+
+
+def code_hash(*entries: str, root: Path = ROOT) -> str:
+    """A digest of the code ``entries`` run: their file names and bytes."""
+    h = hashlib.sha256()
+    for path in code_files(*entries, root=root):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()

@@ -1,0 +1,1 @@
+"""One trial: a Lightning module over any architecture, its batches, verdict, checkpoints and data-parallel ranks."""
