@@ -1,0 +1,113 @@
+"""What DVC and the reuse key believe about the code, checked against the code; imports run one way, no cycles."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.common.provenance import ROOT, code_files, code_hash, imported_names, module_file
+from pipeline.search.cells import TRAINABLE
+
+STAGES = {"generate": "pipeline.generate", "sweep": "pipeline.sweep", "report": "pipeline.report"}
+# Top to bottom: a module may import its own package and those below it, never one above.
+LAYERS = ["pipeline.generate pipeline.sweep pipeline.report pipeline.nightly", "pipeline.reporting",
+          "pipeline.tracking", "pipeline.search", "pipeline.training", "pipeline.data", "pipeline.common",
+          "tasks models"]
+CODE = ("pipeline", "tasks", "models")
+
+
+def modules() -> dict[str, Path]:
+    """Every project module by its dotted name."""
+    found = {}
+    for top in CODE:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def project_imports(name: str, path: Path) -> set[str]:
+    """The project modules ``name`` imports (names that are attributes, not modules, are dropped)."""
+    return {m for m in imported_names(path, name) if module_file(m) is not None and m != name}
+
+
+def layer(name: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if any(name == n or name.startswith(n + ".") for n in names.split()):
+            return i
+    raise AssertionError(f"{name} is in no layer of tests/test_layout.py's LAYERS: add it")
+
+
+def as_deps(files: tuple[Path, ...]) -> set[str]:
+    """The shortest dvc.yaml deps naming exactly ``files``: a folder where every module in it is among them."""
+    chosen = {f.relative_to(ROOT) for f in files}
+    deps = set()
+    for f in chosen:
+        folder = f.parent
+        while folder != Path(".") and all(p.relative_to(ROOT) in chosen for p in (ROOT / folder).rglob("*.py")):
+            f, folder = folder, folder.parent
+        deps.add(str(f))
+    return {d for d in deps if not any(d.startswith(other + "/") for other in deps)}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stages_code_deps_are_exactly_the_code_it_imports(stage):
+    declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["deps"]
+    code = {d for d in declared if d.split("/")[0] in CODE}
+    expected = as_deps(code_files(STAGES[stage]))
+    assert code == expected, (f"dvc.yaml's {stage} stage: missing {sorted(expected - code)}, not imported "
+                              f"{sorted(code - expected)}; its code deps must be {sorted(expected)}")
+
+
+def test_the_static_closure_covers_what_a_real_import_loads():
+    """The AST walk misses nothing an import executes (it also follows imports inside functions, which an import
+    does not run: so it may find more, never less)."""
+    entries = [*STAGES.values(), "pipeline.nightly", TRAINABLE]
+    script = (f"import sys\nfor m in {entries!r}: __import__(m)\n"
+              "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))")
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    ours = {Path(f).resolve() for f in loaded.stdout.split() if f.startswith(tuple(f"{ROOT / top}/" for top in CODE))}
+    assert ours and ours <= set(code_files(*entries))
+
+
+def test_the_reuse_key_follows_every_file_a_trial_runs_and_no_other(tmp_path):
+    for top in CODE:
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_hash(TRAINABLE, root=tmp_path)
+    assert before == code_hash(TRAINABLE)
+    names = {str(p.relative_to(ROOT)) for p in code_files(TRAINABLE)}
+    assert {"tasks/base.py", "pipeline/training/trainable.py", "pipeline/training/verdict.py"} <= names
+    assert not {n for n in names if n.startswith(("pipeline/reporting", "pipeline/tracking", "pipeline/search"))}
+    for changed, matters in (("pipeline/reporting/claims.py", False), ("tasks/base.py", True),
+                             ("models/lstm.py", True), ("pipeline/training/trainable.py", True)):
+        with open(tmp_path / changed, "a") as f:
+            f.write("\n# changed\n")
+        after = code_hash(TRAINABLE, root=tmp_path)
+        assert (after != before) == matters, changed
+        before = after
+
+
+def test_imports_run_downward_and_never_in_a_cycle():
+    graph = {name: project_imports(name, path) for name, path in modules().items()}
+    upward = [f"{a} imports {b}" for a, bs in graph.items() for b in bs if layer(b) < layer(a)]
+    assert not upward, upward
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for other in sorted(graph[name]):
+            if state.get(other) == 1:
+                cycle = path[path.index(other):] + [other]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if other in graph and other not in state:
+                visit(other, [*path, other])
+        state[name] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
