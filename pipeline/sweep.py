@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +45,8 @@ from pipeline.common.provenance import git_commit
 from pipeline.search.cells import build_cells, expected_cost, model_costs, run_key
 from pipeline.data.datasets import DatasetError
 from pipeline.search.frontier import make_plan
+from pipeline.training.settings import TrainSettings
+from pipeline.training.verdict import Status
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
 
 RESULTS = config_mod.ROOT / "results"
@@ -52,10 +55,6 @@ RESULT_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "params", "pa
                "eval_seconds", "eval_samples")
 TRIAL_KEYS = ("node", "resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")  # trials.csv only
 CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")
-TRAIN_KEYS = ("heads", "dropout", "optimizer", "batch_size", "epochs", "max_steps", "weight_decay", "warmup_fraction",
-              "grad_clip", "precision", "patience", "plateau_checks", "min_delta", "stop_when_solved", "val_samples",
-              "val_every_steps", "eval_samples", "eval_batch_size")
-
 
 def trial_name(trial) -> str:
     return f"{trial.config['cell']['name']}-lr{trial.config['train']['lr']:g}"
@@ -65,7 +64,7 @@ def cell_row(cell: dict, outcome, best: dict | None) -> dict:
     """One row of results/sweep.csv: a measured cell's best learning-rate run, or an inferred cell."""
     row = {k: cell[k] for k in CELL_KEYS} | {"measured": outcome.measured}
     if best is None:
-        row |= {"status": "solved" if outcome.passed else "unsolved", "reason": outcome.reason, "lr": None}
+        row |= {"status": Status.SOLVED if outcome.passed else Status.UNSOLVED, "reason": outcome.reason, "lr": None}
         row |= {k: cell.get(k) for k in RESULT_KEYS}
     else:
         row |= {"status": best["status"], "reason": best.get("reason", ""), "lr": best["lr"]}
@@ -138,9 +137,7 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
 
     uri = cfg.cluster.mlflow()
     s = cfg.sweep
-    train = {k: getattr(s, k) for k in TRAIN_KEYS} | {"threshold": cfg.report.accuracy_threshold,
-                                                      "threads": s.cpus_per_trial, "use_gpu": s.gpus_per_trial > 0,
-                                                      "workers": s.workers()}
+    train = asdict(TrainSettings.of(cfg))
     # threads change speed, not results; architecture options change results but are not part of the cell id
     key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options})
     store = cfg.cluster.storage()
@@ -215,7 +212,7 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
                 trial = run.get("trial_id")
                 if trial is not None:  # trained now: its MLflow run, and the error if it raised
                     run.setdefault("mlflow_run_id", children.runs.get(trial))
-                    if run["status"] == "failed":
+                    if run["status"] == Status.FAILED:
                         run["reason"] = children.errors.get(trial, run["reason"])
                 runs.append({k: cells[cell_key][k] for k in CELL_KEYS} | {"lr": run["lr"], "status": run["status"],
                             "reason": run.get("reason", ""), "reused_from": run.get("reused_from")}

@@ -13,13 +13,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable, Iterable, Literal
 
 import pandas as pd
 
 from pipeline.reporting.tables import cell_means, min_gflops
 
-Status = Literal["holds", "fails", "not tested"]
+
+
+class ClaimStatus(StrEnum):
+    """A claim check's result, best first (a nightly run whose claim moves down the order regressed)."""
+
+    HOLDS = "holds"
+    NOT_TESTED = "not tested"
+    FAILS = "fails"
+
+    @property
+    def rank(self) -> int:
+        return list(ClaimStatus).index(self)
+
 TRANSFORMERS = ("transformer", "standard")  # softmax attention: the separations paper's and the DP paper's
 RECURRENT = ("lstm", "dss", "mamba", "retnet", "linear_nofm")  # the separations paper's non-attention models
 EFFICIENT = ("sparse", "linear")  # the DP paper's efficient Transformers
@@ -31,17 +44,17 @@ INF = math.inf
 
 @dataclass(frozen=True)
 class Check:
-    status: Status
+    status: ClaimStatus
     detail: str
 
 
 def holds_if(failures: list[str], passes: list[str], untested: str) -> Check:
     """The usual verdict: fails if any case failed, holds if some case passed, else not tested."""
     if failures:
-        return Check("fails", "; ".join(failures))
+        return Check(ClaimStatus.FAILS, "; ".join(failures))
     if passes:
-        return Check("holds", "; ".join(passes))
-    return Check("not tested", untested)
+        return Check(ClaimStatus.HOLDS, "; ".join(passes))
+    return Check(ClaimStatus.NOT_TESTED, untested)
 
 
 class Evidence:
@@ -225,9 +238,11 @@ def index_lookup_separation(ev: Evidence) -> Check:
                           f"N={size}: 1-layer {arch} {'solves' if solved else 'does not solve'}, "
                           f"LSTM best {lstm:.1%}"))
     if not cases:
-        return Check("not tested", "needs index_lookup with a 1-layer transformer and an LSTM")
+        return Check(ClaimStatus.NOT_TESTED, "needs index_lookup with a 1-layer transformer and an LSTM")
     separated = [text for ok, text in cases if ok]
-    return Check("holds", "; ".join(separated)) if separated else Check("fails", "; ".join(t for _, t in cases))
+    if separated:
+        return Check(ClaimStatus.HOLDS, "; ".join(separated))
+    return Check(ClaimStatus.FAILS, "; ".join(t for _, t in cases))
 
 
 def fail_beyond(task: str, archs: tuple[str, ...], beyond: int, width: int | None = None,
@@ -343,11 +358,11 @@ CLAIMS = (
 
 def merge_checks(checks: list[Check]) -> Check:
     """A claim made of parts: fails if a part fails, holds if every part holds, else not tested."""
-    for status in ("fails", "not tested"):
+    for status in (ClaimStatus.FAILS, ClaimStatus.NOT_TESTED):
         hit = [c.detail for c in checks if c.status == status]
         if hit:
             return Check(status, "; ".join(hit))
-    return Check("holds", "; ".join(c.detail for c in checks))
+    return Check(ClaimStatus.HOLDS, "; ".join(c.detail for c in checks))
 
 
 def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS) -> list[dict]:
@@ -358,7 +373,7 @@ def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS) -> list[dict
         check = claim.rule(ev)
         failed = ev.failed_trials(claim.tasks)
         detail = check.detail + (f" ({failed} failed trials in {', '.join(claim.tasks)}, counted as unsolved)"
-                                 if failed and check.status != "not tested" else "")
+                                 if failed and check.status != ClaimStatus.NOT_TESTED else "")
         rows.append({"id": claim.id, "paper": claim.paper, "claim": claim.text, "decided_by": claim.decided_by,
                      "status": check.status, "detail": detail})
     return rows

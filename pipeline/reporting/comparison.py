@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from pipeline.common.config import NightlyConfig
+from pipeline.reporting.claims import ClaimStatus
 from pipeline.reporting.tables import min_gflops
+from pipeline.training.verdict import Status
 
-RANK = {"solved": 3, "unsolved": 2, "diverged": 1, "failed": 0}
-CLAIM_RANK = {"holds": 2, "not tested": 1, "fails": 0}
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,8 @@ def compare(before: pd.DataFrame, after: pd.DataFrame, tol: NightlyConfig, claim
     for cell_id in old.index.intersection(new.index):
         a, b = old.loc[cell_id], new.loc[cell_id]
         where = cell_name(b)
-        if RANK[a.status] != RANK[b.status]:
-            kind = "regression" if RANK[b.status] < RANK[a.status] else "improvement"
+        if a.status != b.status:
+            kind = "regression" if Status(b.status).rank > Status(a.status).rank else "improvement"
             changes.append(Change(kind, "verdict", where, a.status, f"{b.status} ({b.reason})"))
         if a.measured and b.measured and pd.notna(a.final_accuracy) and pd.notna(b.final_accuracy):
             delta = b.final_accuracy - a.final_accuracy
@@ -81,9 +81,9 @@ def compare(before: pd.DataFrame, after: pd.DataFrame, tol: NightlyConfig, claim
     claims_before, claims_after = claims_before or {}, claims_after or {}
     for claim in sorted(claims_before.keys() & claims_after.keys()):
         a, b = claims_before[claim], claims_after[claim]
-        if CLAIM_RANK[a] != CLAIM_RANK[b]:
-            changes.append(Change("regression" if CLAIM_RANK[b] < CLAIM_RANK[a] else "improvement", "claim", claim,
-                                  a, b))
+        if a != b:
+            worse = ClaimStatus(b).rank > ClaimStatus(a).rank
+            changes.append(Change("regression" if worse else "improvement", "claim", claim, a, b))
     return {"regressions": [asdict(c) for c in changes if c.kind == "regression"],
             "improvements": [asdict(c) for c in changes if c.kind == "improvement"],
             "new": sorted(cell_name(r) for r in after[~after.cell_id.isin(before.cell_id)].itertuples()),

@@ -20,7 +20,7 @@ from typing import Callable
 from ray.tune.search import Searcher
 
 from pipeline.search.frontier import Cell
-from pipeline.training.verdict import best_run
+from pipeline.training.verdict import Status, best_run
 
 
 def trial_key(cell: dict, lr: float) -> str:
@@ -62,7 +62,7 @@ class CellSearcher(Searcher):
     def finish(self, cell: Cell, lr: float, run: dict) -> None:
         self.runs[cell][lr] = run
         if len(self.runs[cell]) == len(self.cells[cell]["lrs"]):  # the cell's last learning rate: the plan learns its verdict
-            self.plan.record(cell, best_run(list(self.runs[cell].values()))["status"] == "solved")
+            self.plan.record(cell, best_run(list(self.runs[cell].values()))["status"] == Status.SOLVED)
 
     def needs_training(self) -> bool:
         self.settle_reused()
@@ -83,7 +83,7 @@ class CellSearcher(Searcher):
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         cell, lr = self.live.pop(trial_id)
         if error or not result or not result.get("final"):
-            run = {"status": "failed", "reason": "the trial raised (see its MLflow run's error tag)",
+            run = {"status": Status.FAILED, "reason": "the trial raised (see its MLflow run's error tag)",
                    "trial_id": trial_id}
         else:
             run = {k: v for k, v in result.items() if k not in ("config",)} | {"trial_id": trial_id}

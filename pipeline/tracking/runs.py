@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 
 from pipeline.common.config import ROOT
+from pipeline.training.verdict import Status
 
 
 def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: dict) -> tuple[MlflowClient, str]:
@@ -173,7 +174,7 @@ class ChildRuns(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self.run_of(trial)
         self.errors[trial.trial_id] = error_line(trial.error_file)
-        for key, value in {"status": "failed", "reason": self.errors[trial.trial_id],
+        for key, value in {"status": Status.FAILED, "reason": self.errors[trial.trial_id],
                            "error": str(trial.error_file)}.items():
             self.client.set_tag(run_id, key, value)
         self.client.set_terminated(run_id, "FAILED")
@@ -188,7 +189,7 @@ def error_line(error_file: str | None) -> str:
     return f"error: {lines[-1].strip()}" if lines else "error: the trial raised"
 
 
-VERDICTS = ("solved", "unsolved", "diverged")
+VERDICTS = (Status.SOLVED, Status.UNSOLVED, Status.DIVERGED)  # what a finished trial reports
 FINAL_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "train_steps", "train_seconds", "eval_seconds",
               "params", "paper_gflops", "exact_gflops", "train_pflops", "solve_step", "solve_pflops", "state_bytes",
               "eval_samples", "resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")

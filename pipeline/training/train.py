@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -34,47 +34,34 @@ from pipeline.training.batches import IGNORE, loader
 from pipeline.training.checkpoints import Resumable
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training.evaluation import final_accuracy
+from pipeline.training.settings import TrainSettings
 from pipeline.common.locks import scratch_dir
 from tasks import PAD_ID
 
-@dataclass
-class TrialSpec:
-    """Everything one trial needs; plain values so that Ray can ship it to any worker."""
+@dataclass(kw_only=True)
+class TrialSpec(TrainSettings):
+    """Everything one trial needs: the sweep's training settings, the cell and its data, the learning rate. Plain
+    values, so that Ray can ship it to any worker."""
 
     arch: str
     width: int
     depth: int
     seed: int
+    arch_options: dict
+    lr: float
     train_path: str
     test_path: str
     max_len: int  # the dataset's L
     vocab_size: int
-    heads: int
-    dropout: float
-    arch_options: dict
-    batch_size: int
-    epochs: int
-    max_steps: int
-    lr: float
-    weight_decay: float
-    warmup_fraction: float
-    grad_clip: float | None
-    precision: str
-    val_samples: int
-    val_every_steps: int | None
-    eval_samples: int | None
-    eval_batch_size: int
-    threads: int
-    use_gpu: bool
-    workers: int = 1  # data-parallel processes (pipeline/training/distributed.py), sharing each global batch
     family: str = "cot"
     vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
-    optimizer: str = "adamw"
-    threshold: float = 0.9  # validation accuracy that counts as solved ...
-    patience: int = 2  # ... at this many consecutive validations
-    plateau_checks: int | None = None
-    min_delta: float = 0.01
-    stop_when_solved: bool = True
+
+    @classmethod
+    def of(cls, cell: dict, train: dict) -> TrialSpec:
+        """A trial of ``cell`` (the sweep's cell record, which carries more than a trial needs) with ``train``
+        (``TrainSettings`` as a dict, plus ``lr``): a key ``train`` does not know is an error, not dropped."""
+        own = {f.name for f in fields(cls)} - {f.name for f in fields(TrainSettings)} - {"lr"}
+        return cls(**{k: cell[k] for k in own if k in cell}, **train)
 
 
 # ---- model --------------------------------------------------------------------------------------------------
@@ -269,7 +256,7 @@ def score(spec: TrialSpec, trainer: L.Trainer, module: "SequenceModel", resumabl
     device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")
     module.to(device)
     # a diverged model's weights are not finite: it is not scored (NaN), and its status says why
-    accuracy = final_accuracy(module, test, spec.eval_batch_size, device) if status != "diverged" else math.nan
+    accuracy = final_accuracy(module, test, spec.eval_batch_size, device) if status != verdict_mod.Status.DIVERGED else math.nan
     model = module.model
     metric = resumable.last_metrics()
     return {

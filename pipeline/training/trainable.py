@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import fields
 from pathlib import Path
 
 import lightning as L
@@ -23,11 +22,6 @@ from pipeline.data.storage import fetch
 from pipeline.training.train import TrialSpec, run_trial
 
 
-def trial_spec(cell: dict, train: dict) -> TrialSpec:
-    names = {f.name for f in fields(TrialSpec)}
-    return TrialSpec(**{k: v for k, v in {**cell, **train}.items() if k in names})
-
-
 def run_cell(config: dict) -> None:
     """Ray Tune trainable (runs in a Ray worker): one learning-rate run of a cell, reporting and checkpointing
     at every validation, then the final metrics with the verdict. A retried trial continues from its last
@@ -37,7 +31,7 @@ def run_cell(config: dict) -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     node = ray.util.get_node_ip_address()
     cell = config["cell"] | {k: str(fetch(config["cell"][k], node)) for k in ("train_path", "test_path")}
-    spec = trial_spec(cell, config["train"])
+    spec = TrialSpec.of(cell, config["train"])
     if spec.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
     where = {"node": node}

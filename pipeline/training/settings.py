@@ -1,0 +1,52 @@
+"""The training settings every trial of a sweep shares: one record, its fields named as in the ``sweep`` section.
+
+``TrainSettings.of(cfg)`` reads them from the validated config; a field's default is ``SweepConfig``'s own, so the
+defaults live in one place (``pipeline/common/config.py``). The four derived fields say what the sweep decides
+from other keys: the solving threshold (``report.accuracy_threshold``), the CPU threads and GPU use of a worker,
+and the data-parallel workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from pipeline.common.config import Config, ReportConfig, SweepConfig
+
+
+def default(name: str, section: type = SweepConfig) -> Any:
+    return field(default=section.model_fields[name].default)
+
+
+@dataclass(kw_only=True)
+class TrainSettings:
+    heads: int = default("heads")
+    dropout: float = default("dropout")
+    optimizer: str = default("optimizer")
+    batch_size: int = default("batch_size")
+    epochs: int = default("epochs")
+    max_steps: int = default("max_steps")
+    weight_decay: float = default("weight_decay")
+    warmup_fraction: float = default("warmup_fraction")
+    grad_clip: float | None = default("grad_clip")
+    precision: str = default("precision")
+    patience: int = default("patience")
+    plateau_checks: int | None = default("plateau_checks")
+    min_delta: float = default("min_delta")
+    stop_when_solved: bool = default("stop_when_solved")
+    val_samples: int = default("val_samples")
+    val_every_steps: int | None = default("val_every_steps")
+    eval_samples: int | None = default("eval_samples")
+    eval_batch_size: int = default("eval_batch_size")
+    # derived by the sweep
+    threshold: float = default("accuracy_threshold", ReportConfig)  # validation accuracy that counts as solved
+    threads: int = default("cpus_per_trial")
+    use_gpu: bool = False
+    workers: int = 1  # data-parallel processes (pipeline/training/distributed.py), sharing each global batch
+
+    @classmethod
+    def of(cls, cfg: Config) -> TrainSettings:
+        s = cfg.sweep
+        derived = {"threshold": cfg.report.accuracy_threshold, "threads": s.cpus_per_trial,
+                   "use_gpu": s.gpus_per_trial > 0, "workers": s.workers()}
+        return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name not in derived}, **derived)

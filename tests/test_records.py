@@ -1,0 +1,44 @@
+"""One typed record per concept: a trial's settings (strict, defaults from the config), the statuses' orders."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+
+import pytest
+
+from pipeline.common.config import SweepConfig
+from pipeline.reporting.claims import ClaimStatus
+from pipeline.training.settings import TrainSettings
+from pipeline.training.train import TrialSpec
+from pipeline.training.verdict import Status, best_run
+
+CELL = {"arch": "standard", "width": 16, "depth": 1, "seed": 0, "arch_options": {}, "train_path": "a",
+        "test_path": "b", "max_len": 10, "vocab_size": 12, "family": "cot", "vocab": ["x"],
+        "task": "lis", "size": 4, "cell_id": "c0ffee", "name": "lis4-standard-w16-d1-s0"}  # the last four: not a trial's
+
+
+def test_training_settings_are_the_sweep_sections_keys_with_its_defaults(tiny_cfg):
+    derived = {"threshold", "threads", "use_gpu", "workers"}
+    for f in fields(TrainSettings):
+        if f.name not in derived:
+            assert f.name in SweepConfig.model_fields and f.default == SweepConfig.model_fields[f.name].default
+    settings = TrainSettings.of(tiny_cfg)
+    assert settings.batch_size == tiny_cfg.sweep.batch_size
+    assert settings.threshold == tiny_cfg.report.accuracy_threshold
+
+
+def test_a_trial_spec_takes_its_cell_and_settings_and_refuses_an_unknown_setting(tiny_cfg):
+    train = asdict(TrainSettings.of(tiny_cfg)) | {"lr": 1e-3}
+    spec = TrialSpec.of(CELL, train)
+    assert (spec.arch, spec.lr, spec.batch_size) == ("standard", 1e-3, tiny_cfg.sweep.batch_size)
+    with pytest.raises(TypeError, match="warmup_steps"):
+        TrialSpec.of(CELL, train | {"warmup_steps": 10})
+    with pytest.raises(TypeError, match="lr"):
+        TrialSpec.of(CELL, asdict(TrainSettings.of(tiny_cfg)))
+
+
+def test_statuses_carry_their_order():
+    assert [s.rank for s in Status] == [0, 1, 2, 3] and Status.SOLVED == "solved"
+    runs = [{"status": s, "val_accuracy": 0.5, "lr": 1.0} for s in ("failed", "diverged", "unsolved")]
+    assert best_run(runs)["status"] == "unsolved"
+    assert ClaimStatus.HOLDS.rank < ClaimStatus.NOT_TESTED.rank < ClaimStatus.FAILS.rank
