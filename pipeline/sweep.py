@@ -26,28 +26,35 @@ outputs.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import os
 import sys
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
+import psutil
+import ray
+from mlflow.tracking import MlflowClient
+from ray import tune
+from ray.tune import CLIReporter
 
-from pipeline.tracking import cluster
 from pipeline.common import config as config_mod
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
-from pipeline.search.cells import build_cells, expected_cost, model_costs, run_key
+from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
+from pipeline.search.cells import build_cells, expected_cost, model_costs, run_key
 from pipeline.search.frontier import make_plan
-from pipeline.training.settings import TrainSettings
-from pipeline.training.verdict import Status
+from pipeline.search.searcher import CellSearcher, trial_key
+from pipeline.tracking import cluster
+from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_parent
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
+from pipeline.training import checkpoints
+from pipeline.training.settings import TrainSettings
+from pipeline.training.trainable import run_cell
+from pipeline.training.verdict import Status
 
 RESULTS = config_mod.ROOT / "results"
 RESULT_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops",
@@ -55,6 +62,8 @@ RESULT_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "params", "pa
                "eval_seconds", "eval_samples")
 TRIAL_KEYS = ("node", "resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")  # trials.csv only
 CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")
+ORDER = ["task", "size", "arch", "width", "depth", "seed"]  # rows of both tables
+
 
 def trial_name(trial) -> str:
     return f"{trial.config['cell']['name']}-lr{trial.config['train']['lr']:g}"
@@ -80,11 +89,9 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def reporter():
+def reporter() -> CLIReporter:
     """Ray's trial table, compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
     accuracies; refreshed every 30 s in logs."""
-    from ray.tune import CLIReporter
-
     return CLIReporter(parameter_columns={"cell/cell_id": "cell id"},
                        metric_columns={"step": "step", "val_token_accuracy": "token acc", "final_accuracy": "answer acc"},
                        max_report_frequency=10 if sys.stdout.isatty() else 30, max_progress_rows=40)
@@ -97,169 +104,197 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     # Tune saves its experiment state whenever a trial has made checkpoints_to_keep checkpoints, and warns about it
     # at every validation of short trials; we restore from our own checkpoints, not from that state
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    import psutil
-    import ray
-    from ray import tune  # noqa: F401 (Ray Tune's modules: imported by this thread, before the other one starts)
-
     stage_start = psutil.Process().create_time()  # the stage's process, imports included
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
     check_mlflow(cfg.cluster.mlflow())
     check_ray(cfg.cluster.ray())
-    # a local ray.init mostly waits for Ray's processes: the driver's slow imports (MLflow, Lightning) run meanwhile
-    # in a thread (~3 s saved). Never the same package in both threads: a half-imported module breaks the other.
-    importing = threading.Thread(target=lambda: [importlib.import_module(m) for m in DRIVER_MODULES], daemon=True)
-    importing.start()
     local = cfg.cluster.ray() is None
     try:
         if local:
             cluster.connect_ray(None, os.cpu_count() or 1)
-        importing.join()
         return run_sweep(cfg, cells, out_dir, stage_start, local)
     finally:
         ray.shutdown()
 
 
-DRIVER_MODULES = ("mlflow", "pipeline.tracking.runs", "pipeline.training.checkpoints", "pipeline.search.searcher", "pipeline.data.storage",
-                  "pipeline.training.trainable")
-
-
 def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: float, local: bool) -> pd.DataFrame:
     """The sweep once its cells are built (and a local Ray is up): MLflow runs, the plan, Tune, the outputs."""
-    import ray
-    from ray import tune
-
-    from pipeline.training import checkpoints
-
-    from pipeline.data import storage
-    from pipeline.search.searcher import CellSearcher, trial_key
-    from pipeline.training.trainable import run_cell
-    from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_parent
-
-    uri = cfg.cluster.mlflow()
     s = cfg.sweep
     train = asdict(TrainSettings.of(cfg))
     # threads change speed, not results; architecture options change results but are not part of the cell id
     key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options})
-    store = cfg.cluster.storage()
-    published = {}  # local dataset file -> where trials read it (each file published once, however many cells)
+    published = prepare_cells(cells, key, s.heads, cfg.cluster.storage())
+    started = time.time()
+    client, parent = open_parent_run(cfg, cells, train, key)
+    status = "FAILED"
+    try:
+        children, searcher, to_train = plan_trials(cfg, client, parent, cells, train, key)
+        slots = train_trials(cfg, client, parent, searcher, children, published, local, started) if to_train else 0
+        trials = trial_table(searcher, cells, children).assign(parent_run_id=parent)
+        table = cell_table(searcher, cells).assign(parent_run_id=parent)
+        summary = summarise(cfg, table, trials, searcher.plan, started, stage_start, slots, parent)
+        record(client, parent, out_dir, table, trials, summary, searcher.plan.contradictions)
+        status = "FINISHED" if summary["failed"] == 0 else "FAILED"
+        return table
+    finally:
+        client.set_terminated(parent, status)
+
+
+def prepare_cells(cells: dict, key: str, heads: int, store: str) -> dict[str, str]:
+    """Gives every cell its run key and model costs, and publishes each dataset file once to the storage every
+    node reads (the cells then point there); returns local file -> published location."""
+    published: dict[str, str] = {}
     for cell in cells.values():
         cell["run_key"] = key
-        cell.update(model_costs(cell, s.heads))
+        cell.update(model_costs(cell, heads))
         for k in ("train_path", "test_path"):
             if cell[k] not in published:
                 published[cell[k]] = storage.publish(Path(cell[k]), store, cell["sha256"][k])
             cell[k] = published[cell[k]]
-    started = time.time()
+    return published
+
+
+def open_parent_run(cfg: config_mod.Config, cells: dict, train: dict, key: str) -> tuple[MlflowClient, str]:
+    """The sweep's MLflow parent run, with the grid, the training settings and where the code came from."""
+    s = cfg.sweep
     commit = git_commit()
-    client, parent = start_parent(
-        uri, s.experiment, f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
-        params={"profile": cfg.profile, "search": s.search, "cells": len(cells),
-                "architectures": ",".join(s.architectures), "widths": ",".join(map(str, s.widths)),
-                "depths": ",".join(map(str, s.depths)), "seeds": ",".join(map(str, s.seeds)),
-                "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
-                **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()}, "run_key": key,
-                **{f"train.{k}": v for k, v in train.items()}},
-        tags={"git_commit": commit.sha, "git_dirty": str(commit.dirty), "profile": cfg.profile, "stage": "sweep", **driver_tags()})
-    status = "FAILED"
-    try:
-        client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
-        experiment = client.get_run(parent).info.experiment_id
-        orphans = close_orphans(client, experiment)  # runs of sweeps that died: KILLED, trial key -> run id
-        # trial key -> the newest checkpoint a dead sweep left (sweep.reuse: false trains everything anew)
-        unfinished = checkpoints.latest(store, key) if s.reuse else {}
-        children = ChildRuns(client, experiment, parent, orphans)
-        finished = children.finished(key) if s.reuse else {}
+    params = {"profile": cfg.profile, "search": s.search, "cells": len(cells),
+              "architectures": ",".join(s.architectures), "widths": ",".join(map(str, s.widths)),
+              "depths": ",".join(map(str, s.depths)), "seeds": ",".join(map(str, s.seeds)),
+              "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
+              **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()}, "run_key": key,
+              **{f"train.{k}": v for k, v in train.items()}}
+    tags = {"git_commit": commit.sha, "git_dirty": str(commit.dirty), "profile": cfg.profile, "stage": "sweep",
+            **driver_tags()}
+    client, parent = start_parent(cfg.cluster.mlflow(), s.experiment,
+                                  f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}", params=params, tags=tags)
+    client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
+    return client, parent
 
-        def reusable(cell: dict, lr: float) -> dict | None:
-            source = finished.get(trial_key(cell, lr))
-            return None if source is None else children.reuse(cell, train | {"lr": lr}, trial_key(cell, lr), source)
 
-        plan = make_plan(s.search, cells)
-        searcher = CellSearcher(plan, cells, train, reusable, cost=lambda cell: expected_cost(cell, s),
-                                resumable=unfinished)
-        to_train = searcher.needs_training()
-        reused = sum("reused_from" in run for runs in searcher.runs.values() for run in runs.values())
-        print(f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
-              f"{sum(len(c['lrs']) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
-              f"finished with the same data, settings and code (reused), {len(searcher.queue)} to train"
-              f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; MLflow {uri}",
-              flush=True)
-        if to_train:
-            address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
-            client.log_param(parent, "ray", address)
-            cluster.check_resources(**s.trial_resources())
-            if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
-                cluster.probe_nodes(next(iter(published.values())))
-            # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next
-            # trial waits for the last one's worker to come up
-            slots = min(int(ray.cluster_resources().get("CPU", 1) // s.trial_resources()["cpu"]),
-                        s.max_concurrent_trials or 1 << 30)
-            tuner = tune.Tuner(
-                tune.with_resources(run_cell, s.trial_resources()),
-                tune_config=tune.TuneConfig(
-                    search_alg=searcher, num_samples=-1, max_concurrent_trials=slots,
-                    reuse_actors=True, trial_name_creator=trial_name,
-                    trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.config['trial_key']}-{t.trial_id}"),
-                run_config=tune.RunConfig(
-                    name=f"{cfg.profile}-{int(started)}", storage_path=store, verbose=1,
-                    callbacks=[children] + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
-                    progress_reporter=reporter(), failure_config=tune.FailureConfig(max_failures=s.max_failures),
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep)))
-            tuner.fit()
-        runs = []
-        for cell_key, by_lr in searcher.runs.items():
-            for run in by_lr.values():
-                trial = run.get("trial_id")
-                if trial is not None:  # trained now: its MLflow run, and the error if it raised
-                    run.setdefault("mlflow_run_id", children.runs.get(trial))
-                    if run["status"] == Status.FAILED:
-                        run["reason"] = children.errors.get(trial, run["reason"])
-                runs.append({k: cells[cell_key][k] for k in CELL_KEYS} | {"lr": run["lr"], "status": run["status"],
-                            "reason": run.get("reason", ""), "reused_from": run.get("reused_from")}
-                            | {k: run.get(k) for k in RESULT_KEYS + TRIAL_KEYS}
-                            | {"restarts": children.restarts.get(trial, 0), "mlflow_run_id": run.get("mlflow_run_id")})
-        outcomes = plan.outcomes()
-        order = ["task", "size", "arch", "width", "depth", "seed"]
-        table = pd.DataFrame([cell_row(cells[c], o, searcher.best(c)) for c, o in outcomes.items()])
-        table = table.assign(parent_run_id=parent).sort_values(order)
-        trials = pd.DataFrame(runs).assign(parent_run_id=parent).sort_values([*order, "lr"])
-        measured = table[table.measured]
-        reused = int(trials.reused_from.notna().sum())
-        trained = trials[trials.reused_from.isna()]
-        busy = float((trained.train_seconds.fillna(0) + trained.eval_seconds.fillna(0)).sum())
-        summary = {"profile": cfg.profile, "search": s.search, "cells": len(table), "measured": len(measured),
-                   "inferred": int((~table.measured).sum()), "trials": len(trials), "trained": len(trials) - reused,
-                   "reused": reused, "failed": int((trials.status == "failed").sum()),
-                   "diverged": int((trials.status == "diverged").sum()),
-                   "restarts": int(trials.restarts.sum()), "resumed": int(trials.resumed_step.notna().sum()),
-                   "solved_cells": int((table.status == "solved").sum()),
-                   "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
-                   "train_pflops": round(float(trials.train_pflops.sum()), 6),
-                   "contradictions": len(plan.contradictions), "wall_seconds": round(time.time() - started, 1),
-                   # share of the Ray slots' time, from the stage's start, spent training and scoring
-                   "slot_utilisation": round(busy / (slots * (time.time() - stage_start)), 3) if to_train else None,
-                   "mlflow_parent_run": parent}
-        for name, value in summary.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                client.log_metric(parent, name, value)
-        if plan.contradictions:
-            client.log_text(parent, "\n".join(plan.contradictions) + "\n", "contradictions.txt")
-        write_atomic(out_dir / "trials.csv", trials.to_csv(index=False))
-        write_atomic(out_dir / "sweep.csv", table.to_csv(index=False))
-        write_atomic(out_dir / "sweep.json", json.dumps(summary | {"contradiction_notes": plan.contradictions},
-                                                        indent=2) + "\n")
-        status = "FINISHED" if summary["failed"] == 0 else "FAILED"
-        print(table[["task", "size", "arch", "width", "depth", "seed", "measured", "status", "lr", "final_accuracy",
-                     "paper_gflops"]].to_string(index=False))
-        for note in plan.contradictions:
-            print(f"contradiction: {note}")
-        print(json.dumps(summary))
-        if summary["failed"]:
-            print(f"warning: {summary['failed']} of {len(trials)} trials failed; they are in results/trials.csv "
-                  f"with their errors, and under MLflow parent run {parent}", file=sys.stderr)
-        return table
-    finally:
-        client.set_terminated(parent, status)
+def plan_trials(cfg: config_mod.Config, client: MlflowClient, parent: str, cells: dict, train: dict,
+                key: str) -> tuple[ChildRuns, CellSearcher, bool]:
+    """The searcher over the plan, knowing which runs this experiment already finished (reused, not trained) and
+    which a dead sweep left unfinished (continued from their checkpoints); the dead sweep's runs are closed.
+    Also says whether anything needs training."""
+    s = cfg.sweep
+    experiment = client.get_run(parent).info.experiment_id
+    orphans = close_orphans(client, experiment)  # runs of sweeps that died: KILLED, trial key -> run id
+    # trial key -> the newest checkpoint a dead sweep left (sweep.reuse: false trains everything anew)
+    unfinished = checkpoints.latest(cfg.cluster.storage(), key) if s.reuse else {}
+    children = ChildRuns(client, experiment, parent, orphans)
+    finished = children.finished(key) if s.reuse else {}
+
+    def reusable(cell: dict, lr: float) -> dict | None:
+        source = finished.get(trial_key(cell, lr))
+        return None if source is None else children.reuse(cell, train | {"lr": lr}, trial_key(cell, lr), source)
+
+    searcher = CellSearcher(make_plan(s.search, cells), cells, train, reusable,
+                            cost=lambda cell: expected_cost(cell, s), resumable=unfinished)
+    to_train = searcher.needs_training()  # settles the reused runs first, and fills the queue
+    reused = sum("reused_from" in run for runs in searcher.runs.values() for run in runs.values())
+    print(f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
+          f"{sum(len(c['lrs']) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
+          f"finished with the same data, settings and code (reused), {len(searcher.queue)} to train"
+          f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; "
+          f"MLflow {cfg.cluster.mlflow()}", flush=True)
+    return children, searcher, to_train
+
+
+def train_trials(cfg: config_mod.Config, client: MlflowClient, parent: str, searcher: CellSearcher,
+                 children: ChildRuns, published: dict[str, str], local: bool, started: float) -> int:
+    """Joins the cluster (a local Ray is already up), checks it can run a trial, and runs Tune until the searcher
+    has nothing left; returns the number of trial slots."""
+    s = cfg.sweep
+    address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
+    client.log_param(parent, "ray", address)
+    cluster.check_resources(**s.trial_resources())
+    if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
+        cluster.probe_nodes(next(iter(published.values())))
+    # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next trial
+    # waits for the last one's worker to come up
+    slots = min(int(ray.cluster_resources().get("CPU", 1) // s.trial_resources()["cpu"]),
+                s.max_concurrent_trials or 1 << 30)
+    tuner = tune.Tuner(
+        tune.with_resources(run_cell, s.trial_resources()),
+        tune_config=tune.TuneConfig(
+            search_alg=searcher, num_samples=-1, max_concurrent_trials=slots,
+            reuse_actors=True, trial_name_creator=trial_name,
+            trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.config['trial_key']}-{t.trial_id}"),
+        run_config=tune.RunConfig(
+            name=f"{cfg.profile}-{int(started)}", storage_path=cfg.cluster.storage(), verbose=1,
+            callbacks=[children] + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
+            progress_reporter=reporter(), failure_config=tune.FailureConfig(max_failures=s.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep)))
+    tuner.fit()
+    return slots
+
+
+def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.DataFrame:
+    """results/trials.csv: one row per learning-rate run, trained now (with its MLflow run and, if it raised, its
+    error) or reused."""
+    runs = []
+    for cell_key, by_lr in searcher.runs.items():
+        for run in by_lr.values():
+            trial = run.get("trial_id")
+            if trial is not None:
+                run.setdefault("mlflow_run_id", children.runs.get(trial))
+                if run["status"] == Status.FAILED:
+                    run["reason"] = children.errors.get(trial, run["reason"])
+            runs.append({k: cells[cell_key][k] for k in CELL_KEYS} | {"lr": run["lr"], "status": run["status"],
+                        "reason": run.get("reason", ""), "reused_from": run.get("reused_from")}
+                        | {k: run.get(k) for k in RESULT_KEYS + TRIAL_KEYS}
+                        | {"restarts": children.restarts.get(trial, 0), "mlflow_run_id": run.get("mlflow_run_id")})
+    return pd.DataFrame(runs).sort_values([*ORDER, "lr"])
+
+
+def cell_table(searcher: CellSearcher, cells: dict) -> pd.DataFrame:
+    """results/sweep.csv: one row per cell of the grid, measured (its best run) or inferred by the plan."""
+    rows = [cell_row(cells[c], o, searcher.best(c)) for c, o in searcher.plan.outcomes().items()]
+    return pd.DataFrame(rows).sort_values(ORDER)
+
+
+def summarise(cfg: config_mod.Config, table: pd.DataFrame, trials: pd.DataFrame, plan, started: float,
+              stage_start: float, slots: int, parent: str) -> dict:
+    """results/sweep.json: the headline counts and costs."""
+    measured = table[table.measured]
+    reused = int(trials.reused_from.notna().sum())
+    trained = trials[trials.reused_from.isna()]
+    busy = float((trained.train_seconds.fillna(0) + trained.eval_seconds.fillna(0)).sum())
+    return {"profile": cfg.profile, "search": cfg.sweep.search, "cells": len(table), "measured": len(measured),
+            "inferred": int((~table.measured).sum()), "trials": len(trials), "trained": len(trials) - reused,
+            "reused": reused, "failed": int((trials.status == Status.FAILED).sum()),
+            "diverged": int((trials.status == Status.DIVERGED).sum()),
+            "restarts": int(trials.restarts.sum()), "resumed": int(trials.resumed_step.notna().sum()),
+            "solved_cells": int((table.status == Status.SOLVED).sum()),
+            "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
+            "train_pflops": round(float(trials.train_pflops.sum()), 6),
+            "contradictions": len(plan.contradictions), "wall_seconds": round(time.time() - started, 1),
+            # share of the Ray slots' time, from the stage's start, spent training and scoring
+            "slot_utilisation": round(busy / (slots * (time.time() - stage_start)), 3) if slots else None,
+            "mlflow_parent_run": parent}
+
+
+def record(client: MlflowClient, parent: str, out_dir: Path, table: pd.DataFrame, trials: pd.DataFrame,
+           summary: dict, contradictions: list[str]) -> None:
+    """The outputs: metrics on the parent run, the three files (each written whole or not at all), the console."""
+    for name, value in summary.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            client.log_metric(parent, name, value)
+    if contradictions:
+        client.log_text(parent, "\n".join(contradictions) + "\n", "contradictions.txt")
+    write_atomic(out_dir / "trials.csv", trials.to_csv(index=False))
+    write_atomic(out_dir / "sweep.csv", table.to_csv(index=False))
+    write_atomic(out_dir / "sweep.json", json.dumps(summary | {"contradiction_notes": contradictions},
+                                                    indent=2) + "\n")
+    print(table[["task", "size", "arch", "width", "depth", "seed", "measured", "status", "lr", "final_accuracy",
+                 "paper_gflops"]].to_string(index=False))
+    for note in contradictions:
+        print(f"contradiction: {note}")
+    print(json.dumps(summary))
+    if summary["failed"]:
+        print(f"warning: {summary['failed']} of {len(trials)} trials failed; they are in results/trials.csv "
+              f"with their errors, and under MLflow parent run {parent}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
