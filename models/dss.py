@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.backbone import BlockStack, Cache, Mixer
-from models.registry import register
+from models.registry import Option, register
 
 
 class DSS(Mixer):
@@ -86,7 +86,7 @@ def ssm_kernel(dtlam: torch.Tensor, W: torch.Tensor, length: int) -> torch.Tenso
     return K.real.reshape(D, s * r)[:, :length]
 
 
-@register("dss", modes=64)
+@register("dss", modes=Option(64, int, 1))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, modes):
     """Diagonal state space layer, ``modes`` complex modes per channel, FFT convolution in training."""
     return BlockStack("dss", vocab_size, width, depth, max_len, dropout, lambda: DSS(width, modes), positions="none")

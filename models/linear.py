@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.backbone import BlockStack, Cache, Mixer, heads_view, merge_heads
-from models.registry import register
+from models.registry import Option, register
 
 
 def chunked_scan(q, k, v, state: dict, gamma: torch.Tensor, normalize: bool, chunk: int, eps: float = 1e-6):
@@ -74,7 +74,7 @@ class LinearAttention(Mixer):
         return self.heads * (hd * hd + hd) * bytes_per_value
 
 
-@register("linear", chunk=64)
+@register("linear", chunk=Option(64, int, 1))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, chunk):
     """Normalised linear attention, phi = elu + 1, chunked prefix sums in training, O(1) state in decoding."""
     return BlockStack("linear", vocab_size, width, depth, max_len, dropout, lambda: LinearAttention(width, heads, chunk))

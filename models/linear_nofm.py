@@ -7,7 +7,7 @@ import torch.nn as nn
 
 from models.backbone import BlockStack, Cache, Mixer, heads_view, merge_heads
 from models.linear import chunked_scan
-from models.registry import register
+from models.registry import Option, register
 
 
 class UnnormalisedLinearAttention(Mixer):
@@ -38,7 +38,7 @@ class UnnormalisedLinearAttention(Mixer):
         return self.heads * hd * hd * bytes_per_value
 
 
-@register("linear_nofm", chunk=64)
+@register("linear_nofm", chunk=Option(64, int, 1))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, chunk):
     """Unnormalised linear attention without feature map (decay 1), learned positions."""
     return BlockStack("linear_nofm", vocab_size, width, depth, max_len, dropout,

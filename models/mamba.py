@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.backbone import BlockStack, Cache, Mixer
-from models.registry import register
+from models.registry import Option, register
 from models.selective_scan import selective_scan
 
 
@@ -68,7 +68,8 @@ class Mamba(Mixer):
         return self.E * (self.N + self.k - 1) * bytes_per_value
 
 
-@register("mamba", d_state=16, expand=2, conv=4)
+# conv >= 2: the decoding cache keeps the last conv - 1 inputs
+@register("mamba", d_state=Option(16, int, 1), expand=Option(2, int, 1), conv=Option(4, int, 2))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, d_state, expand, conv):
     """Selective SSM block (d_state 16, expand 2, conv 4), no FFN, no position embedding (heads unused)."""
     model = BlockStack("mamba", vocab_size, width, depth, max_len, dropout,

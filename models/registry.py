@@ -7,28 +7,55 @@ the model will see (positions, caches, and patterns sized from the dataset's L),
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 ARCHITECTURES: dict[str, "Architecture"] = {}
 
 
 class ArchitectureError(ValueError):
-    """Unknown architecture, or options it does not take."""
+    """Unknown architecture, an option it does not take, or a value outside the option's declared type and range."""
+
+
+class Option(NamedTuple):
+    """One extra keyword argument of a builder: its default, its type and its least value; ``null`` says what
+    None means where None is allowed (the builder then derives the value, e.g. from the sequence length)."""
+
+    default: Any
+    type: type
+    minimum: int | float
+    null: str | None = None
+
+    def allowed(self) -> str:
+        return f"{self.type.__name__} >= {self.minimum}" + (f", or null ({self.null})" if self.null else "")
+
+    def admits(self, value: Any) -> bool:
+        if value is None:
+            return self.null is not None
+        # bool is an int to Python, but `block: true` is a typo, not a block of 1
+        return isinstance(value, self.type) and not isinstance(value, bool) and value >= self.minimum
 
 
 class Architecture:
-    def __init__(self, name: str, build: Callable, options: dict[str, Any], doc: str):
+    def __init__(self, name: str, build: Callable, options: dict[str, Option], doc: str):
         self.name, self.build, self.options, self.doc = name, build, options, doc
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: option.default for name, option in self.options.items()}
 
     def check_options(self, options: dict, key: str = "options") -> None:
         unknown = set(options) - set(self.options)
         if unknown:
             raise ArchitectureError(f"{key}: unknown option(s) {sorted(unknown)} for {self.name!r}; "
                                     f"allowed: {sorted(self.options) or 'none'}")
+        for name, value in options.items():
+            if not self.options[name].admits(value):
+                raise ArchitectureError(f"{key}.{name}: {value!r} is not allowed for {self.name!r}; "
+                                        f"allowed: {self.options[name].allowed()}")
 
 
-def register(name: str, **options):
-    """Decorator for a builder function; ``options`` are its extra keyword arguments with their defaults."""
+def register(name: str, **options: Option):
+    """Decorator for a builder function; ``options`` declare its extra keyword arguments (default, type, least
+    value): the one place they are declared, checked by ``check_options`` in the config and in ``build_model``."""
 
     def wrap(build: Callable) -> Callable:
         ARCHITECTURES[name] = Architecture(name, build, options, (build.__doc__ or "").strip())
@@ -46,4 +73,4 @@ def build_model(name: str, *, vocab_size: int, width: int, depth: int, heads: in
     arch = ARCHITECTURES[name]
     arch.check_options(options)
     return arch.build(vocab_size=vocab_size, width=width, depth=depth, heads=heads, max_len=max_len,
-                      dropout=dropout, **{**arch.options, **options})
+                      dropout=dropout, **{**arch.defaults(), **options})

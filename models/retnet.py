@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from models.backbone import BlockStack, Cache
 from models.linear_nofm import UnnormalisedLinearAttention
-from models.registry import register
+from models.registry import Option, register
 
 
 def rotate(x: torch.Tensor, start: int) -> torch.Tensor:
@@ -42,7 +42,7 @@ class Retention(UnnormalisedLinearAttention):
         return F.silu(self.gate(x)) * self.norm(y.reshape(B * T, D)).view(B, T, D)
 
 
-@register("retnet", chunk=64)
+@register("retnet", chunk=Option(64, int, 1))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, chunk):
     """Multi-scale retention, swish gate, per-head decay; no position embedding (rotary inside)."""
     return BlockStack("retnet", vocab_size, width, depth, max_len, dropout, lambda: Retention(width, heads, chunk),

@@ -3,7 +3,7 @@
 import torch
 
 from models.attention import Pattern, attention_model
-from models.registry import register
+from models.registry import Option, register
 from models.sliding_window import Window
 
 
@@ -19,7 +19,7 @@ class Sinks(Window):
         return torch.arange(min(self.sinks, length))
 
 
-@register("sinks", window=64, sinks=4)
+@register("sinks", window=Option(64, int, 1), sinks=Option(4, int, 0))  # sinks 0: a sliding window
 def build(*, window, sinks, **shape):
     """Each token attends the first ``sinks`` tokens and its last ``window`` tokens."""
     return attention_model("sinks", Sinks(window, sinks), **shape)

@@ -1,7 +1,7 @@
 """sliding_window: causal softmax attention over the last w tokens (the "two heads" paper's local attention)."""
 
 from models.attention import Pattern, attention_model
-from models.registry import register
+from models.registry import Option, register
 
 
 class Window(Pattern):
@@ -21,7 +21,7 @@ class Window(Pattern):
         return w * (w + 1) // 2 + (length - w) * self.window
 
 
-@register("sliding_window", window=64)
+@register("sliding_window", window=Option(64, int, 1))
 def build(*, window, **shape):
     """Each token attends itself and the previous window - 1 tokens; the cache keeps window - 1 positions."""
     return attention_model("sliding_window", Window(window), **shape)

@@ -10,7 +10,7 @@ import math
 import torch
 
 from models.attention import Pattern, attention_model
-from models.registry import register
+from models.registry import Option, register
 
 
 def block_size(length: int) -> int:
@@ -32,7 +32,7 @@ class BlockSparse(Pattern):
         return torch.arange(self.block - 1, length, self.block)  # the last token of every block
 
 
-@register("sparse", block=None, k=1)
+@register("sparse", block=Option(None, int, 1, null="B from the sequence length"), k=Option(1, int, 1))
 def build(*, block, k, **shape):
     """Block-sparse causal attention: local window k*B plus one summary token per block (B from L if unset)."""
     return attention_model("sparse", BlockSparse(block or block_size(shape["max_len"]), k), **shape)

@@ -4,7 +4,7 @@ import yaml
 import models
 import tasks
 from pipeline.common import config as config_mod
-from tests.conftest import ROOT, write_params
+from tests.helpers import ROOT, write_params
 
 
 @pytest.mark.parametrize("profile", config_mod.profiles())
@@ -104,6 +104,60 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {max_failures: -1}", "sweep.max_failures: Input should be greater than or equal to 0"),
     ("report: {accuracy_threshold: 1.0}", "report.accuracy_threshold: Input should be less than 1"),
     ("report: {accuracy_threshold: 0}", "report.accuracy_threshold: Input should be greater than 0"),
+    # a section that is not a mapping
+    ("sweep: 5", "params.yaml: sweep: 5 is not allowed; allowed: a mapping of sweep keys \\(or null\\)"),
+    ("cluster: [x]", "params.yaml: cluster: \\['x'\\] is not allowed; allowed: a mapping of cluster keys"),
+    # architecture options, by the types and ranges each architecture declares
+    ("sweep: {arch_options: {sparse: {block: 0}}}", "sweep.arch_options.sparse.block: 0 is not allowed for 'sparse'; "
+                                                    "allowed: int >= 1, or null \\(B from the sequence length\\)"),
+    ("sweep: {arch_options: {sparse: {block: true}}}", "sweep.arch_options.sparse.block: True is not allowed"),
+    ("sweep: {arch_options: {sparse: {k: null}}}", "sweep.arch_options.sparse.k: None is not allowed for 'sparse'; "
+                                                   "allowed: int >= 1$"),
+    ("sweep: {arch_options: {linear: {chunk: -1}}}", "sweep.arch_options.linear.chunk: -1 is not allowed for "
+                                                     "'linear'; allowed: int >= 1"),
+    ("sweep: {arch_options: {sliding_window: {window: x}}}", "sweep.arch_options.sliding_window.window: 'x' is not "
+                                                             "allowed for 'sliding_window'; allowed: int >= 1"),
+    ("sweep: {arch_options: {mamba: {conv: 1}}}", "sweep.arch_options.mamba.conv: 1 is not allowed for 'mamba'; "
+                                                  "allowed: int >= 2"),
+    ("sweep: {arch_options: {sinks: {sinks: 2.5}}}", "sweep.arch_options.sinks.sinks: 2.5 is not allowed for "
+                                                     "'sinks'; allowed: int >= 0"),
+    # no lax coercion: a bool is not an int, a string not a number, an int not a bool
+    ("sweep: {heads: true}", "sweep.heads: Input should be a valid integer \\(got True\\)"),
+    ("sweep: {eval_batch_size: true}", "sweep.eval_batch_size: Input should be a valid integer \\(got True\\)"),
+    ("sweep: {epochs: '5'}", "sweep.epochs: Input should be a valid integer \\(got '5'\\)"),
+    ("sweep: {dropout: false}", "sweep.dropout: Input should be a valid number \\(got False\\)"),
+    ("generate: {unique: 1}", "generate.unique: Input should be a valid boolean \\(got 1\\)"),
+    ("nightly: {throughput_drop: true}", "nightly.throughput_drop: Input should be a valid number \\(got True\\)"),
+    # no infinities or NaNs: they pass a bound such as ge=0 and break the arithmetic after it
+    ("sweep: {weight_decay: .inf}", "sweep.weight_decay: Input should be a finite number \\(got inf\\)"),
+    ("sweep: {gpus_per_trial: .inf}", "sweep.gpus_per_trial: Input should be a finite number \\(got inf\\)"),
+    ("nightly: {accuracy_drop: .nan}", "nightly.accuracy_drop: Input should be a finite number \\(got nan\\)"),
+    ("report: {accuracy_threshold: .nan}", "report.accuracy_threshold: Input should be a finite number"),
+    # no empty names
+    ("sweep: {experiment: ''}", "sweep.experiment: Input should be a non-blank string \\(got ''\\)"),
+    ("nightly: {history: ' '}", "nightly.history: Input should be a non-blank string \\(got ' '\\)"),
+    ("cluster: {storage_path: ''}", "cluster.storage_path: Input should be a non-blank string \\(got ''\\)"),
+    ("cluster: {mlflow_tracking_uri: ''}", "cluster.mlflow_tracking_uri: Input should be a non-blank string"),
+    ("cluster: {ray_address: '  '}", "cluster.ray_address: Input should be a non-blank string \\(got '  '\\)"),
+    # seeds and workers
+    ("generate: {seed: -1}", "generate.seed: Input should be greater than or equal to 0 \\(got -1\\)"),
+    ("sweep: {seeds: [0, -1]}", "sweep.seeds.1: Input should be greater than or equal to 0 \\(got -1\\)"),
+    ("sweep: {seeds: [4294967296]}", "sweep.seeds.0: Input should be less than or equal to 4294967295"),
+    ("generate: {workers: 1000}", "generate.workers: 1000 is more than 64 processes; allowed: 1 to 64 \\(the files "
+                                  "are byte-identical for any number"),
+    ("generate: {workers: 0}", "generate.workers: Input should be greater than 0 \\(got 0\\)"),
+    # repeats, and validation that would never run
+    ("sweep: {seeds: [0, 0]}", "sweep.seeds: \\[0, 0\\] has repeats; allowed: distinct values"),
+    ("sweep: {depths: [1, 1]}", "sweep.depths: \\[1, 1\\] has repeats"),
+    ("sweep: {arch_depths: {lstm: [2, 2]}}", "sweep.arch_depths.lstm: \\[2, 2\\] has repeats"),
+    ("sweep: {architectures: [lstm, lstm]}", "sweep.architectures: \\['lstm', 'lstm'\\] has repeats"),
+    ("generate: {datasets: {lis: [3, 3]}}", "generate.datasets.lis: \\[3, 3\\] has repeats"),
+    ("tasks: [arithmetic, lis, lis]", "tasks: \\['arithmetic', 'lis', 'lis'\\] has repeats"),
+    ("sweep: {eval_batch_size: 0}", "sweep.eval_batch_size: Input should be greater than 0 \\(got 0\\)"),
+    ("sweep: {val_every_steps: 0}", "sweep.val_every_steps: Input should be greater than 0 \\(got 0\\)"),
+    ("sweep: {val_every_steps: 9}", "sweep.val_every_steps: 9 is more than sweep.max_steps = 8: a trial would never "
+                                    "validate"),
+    ("nightly: {accuracy_drop: 1.5}", "nightly.accuracy_drop: Input should be less than or equal to 1"),
 ])
 def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, override, message):
     base = {"profile": "tiny", "tasks": ["arithmetic", "lis"]}
@@ -111,6 +165,37 @@ def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, overr
     p = write_params(tmp_path / "params.yaml", yaml.safe_dump(base))
     with pytest.raises(config_mod.ConfigError, match=message):
         config_mod.load(p)
+
+
+@pytest.mark.parametrize("text, line", [
+    ("profile: tiny\ntasks: [arithmetic, lis]\nsweep: {seeds: [0, 1}\n", "line 3, column 21: expected ',' or ']'"),
+    ("profile: tiny\ntasks: [arithmetic, lis]\nsweep:\n  seeds: [0]\n   widths: [8]\n", "line 5, column 4"),
+    ("profile: tiny\n\ttasks: [arithmetic, lis]\n", "line 2, column 1: found character '\\\\t'"),
+])
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, text, line):
+    p = write_params(tmp_path / "params.yaml", text)
+    with pytest.raises(config_mod.ConfigError, match=f"params.yaml: not valid YAML at {line}"):
+        config_mod.load(p)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("sweep: {widths: [8, 16}\n", "broken.yaml: not valid YAML at line 1, column 23"),
+    ("sweep: 5\n", "broken.yaml: sweep: 5 is not allowed; allowed: a mapping of sweep keys"),
+])
+def test_a_broken_profile_names_its_file(tmp_path, monkeypatch, text, message):
+    (tmp_path / "broken.yaml").write_text(text)
+    monkeypatch.setattr(config_mod, "CONF_DIR", tmp_path)
+    p = write_params(tmp_path / "params.yaml", "profile: broken\ntasks: [arithmetic, lis]\n")
+    with pytest.raises(config_mod.ConfigError, match=message):
+        config_mod.load(p)
+
+
+def test_yaml_ints_still_validate_where_numbers_are_expected(tmp_path):
+    p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {dropout: 0, "
+                     "gpus_per_trial: 0, weight_decay: 1, lr: 1, seeds: [0, 4294967295]}\nnightly: {accuracy_drop: 1}\n"
+                     "generate: {seed: 0, workers: 64}\n")
+    cfg = config_mod.load(p)
+    assert (cfg.sweep.dropout, cfg.sweep.lr, cfg.nightly.accuracy_drop, cfg.generate.workers) == (0.0, 1.0, 1.0, 64)
 
 
 @pytest.mark.parametrize("resources, trial", [

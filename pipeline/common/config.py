@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, FiniteFloat, PositiveInt, ValidationError, ValidationInfo,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat, NonNegativeInt, PositiveInt,
+                      ValidationError, ValidationInfo, model_validator)
+from pydantic_core import PydanticCustomError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
@@ -25,7 +26,23 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: YAML's `heads: true` or `epochs: "5"` is a mistake, not 1 or 5 (ints still pass for floats);
+    # finite: an .inf or .nan passes every bound check (ge=0) and breaks the arithmetic after it
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def not_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("blank", "Input should be a non-blank string")
+    return value
+
+
+NonBlank = Annotated[str, AfterValidator(not_blank)]
+# the generator and checker processes: the files are byte-identical for any number, so more than a machine's cores
+# only costs memory and start-up (and a typo such as 1000 would start 1000 processes)
+MAX_WORKERS = 64
+# Lightning's seed_everything takes a uint32: a larger seed would fail in every trial, after the data is made
+MAX_SEED = 2**32 - 1
 
 
 class TaskGenerate(Section):
@@ -37,7 +54,7 @@ class TaskGenerate(Section):
 
 
 class GenerateConfig(Section):
-    seed: int = 2023
+    seed: NonNegativeInt = Field(2023, description="numpy's SeedSequence takes non-negative seeds")
     train_samples: PositiveInt
     test_samples: PositiveInt
     datasets: dict[str, list[PositiveInt]] = Field(description="task name -> sizes to generate")
@@ -54,6 +71,14 @@ class GenerateConfig(Section):
     per_task: dict[str, TaskGenerate] = Field(default_factory=dict, description="task name -> train_samples, "
                                               "test_samples or unique for that task only")
 
+    @model_validator(mode="after")
+    def few_enough_workers(self) -> "GenerateConfig":
+        if self.workers > MAX_WORKERS:
+            raise ConfigError(f"generate.workers: {self.workers} is more than {MAX_WORKERS} processes; allowed: 1 to "
+                              f"{MAX_WORKERS} (the files are byte-identical for any number, so more processes than "
+                              "cores only cost memory and start-up)")
+        return self
+
     def for_task(self, task: str) -> "GenerateConfig":
         """This section as it applies to ``task``: its per_task entry, if any, wins."""
         over = self.per_task.get(task)
@@ -64,7 +89,7 @@ class SweepConfig(Section):
     architectures: list[str]
     widths: list[PositiveInt]
     depths: list[PositiveInt]
-    seeds: list[int] = [0]
+    seeds: list[Annotated[NonNegativeInt, Field(le=MAX_SEED)]] = [0]
     datasets: dict[str, list[PositiveInt]] | None = Field(None, description="subset of generate.datasets; None = all")
     heads: PositiveInt = 4
     dropout: float = Field(0.1, ge=0, lt=1)
@@ -122,7 +147,7 @@ class SweepConfig(Section):
                                              "cluster.storage_path (one per validation); older ones are deleted")
     keep_checkpoints: bool = Field(False, description="keep a trial's checkpoints (weights and optimiser state) "
                                    "after it ends; by default they are deleted once its result is recorded")
-    experiment: str = "capacity-atlas"
+    experiment: NonBlank = "capacity-atlas"
     reuse: bool = Field(True, description="reuse runs this MLflow experiment already finished with the same data, "
                                           "training settings and training code, instead of training them again")
 
@@ -183,7 +208,7 @@ class ReportConfig(Section):
 class NightlyConfig(Section):
     """`python -m pipeline.nightly`: what counts as a regression against the previous night's run of a cell."""
 
-    history: str = Field("nightly", description="directory (relative to the repo) of the nights' snapshots")
+    history: NonBlank = Field("nightly", description="directory (relative to the repo) of the nights' snapshots")
     accuracy_drop: float = Field(0.05, ge=0, le=1, description="a cell's test accuracy falling by more than this "
                                  "is a regression (rising by more: an improvement)")
     throughput_drop: float = Field(0.3, ge=0, le=1, description="training throughput (PFLOP/s) falling by more "
@@ -191,9 +216,11 @@ class NightlyConfig(Section):
 
 
 class ClusterConfig(Section):
-    ray_address: str | None = Field(None, description="Ray head to join; None: $RAY_ADDRESS, else a local ray.init")
-    mlflow_tracking_uri: str | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the repo")
-    storage_path: str | None = Field(None, description="where trials keep checkpoints and read their datasets: a "
+    ray_address: NonBlank | None = Field(None, description="Ray head to join; None: $RAY_ADDRESS, else a local "
+                                                           "ray.init")
+    mlflow_tracking_uri: NonBlank | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the "
+                                                                   "repo")
+    storage_path: NonBlank | None = Field(None, description="where trials keep checkpoints and read their datasets: a "
                                      "path every Ray node sees, or a URI pyarrow understands (s3://, gs://); None: "
                                      "$CAPACITY_ATLAS_STORAGE, else ray_results/ in the repo (one machine)")
 
@@ -276,6 +303,16 @@ def check_semantics(cfg: Config) -> None:
     for key in ("architectures", "widths", "depths", "seeds"):
         if not getattr(cfg.sweep, key):
             raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
+    # a repeat names one trial (or dataset) twice: it runs once, and the grid is smaller than it reads
+    lists = {"tasks": cfg.tasks, "sweep.architectures": cfg.sweep.architectures, "sweep.depths": cfg.sweep.depths,
+             "sweep.seeds": cfg.sweep.seeds,
+             **{f"generate.datasets.{t}": sizes for t, sizes in cfg.generate.datasets.items()},
+             **{f"sweep.datasets.{t}": sizes for t, sizes in (cfg.sweep.datasets or {}).items()},
+             **{f"sweep.arch_depths.{a}": depths for a, depths in cfg.sweep.arch_depths.items()},
+             **{f"sweep.task_architectures.{t}": archs for t, archs in cfg.sweep.task_architectures.items()}}
+    for key, values in lists.items():
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{key}: {values} has repeats; allowed: distinct values")
     for arch in dict.fromkeys([*cfg.sweep.architectures, *cfg.sweep.arch_widths]):
         key = f"sweep.arch_widths.{arch}" if arch in cfg.sweep.arch_widths else "sweep.widths"
         check_widths(key, cfg.sweep.widths_for(arch), cfg.sweep.heads, cfg.sweep.search)
@@ -289,6 +326,11 @@ def check_semantics(cfg: Config) -> None:
     if cfg.sweep.max_steps == 0 or cfg.sweep.max_steps < -1:
         raise ConfigError(f"sweep.max_steps: {cfg.sweep.max_steps} trains nothing; allowed: a positive step budget, "
                           "or -1 for all epochs")
+    every, budget = cfg.sweep.val_every_steps, cfg.sweep.max_steps
+    if every is not None and budget > 0 and every > budget:
+        raise ConfigError(f"sweep.val_every_steps: {every} is more than sweep.max_steps = {budget}: a trial would "
+                          f"never validate (no early stop, no checkpoint); allowed: 1 to {budget}, or null for every "
+                          "epoch")
     if not cfg.sweep_datasets():
         raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
     if cfg.sweep.gpus_per_trial == 0 and cfg.sweep.precision == "16-mixed":
@@ -326,6 +368,8 @@ def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
                           "to search (use sweep.search: grid)")
 
 
+SECTIONS = [name for name, field in Config.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, Section)]
 # Keys that are two spellings of one setting: a layer that sets one replaces the other from the layers below.
 ALTERNATIVES = {"sweep": [("lr", "lrs")]}
 # Mappings that say *what* to run are replaced whole by an override (params.yaml's
@@ -347,9 +391,18 @@ def merge(base: dict, over: dict, path: str = "") -> dict:
 def read_yaml(path: Path) -> dict:
     if not path.exists():
         raise ConfigError(f"{path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, not {type(data).__name__}")
+    for section in SECTIONS:
+        if data.get(section) is not None and not isinstance(data[section], dict):
+            raise ConfigError(f"{path}: {section}: {data[section]!r} is not allowed; allowed: a mapping of "
+                              f"{section} keys (or null)")
     return data
 
 
@@ -377,5 +430,12 @@ def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = N
     try:
         return Config.model_validate(data, context={"architectures": architectures})
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in err.errors())
-        raise ConfigError(f"profile {name!r} with {params_path}: {problems}") from None
+        raise ConfigError(f"profile {name!r} with {params_path}: {'; '.join(map(problem, err.errors()))}") from None
+
+
+def problem(error: dict) -> str:
+    """One validation error as ``key: what is wrong (got value)``."""
+    if error["type"] == "value_error":  # a check of this module or the model registry: its message names the key
+        return str(error["ctx"]["error"])
+    got = "" if error["type"] == "missing" else f" (got {error['input']!r})"
+    return f"{'.'.join(map(str, error['loc'])) or 'config'}: {error['msg']}{got}"
