@@ -1,4 +1,5 @@
-"""Fast CPU fixtures: tiny datasets generated once per session from the `tiny` profile."""
+"""Shared fixtures only (the helpers are in tests/helpers/): tiny datasets generated once per session from the `tiny`
+profile, a tiny trial's spec, and an uninterrupted `dvc repro` of KILLABLE_SWEEP."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pipeline.common import config as config_mod  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
-
-ROOT = config_mod.ROOT
+from tests.helpers import KILLABLE_SWEEP  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -29,22 +29,22 @@ def tiny_data(tiny_cfg, tmp_path_factory) -> Path:
     return out
 
 
-def write_params(path: Path, text: str) -> Path:
-    path.write_text(text)
-    return path
+@pytest.fixture
+def spec(tiny_cfg, tiny_data):
+    """A tiny trial's spec (tests/test_checkpoints.py, tests/test_distributed.py)."""
+    from pipeline.data.datasets import dataset_path, read_dataset
+    from pipeline.training.train import TrialSpec
 
-
-# Two trials (one per architecture, 1,600 steps) long enough to be killed mid-way, dropout on so that the RNG must
-# resume too: the sweep of the kill tests (tests/test_resume.py) and of the cluster test (tests/test_cluster.py)
-KILLABLE_SWEEP = """sweep:
-  architectures: [standard, lstm]
-  widths: [16]
-  datasets: {lis: [3]}
-  dropout: 0.1
-  epochs: 100
-  max_steps: 1600
-  val_every_steps: 20
-  stop_when_solved: false"""
+    size = tiny_cfg.generate.datasets["lis"][0]
+    train, test = (dataset_path(tiny_data, "lis", size, s) for s in ("train", "test"))
+    meta = read_dataset(train).meta
+    # dropout on (the RNG must be put back), several epochs, validations mid-epoch and at an epoch's end
+    return TrialSpec(arch="standard", width=16, depth=1, seed=3, train_path=str(train), test_path=str(test),
+                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]), heads=2, dropout=0.1,
+                     arch_options={}, batch_size=16, epochs=50, max_steps=40, lr=3e-3, weight_decay=0.01,
+                     warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16, val_every_steps=5,
+                     eval_samples=32, eval_batch_size=16, threads=1, use_gpu=False, threshold=0.99, patience=3,
+                     plateau_checks=4, min_delta=0.0)
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +54,7 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, float]:
     timing)."""
     import time
 
-    from tests.test_pipeline import copy_repo, run
+    from tests.helpers.repo import copy_repo, run
 
     # keep_checkpoints changes what stays in storage, not a result (tests/test_resume.py checks both ways)
     repo = copy_repo(tmp_path_factory.mktemp("whole"), KILLABLE_SWEEP + "\n  keep_checkpoints: true")

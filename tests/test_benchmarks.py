@@ -1,24 +1,135 @@
+import json
+
+import pandas as pd
 import pytest
 
-from benchmarks import bench_models
+from benchmarks import bench_models, results
+
+SECTION_KEYS = {"command", "date", "commit", "dirty", "machine", "settings", "figures"}
+FIGURE_KEYS = {"median", "min", "max", "values", "unit"}
+
+
+def read_results(path, benchmark: str) -> dict:
+    """The sections of a benchmark's results file, each checked to say how it was measured."""
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == benchmark
+    for section in data["sections"].values():
+        assert SECTION_KEYS <= section.keys()
+        assert section["command"].startswith(f"python -m benchmarks.{benchmark}")
+        assert len(section["commit"]) == 40 or section["commit"] == "unknown"
+    return data["sections"]
+
+
+def is_figure(f) -> bool:
+    """A figure: the median of its repeated values, with their spread."""
+    return FIGURE_KEYS <= f.keys() and f["min"] <= f["median"] <= f["max"] and len(f["values"]) >= 1
 
 
 @pytest.mark.slow
-def test_model_benchmark_quick_path_runs_every_section(capsys):
-    """The benchmark at toy sizes (about 15 s): every architecture trains, cached decoding agrees token for token
-    with recomputation, and every section prints."""
-    bench_models.main(["--quick"])
+def test_model_benchmark_quick_path_runs_every_section(capsys, tmp_path):
+    """The benchmark at toy sizes (about 95 s, bench_memory generating its data included): every architecture
+    trains, cached decoding agrees token for token with recomputation, every section prints, and every section's
+    figures are written, the memory's beside the rest."""
+    bench_models.main(["--quick", "--out", str(tmp_path / "models.json")])
     out = capsys.readouterr().out
     for section in ("training tokens/s", "local attention at L=256", "greedy decoding", "Lightning vs a bare",
                     "CPU peak", "training utilisation", "memory"):
         assert section in out
     assert " NO " not in out  # "same tokens" column
+    sections = read_results(tmp_path / "models.json", "bench_models")
+    assert set(sections) == {"training", "local_attention", "decoding", "lightning", "peak", "utilisation"}
+    assert all(f["same_tokens"] for f in sections["decoding"]["figures"].values() if "same_tokens" in f)
+    assert is_figure(read_results(tmp_path / "bench_memory.json", "bench_memory")["trial"]["figures"]
+                     ["training_peak_VmHWM"])
 
 
-def test_generator_benchmark_runs(capsys):
-    """The generator benchmark's kernel table at tiny settings (a few seconds): every lis size prints a row."""
+def test_generator_benchmark_writes_its_figures(capsys, tmp_path):
+    """The generator benchmark's kernel table at tiny settings (a few seconds): every lis size prints a row and is
+    written with its figures; a second run of another task adds its section and keeps the first."""
     from benchmarks import bench_generators
 
-    assert bench_generators.main(["--tasks", "lis", "--seconds", "0.01", "--stage-samples", "0"]) == 0
+    out = tmp_path / "generators.json"
+    tiny = ["--seconds", "0.01", "--stage-samples", "0", "--rounds", "2", "--out", str(out)]
+    assert bench_generators.main(["--tasks", "lis", *tiny]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("lis ")]
     assert [int(r[1]) for r in rows] == [40, 110, 175, 250]
+    lis = read_results(out, "bench_generators")["kernel/lis"]
+    assert lis["settings"]["rounds"] == 2 and "--tasks lis" in lis["command"]
+    assert list(lis["figures"]) == ["40", "110", "175", "250"]
+    for row in lis["figures"].values():
+        assert {"reference_per_s", "ours_per_s", "ratio"} == row.keys() and all(map(is_figure, row.values()))
+        assert len(row["ratio"]["values"]) == 2
+    assert bench_generators.main(["--tasks", "ed", *tiny]) == 0
+    assert set(read_results(out, "bench_generators")) == {"kernel/lis", "kernel/ed"}
+    assert results.main([str(out)]) == 0
+    assert "| 250 / ratio |" in capsys.readouterr().out  # the Markdown the docs quote
+
+
+def test_model_benchmark_writes_its_figures(tmp_path, monkeypatch):
+    """bench_models --quick --training-only with the timing replaced (so, seconds): both sections of section 1,
+    every architecture's throughput and cost against standard, the local patterns' blockwise speed-up."""
+    monkeypatch.setattr(bench_models, "train_rates",
+                        lambda variants, *args: {v: bench_models.Timing([0.010, 0.012, 0.011]) for v in variants})
+    bench_models.main(["--quick", "--training-only", "--out", str(tmp_path / "models.json")])
+    sections = read_results(tmp_path / "models.json", "bench_models")
+    assert set(sections) == {"training", "local_attention"}
+    training = sections["training"]["figures"]
+    assert set(training) == set(bench_models.models.ARCHITECTURES)
+    assert training["standard"]["cost_per_token_vs_standard"]["median"] == 1.0
+    assert all(is_figure(f) for row in training.values() for f in row.values())
+    assert is_figure(sections["local_attention"]["figures"]["sliding_window"]["blockwise_speedup"])
+
+
+def test_frontier_benchmark_writes_its_figures(tmp_path, monkeypatch):
+    """bench_frontier with the three sweeps replaced by their results (so, seconds): every mode's trials, FLOPs,
+    wall time, whether its table equals the fixed grid's, and its minimum widths. A --quick run writes nothing
+    unless asked; a full run writes to docs/benchmarks/ by default."""
+    from benchmarks import bench_frontier
+
+    table = pd.DataFrame({"task": ["lis"], "size": [4], "depth": [2], "arch": ["standard"], "width": [16],
+                          "min_paper_gflops": [0.1], "min_exact_gflops": [0.1]})
+    fake = {name: {"trials": 15 - 3 * i, "pflops": 0.003 / (i + 1), "wall": 100.0, "table": table}
+            for i, name in enumerate(bench_frontier.MODES)}
+    monkeypatch.setattr(bench_frontier, "run_modes", lambda grid, work: fake)
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "docs")
+    assert bench_frontier.main(["--quick"]) == 0
+    assert not (tmp_path / "docs").exists()
+    assert bench_frontier.main([]) == 0
+    modes = read_results(tmp_path / "docs" / "bench_frontier.json", "bench_frontier")["modes"]
+    assert modes["settings"]["widths"] == bench_frontier.GRID["sweep"]["widths"]
+    assert set(modes["figures"]) == set(bench_frontier.MODES)
+    frontier = modes["figures"]["frontier, stop when solved"]
+    assert frontier["trials"] == 9 and frontier["same_table"] is True
+    assert frontier["fixed_grid_over_mode"]["median"] == pytest.approx(3.0)
+    assert frontier["min_widths"] == [{"task": "lis", "size": 4, "depth": 2, "arch": "standard", "width": 16}]
+
+
+def test_memory_benchmark_writes_its_figures(tmp_path, monkeypatch):
+    """bench_memory with its child processes replaced by their results (so, seconds): every phase's resident
+    memory, the training peak and the saved activations by shape."""
+    from benchmarks import bench_memory
+
+    def mem(gb: float) -> dict:
+        return {k: int(gb * 2 ** 30) for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")}
+
+    size = bench_memory.QUICK
+    B, H, T = size["batch"], size["heads"], 83
+
+    def child(args):
+        if args[0] == "read":
+            return {"imports": mem(0.5), "read": mem(0.6), "read_seconds": 0.2, "touched": mem(0.6),
+                    "checksum": 1, "tokens": 1000}
+        saved = [[[B, H, T, T], 4, 4 * B * H * T * T * 4], [[B, T, size["width"]], 11, 2 << 20]]
+        return {"before": mem(0.6), "after": mem(0.7), "train_seconds": 5.0, "saved_without_dropout": saved[1:],
+                "steps": 3, "T": T, "B": B, "V": 193, "params": 125_121, "saved": saved}
+
+    monkeypatch.setattr(bench_memory, "ensure_data", lambda size, scratch, workers: tmp_path / "data")
+    monkeypatch.setattr(bench_memory, "child", child)
+    assert bench_memory.main(["--quick", "--out", str(tmp_path / "memory.json")]) == 0
+    trial = read_results(tmp_path / "memory.json", "bench_memory")["trial"]
+    assert trial["settings"]["n"] == size["n"]
+    figures = trial["figures"]
+    assert set(figures["after_reading_later_reader"]) == {"VmRSS", "RssAnon", "RssFile"}
+    assert figures["training_peak_VmHWM"]["median"] == mem(0.7)["VmHWM"]
+    assert figures["attention_matrices_per_layer"]["median"] == pytest.approx(4 / size["depth"])
+    assert figures["saved_by_shape"][0] == {"shape": [B, H, T, T], "tensors": 4, "bytes": 4 * B * H * T * T * 4}

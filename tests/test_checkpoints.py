@@ -2,37 +2,9 @@
 
 import shutil
 
-import lightning as L
-import pytest
-
 from pipeline.training.checkpoints import FILE, latest, write_meta
-from pipeline.data.datasets import dataset_path, read_dataset
-from pipeline.training.train import TrialSpec, run_trial
-
-
-class Curve(L.Callback):
-    """(step, training loss, validation accuracy) at every validation."""
-
-    def __init__(self):
-        self.points = []
-
-    def on_validation_end(self, trainer, module):
-        m = trainer.callback_metrics
-        self.points.append((trainer.global_step, float(m["train_loss"]), float(m["val_accuracy"])))
-
-
-@pytest.fixture
-def spec(tiny_cfg, tiny_data):
-    size = tiny_cfg.generate.datasets["lis"][0]
-    train, test = (dataset_path(tiny_data, "lis", size, s) for s in ("train", "test"))
-    meta = read_dataset(train).meta
-    # dropout on (the RNG must be put back), several epochs, validations mid-epoch and at an epoch's end
-    return TrialSpec(arch="standard", width=16, depth=1, seed=3, train_path=str(train), test_path=str(test),
-                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]), heads=2, dropout=0.1,
-                     arch_options={}, batch_size=16, epochs=50, max_steps=40, lr=3e-3, weight_decay=0.01,
-                     warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16, val_every_steps=5,
-                     eval_samples=32, eval_batch_size=16, threads=1, use_gpu=False, threshold=0.99, patience=3,
-                     plateau_checks=4, min_delta=0.0)
+from pipeline.training.train import run_trial
+from tests.helpers.training import Curve
 
 
 def test_resume_from_each_checkpoint_gives_the_uninterrupted_result(spec, tmp_path):

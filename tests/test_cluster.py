@@ -1,5 +1,5 @@
 """A sweep on a real cluster: two Ray nodes with token authentication and an MLflow server, on loopback inside a
-network namespace (tests/services.py). The driver runs from a checkout the nodes never look at: the code reaches
+network namespace (tests/helpers/services.py). The driver runs from a checkout the nodes never look at: the code reaches
 them as Ray py_modules, the datasets through the storage path. The results must equal a local run's."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests import services
-from tests.conftest import KILLABLE_SWEEP
-from tests.test_pipeline import copy_repo, run
+from tests.helpers import KILLABLE_SWEEP, services
+from tests.helpers.repo import copy_repo, run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.integration]
 if problem := services.namespace_problem():

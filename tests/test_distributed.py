@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.training.checkpoints import FILE
 from pipeline.training.train import run_trial
-from tests.test_checkpoints import Curve, spec  # noqa: F401 - the fixture
+from tests.helpers.training import Curve
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def test_two_workers_follow_one_workers_loss_curve(spec):  # noqa: F811
     assert results[2]["val_accuracy"] == pytest.approx(results[1]["val_accuracy"], abs=0.07)
 
 
-def test_a_two_worker_trial_resumes_exactly(spec, tmp_path):  # noqa: F811
+def test_a_two_worker_trial_resumes_exactly(spec, tmp_path):
     two = dataclasses.replace(spec, workers=2, max_steps=30)
     saved = {}
 
@@ -50,7 +50,7 @@ def test_a_two_worker_trial_resumes_exactly(spec, tmp_path):  # noqa: F811
 
 @pytest.mark.integration
 def test_a_sweep_trains_each_trial_on_two_workers_and_names_what_the_cluster_lacks(tmp_path):
-    from tests.test_pipeline import copy_repo, run
+    from tests.helpers.repo import copy_repo, run
 
     repo = copy_repo(tmp_path, """sweep:
   architectures: [standard]

@@ -20,8 +20,7 @@ from pipeline.data import validate as validate_mod
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
 from pipeline.generate import SPLITS, generate_task, seq_hash
 from pipeline.data.parallel import Pool
-from tests.conftest import ROOT, write_params
-from tests.test_tasks import SMALL_SIZES
+from tests.helpers import ROOT, SMALL_SIZES, write_params
 
 
 def small_config(tiny_cfg, datasets: dict, train: int = 300, test: int = 60, **generate):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pipeline.common.locks import lock_of, scratch_dir
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 OWNER = """import sys, time
 from pathlib import Path

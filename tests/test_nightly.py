@@ -14,8 +14,8 @@ import pytest
 from pipeline.reporting.comparison import compare
 from pipeline.common.config import NightlyConfig
 from pipeline.common.locks import LockBusy, owned
-from tests.conftest import ROOT
-from tests.test_claims import rows
+from tests.helpers import ROOT
+from tests.helpers.tables import rows
 
 
 def night(solved_from: dict, accuracy: float = 0.3, seconds: float = 1.0) -> pd.DataFrame:
@@ -72,7 +72,7 @@ def test_two_nights_with_an_injected_regression(tmp_path):
     """Night 1 on a narrowed tiny profile; night 2 after an LSTM that raises: its cells regress, exit 1. No retries:
     an LSTM that always raises would be retried twice per trial (sweep.max_failures), which tests/test_resume.py
     covers, for nothing here."""
-    from tests.test_pipeline import copy_repo, run
+    from tests.helpers.repo import copy_repo, run
 
     repo = copy_repo(tmp_path, "sweep: {architectures: [standard, lstm], widths: [8, 16], max_failures: 0}")
     first = run([sys.executable, "-m", "pipeline.nightly", "--profile", "tiny"], repo)

@@ -13,8 +13,8 @@ import pytest
 
 from pipeline.common import config as config_mod
 from pipeline.report import report
-from tests.browser import Page, group_running, report_problems
-from tests.test_claims import rows
+from tests.helpers.browser import Page, group_running, report_problems
+from tests.helpers.tables import rows
 
 
 @pytest.fixture(scope="module")

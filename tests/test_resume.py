@@ -17,8 +17,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from tests.conftest import KILLABLE_SWEEP
-from tests.test_pipeline import copy_repo, mlflow_runs, run
+from tests.helpers import KILLABLE_SWEEP
+from tests.helpers.repo import copy_repo, mlflow_runs, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

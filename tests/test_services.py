@@ -1,5 +1,5 @@
 """The test services for real: a two-node Ray cluster with token authentication and an MLflow server, all on
-loopback addresses (tests/services.py), and the pipeline's checks against them."""
+loopback addresses (tests/helpers/services.py), and the pipeline's checks against them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests import services
+from tests.helpers import services
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 if problem := services.namespace_problem():

@@ -8,10 +8,7 @@ from benchmarks.reference import lis_dp, reference_sample
 from pipeline.generate import SPLITS
 from tasks.arithmetic import DIV, MINUS, PLUS, TIMES, Parser, needs_brackets
 from tasks.lis import lis_values
-
-SMALL_SIZES = {"arithmetic": [1, 3, 6], "lis": [3, 5, 12], "ed": [4, 5, 8], "ed_local": [4, 5, 8],
-               "index_lookup": [10, 12, 20], "dyck": [10, 12, 20], "eq_random": [2, 10, 20], "eq_one": [2, 10, 20],
-               "eq_ncp": [2, 10, 20]}
+from tests.helpers import SMALL_SIZES
 
 
 def test_every_registered_task_has_small_sizes_here():

@@ -220,8 +220,8 @@ def report_problems(report: Path) -> list[str]:
 
 
 def main() -> None:
-    """``python -m tests.browser report/index.html [shot.png]``: the page's figures as Chromium loads them, and a
-    screenshot of the whole page to look at."""
+    """``python -m tests.helpers.browser report/index.html [shot.png]``: the page's figures as Chromium loads them,
+    and a screenshot of the whole page to look at."""
     import sys
 
     index = Path(sys.argv[1])

@@ -1,0 +1,46 @@
+"""Helpers shared by the tests; shared fixtures live in tests/conftest.py, and no test module imports from another
+test module or from conftest (tests/test_test_helpers.py checks).
+
+What lives where:
+
+- ``tests.helpers`` (here): ``ROOT`` (this checkout), ``write_params``, ``KILLABLE_SWEEP`` (the sweep of the kill and
+  cluster tests) and ``SMALL_SIZES`` (each task's small sizes).
+- ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
+  with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
+- ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve.
+- ``tests.helpers.tables``: ``rows``, synthetic sweep-table rows for the claim, report and nightly tests.
+- ``tests.helpers.browser``: headless Chromium over the DevTools protocol (``Page``, ``report_problems``,
+  ``group_running``); ``python -m tests.helpers.browser report/index.html [shot.png]``.
+- ``tests.helpers.services``: real services (a two-node Ray cluster, an MLflow server) in a network namespace.
+- tests/conftest.py: the fixtures only (``tiny_cfg``, ``tiny_data``, ``spec``, ``uninterrupted``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.common import config as config_mod
+
+ROOT = config_mod.ROOT
+
+
+def write_params(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# Two trials (one per architecture, 1,600 steps) long enough to be killed mid-way, dropout on so that the RNG must
+# resume too: the sweep of the kill tests (tests/test_resume.py) and of the cluster test (tests/test_cluster.py)
+KILLABLE_SWEEP = """sweep:
+  architectures: [standard, lstm]
+  widths: [16]
+  datasets: {lis: [3]}
+  dropout: 0.1
+  epochs: 100
+  max_steps: 1600
+  val_every_steps: 20
+  stop_when_solved: false"""
+
+SMALL_SIZES = {"arithmetic": [1, 3, 6], "lis": [3, 5, 12], "ed": [4, 5, 8], "ed_local": [4, 5, 8],
+               "index_lookup": [10, 12, 20], "dyck": [10, 12, 20], "eq_random": [2, 10, 20], "eq_one": [2, 10, 20],
+               "eq_ncp": [2, 10, 20]}

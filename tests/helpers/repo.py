@@ -1,0 +1,74 @@
+"""A copy of this checkout to run the real pipeline in: `copy_repo`, `run`, the numba kernels a copy reuses, and the
+copy's MLflow runs."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from mlflow.tracking import MlflowClient
+
+from models.selective_scan import selective_scan
+from pipeline.common import config as config_mod
+from pipeline.generate import generate_task
+from tests.helpers import ROOT
+
+
+def run(cmd: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env['PATH']}"
+    return subprocess.run(cmd, cwd=cwd, env=full_env | env, capture_output=True, text=True, timeout=900)
+
+
+def copy_repo(dst: Path, sweep: str | None = None) -> Path:
+    """A git copy of this checkout (tracked and new files, not ignored ones) on the tiny profile; ``sweep``
+    replaces params.yaml's empty sweep override."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dst / name)
+    for cache in compiled_kernels():  # beside sources with the same mtimes (copy2), which numba's index checks
+        (dst / cache.parent.relative_to(ROOT)).mkdir(exist_ok=True)
+        shutil.copy2(cache, dst / cache.relative_to(ROOT))
+    params = dst / "params.yaml"
+    text = params.read_text().replace("profile: laptop", "profile: tiny")
+    params.write_text(text.replace("sweep: {}", sweep) if sweep else text)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
+        subprocess.run(cmd, cwd=dst, check=True)
+    return dst
+
+
+@functools.cache
+def compiled_kernels() -> list[Path]:
+    """This checkout's numba cache files (``__pycache__/*.nbi``, ``*.nbc``), after compiling what the tiny profile's
+    stages run: its generators and deduplication, and Mamba's scan. A copy given them loads these kernels instead of
+    compiling them again in each stage's process and each Ray worker (about 20 s a `dvc repro` on 2 cores); the
+    stages' own compiling from nothing is what this checkout's first generate and training do."""
+    cfg = config_mod.load(profile="tiny")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in cfg.generate.datasets:
+            generate_task(cfg, name, Path(tmp), check=False)
+    B, T, E, N = 1, 3, 2, 2
+    inputs = [torch.rand(*shape, requires_grad=True) for shape in ((B, T, E), (B, T, E), (E, N), (B, T, N), (B, T, N),
+                                                                   (B, E, N))]  # dt, x, A, Bm, Cm, h0
+    y, h = selective_scan(*inputs)
+    (y.sum() + h.sum()).backward()
+    return sorted(ROOT.glob("*/__pycache__/*.nb[ic]"))
+
+
+def mlflow_runs(repo: Path):
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("capacity-atlas")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return client, parents, children
