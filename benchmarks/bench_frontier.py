@@ -9,6 +9,10 @@ and when it was solved), the full grid stopping each trial once solved, and the 
 solved. Prints trials trained, total training PFLOPs, wall seconds, and whether each minimum-width table equals
 the fixed-budget grid's. Plateau stopping is off in all three, so that a trial's verdict cannot depend on the
 mode: a trial stopped once solved follows the same steps as its fixed-budget twin up to that point.
+
+The figures go to ``docs/benchmarks/bench_frontier.json`` (``--out``; a ``--quick`` run writes none unless given),
+with the command line, date and commit (``benchmarks/results.py``). Each is one run: the FLOPs are exact counts, the
+wall seconds a single timing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import yaml
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
 from pipeline.common import config as config_mod  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
@@ -77,11 +82,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_frontier", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a toy grid, to check the wiring in seconds")
+    out_option(ap, "bench_frontier")
     args = ap.parse_args(argv)
     grid = QUICK if args.quick else GRID
     with tempfile.TemporaryDirectory(prefix="bench-frontier-") as tmp:
         modes = run_modes(grid, Path(tmp))
     reference = modes["grid, fixed budget"]
+    res = Results("bench_frontier", argv)
+    settings = {"datasets": grid["generate"]["datasets"], "train_samples": grid["generate"]["train_samples"],
+                **{k: grid["sweep"][k] for k in ("architectures", "widths", "depths", "seeds", "max_steps")},
+                "plateau_checks": grid["sweep"]["plateau_checks"]}
+    figures = res.section("modes", settings)
+    for name, m in modes.items():
+        figures[name] = {"trials": m["trials"], "train_pflops": figure(m["pflops"], "PFLOP"),
+                         "fixed_grid_over_mode": figure(reference["pflops"] / m["pflops"], "x"),
+                         "wall_s": figure(m["wall"], "s"), "same_table": bool(m["table"].equals(reference["table"])),
+                         "min_widths": m["table"][["task", "size", "depth", "arch", "width"]].to_dict("records")}
     print(f"\nlis n={grid['generate']['datasets']['lis']} x widths {grid['sweep']['widths']}, standard, depth "
           f"{grid['sweep']['depths']}, {grid['sweep']['max_steps']} steps budget, 1 seed\n")
     print(f"{'mode':28} {'trials':>6} {'train PFLOPs':>13} {'fixed grid / this':>17} {'wall s':>7}  same table")
@@ -93,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     print(reference["table"].to_string(index=False))
     print("\nsmallest solved width per size (frontier):")
     print(modes["frontier, stop when solved"]["table"].to_string(index=False))
+    res.write(out_path(args, "bench_frontier"))
     return 0
 
 

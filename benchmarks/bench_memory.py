@@ -4,7 +4,10 @@ DP paper's D = 256, M = 5, batch 32.
 
     python -m benchmarks.bench_memory            # generates the data once into a scratch directory (named), ~1 min
     python -m benchmarks.bench_memory --quick    # lis n = 40, 22k samples, D = 64, M = 2: seconds
-    python -m benchmarks.bench_memory --json     # the same measurements as one JSON object (for bench_models)
+    python -m benchmarks.bench_memory --json     # the raw measurements as one JSON object on stdout
+
+The figures go to ``docs/benchmarks/bench_memory.json`` (``--out``; a ``--quick`` run writes none unless given),
+with the command line, date and commit (``benchmarks/results.py``). Each is one measurement.
 
 Every measurement runs in a fresh child process, so its resident memory (``/proc/self/status``) holds nothing from
 an earlier one: VmRSS = RssAnon (private to the process) + RssFile (pages of mapped files, shared through the page
@@ -22,13 +25,16 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from benchmarks.results import Results, figure, out_option, out_path
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRATCH = Path("/tmp/capacity-atlas-bench-memory")
+SCRATCH = Path(tempfile.gettempdir()) / "capacity-atlas-bench-memory"
 FULL = {"n": 250, "train": 1_000_000, "test": 100_000, "width": 256, "depth": 5, "heads": 4, "batch": 32, "steps": 3}
 QUICK = {"n": 40, "train": 20_000, "test": 2_000, "width": 64, "depth": 2, "heads": 4, "batch": 8, "steps": 3}
 MB = 1 << 20
@@ -212,6 +218,33 @@ def report(size: dict, data: Path, first: dict, again: dict, trained: dict) -> N
           f"unfused path on CPU)\n  saves {gb(plain_total)}, of which {gb(plain_attn)} in (T, T) matrices")
 
 
+def figures(res: Results, size: dict, first: dict, again: dict, trained: dict) -> None:
+    """The measurements as the results file's section ``trial``: bytes and seconds, one measurement each."""
+    T, B, H, M = trained["T"], trained["B"], size["heads"], size["depth"]
+    phases = {"after_imports": first["imports"], "after_reading_first_reader": first["read"],
+              "after_reading_later_reader": again["read"], "after_touching_every_token": again["touched"]}
+    saved = sum(b for *_, b in trained["saved"])
+    attention = sum(b for s, _, b in trained["saved"] if s[-2:] == [T, T])
+    plain = trained["saved_without_dropout"]
+    out = res.section("trial", {**size, "T": T, "V": trained["V"], "params": trained["params"],
+                                "tokens": first["tokens"]})
+    for name, m in phases.items():
+        out[name] = {k: figure(m[k], "B") for k in ("VmRSS", "RssAnon", "RssFile")}
+    out["read_seconds_first_reader"] = figure(first["read_seconds"], "s")
+    out["read_seconds_later_reader"] = figure(again["read_seconds"], "s")
+    out["data_held_privately"] = figure(again["read"]["RssAnon"] - again["imports"]["RssAnon"], "B")
+    out["training_peak_VmHWM"] = figure(trained["after"]["VmHWM"], "B")
+    out["training_peak_over_before"] = figure(trained["after"]["VmHWM"] - trained["before"]["VmRSS"], "B")
+    out["train_seconds"] = figure(trained["train_seconds"], "s")
+    out["saved_activations"] = figure(saved, "B")
+    out["saved_attention_matrices"] = figure(attention, "B")
+    out["attention_matrices_per_layer"] = figure(attention / (B * H * T * T * 4 * M), "")
+    out["saved_activations_without_dropout"] = figure(sum(b for *_, b in plain), "B")
+    out["saved_attention_matrices_without_dropout"] = figure(sum(b for s, _, b in plain if s[-2:] == [T, T]), "B")
+    out["saved_by_shape"] = [{"shape": shape, "tensors": count, "bytes": nbytes}
+                             for shape, count, nbytes in trained["saved"]]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -220,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                   "(default: %(default)s/<size>)")
     ap.add_argument("--workers", type=int, default=2, help="generate stage workers (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the training run (default: %(default)s)")
-    ap.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
+    ap.add_argument("--json", action="store_true", help="print the raw measurements as one JSON object")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    out_option(ap, "bench_memory")
     args = ap.parse_args(argv)
     size = QUICK if args.quick else FULL
     if args.child:
@@ -243,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                           "train": trained}))
     else:
         report(size, data, first, again, trained)
+    res = Results("bench_memory", argv)
+    figures(res, size, first, again, trained)
+    res.write(out_path(args, "bench_memory"))
     return 0
 
 

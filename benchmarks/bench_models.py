@@ -11,9 +11,13 @@ printed the same way:
 4. this CPU's peak (best torch.mm over several sizes) beside its theoretical figure, and training FLOP/s against it;
 5. resident memory (``benchmarks/bench_memory.py``, run as a subprocess when present).
 
-    python -m benchmarks.bench_models                 # the issue's settings (about 15 minutes on 2 cores)
+    python -m benchmarks.bench_models                 # every section (about 15 minutes on 2 cores)
     python -m benchmarks.bench_models --quick         # a smoke run in seconds: checks the script, measures nothing
-    python -m benchmarks.bench_models --training-only # section 1 alone
+    python -m benchmarks.bench_models --training-only # section 1 alone (about 3 minutes)
+
+The figures go to ``docs/benchmarks/bench_models.json`` (``--out``; a ``--quick`` run writes none unless given),
+one section per part measured, each with its command line, date and commit (``benchmarks/results.py``); the
+memory section goes to ``bench_memory.json`` beside it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch.nn.functional as F
 
 import models
 from benchmarks.repeats import ratios, side_by_side, spread
+from benchmarks.results import RESULTS, Results, figure, out_option, out_path
 from pipeline.training.train import SequenceModel, TrialSpec
 
 VOCAB = 64
@@ -62,6 +67,13 @@ class Timing:
     def ratio(self, base: Timing) -> str:
         """self / base, round by round (both timed in the same rounds): 'median (min..max)' of the ratios."""
         return spread(ratios(self.samples, base.samples), ".2f", "x")
+
+    def rate_figure(self, work: float, unit: str) -> dict:
+        """work / seconds of every repeat, as a figure for the results file."""
+        return figure([work / s for s in self.samples], unit)
+
+    def ratio_figure(self, base: Timing) -> dict:
+        return figure(ratios(self.samples, base.samples), "x")
 
 
 # ---- 1. training throughput ---------------------------------------------------------------------------------
@@ -108,9 +120,11 @@ def train_rates(variants: dict[str, tuple[str, dict, bool]], width: int, depth: 
     return {name: Timing(t) for name, t in times.items()}
 
 
-def bench_training(q: bool) -> None:
+def bench_training(q: bool, res: Results) -> None:
     width, depth, batch, length = (32, 2, 4, 32) if q else (128, 2, 32, 400)
     rounds, steps = (1, 1) if q else (7, 2)
+    figures = res.section("training", {"L": length, "D": width, "batch": batch, "depth": depth,
+                                       "threads": torch.get_num_threads(), "rounds": rounds, "steps": steps})
     print(f"\n== training tokens/s: L={length}, D={width}, batch {batch}, depth {depth}, AdamW, "
           f"{torch.get_num_threads()} threads; median (min..max) of {rounds} rounds x {steps} steps")
     archs = sorted(models.ARCHITECTURES)
@@ -120,6 +134,8 @@ def bench_training(q: bool) -> None:
     print(f"{'arch':>16} {'tokens/s (min..max)':>30} {'cost/token vs standard, per round':>34}")
     for arch in sorted(archs, key=lambda a: timings[a].median):
         print(f"{arch:>16} {timings[arch].rate(tokens):>30} {timings[arch].ratio(base):>34}")
+        figures[arch] = {"tokens_per_s": timings[arch].rate_figure(tokens, "tokens/s"),
+                         "cost_per_token_vs_standard": timings[arch].ratio_figure(base)}
 
     long, long_batch, window = (256, 2, 8) if q else (2048, 4, 64)
     print(f"\n== local attention at L={long}, batch {long_batch}: blockwise vs the dense masked call "
@@ -131,10 +147,17 @@ def bench_training(q: bool) -> None:
         variants[f"{arch} dense"] = (arch, options, False)
     timings = train_rates(variants, width, depth, long_batch, long, rounds, steps)
     tokens, base = long_batch * long, timings["standard"]
+    figures = res.section("local_attention", {
+        "L": long, "D": width, "batch": long_batch, "depth": depth, "window": window, "sinks": 4,
+        "sparse_block": models.sparse.block_size(long), "threads": torch.get_num_threads(), "rounds": rounds,
+        "steps": steps})
     print(f"{'variant':>20} {'tokens/s (min..max)':>30} {'vs standard':>20} {'blockwise speed-up':>20}")
     for name, t in timings.items():
         dense = timings.get(f"{name} dense")
         print(f"{name:>20} {t.rate(tokens):>30} {t.ratio(base):>20} {dense.ratio(t) if dense else '':>20}")
+        figures[name] = {"tokens_per_s": t.rate_figure(tokens, "tokens/s"), "cost_vs_standard": t.ratio_figure(base)}
+        if dense:
+            figures[name]["blockwise_speedup"] = dense.ratio_figure(t)
 
 
 # ---- 2. decoding ---------------------------------------------------------------------------------------------
@@ -161,7 +184,9 @@ def decode_recompute(model, prompt: torch.Tensor, tokens: int) -> tuple[torch.Te
     return seq[:, prompt.shape[1]:], time.perf_counter() - start
 
 
-def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, recompute_repeats):
+def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, recompute_repeats, res: Results):
+    figures = res.section("decoding", {"tokens": tokens, "batch": batch, "width": width, "depth": depth,
+                                       "repeats": repeats, "recompute_repeats": recompute_repeats})
     print(f"\n== greedy decoding: {tokens} tokens, batch {batch}, width {width}, depth {depth}; median (min..max) of "
           f"{repeats} cached decodes after a warm-up one; recomputing the prefix every token {recompute_repeats} "
           f"times, each in the same round as a cached decode (the speed-up is per round)")
@@ -181,8 +206,14 @@ def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, rec
         tenth = max(1, len(steps[0]) // 10)
         early = [sum(t[:tenth]) / tenth for t in steps]
         late = [sum(t[-tenth:]) / tenth for t in steps]
+        figures[arch] = {"cached_s": figure(cached, "s"),
+                         "ms_per_token_first_tenth": figure([1e3 * t for t in early], "ms"),
+                         "ms_per_token_last_tenth": figure([1e3 * t for t in late], "ms"),
+                         "late_over_early": figure(ratios(late, early), "x")}
         if recomputed:
             same = "yes" if all(torch.equal(o, outputs[0]) for o in outputs) else "NO"
+            figures[arch] |= {"recompute_s": figure(recomputed, "s"),
+                              "speedup": figure(ratios(recomputed, cached), "x"), "same_tokens": same == "yes"}
             extra = (f"{spread(recomputed):>20} {spread(ratios(recomputed, cached), '.1f', 'x'):>18} "
                      f"{same:>11}")
         else:
@@ -241,8 +272,10 @@ def lightning_fit(module: SequenceModel, batch, steps: int) -> tuple[list[float]
     return timer.starts, time.perf_counter() - start
 
 
-def bench_lightning(q: bool) -> None:
+def bench_lightning(q: bool, res: Results) -> None:
     steps, length, batch_size, repeats = (4, 32, 8, 1) if q else (30, 221, 64, 3)
+    figures = res.section("lightning", {"arch": "standard", "L": length, "batch": batch_size, "depth": 3,
+                                        "steps": steps, "runs": repeats})
     print(f"\n== Lightning vs a bare PyTorch loop, standard, L={length}, batch {batch_size}, depth 3: wall time "
           f"between consecutive step starts (median over steps after the first 3) and fit time / steps, "
           f"{repeats} runs each of {steps} steps, alternating, after a warm-up fit of each")
@@ -263,6 +296,11 @@ def bench_lightning(q: bool) -> None:
             bare, lit = ([r[k] for r in side] for side in runs)
             overheads = [100 * (r - 1) for r in ratios(lit, bare)]
             bare_s, lit_s = statistics.median(bare), statistics.median(lit)
+            figures.setdefault(f"D={width}", {})[label] = {
+                "bare_ms": figure([1e3 * b for b in bare], "ms"),
+                "lightning_ms": figure([1e3 * x for x in lit], "ms"),
+                "overhead_per_round": figure(overheads, "%"),
+                "overhead_of_medians": figure(100 * (lit_s / bare_s - 1), "%")}
             cells.append(f"{label} bare {1e3 * bare_s:.1f} ms, Lightning {1e3 * lit_s:.1f} ms, overhead "
                          f"{100 * (lit_s / bare_s - 1):+.1f}% ({min(overheads):+.1f}..{max(overheads):+.1f})")
         print(f"standard D={width}: " + "; ".join(cells))
@@ -299,14 +337,19 @@ def peak_flops(sizes: list[int], repeats: int) -> dict[int, Timing]:
     return out
 
 
-def bench_peak(q: bool, threads: int) -> float:
+def bench_peak(q: bool, threads: int, res: Results) -> float:
     sizes, repeats = ([256, 512], 2) if q else ([512, 1024, 1536, 2048, 3072], 5)
     theory, how = theoretical_peak(threads)
     print(f"\n== CPU peak: torch.mm, {threads} threads, median (min..max) of {repeats} warmed-up runs per size")
     timings = peak_flops(sizes, repeats)
+    figures = res.section("peak", {"threads": threads, "sizes": sizes, "repeats": repeats})
     for n, t in timings.items():
         print(f"{n:>6}^2: {t.rate(2 * n ** 3 / 1e9)} GFLOP/s")
+        figures[f"mm {n}^2"] = t.rate_figure(2 * n ** 3 / 1e9, "GFLOP/s")
     best = max(2 * n ** 3 / min(t.samples) for n, t in timings.items())
+    figures["best"] = figure(best / 1e9, "GFLOP/s")
+    figures["theoretical"] = figure(theory / 1e9, "GFLOP/s")
+    figures["theoretical_how"] = how
     print(f"peak (best of all): {best / 1e9:.1f} GFLOP/s; theoretical {theory / 1e9:.1f} GFLOP/s at the nominal clock "
           f"({how}); the best implies {best / (threads * 32e9):.2f} GHz, i.e. the cores boost above nominal"
           if best > theory else f"peak (best of all): {best / 1e9:.1f} GFLOP/s = {100 * best / theory:.0f}% of the "
@@ -314,9 +357,11 @@ def bench_peak(q: bool, threads: int) -> float:
     return best
 
 
-def bench_utilisation(q: bool, peak: float) -> None:
+def bench_utilisation(q: bool, peak: float, res: Results) -> None:
     steps, length, batch_size = (3, 32, 8) if q else (10, 221, 64)
     print("\n== training utilisation: exact FLOPs x 3 / step time vs the peak above")
+    figures = res.section("utilisation", {"arch": "standard", "L": length, "batch": batch_size, "depth": 3,
+                                          "steps": steps, "peak_gflops": peak / 1e9})
     for width in ([32] if q else [64, 256]):
         model = build("standard", width, 3, length).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -328,12 +373,15 @@ def bench_utilisation(q: bool, peak: float) -> None:
             train_step(model, opt, batch)
             times.append(time.perf_counter() - start)
         flops = 3 * model.exact_flops(length) * batch_size
+        figures[f"D={width}"] = {"gflops_per_s": Timing(times).rate_figure(flops / 1e9, "GFLOP/s"),
+                                 "share_of_peak": figure([100 * flops / t / peak for t in times], "%")}
         print(f"standard D={width}, L={length}, batch {batch_size}: {Timing(times).rate(flops / 1e9)} GFLOP/s = "
               f"{100 * flops / Timing(times).median / peak:.0f}% of peak")
 
 
 # ---- 5. memory --------------------------------------------------------------------------------------------------
-def bench_memory(q: bool) -> None:
+def bench_memory(q: bool, out: Path | None) -> None:
+    """``benchmarks/bench_memory.py`` in its own process; its figures go to ``bench_memory.json`` beside ``out``."""
     script = Path(__file__).with_name("bench_memory.py")
     print("\n== memory (benchmarks/bench_memory.py)")
     if not script.exists():
@@ -341,28 +389,33 @@ def bench_memory(q: bool) -> None:
         return
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    subprocess.run([sys.executable, "-m", "benchmarks.bench_memory", *(["--quick"] if q else [])], cwd=root,
+    mine = out.with_name("bench_memory.json").resolve() if out else None
+    where = ["--out", str(mine)] if mine and mine != RESULTS / "bench_memory.json" else []  # else its default
+    subprocess.run([sys.executable, "-m", "benchmarks.bench_memory", *(["--quick"] if q else []), *where], cwd=root,
                    env=env, check=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_models", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, measures nothing")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--training-only", action="store_true", help="only section 1 (about 3 minutes)")
+    out_option(ap, "bench_models")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    q = args.quick
-    bench_training(q)
-    if args.training_only:
-        return
-    recurrent = ["linear", "retnet", "linear_nofm", "lstm", "dss", "mamba"]
-    bench_decode(["standard", "sparse", "sliding_window", *recurrent], width=32 if q else 64, depth=2,
-                 batch=8 if q else 64, tokens=40 if q else 500, recompute_for={"standard", "linear", "mamba"},
-                 repeats=2 if q else 3, recompute_repeats=2)
-    bench_lightning(q)
-    bench_utilisation(q, bench_peak(q, args.threads))
-    bench_memory(q)
+    q, out = args.quick, out_path(args, "bench_models")
+    res = Results("bench_models", argv)
+    bench_training(q, res)
+    if not args.training_only:
+        recurrent = ["linear", "retnet", "linear_nofm", "lstm", "dss", "mamba"]
+        bench_decode(["standard", "sparse", "sliding_window", *recurrent], width=32 if q else 64, depth=2,
+                     batch=8 if q else 64, tokens=40 if q else 500, recompute_for={"standard", "linear", "mamba"},
+                     repeats=2 if q else 3, recompute_repeats=2, res=res)
+        bench_lightning(q, res)
+        bench_utilisation(q, bench_peak(q, args.threads, res), res)
+        bench_memory(q, out)
+    res.write(out)
 
 
 if __name__ == "__main__":

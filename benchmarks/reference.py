@@ -1,7 +1,7 @@
-"""Plain per-sample reference generators, written from ../shared/specs/tasks.md like the papers' original scripts:
-Python lists and ``random.Random``, one sample at a time. They are the baseline of benchmarks/bench_generators.py
-and, in the tests, an independent second reading of the spec: their samples must pass the checkers and follow the
-same length distributions as the compiled generators.
+"""Plain per-sample reference generators, written from the task specifications (each task module's docstring in
+``tasks/``) like the papers' original scripts: Python lists and ``random.Random``, one sample at a time. They are
+the baseline of benchmarks/bench_generators.py and, in the tests, an independent second reading of the spec: their
+samples must pass the checkers and follow the same length distributions as the compiled generators.
 
 Each returns ``(words, prompt_len)``: the sequence without ``<eos>``, as token strings. The chain-of-thought values
 come from the checkers' plain derivations (tasks.ed.ED.chain, tasks.dyck.is_member), except lis, whose checker
