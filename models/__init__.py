@@ -1,7 +1,6 @@
 """Architectures, one module per architecture; importing this package registers them all."""
 
-from models import (  # noqa: F401  (registration side effect)
-    dss, linear, linear_nofm, lstm, mamba, retnet, sinks, sliding_window, sparse, standard, transformer)
+from models import dss, linear, linear_nofm, lstm, mamba, retnet, sinks, sliding_window, sparse, standard, transformer  # noqa: F401  (registration side effect)
 from models.backbone import Cache, LanguageModel
 from models.registry import ARCHITECTURES, ArchitectureError, build_model
 

@@ -39,7 +39,7 @@ class Pattern:
     def pairs(self, length: int) -> int:
         """Number of allowed (i, j) pairs in a sequence of ``length`` tokens."""
         pos = torch.arange(length)
-        return sum(int(self.mask(pos[i:i + 1], pos[:i + 1]).sum()) for i in range(length))
+        return sum(int(self.mask(pos[i : i + 1], pos[: i + 1]).sum()) for i in range(length))
 
     def attended(self, length: int) -> int:
         """Earlier positions the next query (position ``length``) may attend: what a cache must keep."""
@@ -106,9 +106,13 @@ class SoftmaxAttention(Mixer):
             if not state:
                 state["k"] = q.new_empty(B, self.heads, cache.max_len, D // self.heads)
                 state["v"] = torch.empty_like(state["k"])
-            state["k"][:, :, start:start + T] = k
-            state["v"][:, :, start:start + T] = v
-            keys, K, V = torch.arange(start + T, device=x.device), state["k"][:, :, :start + T], state["v"][:, :, :start + T]
+            state["k"][:, :, start : start + T] = k
+            state["v"][:, :, start : start + T] = v
+            keys, K, V = (
+                torch.arange(start + T, device=x.device),
+                state["k"][:, :, : start + T],
+                state["v"][:, :, : start + T],
+            )
             mask = None if T == 1 else self.pattern.mask(queries, keys)
         else:  # only the positions some future query may still attend
             keys = torch.cat([state["pos"], queries]) if state else queries
@@ -147,15 +151,25 @@ def blockwise_attention(q, k, v, extra: torch.Tensor, mask: torch.Tensor, dropou
         glob = t[:, :, extra].view(B * H, 1, len(extra), hd).expand(-1, n, -1, -1)  # (B*H, n, G, hd)
         return torch.cat([tb[:, :-1], tb[:, 1:], glob], 2)
 
-    y = F.scaled_dot_product_attention(qb, keys_of_blocks(k), keys_of_blocks(v), attn_mask=mask[None],
-                                       dropout_p=dropout)  # (B*H, n, Q, hd)
+    y = F.scaled_dot_product_attention(
+        qb, keys_of_blocks(k), keys_of_blocks(v), attn_mask=mask[None], dropout_p=dropout
+    )  # (B*H, n, Q, hd)
     return y.view(B, H, n * Q, hd)[:, :, :T]
 
 
-def attention_model(arch: str, pattern: Pattern, *, vocab_size, width, depth, heads, max_len, dropout,
-                    positions: str = "sinusoidal"):
+def attention_model(
+    arch: str, pattern: Pattern, *, vocab_size, width, depth, heads, max_len, dropout, positions: str = "sinusoidal"
+):
     """The DP paper's Transformer with softmax attention under ``pattern``."""
     from models.backbone import BlockStack
 
-    return BlockStack(arch, vocab_size, width, depth, max_len, dropout,
-                      lambda: SoftmaxAttention(width, heads, dropout, pattern), positions=positions)
+    return BlockStack(
+        arch,
+        vocab_size,
+        width,
+        depth,
+        max_len,
+        dropout,
+        lambda: SoftmaxAttention(width, heads, dropout, pattern),
+        positions=positions,
+    )

@@ -70,8 +70,10 @@ class LanguageModel(nn.Module):
         macs = sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, nn.Linear))
         for m in self.modules():
             if isinstance(m, nn.LSTM):  # per layer: 4 gates x H x (input + H)
-                macs += sum(4 * m.hidden_size * ((m.input_size if i == 0 else m.hidden_size) + m.hidden_size)
-                            for i in range(m.num_layers))
+                macs += sum(
+                    4 * m.hidden_size * ((m.input_size if i == 0 else m.hidden_size) + m.hidden_size)
+                    for i in range(m.num_layers)
+                )
         return macs
 
     def paper_flops(self, length: int) -> int:
@@ -82,16 +84,20 @@ class LanguageModel(nn.Module):
         """
         per_token = self.linear_macs()
         per_token += sum(4 * m.normalized_shape[0] for m in self.modules() if isinstance(m, nn.LayerNorm))
-        per_token += sum(m.out_channels * m.in_channels // m.groups * m.kernel_size[0]
-                         for m in self.modules() if isinstance(m, nn.Conv1d))
+        per_token += sum(
+            m.out_channels * m.in_channels // m.groups * m.kernel_size[0]
+            for m in self.modules()
+            if isinstance(m, nn.Conv1d)
+        )
         return 2 * (length + 2) * per_token
 
     def exact_flops(self, length: int) -> int:
         """Forward FLOPs over one sequence of ``length`` tokens, 2 per multiply-add: every Linear (and LSTM gate)
         matmul plus each mixer's own work under its real pattern. Not counted: biases, norms, activations,
         softmax, residual adds."""
-        return 2 * length * self.linear_macs() + sum(m.exact_flops(length) for m in self.modules()
-                                                     if isinstance(m, Mixer))
+        return 2 * length * self.linear_macs() + sum(
+            m.exact_flops(length) for m in self.modules() if isinstance(m, Mixer)
+        )
 
     def state_size(self, length: int, bytes_per_value: int = 4) -> int:
         """Bytes of decoding state needed to produce token ``length + 1``."""
@@ -117,8 +123,9 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
         if ffn:
             self.ln2 = nn.LayerNorm(width)
-            self.ffn = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"),
-                                     nn.Linear(4 * width, width))
+            self.ffn = nn.Sequential(
+                nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width)
+            )
         else:
             self.ffn = None
 
@@ -130,8 +137,19 @@ class Block(nn.Module):
 class BlockStack(LanguageModel):
     """Embedding, ``depth`` pre-LN blocks around a pluggable mixer, final LayerNorm and an untied head."""
 
-    def __init__(self, arch: str, vocab_size: int, width: int, depth: int, max_len: int, dropout: float,
-                 make_mixer, positions: str = "sinusoidal", proj: bool = True, ffn: bool = True):
+    def __init__(
+        self,
+        arch: str,
+        vocab_size: int,
+        width: int,
+        depth: int,
+        max_len: int,
+        dropout: float,
+        make_mixer,
+        positions: str = "sinusoidal",
+        proj: bool = True,
+        ffn: bool = True,
+    ):
         super().__init__()
         self.arch, self.vocab_size, self.width, self.depth, self.max_len = arch, vocab_size, width, depth, max_len
         self.embed = nn.Embedding(vocab_size, width)
@@ -156,7 +174,7 @@ class BlockStack(LanguageModel):
         start = self.check_length(cache, T)
         x = self.embed(tokens)  # (B, T, D)
         if self.pos is not None:
-            x = x + self.pos[start:start + T]
+            x = x + self.pos[start : start + T]
         x = self.drop(self.ln_embed(x))
         for i, block in enumerate(self.blocks):
             x = block(x, cache, i)

@@ -29,7 +29,7 @@ class DSS(Mixer):
         self.width, self.modes = width, modes
         self.log_re = nn.Parameter(torch.full((width, modes), math.log(0.5)))  # S4D-Lin init: Lambda = -1/2 + i pi n
         self.im = nn.Parameter(math.pi * torch.arange(modes, dtype=torch.float32).repeat(width, 1))
-        self.C = nn.Parameter(torch.randn(width, modes, dtype=torch.cfloat) * modes ** -0.5)
+        self.C = nn.Parameter(torch.randn(width, modes, dtype=torch.cfloat) * modes**-0.5)
         self.log_dt = nn.Parameter(torch.empty(width).uniform_(math.log(1e-3), math.log(1e-1)))
         self.skip = nn.Parameter(torch.ones(width))
 
@@ -56,8 +56,9 @@ class DSS(Mixer):
             else:
                 state["x"] = u.new_zeros(B, D, self.modes, dtype=torch.cfloat)
             # x_T += sum_s Abar^(T-1-s) Bbar u_s
-            state["x"] = state["x"] + torch.einsum("dnt,bdt->bdn", powers[..., :T].flip(-1) * bbar[..., None],
-                                                   uf.to(torch.cfloat))
+            state["x"] = state["x"] + torch.einsum(
+                "dnt,bdt->bdn", powers[..., :T].flip(-1) * bbar[..., None], uf.to(torch.cfloat)
+            )
         return F.gelu(y.transpose(1, 2), approximate="tanh")  # (B, T, D)
 
     def exact_flops(self, length: int) -> int:

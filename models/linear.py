@@ -29,7 +29,7 @@ def chunked_scan(q, k, v, state: dict, gamma: torch.Tensor, normalize: bool, chu
     z = state.get("z", q.new_zeros(B, H, dk))  # (B, H, dk)
     out = []
     for c in range(0, T, chunk):
-        qc, kc, vc = q[:, :, c:c + chunk], k[:, :, c:c + chunk], v[:, :, c:c + chunk]
+        qc, kc, vc = q[:, :, c : c + chunk], k[:, :, c : c + chunk], v[:, :, c : c + chunk]
         C = qc.shape[2]
         n = torch.arange(C, device=q.device, dtype=q.dtype)
         logg = torch.log(gamma)[:, None]  # (H, 1)
@@ -77,4 +77,6 @@ class LinearAttention(Mixer):
 @register("linear", chunk=Option(64, int, 1))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, chunk):
     """Normalised linear attention, phi = elu + 1, chunked prefix sums in training, O(1) state in decoding."""
-    return BlockStack("linear", vocab_size, width, depth, max_len, dropout, lambda: LinearAttention(width, heads, chunk))
+    return BlockStack(
+        "linear", vocab_size, width, depth, max_len, dropout, lambda: LinearAttention(width, heads, chunk)
+    )

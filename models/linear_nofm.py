@@ -41,5 +41,13 @@ class UnnormalisedLinearAttention(Mixer):
 @register("linear_nofm", chunk=Option(64, int, 1))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, chunk):
     """Unnormalised linear attention without feature map (decay 1), learned positions."""
-    return BlockStack("linear_nofm", vocab_size, width, depth, max_len, dropout,
-                      lambda: UnnormalisedLinearAttention(width, heads, chunk), positions="learned")
+    return BlockStack(
+        "linear_nofm",
+        vocab_size,
+        width,
+        depth,
+        max_len,
+        dropout,
+        lambda: UnnormalisedLinearAttention(width, heads, chunk),
+        positions="learned",
+    )

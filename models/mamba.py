@@ -48,7 +48,7 @@ class Mamba(Mixer):
         past = state.get("conv", x.new_zeros(Bsz, self.E, self.k - 1))  # the last k-1 inputs, zeros at the start
         x = torch.cat([past, x], dim=2)  # (B, E, k-1+T)
         if cache is not None:
-            state["conv"] = x[:, :, -(self.k - 1):]
+            state["conv"] = x[:, :, -(self.k - 1) :]
         x = F.silu(self.conv(x)).transpose(1, 2)  # (B, T, E)
         dt, Bm, Cm = self.x_proj(x).split([self.rank, self.N, self.N], dim=-1)
         dt = F.softplus(self.dt_proj(dt))  # (B, T, E)
@@ -72,8 +72,18 @@ class Mamba(Mixer):
 @register("mamba", d_state=Option(16, int, 1), expand=Option(2, int, 1), conv=Option(4, int, 2))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, d_state, expand, conv):
     """Selective SSM block (d_state 16, expand 2, conv 4), no FFN, no position embedding (heads unused)."""
-    model = BlockStack("mamba", vocab_size, width, depth, max_len, dropout,
-                       lambda: Mamba(width, d_state, expand, conv), positions="none", proj=False, ffn=False)
+    model = BlockStack(
+        "mamba",
+        vocab_size,
+        width,
+        depth,
+        max_len,
+        dropout,
+        lambda: Mamba(width, d_state, expand, conv),
+        positions="none",
+        proj=False,
+        ffn=False,
+    )
     for block in model.blocks:
         block.mixer.reset_parameters()
     return model

@@ -7,9 +7,10 @@ the model will see (positions, caches, and patterns sized from the dataset's L),
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-ARCHITECTURES: dict[str, "Architecture"] = {}
+ARCHITECTURES: dict[str, Architecture] = {}
 
 
 class ArchitectureError(ValueError):
@@ -45,12 +46,15 @@ class Architecture:
     def check_options(self, options: dict, key: str = "options") -> None:
         unknown = set(options) - set(self.options)
         if unknown:
-            raise ArchitectureError(f"{key}: unknown option(s) {sorted(unknown)} for {self.name!r}; "
-                                    f"allowed: {sorted(self.options) or 'none'}")
+            raise ArchitectureError(
+                f"{key}: unknown option(s) {sorted(unknown)} for {self.name!r}; "
+                f"allowed: {sorted(self.options) or 'none'}"
+            )
         for name, value in options.items():
             if not self.options[name].admits(value):
-                raise ArchitectureError(f"{key}.{name}: {value!r} is not allowed for {self.name!r}; "
-                                        f"allowed: {self.options[name].allowed()}")
+                raise ArchitectureError(
+                    f"{key}.{name}: {value!r} is not allowed for {self.name!r}; allowed: {self.options[name].allowed()}"
+                )
 
 
 def register(name: str, **options: Option):
@@ -64,13 +68,21 @@ def register(name: str, **options: Option):
     return wrap
 
 
-def build_model(name: str, *, vocab_size: int, width: int, depth: int, heads: int, max_len: int,
-                dropout: float = 0.1, **options):
+def build_model(
+    name: str, *, vocab_size: int, width: int, depth: int, heads: int, max_len: int, dropout: float = 0.1, **options
+):
     if name not in ARCHITECTURES:
         raise ArchitectureError(f"unknown architecture {name!r}; registered: {', '.join(sorted(ARCHITECTURES))}")
     if width % heads:
         raise ArchitectureError(f"width {width} is not divisible by heads {heads}")
     arch = ARCHITECTURES[name]
     arch.check_options(options)
-    return arch.build(vocab_size=vocab_size, width=width, depth=depth, heads=heads, max_len=max_len,
-                      dropout=dropout, **{**arch.defaults(), **options})
+    return arch.build(
+        vocab_size=vocab_size,
+        width=width,
+        depth=depth,
+        heads=heads,
+        max_len=max_len,
+        dropout=dropout,
+        **{**arch.defaults(), **options},
+    )

@@ -45,5 +45,6 @@ class Retention(UnnormalisedLinearAttention):
 @register("retnet", chunk=Option(64, int, 1))
 def build(*, vocab_size, width, depth, heads, max_len, dropout, chunk):
     """Multi-scale retention, swish gate, per-head decay; no position embedding (rotary inside)."""
-    return BlockStack("retnet", vocab_size, width, depth, max_len, dropout, lambda: Retention(width, heads, chunk),
-                      positions="none")
+    return BlockStack(
+        "retnet", vocab_size, width, depth, max_len, dropout, lambda: Retention(width, heads, chunk), positions="none"
+    )

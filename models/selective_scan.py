@@ -43,8 +43,22 @@ def decay(z):  # pragma: no cover (compiled)
     k = np.floor(z * LOG2E + np.float32(0.5))
     f = z - k * LN2_HI - k * LN2_LO
     one = np.float32(1.0)
-    p = one + f * (one + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (np.float32(1 / 24) + f * (
-        np.float32(1 / 120) + f * (np.float32(1 / 720) + f * np.float32(1 / 5040)))))))  # Horner
+    p = one + f * (
+        one
+        + f
+        * (
+            np.float32(1 / 2)
+            + f
+            * (
+                np.float32(1 / 6)
+                + f
+                * (
+                    np.float32(1 / 24)
+                    + f * (np.float32(1 / 120) + f * (np.float32(1 / 720) + f * np.float32(1 / 5040)))
+                )
+            )
+        )
+    )  # Horner
     return p * POW2[np.int32(k) + 127]
 
 

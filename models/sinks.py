@@ -2,7 +2,7 @@
 
 import torch
 
-from models.attention import Pattern, attention_model
+from models.attention import attention_model
 from models.registry import Option, register
 from models.sliding_window import Window
 

@@ -39,11 +39,11 @@ import numpy as np
 import tasks
 from pipeline.common import config as config_mod
 from pipeline.common import progress as progress_mod
+from pipeline.common.locks import remove_if_dead, try_lock
+from pipeline.common.progress import progress
 from pipeline.data.datasets import DatasetError, ParquetSink, dataset_path
 from pipeline.data.dedup import SeenSet, row_hashes
-from pipeline.common.locks import remove_if_dead, try_lock
 from pipeline.data.parallel import Pool
-from pipeline.common.progress import progress
 from pipeline.data.validate import WriteCheck, cached_task
 from tasks import SPLITS
 
@@ -86,12 +86,21 @@ def make_chunk(stream: Stream, index: int) -> tuple[tasks.Batch, np.ndarray | No
     return batch, row_hashes(batch.values, batch.offsets) if stream.hashed else None
 
 
-def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.GenerateConfig, seen: SeenSet | None,
-                path: Path, pool: Pool, check: bool) -> tuple[dict, int]:
+def write_split(
+    task: tasks.Task,
+    split: str,
+    count: int,
+    gen: config_mod.GenerateConfig,
+    seen: SeenSet | None,
+    path: Path,
+    pool: Pool,
+    check: bool,
+) -> tuple[dict, int]:
     """Write one split's file; its statistics and how many of its samples the checker ran on."""
     chunk = min(gen.chunk_size, count)
-    stream = Stream(task.name, task.size, json.dumps(task.params, sort_keys=True), split, gen.seed, chunk, count,
-                    seen is not None)
+    stream = Stream(
+        task.name, task.size, json.dumps(task.params, sort_keys=True), split, gen.seed, chunk, count, seen is not None
+    )
     meta = {**task.metadata(), "split": split, "seed": gen.seed, "unique": gen.unique, "chunk_size": chunk}
     checker = WriteCheck(task, path, count, gen.validate_samples, gen.seed) if check else None
     sink = ParquetSink(path, meta, gen.row_group_size, inspect=checker)
@@ -111,7 +120,8 @@ def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.Genera
             if (c + 1) * chunk >= MAX_DRAWS_PER_SAMPLE * count:
                 raise tasks.TaskError(
                     f"{task.name} size {task.size}: only {sink.count} distinct {split} samples after {(c + 1) * chunk} "
-                    f"draws; the space of distinct samples is too small for {count}: lower generate.{split}_samples")
+                    f"draws; the space of distinct samples is too small for {count}: lower generate.{split}_samples"
+                )
         stats = sink.close()
     except BaseException:
         sink.abort()
@@ -122,8 +132,9 @@ def write_split(task: tasks.Task, split: str, count: int, gen: config_mod.Genera
     return stats, checker.checked if checker else 0
 
 
-def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool = True,
-                  workers: int | None = None) -> dict:
+def generate_task(
+    cfg: config_mod.Config, name: str, out_dir: Path, check: bool = True, workers: int | None = None
+) -> dict:
     """Write every size of task ``name`` under ``out_dir/name`` (``workers``: default generate.workers)."""
     gen = cfg.generate.for_task(name)
     params = gen.task_params.get(name, {})
@@ -142,8 +153,11 @@ def generate_task(cfg: config_mod.Config, name: str, out_dir: Path, check: bool 
                 # every file (the critical path of the other way)
                 order = sorted(built, key=cost, reverse=True)
                 with progress(len(built), f"{name}: datasets, {pool.workers} at a time", unit="datasets") as bar:
-                    made = pool.map(make_dataset, [(t.name, t.size, json.dumps(t.params, sort_keys=True), gen,
-                                                    staging, check) for t in order], done=lambda _: bar.update())
+                    made = pool.map(
+                        make_dataset,
+                        [(t.name, t.size, json.dumps(t.params, sort_keys=True), gen, staging, check) for t in order],
+                        done=lambda _: bar.update(),
+                    )
                 entries = dict(zip((t.size for t in order), made))
                 for task in built:
                     manifest["datasets"] += entries[task.size]
@@ -176,13 +190,21 @@ def write_dataset(task: tasks.Task, gen: config_mod.GenerateConfig, staging: Pat
         count = gen.test_samples if split == "test" else gen.train_samples
         path = staging / dataset_path(staging, task.name, task.size, split).name
         stats, checked = write_split(task, split, count, gen, seen, path, pool, check)
-        entries.append({"size": task.size, "split": split, "file": path.name, "samples": stats["samples"],
-                        "max_length": stats["max_length"], "mean_length": stats["mean_length"], "checked": checked})
+        entries.append(
+            {
+                "size": task.size,
+                "split": split,
+                "file": path.name,
+                "samples": stats["samples"],
+                "max_length": stats["max_length"],
+                "mean_length": stats["mean_length"],
+                "checked": checked,
+            }
+        )
     return entries
 
 
-def make_dataset(name: str, size: int, params: str, gen: config_mod.GenerateConfig, staging: Path,
-                 check: bool) -> list:
+def make_dataset(name: str, size: int, params: str, gen: config_mod.GenerateConfig, staging: Path, check: bool) -> list:
     """``write_dataset`` alone in a worker process, beside the other workers' datasets."""
     progress_mod.SHOWN = False  # the parent shows one bar for all the workers
     return write_dataset(cached_task(name, size, params), gen, staging, check, Pool(1))
@@ -228,6 +250,7 @@ def exit_on_signals() -> Iterator[None]:
     """SIGTERM (Python's default dies without clean-up) and SIGINT unwind like an error, so the staging directory
     is removed at once; the process exits with 128 + the signal's number, as a shell reports a killed command. A
     signal the caller ignores stays ignored (a shell starts background jobs ignoring SIGINT)."""
+
     def unwind(signum: int, frame) -> None:
         for sig in SIGNALS:  # a second signal must not interrupt the clean-up
             signal.signal(sig, signal.SIG_IGN)
@@ -245,8 +268,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.generate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--task", required=True, help="registered task name (see params.yaml `tasks`)")
     ap.add_argument("--params", default=str(config_mod.ROOT / "params.yaml"), help="params file (default: %(default)s)")
     ap.add_argument("--out", default=str(config_mod.ROOT / "data"), help="data directory (default: %(default)s)")
@@ -267,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for d in manifest["datasets"]:
-        print(f"{args.task} size {d['size']} {d['split']}: {d['samples']} samples, max length {d['max_length']}, "
-              f"{d['checked']} checked")
+        print(
+            f"{args.task} size {d['size']} {d['split']}: {d['samples']} samples, max length {d['max_length']}, "
+            f"{d['checked']} checked"
+        )
     if not manifest["datasets"]:
         print(f"{args.task}: no sizes in profile {manifest['profile']!r}; wrote only the manifest")
     return 0

@@ -26,18 +26,25 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.reporting import comparison
 from pipeline.common import config as config_mod
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
 from pipeline.report import NIGHTLY_MARKER
+from pipeline.reporting import comparison
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
 
 
 def previous_night(history: Path, profile: str, current: Path) -> Path | None:
-    nights = [d for d in sorted(history.iterdir()) if d.is_dir() and d != current and d.name < current.name
-              and (d / "meta.json").exists() and json.loads((d / "meta.json").read_text())["profile"] == profile]
+    nights = [
+        d
+        for d in sorted(history.iterdir())
+        if d.is_dir()
+        and d != current
+        and d.name < current.name
+        and (d / "meta.json").exists()
+        and json.loads((d / "meta.json").read_text())["profile"] == profile
+    ]
     return nights[-1] if nights else None
 
 
@@ -50,8 +57,9 @@ def tag_runs(uri: str, parent: str, tags: dict) -> None:
     run = client.get_run(parent)
     if "nightly.date" in run.data.tags:
         return
-    children = client.search_runs([run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'",
-                                  max_results=50_000)
+    children = client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'", max_results=50_000
+    )
     for run_id in [parent] + [c.info.run_id for c in children]:
         for key, value in tags.items():
             client.set_tag(run_id, key, value)
@@ -84,23 +92,27 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
             text = f"# {title}\n\nFirst night of profile {cfg.profile}: nothing to compare with.\n"
         else:
             claims = [json.loads((d / "report.json").read_text()).get("claims", {}) for d in (before, night)]
-            result = comparison.compare(pd.read_csv(before / "sweep.csv"), pd.read_csv(night / "sweep.csv"),
-                                        cfg.nightly, *claims)
+            result = comparison.compare(
+                pd.read_csv(before / "sweep.csv"), pd.read_csv(night / "sweep.csv"), cfg.nightly, *claims
+            )
             text = comparison.markdown(result, f"{title}, against {before.name}")
         (night / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
         for path in (night / "nightly.md", repo / "report" / "nightly.md"):
             path.write_text(text)
         page = repo / "report" / "index.html"
-        html_section = f"<h2>Nightly comparison</h2><p>{title}, against {before.name if before else 'nothing (first night)'}"\
-                       f".</p>" + comparison.html(result)
+        html_section = (
+            f"<h2>Nightly comparison</h2><p>{title}, against {before.name if before else 'nothing (first night)'}"
+            f".</p>" + comparison.html(result)
+        )
         page.write_text(page.read_text().replace(NIGHTLY_MARKER, html_section, 1))
         print(text)
         return 1 if result["regressions"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.nightly", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.nightly", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--profile", help="profile in conf/ to run (default: params.yaml's)")
     ap.add_argument("--repo", default=str(config_mod.ROOT), help="the checkout to run in (default: %(default)s)")
     ap.add_argument("--wait", action="store_true", help="wait for a nightly run in progress instead of stopping")

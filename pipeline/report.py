@@ -3,7 +3,8 @@
     python -m pipeline.report
 
 Writes ``report/``: ``index.html`` (the page to open): the claim checks of both papers at the top
-(``pipeline/reporting/claims.py``), the DP paper's Table 2 in three cost conventions per depth (``pipeline/reporting/tables.py``), and
+(``pipeline/reporting/claims.py``), the DP paper's Table 2 in three cost conventions per depth
+(``pipeline/reporting/tables.py``), and
 the figures (``pipeline/reporting/figures.py``: heatmaps, ed_local against ed, accuracy against length, width scans,
 learning curves from the MLflow histories); ``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json``, and
 ``results.csv``. Headline numbers and every claim's status go to ``results/report.json`` (a DVC metrics file);
@@ -26,14 +27,30 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.reporting import claims as claims_mod
 from pipeline.common import config as config_mod
+from pipeline.reporting import claims as claims_mod
 from pipeline.reporting import figures as figures_mod
 from pipeline.reporting import tables
 from pipeline.tracking.services import ServiceError, check_mlflow
 
-REQUIRED = ("task", "size", "max_len", "arch", "width", "depth", "seed", "measured", "status", "reason",
-            "final_accuracy", "paper_gflops", "exact_gflops", "solve_pflops", "mlflow_run_id", "parent_run_id")
+REQUIRED = (
+    "task",
+    "size",
+    "max_len",
+    "arch",
+    "width",
+    "depth",
+    "seed",
+    "measured",
+    "status",
+    "reason",
+    "final_accuracy",
+    "paper_gflops",
+    "exact_gflops",
+    "solve_pflops",
+    "mlflow_run_id",
+    "parent_run_id",
+)
 
 
 class ReportError(RuntimeError):
@@ -61,12 +78,16 @@ STATUS_COLOURS = {"holds": "#d4f4d4", "fails": "#f8d0d0", "not tested": "#eeeeee
 
 
 def claims_html(checks: list[dict]) -> str:
-    rows = "".join(f"<tr style='background:{STATUS_COLOURS[c['status']]}'><td>{c['paper']}</td>"
-                   f"<td>{html.escape(c['claim'])}</td><td><b>{c['status']}</b></td>"
-                   f"<td>{html.escape(c['detail'])}</td><td>{html.escape(c['decided_by'])}</td></tr>"
-                   for c in checks)
-    return ("<table id='claims'><tr><th>paper</th><th>claim</th><th>check</th><th>evidence / why not tested</th>"
-            f"<th>decided by</th></tr>{rows}</table>")
+    rows = "".join(
+        f"<tr style='background:{STATUS_COLOURS[c['status']]}'><td>{c['paper']}</td>"
+        f"<td>{html.escape(c['claim'])}</td><td><b>{c['status']}</b></td>"
+        f"<td>{html.escape(c['detail'])}</td><td>{html.escape(c['decided_by'])}</td></tr>"
+        for c in checks
+    )
+    return (
+        "<table id='claims'><tr><th>paper</th><th>claim</th><th>check</th><th>evidence / why not tested</th>"
+        f"<th>decided by</th></tr>{rows}</table>"
+    )
 
 
 def figures_html(figures: list[figures_mod.Figure]) -> str:
@@ -76,8 +97,10 @@ def figures_html(figures: list[figures_mod.Figure]) -> str:
             section = fig.section
             parts.append(f"<h3>{html.escape(section)}</h3>")
         if fig.name:
-            parts.append(f"<figure><img src='{fig.name}' alt='{html.escape(fig.caption)}'>"
-                         f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>")
+            parts.append(
+                f"<figure><img src='{fig.name}' alt='{html.escape(fig.caption)}'>"
+                f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>"
+            )
         else:
             parts.append(f"<p class='omitted'>{html.escape(fig.caption)}</p>")
     return "".join(parts)
@@ -102,35 +125,46 @@ plateaus or its budget ends (unsolved), or when its loss is not finite (diverged
 its best learning rate, chosen on validation.</li></ul>"""
 
 
-def page(cfg: config_mod.Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict],
-         summary: dict) -> str:
-    counts = ", ".join(f"{summary[f'claims_{k}']} {label}" for k, label in
-                       (("hold", "hold"), ("fail", "fail"), ("not_tested", "not tested")))
-    parts = [f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
-             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
-             "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px;max-width:100%}"
-             # a table wider than the page (all cells: ~30 columns) scrolls by itself, its rows one line each
-             "table{display:block;max-width:100%;overflow-x:auto}table:not(#claims) td{white-space:nowrap}"
-             "figure{display:inline-block;margin:4px}figcaption{font-size:12px}.omitted{color:#666}</style>",
-             f"<h1>Capacity Atlas: profile <code>{cfg.profile}</code></h1>",
-             f"<p>{summary['cells']} cells ({summary['measured']} trained, {summary['inferred']} inferred by the "
-             f"width-frontier search), {summary['solved_cells']} solved; verdicts of the trained cells: "
-             f"{html.escape(summary['verdicts'])}. MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
-             f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
-             f"<h2>Claim checks</h2><p>The papers' claims that a sweep can test ({counts}), each decided by the "
-             "rule in <code>pipeline/reporting/claims.py</code> on this sweep's results.</p>", claims_html(checks),
-             NIGHTLY_MARKER,
-             "<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>",
-             f"<p>{html.escape(tables.note(cfg.report.accuracy_threshold))}</p>"]
+def page(
+    cfg: config_mod.Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict
+) -> str:
+    counts = ", ".join(
+        f"{summary[f'claims_{k}']} {label}"
+        for k, label in (("hold", "hold"), ("fail", "fail"), ("not_tested", "not tested"))
+    )
+    parts = [
+        f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
+        "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px;max-width:100%}"
+        # a table wider than the page (all cells: ~30 columns) scrolls by itself, its rows one line each
+        "table{display:block;max-width:100%;overflow-x:auto}table:not(#claims) td{white-space:nowrap}"
+        "figure{display:inline-block;margin:4px}figcaption{font-size:12px}.omitted{color:#666}</style>",
+        f"<h1>Capacity Atlas: profile <code>{cfg.profile}</code></h1>",
+        f"<p>{summary['cells']} cells ({summary['measured']} trained, {summary['inferred']} inferred by the "
+        f"width-frontier search), {summary['solved_cells']} solved; verdicts of the trained cells: "
+        f"{html.escape(summary['verdicts'])}. MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
+        f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
+        f"<h2>Claim checks</h2><p>The papers' claims that a sweep can test ({counts}), each decided by the "
+        "rule in <code>pipeline/reporting/claims.py</code> on this sweep's results.</p>",
+        claims_html(checks),
+        NIGHTLY_MARKER,
+        "<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>",
+        f"<p>{html.escape(tables.note(cfg.report.accuracy_threshold))}</p>",
+    ]
     for depth in sorted(best.depth.unique()):
         for column, title in tables.CONVENTIONS.items():
             shown = tables.convention_table(best, depth, column, cfg.report.accuracy_threshold)
             parts += [f"<h3>Depth {depth}: {title}</h3>", html_table(shown)]
-    parts += ["<h2>Figures</h2>",
-              "<p>Heatmaps: test accuracy, mean over seeds (± the seeds' standard deviation); * = solved "
-              "(validation at the threshold) by every seed; hatched = inferred by the frontier search, not trained; "
-              "div / fail = a seed diverged / failed.</p>", figures_html(figures), CONVENTIONS_HTML,
-              "<h2>All cells</h2>", table.to_html(index=False, float_format=lambda v: f"{v:.4g}")]
+    parts += [
+        "<h2>Figures</h2>",
+        "<p>Heatmaps: test accuracy, mean over seeds (± the seeds' standard deviation); * = solved "
+        "(validation at the threshold) by every seed; hatched = inferred by the frontier search, not trained; "
+        "div / fail = a seed diverged / failed.</p>",
+        figures_html(figures),
+        CONVENTIONS_HTML,
+        "<h2>All cells</h2>",
+        table.to_html(index=False, float_format=lambda v: f"{v:.4g}"),
+    ]
     return "\n".join(parts)
 
 
@@ -158,19 +192,28 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
     measured = table[table.measured]
     parent = str(table.parent_run_id.iloc[0])
     statuses = [c["status"] for c in checks]
-    summary = {"profile": cfg.profile, "cells": len(table), "measured": len(measured),
-               "inferred": len(table) - len(measured), "solved_cells": int((table.status == "solved").sum()),
-               "failed": int((measured.status == "failed").sum()),
-               "verdicts": ", ".join(f"{n} {status}" for status, n in measured.status.value_counts().items()),
-               "cells_at_threshold": int((measured.final_accuracy >= threshold).sum()),
-               "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
-               "mlflow_parent_run": parent,
-               "claims_hold": statuses.count("holds"), "claims_fail": statuses.count("fails"),
-               "claims_not_tested": statuses.count("not tested"),
-               "claims": {c["id"]: c["status"] for c in checks},
-               "min_paper_gflops": {f"{r.task}_{r.size}_{r.arch}_d{r.depth}": (None if pd.isna(r.min_paper_gflops)
-                                                                               else float(r.min_paper_gflops))
-                                    for r in best.itertuples()}}
+    summary = {
+        "profile": cfg.profile,
+        "cells": len(table),
+        "measured": len(measured),
+        "inferred": len(table) - len(measured),
+        "solved_cells": int((table.status == "solved").sum()),
+        "failed": int((measured.status == "failed").sum()),
+        "verdicts": ", ".join(f"{n} {status}" for status, n in measured.status.value_counts().items()),
+        "cells_at_threshold": int((measured.final_accuracy >= threshold).sum()),
+        "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
+        "mlflow_parent_run": parent,
+        "claims_hold": statuses.count("holds"),
+        "claims_fail": statuses.count("fails"),
+        "claims_not_tested": statuses.count("not tested"),
+        "claims": {c["id"]: c["status"] for c in checks},
+        "min_paper_gflops": {
+            f"{r.task}_{r.size}_{r.arch}_d{r.depth}": (
+                None if pd.isna(r.min_paper_gflops) else float(r.min_paper_gflops)
+            )
+            for r in best.itertuples()
+        },
+    }
     (tmp / "index.html").write_text(page(cfg, table, figures, best, checks, summary))
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)  # the report appears whole or not at all
@@ -186,23 +229,33 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.report", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     root = config_mod.ROOT
     ap.add_argument("--params", default=str(root / "params.yaml"), help="params file (default: %(default)s)")
     ap.add_argument("--results", default=str(root / "results" / "sweep.csv"), help="sweep table (default: %(default)s)")
     ap.add_argument("--out", default=str(root / "report"), help="report directory (default: %(default)s)")
-    ap.add_argument("--metrics", default=str(root / "results" / "report.json"), help="metrics file (default: %(default)s)")
+    ap.add_argument(
+        "--metrics", default=str(root / "results" / "report.json"), help="metrics file (default: %(default)s)"
+    )
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to the MLflow parent run")
     args = ap.parse_args(argv)
     try:
-        summary = report(config_mod.load(args.params), Path(args.results), Path(args.out), Path(args.metrics),
-                         log_mlflow=not args.no_mlflow)
+        summary = report(
+            config_mod.load(args.params),
+            Path(args.results),
+            Path(args.out),
+            Path(args.metrics),
+            log_mlflow=not args.no_mlflow,
+        )
     except (config_mod.ConfigError, ReportError, ServiceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"report: {args.out}/index.html; {summary['solved_cells']} of {summary['cells']} cells solved; claims: "
-          f"{summary['claims_hold']} hold, {summary['claims_fail']} fail, {summary['claims_not_tested']} not tested")
+    print(
+        f"report: {args.out}/index.html; {summary['solved_cells']} of {summary['cells']} cells solved; claims: "
+        f"{summary['claims_hold']} hold, {summary['claims_fail']} fail, {summary['claims_not_tested']} not tested"
+    )
     return 0
 
 

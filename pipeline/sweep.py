@@ -6,10 +6,12 @@ recorded in MLflow.
 Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
 (and its auth token) are checked, the datasets are published to ``cluster.storage_path``, some node must hold a
 trial's CPUs and GPUs, and on a cluster every Ray node is probed: it must import the code and read the data
-(``pipeline/tracking/cluster.py``). ``sweep.search`` picks the plan (``pipeline/search/frontier.py``): ``grid`` trains every
+(``pipeline/tracking/cluster.py``). ``sweep.search`` picks the plan (``pipeline/search/frontier.py``): ``grid``
+trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
 rest. The plan runs as a Ray Tune searcher (``pipeline/search/searcher.py``): one trial per (cell, learning rate)
-(``pipeline/training/trainable.py``), each training with Lightning until its verdict (``pipeline/training/verdict.py``: solved,
+(``pipeline/training/trainable.py``), each training with Lightning until its verdict
+(``pipeline/training/verdict.py``: solved,
 unsolved, diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate.
 Runs this MLflow experiment already finished with the same data, training settings and training code are reused
 (``sweep.reuse: false`` retrains them).
@@ -57,9 +59,22 @@ from pipeline.training.trainable import run_cell
 from pipeline.training.verdict import Status
 
 RESULTS = config_mod.ROOT / "results"
-RESULT_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops",
-               "train_pflops", "solve_step", "solve_pflops", "state_bytes", "train_steps", "train_seconds",
-               "eval_seconds", "eval_samples")
+RESULT_KEYS = (
+    "final_accuracy",
+    "val_accuracy",
+    "token_accuracy",
+    "params",
+    "paper_gflops",
+    "exact_gflops",
+    "train_pflops",
+    "solve_step",
+    "solve_pflops",
+    "state_bytes",
+    "train_steps",
+    "train_seconds",
+    "eval_seconds",
+    "eval_samples",
+)
 TRIAL_KEYS = ("node", "resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")  # trials.csv only
 CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")
 ORDER = ["task", "size", "arch", "width", "depth", "seed"]  # rows of both tables
@@ -92,9 +107,12 @@ def write_atomic(path: Path, text: str) -> None:
 def reporter() -> CLIReporter:
     """Ray's trial table, compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
     accuracies; refreshed every 30 s in logs."""
-    return CLIReporter(parameter_columns={"cell/cell_id": "cell id"},
-                       metric_columns={"step": "step", "val_token_accuracy": "token acc", "final_accuracy": "answer acc"},
-                       max_report_frequency=10 if sys.stdout.isatty() else 30, max_progress_rows=40)
+    return CLIReporter(
+        parameter_columns={"cell/cell_id": "cell id"},
+        metric_columns={"step": "step", "val_token_accuracy": "token acc", "final_accuracy": "answer acc"},
+        max_report_frequency=10 if sys.stdout.isatty() else 30,
+        max_progress_rows=40,
+    )
 
 
 def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
@@ -158,22 +176,40 @@ def open_parent_run(cfg: config_mod.Config, cells: dict, train: dict, key: str) 
     """The sweep's MLflow parent run, with the grid, the training settings and where the code came from."""
     s = cfg.sweep
     commit = git_commit()
-    params = {"profile": cfg.profile, "search": s.search, "cells": len(cells),
-              "architectures": ",".join(s.architectures), "widths": ",".join(map(str, s.widths)),
-              "depths": ",".join(map(str, s.depths)), "seeds": ",".join(map(str, s.seeds)),
-              "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
-              **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()}, "run_key": key,
-              **{f"train.{k}": v for k, v in train.items()}}
-    tags = {"git_commit": commit.sha, "git_dirty": str(commit.dirty), "profile": cfg.profile, "stage": "sweep",
-            **driver_tags()}
-    client, parent = start_parent(cfg.cluster.mlflow(), s.experiment,
-                                  f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}", params=params, tags=tags)
+    params = {
+        "profile": cfg.profile,
+        "search": s.search,
+        "cells": len(cells),
+        "architectures": ",".join(s.architectures),
+        "widths": ",".join(map(str, s.widths)),
+        "depths": ",".join(map(str, s.depths)),
+        "seeds": ",".join(map(str, s.seeds)),
+        "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
+        **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()},
+        "run_key": key,
+        **{f"train.{k}": v for k, v in train.items()},
+    }
+    tags = {
+        "git_commit": commit.sha,
+        "git_dirty": str(commit.dirty),
+        "profile": cfg.profile,
+        "stage": "sweep",
+        **driver_tags(),
+    }
+    client, parent = start_parent(
+        cfg.cluster.mlflow(),
+        s.experiment,
+        f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
+        params=params,
+        tags=tags,
+    )
     client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
     return client, parent
 
 
-def plan_trials(cfg: config_mod.Config, client: MlflowClient, parent: str, cells: dict, train: dict,
-                key: str) -> tuple[ChildRuns, CellSearcher, bool]:
+def plan_trials(
+    cfg: config_mod.Config, client: MlflowClient, parent: str, cells: dict, train: dict, key: str
+) -> tuple[ChildRuns, CellSearcher, bool]:
     """The searcher over the plan, knowing which runs this experiment already finished (reused, not trained) and
     which a dead sweep left unfinished (continued from their checkpoints); the dead sweep's runs are closed.
     Also says whether anything needs training."""
@@ -189,20 +225,37 @@ def plan_trials(cfg: config_mod.Config, client: MlflowClient, parent: str, cells
         source = finished.get(trial_key(cell, lr))
         return None if source is None else children.reuse(cell, train | {"lr": lr}, trial_key(cell, lr), source)
 
-    searcher = CellSearcher(make_plan(s.search, cells), cells, train, reusable,
-                            cost=lambda cell: expected_cost(cell, s), resumable=unfinished)
+    searcher = CellSearcher(
+        make_plan(s.search, cells),
+        cells,
+        train,
+        reusable,
+        cost=lambda cell: expected_cost(cell, s),
+        resumable=unfinished,
+    )
     to_train = searcher.needs_training()  # settles the reused runs first, and fills the queue
     reused = sum("reused_from" in run for runs in searcher.runs.values() for run in runs.values())
-    print(f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
-          f"{sum(len(c['lrs']) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
-          f"finished with the same data, settings and code (reused), {len(searcher.queue)} to train"
-          f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; "
-          f"MLflow {cfg.cluster.mlflow()}", flush=True)
+    print(
+        f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
+        f"{sum(len(c['lrs']) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
+        f"finished with the same data, settings and code (reused), {len(searcher.queue)} to train"
+        f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; "
+        f"MLflow {cfg.cluster.mlflow()}",
+        flush=True,
+    )
     return children, searcher, to_train
 
 
-def train_trials(cfg: config_mod.Config, client: MlflowClient, parent: str, searcher: CellSearcher,
-                 children: ChildRuns, published: dict[str, str], local: bool, started: float) -> int:
+def train_trials(
+    cfg: config_mod.Config,
+    client: MlflowClient,
+    parent: str,
+    searcher: CellSearcher,
+    children: ChildRuns,
+    published: dict[str, str],
+    local: bool,
+    started: float,
+) -> int:
     """Joins the cluster (a local Ray is already up), checks it can run a trial, and runs Tune until the searcher
     has nothing left; returns the number of trial slots."""
     s = cfg.sweep
@@ -213,19 +266,29 @@ def train_trials(cfg: config_mod.Config, client: MlflowClient, parent: str, sear
         cluster.probe_nodes(next(iter(published.values())))
     # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next trial
     # waits for the last one's worker to come up
-    slots = min(int(ray.cluster_resources().get("CPU", 1) // s.trial_resources()["cpu"]),
-                s.max_concurrent_trials or 1 << 30)
+    slots = min(
+        int(ray.cluster_resources().get("CPU", 1) // s.trial_resources()["cpu"]), s.max_concurrent_trials or 1 << 30
+    )
     tuner = tune.Tuner(
         tune.with_resources(run_cell, s.trial_resources()),
         tune_config=tune.TuneConfig(
-            search_alg=searcher, num_samples=-1, max_concurrent_trials=slots,
-            reuse_actors=True, trial_name_creator=trial_name,
-            trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.config['trial_key']}-{t.trial_id}"),
+            search_alg=searcher,
+            num_samples=-1,
+            max_concurrent_trials=slots,
+            reuse_actors=True,
+            trial_name_creator=trial_name,
+            trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.config['trial_key']}-{t.trial_id}",
+        ),
         run_config=tune.RunConfig(
-            name=f"{cfg.profile}-{int(started)}", storage_path=cfg.cluster.storage(), verbose=1,
+            name=f"{cfg.profile}-{int(started)}",
+            storage_path=cfg.cluster.storage(),
+            verbose=1,
             callbacks=[children] + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
-            progress_reporter=reporter(), failure_config=tune.FailureConfig(max_failures=s.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep)))
+            progress_reporter=reporter(),
+            failure_config=tune.FailureConfig(max_failures=s.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep),
+        ),
+    )
     tuner.fit()
     return slots
 
@@ -241,10 +304,17 @@ def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.
                 run.setdefault("mlflow_run_id", children.runs.get(trial))
                 if run["status"] == Status.FAILED:
                     run["reason"] = children.errors.get(trial, run["reason"])
-            runs.append({k: cells[cell_key][k] for k in CELL_KEYS} | {"lr": run["lr"], "status": run["status"],
-                        "reason": run.get("reason", ""), "reused_from": run.get("reused_from")}
-                        | {k: run.get(k) for k in RESULT_KEYS + TRIAL_KEYS}
-                        | {"restarts": children.restarts.get(trial, 0), "mlflow_run_id": run.get("mlflow_run_id")})
+            runs.append(
+                {k: cells[cell_key][k] for k in CELL_KEYS}
+                | {
+                    "lr": run["lr"],
+                    "status": run["status"],
+                    "reason": run.get("reason", ""),
+                    "reused_from": run.get("reused_from"),
+                }
+                | {k: run.get(k) for k in RESULT_KEYS + TRIAL_KEYS}
+                | {"restarts": children.restarts.get(trial, 0), "mlflow_run_id": run.get("mlflow_run_id")}
+            )
     return pd.DataFrame(runs).sort_values([*ORDER, "lr"])
 
 
@@ -254,29 +324,54 @@ def cell_table(searcher: CellSearcher, cells: dict) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(ORDER)
 
 
-def summarise(cfg: config_mod.Config, table: pd.DataFrame, trials: pd.DataFrame, plan, started: float,
-              stage_start: float, slots: int, parent: str) -> dict:
+def summarise(
+    cfg: config_mod.Config,
+    table: pd.DataFrame,
+    trials: pd.DataFrame,
+    plan,
+    started: float,
+    stage_start: float,
+    slots: int,
+    parent: str,
+) -> dict:
     """results/sweep.json: the headline counts and costs."""
     measured = table[table.measured]
     reused = int(trials.reused_from.notna().sum())
     trained = trials[trials.reused_from.isna()]
     busy = float((trained.train_seconds.fillna(0) + trained.eval_seconds.fillna(0)).sum())
-    return {"profile": cfg.profile, "search": cfg.sweep.search, "cells": len(table), "measured": len(measured),
-            "inferred": int((~table.measured).sum()), "trials": len(trials), "trained": len(trials) - reused,
-            "reused": reused, "failed": int((trials.status == Status.FAILED).sum()),
-            "diverged": int((trials.status == Status.DIVERGED).sum()),
-            "restarts": int(trials.restarts.sum()), "resumed": int(trials.resumed_step.notna().sum()),
-            "solved_cells": int((table.status == Status.SOLVED).sum()),
-            "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
-            "train_pflops": round(float(trials.train_pflops.sum()), 6),
-            "contradictions": len(plan.contradictions), "wall_seconds": round(time.time() - started, 1),
-            # share of the Ray slots' time, from the stage's start, spent training and scoring
-            "slot_utilisation": round(busy / (slots * (time.time() - stage_start)), 3) if slots else None,
-            "mlflow_parent_run": parent}
+    return {
+        "profile": cfg.profile,
+        "search": cfg.sweep.search,
+        "cells": len(table),
+        "measured": len(measured),
+        "inferred": int((~table.measured).sum()),
+        "trials": len(trials),
+        "trained": len(trials) - reused,
+        "reused": reused,
+        "failed": int((trials.status == Status.FAILED).sum()),
+        "diverged": int((trials.status == Status.DIVERGED).sum()),
+        "restarts": int(trials.restarts.sum()),
+        "resumed": int(trials.resumed_step.notna().sum()),
+        "solved_cells": int((table.status == Status.SOLVED).sum()),
+        "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
+        "train_pflops": round(float(trials.train_pflops.sum()), 6),
+        "contradictions": len(plan.contradictions),
+        "wall_seconds": round(time.time() - started, 1),
+        # share of the Ray slots' time, from the stage's start, spent training and scoring
+        "slot_utilisation": round(busy / (slots * (time.time() - stage_start)), 3) if slots else None,
+        "mlflow_parent_run": parent,
+    }
 
 
-def record(client: MlflowClient, parent: str, out_dir: Path, table: pd.DataFrame, trials: pd.DataFrame,
-           summary: dict, contradictions: list[str]) -> None:
+def record(
+    client: MlflowClient,
+    parent: str,
+    out_dir: Path,
+    table: pd.DataFrame,
+    trials: pd.DataFrame,
+    summary: dict,
+    contradictions: list[str],
+) -> None:
     """The outputs: metrics on the parent run, the three files (each written whole or not at all), the console."""
     for name, value in summary.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -285,21 +380,39 @@ def record(client: MlflowClient, parent: str, out_dir: Path, table: pd.DataFrame
         client.log_text(parent, "\n".join(contradictions) + "\n", "contradictions.txt")
     write_atomic(out_dir / "trials.csv", trials.to_csv(index=False))
     write_atomic(out_dir / "sweep.csv", table.to_csv(index=False))
-    write_atomic(out_dir / "sweep.json", json.dumps(summary | {"contradiction_notes": contradictions},
-                                                    indent=2) + "\n")
-    print(table[["task", "size", "arch", "width", "depth", "seed", "measured", "status", "lr", "final_accuracy",
-                 "paper_gflops"]].to_string(index=False))
+    write_atomic(out_dir / "sweep.json", json.dumps(summary | {"contradiction_notes": contradictions}, indent=2) + "\n")
+    print(
+        table[
+            [
+                "task",
+                "size",
+                "arch",
+                "width",
+                "depth",
+                "seed",
+                "measured",
+                "status",
+                "lr",
+                "final_accuracy",
+                "paper_gflops",
+            ]
+        ].to_string(index=False)
+    )
     for note in contradictions:
         print(f"contradiction: {note}")
     print(json.dumps(summary))
     if summary["failed"]:
-        print(f"warning: {summary['failed']} of {len(trials)} trials failed; they are in results/trials.csv "
-              f"with their errors, and under MLflow parent run {parent}", file=sys.stderr)
+        print(
+            f"warning: {summary['failed']} of {len(trials)} trials failed; they are in results/trials.csv "
+            f"with their errors, and under MLflow parent run {parent}",
+            file=sys.stderr,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.sweep", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--params", default=str(config_mod.ROOT / "params.yaml"), help="params file (default: %(default)s)")
     ap.add_argument("--data", default=str(config_mod.ROOT / "data"), help="data directory (default: %(default)s)")
     ap.add_argument("--out", default=str(RESULTS), help="results directory (default: %(default)s)")
@@ -308,8 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         # one sweep at a time per results directory: a second stops at once instead of racing the first for its
         # outputs (`dvc repro` holds DVC's own lock too; this covers `python -m pipeline.sweep`)
-        busy = (f"another sweep is running with results in {out} ({{holder}}); wait for it to end, or stop it "
-                "(its finished trials are kept)")
+        busy = (
+            f"another sweep is running with results in {out} ({{holder}}); wait for it to end, or stop it "
+            "(its finished trials are kept)"
+        )
         with owned(out / ".sweep.lock", busy):
             sweep(config_mod.load(args.params), Path(args.data), out)
     except (config_mod.ConfigError, DatasetError, ServiceError, LockBusy) as err:

@@ -103,11 +103,11 @@ def arithmetic_kernel(rng, size, mixture, values, offsets, prompt_len, answer):
             if brackets:
                 new[j] = RPAREN
                 j += 1
-            new[j:j + n - i - 1] = prev[i + 1:n]
+            new[j : j + n - i - 1] = prev[i + 1 : n]
             lengths[k] = j + n - i - 1
         pos = offsets[s]
         for k in range(ops, -1, -1):  # the history reversed, joined by '='
-            values[pos:pos + lengths[k]] = history[k, :lengths[k]]
+            values[pos : pos + lengths[k]] = history[k, : lengths[k]]
             pos += lengths[k]
             values[pos] = EQUALS if k else 1  # '=' between steps, <eos> at the end
             pos += 1
@@ -188,7 +188,7 @@ def collapses(before: list[str], spans: set[tuple[int, int]], after: list[str]) 
     for i in range(len(after)):
         tail = len(after) - i - 1
         end = len(before) - tail
-        if (i, end) in spans and before[:i] == after[:i] and before[end:] == after[i + 1:]:
+        if (i, end) in spans and before[:i] == after[:i] and before[end:] == after[i + 1 :]:
             inner = [w for w in before[i:end] if w not in "()"]
             if str(apply(int(inner[0]), inner[1], int(inner[2]))) == after[i]:
                 return True
@@ -223,7 +223,7 @@ class Arithmetic(Task):
         # a sequence is its replacement history: at step k, one of k numbers, then an operator and operands
         # (at most 11 + 11 + 21 + 10 = 53 choices, for the value 0); 11 answers to start from
         def histories(ops: int) -> int:
-            return P * 53 ** ops * math.factorial(ops)
+            return P * 53**ops * math.factorial(ops)
 
         if split == "test" or self.params["mixture"] == "exact":
             return histories(self.size)

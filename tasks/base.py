@@ -51,11 +51,15 @@ class Batch:
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (N,) int64, reduced to a max in stats
 
     @classmethod
-    def empty(cls, count: int, max_tokens: int, features: tuple[str, ...] = ()) -> "Batch":
+    def empty(cls, count: int, max_tokens: int, features: tuple[str, ...] = ()) -> Batch:
         """Buffers for a kernel to fill: room for ``count`` sequences of up to ``max_tokens`` tokens each."""
-        return cls(np.empty(count * max_tokens, np.uint16), np.zeros(count + 1, np.int64),
-                   np.empty(count, np.int32), np.empty(count, np.int32),
-                   {name: np.empty(count, np.int64) for name in features})
+        return cls(
+            np.empty(count * max_tokens, np.uint16),
+            np.zeros(count + 1, np.int64),
+            np.empty(count, np.int32),
+            np.empty(count, np.int32),
+            {name: np.empty(count, np.int64) for name in features},
+        )
 
     def __len__(self) -> int:
         return len(self.prompt_len)
@@ -65,22 +69,27 @@ class Batch:
         return np.diff(self.offsets) - 1  # without <eos>
 
     def sequence(self, i: int) -> np.ndarray:
-        return self.values[self.offsets[i]:self.offsets[i + 1]]
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
 
     def sample(self, i: int) -> Sample:
         return Sample(self.sequence(i).astype(np.int32), int(self.prompt_len[i]), int(self.answer[i]))
 
-    def trimmed(self) -> "Batch":
+    def trimmed(self) -> Batch:
         """The filled part of the buffers only (a copy, so the oversized buffer can be freed)."""
-        return Batch(self.values[:self.offsets[-1]].copy(), self.offsets, self.prompt_len, self.answer, self.features)
+        return Batch(self.values[: self.offsets[-1]].copy(), self.offsets, self.prompt_len, self.answer, self.features)
 
-    def select(self, keep: np.ndarray) -> "Batch":
+    def select(self, keep: np.ndarray) -> Batch:
         """The samples where the (N,) bool mask ``keep`` is set, in order."""
         if keep.all():
             return self
         sizes = np.diff(self.offsets)
-        return Batch(self.values[np.repeat(keep, sizes)], np.concatenate([[0], np.cumsum(sizes[keep])]),
-                     self.prompt_len[keep], self.answer[keep], {k: v[keep] for k, v in self.features.items()})
+        return Batch(
+            self.values[np.repeat(keep, sizes)],
+            np.concatenate([[0], np.cumsum(sizes[keep])]),
+            self.prompt_len[keep],
+            self.answer[keep],
+            {k: v[keep] for k, v in self.features.items()},
+        )
 
 
 class Task(ABC):
@@ -129,12 +138,16 @@ class Task(ABC):
     def check_space(self, test_samples: int, train_samples: int) -> None:
         """Fail before anything is written when that many distinct samples cannot exist (test lies inside train's
         space, and train must avoid every test sample)."""
-        for split, count, what in (("test", test_samples, "test"), ("train", test_samples + train_samples,
-                                                                     "test + train")):
+        for split, count, what in (
+            ("test", test_samples, "test"),
+            ("train", test_samples + train_samples, "test + train"),
+        ):
             if count > self.space(split):
-                raise TaskError(f"{self.name} size {self.size}: {count} distinct {what} samples asked, but the space "
-                                f"of distinct samples is too small (at most {self.space(split)} {split} sequences "
-                                f"exist): lower generate.{split}_samples, or set generate.unique: false")
+                raise TaskError(
+                    f"{self.name} size {self.size}: {count} distinct {what} samples asked, but the space "
+                    f"of distinct samples is too small (at most {self.space(split)} {split} sequences "
+                    f"exist): lower generate.{split}_samples, or set generate.unique: false"
+                )
 
     def sample_batch(self, rng: np.random.Generator, split: str, count: int, fill: bool = False) -> Batch:
         """``count`` samples of ``split`` ('train' or 'test'). ``fill`` marks draws that replace duplicates beyond
@@ -144,8 +157,9 @@ class Task(ABC):
         out = Batch.empty(count, self.max_length() + 1, self.features)
         self.generate(rng, split, fill, out)
         if out.offsets[-1] > len(out.values):  # compiled kernels do not check bounds: max_length() was wrong
-            raise AssertionError(f"{self.name} {self.size}: a sequence is longer than max_length() = "
-                                 f"{self.max_length()}")
+            raise AssertionError(
+                f"{self.name} {self.size}: a sequence is longer than max_length() = {self.max_length()}"
+            )
         return out.trimmed()
 
     def sample(self, rng: np.random.Generator, split: str) -> Sample:
@@ -163,8 +177,14 @@ class Task(ABC):
         return [self.tokens[int(i)] for i in ids]
 
     def metadata(self) -> dict:
-        return {"task": self.name, "family": self.family, "size": self.size,
-                "generator_version": self.version, "params": self.params, "vocab": self.tokens}
+        return {
+            "task": self.name,
+            "family": self.family,
+            "size": self.size,
+            "generator_version": self.version,
+            "params": self.params,
+            "vocab": self.tokens,
+        }
 
 
 def split_tokens(tokens: np.ndarray) -> np.ndarray:

@@ -71,7 +71,7 @@ def dyck_kernel(rng, n, values, offsets, prompt_len, answer):
             if not in_language(word):
                 break
         pos = offsets[s]
-        values[pos:pos + n] = word
+        values[pos : pos + n] = word
         label = YES_ID if positive else NO_ID
         values[pos + n], values[pos + n + 1] = label, 1  # label, <eos>
         offsets[s + 1] = pos + n + 2

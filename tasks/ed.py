@@ -85,13 +85,13 @@ def ed_kernel(rng, n, local, textbook, values, offsets, prompt_len, answer, wind
                     edit = rng.integers(0, 3)
                     if edit == 0 and m > 2:
                         p = rng.integers(0, m)
-                        b_str[p:m - 1] = b_str[p + 1:m].copy()
+                        b_str[p : m - 1] = b_str[p + 1 : m].copy()
                         m -= 1
                     elif edit == 1:
                         b_str[rng.integers(0, m)] = letters[rng.integers(0, using)]
                     else:
                         p = rng.integers(0, m + 1)
-                        b_str[p + 1:m + 1] = b_str[p:m].copy()
+                        b_str[p + 1 : m + 1] = b_str[p:m].copy()
                         b_str[p] = letters[rng.integers(0, using)]
                         m += 1
             if n - 3 <= m <= n + 2 and not (m == n and (a_str == b_str[:n]).all()):
@@ -107,9 +107,9 @@ def ed_kernel(rng, n, local, textbook, values, offsets, prompt_len, answer, wind
                 match = 0 if first[i - 1] == second[j - 1] else REPLACE
                 dp[i, j] = min(dp[i - 1, j] + DELETE, dp[i, j - 1] + INSERT, dp[i - 1, j - 1] + match)
         pos = offsets[s]
-        values[pos:pos + la] = first + LETTER0
+        values[pos : pos + la] = first + LETTER0
         values[pos + la] = BAR_ID
-        values[pos + la + 1:pos + la + 1 + lb] = second + LETTER0
+        values[pos + la + 1 : pos + la + 1 + lb] = second + LETTER0
         pos += la + lb + 1
         values[pos] = SEP_ID
         prompt_len[s] = pos + 1 - offsets[s]
@@ -167,8 +167,18 @@ class ED(Task):
         return sum(len(LETTERS) ** (self.size + m) for m in range(self.size - 3, self.size + 3))
 
     def generate(self, rng, split, fill, out: Batch) -> None:
-        ed_kernel(rng, self.size, self.local, self.params["textbook_init"], out.values, out.offsets,
-                  out.prompt_len, out.answer, out.features["locality_window"], out.features["cell_locality_window"])
+        ed_kernel(
+            rng,
+            self.size,
+            self.local,
+            self.params["textbook_init"],
+            out.values,
+            out.offsets,
+            out.prompt_len,
+            out.answer,
+            out.features["locality_window"],
+            out.features["cell_locality_window"],
+        )
 
     def chain(self, first: list[str], second: list[str]) -> list[str]:
         """The chain of thought after the prompt, by the plain O(|A| |B|) DP."""
@@ -192,14 +202,23 @@ class ED(Task):
         if BAR not in words or SEP not in words or words.index(BAR) > words.index(SEP):
             raise TaskError(f"{self.name} prompt must be A | B <sep>")
         bar, sep = words.index(BAR), words.index(SEP)
-        first, second = words[:bar], words[bar + 1:sep]
+        first, second = words[:bar], words[bar + 1 : sep]
         if not all(w in LETTERS and len(w) == 1 for w in first + second):
             raise TaskError(f"{self.name} strings must be letters")
-        if not (len(first) <= len(second) and n in (len(first), len(second)) and n - 3 <= len(first)
-                and len(second) <= n + 2) or first == second:
-            raise TaskError(f"{self.name} strings must differ, have lengths n = {n} and n-3..n+2, shorter first; "
-                            f"got {len(first)} and {len(second)}")
+        if (
+            not (
+                len(first) <= len(second)
+                and n in (len(first), len(second))
+                and n - 3 <= len(first)
+                and len(second) <= n + 2
+            )
+            or first == second
+        ):
+            raise TaskError(
+                f"{self.name} strings must differ, have lengths n = {n} and n-3..n+2, shorter first; "
+                f"got {len(first)} and {len(second)}"
+            )
         if prompt_len != sep + 1:
             raise TaskError(f"{self.name} prompt must end at the first <sep>")
-        expect(words, words[:sep + 1] + self.chain(first, second), f"{self.name} chain of thought")
+        expect(words, words[: sep + 1] + self.chain(first, second), f"{self.name} chain of thought")
         check_answer(self, words, answer)

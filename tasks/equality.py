@@ -26,7 +26,7 @@ def equality_kernel(rng, n, min_k, alphabet, sym0, mode, test, values, offsets, 
     for s in range(len(prompt_len)):
         half = n // 2 if test else min_k // 2 + rng.integers(0, (n - min_k) // 2 + 1)
         pos = offsets[s]
-        w1, w2 = values[pos:pos + half], values[pos + half + 1:pos + 2 * half + 1]
+        w1, w2 = values[pos : pos + half], values[pos + half + 1 : pos + 2 * half + 1]
         for i in range(half):
             w1[i] = sym0 + rng.integers(0, alphabet)
         values[pos + half] = SEP_ID
@@ -80,8 +80,11 @@ class Equality(Task):
 
     def halves(self, split: str) -> range:
         """The possible |w1| of ``split``."""
-        return range(self.size // 2, self.size // 2 + 1) if split == "test" else \
-            range(self.params["min_length"] // 2, self.size // 2 + 1)
+        return (
+            range(self.size // 2, self.size // 2 + 1)
+            if split == "test"
+            else range(self.params["min_length"] // 2, self.size // 2 + 1)
+        )
 
     def positives(self, half: int) -> int:
         return self.params["alphabet"] ** half
@@ -91,15 +94,26 @@ class Equality(Task):
         return sum((1 if self.mode == NCP else 2) * self.positives(h) for h in self.halves(split))
 
     def generate(self, rng, split, fill, out: Batch) -> None:
-        equality_kernel(rng, self.size, self.params["min_length"], self.params["alphabet"], self.index["0"],
-                        self.mode, split == "test", out.values, out.offsets, out.prompt_len, out.answer)
+        equality_kernel(
+            rng,
+            self.size,
+            self.params["min_length"],
+            self.params["alphabet"],
+            self.index["0"],
+            self.mode,
+            split == "test",
+            out.values,
+            out.offsets,
+            out.prompt_len,
+            out.answer,
+        )
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         words = self.decode(split_tokens(tokens))
         body = words if self.mode == NCP else words[:-1]
         if body.count(SEP) != 1:
             raise TaskError(f"{self.name} input must be w1 {SEP} w2")
-        w1, w2 = body[:body.index(SEP)], body[body.index(SEP) + 1:]
+        w1, w2 = body[: body.index(SEP)], body[body.index(SEP) + 1 :]
         if len(w1) != len(w2) or len(w1) not in self.halves("train"):
             raise TaskError(f"{self.name} needs |w1| = |w2| in {self.halves('train')}, got {len(w1)} and {len(w2)}")
         if not all(w.isdigit() for w in w1 + w2):

@@ -62,15 +62,26 @@ class IndexLookup(Task):
         return sum(self.params["symbols"] ** k * k for k in lengths)
 
     def generate(self, rng, split, fill, out: Batch) -> None:
-        index_lookup_kernel(rng, self.size, self.params["min_length"], self.params["symbols"], split == "test",
-                            out.values, out.offsets, out.prompt_len, out.answer)
+        index_lookup_kernel(
+            rng,
+            self.size,
+            self.params["min_length"],
+            self.params["symbols"],
+            split == "test",
+            out.values,
+            out.offsets,
+            out.prompt_len,
+            out.answer,
+        )
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         words = self.decode(split_tokens(tokens))
         k = len(words) - 2
         if not self.params["min_length"] <= k <= self.size or prompt_len != k + 1:
-            raise TaskError(f"index_lookup input must be {self.params['min_length']}..{self.size} symbols and a "
-                            f"position, got {k} tokens and prompt length {prompt_len}")
+            raise TaskError(
+                f"index_lookup input must be {self.params['min_length']}..{self.size} symbols and a "
+                f"position, got {k} tokens and prompt length {prompt_len}"
+            )
         if not all(w.isdigit() for w in words[:k] + words[-1:]):
             raise TaskError("index_lookup input and label must be symbols")
         if not words[k].startswith("@") or not 1 <= int(words[k][1:]) <= k:

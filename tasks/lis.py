@@ -50,22 +50,22 @@ def lis_kernel(rng, n, r, values, offsets, prompt_len, answer):
                 start = end
         x[:] = rng.integers(low, r, size=n)  # the array form: 3x cheaper per value than scalar draws
         x[np.sort(choose(rng, position_pool, planted))] = planted_values[:planted]
-        # cot[l] = 1 + max cot over earlier smaller values: a Fenwick prefix-max query, O(n log R) per sample
+        # cot[i] = 1 + max cot over earlier smaller values: a Fenwick prefix-max query, O(n log R) per sample
         best[:] = 0
-        for l in range(n):
-            v, m = x[l] - 1, 0
+        for i in range(n):
+            v, m = x[i] - 1, 0
             while v > 0:
                 m = max(m, best[v])
                 v -= v & -v
-            cot[l] = m + 1
-            v = x[l]
+            cot[i] = m + 1
+            v = x[i]
             while v <= r:
-                best[v] = max(best[v], cot[l])
+                best[v] = max(best[v], cot[i])
                 v += v & -v
         pos = offsets[s]
-        values[pos:pos + n] = x + NUM0
+        values[pos : pos + n] = x + NUM0
         values[pos + n] = SEP_ID
-        values[pos + n + 1:pos + 2 * n + 1] = cot + NUM0
+        values[pos + n + 1 : pos + 2 * n + 1] = cot + NUM0
         top = cot.max()
         values[pos + 2 * n + 1] = SEP_ID
         values[pos + 2 * n + 2] = top + NUM0
@@ -87,7 +87,7 @@ def lis_values(x: list[int]) -> list[int]:
     cot: list[int] = []
     for v in x:
         k = bisect_left(tails, v)
-        tails[k:k + 1] = [v]  # replace tails[k], or append when k == len(tails)
+        tails[k : k + 1] = [v]  # replace tails[k], or append when k == len(tails)
         cot.append(k + 1)
     return cot
 
@@ -132,5 +132,5 @@ class LIS(Task):
         if min(x) <= n or max(x) >= self.params["value_range"]:
             raise TaskError("lis inputs must lie in [n+1, R-1]")
         best = lis_values(x)
-        expect(words, words[:n + 1] + [str(v) for v in best] + [SEP, str(max(best))], "lis chain of thought")
+        expect(words, words[: n + 1] + [str(v) for v in best] + [SEP, str(max(best))], "lis chain of thought")
         check_answer(self, words, answer)

@@ -13,8 +13,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, FiniteFloat, NonNegativeInt, PositiveInt,
-                      ValidationError, ValidationInfo, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,28 +68,41 @@ class GenerateConfig(Section):
     train_samples: PositiveInt
     test_samples: PositiveInt
     datasets: dict[str, list[PositiveInt]] = Field(description="task name -> sizes to generate")
-    task_params: dict[str, dict[str, Any]] = Field(default_factory=dict, description="task name -> generator parameters")
+    task_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="task name -> generator parameters"
+    )
     row_group_size: PositiveInt = 65_536
-    unique: bool = Field(True, description="train samples distinct and disjoint from test; false: i.i.d. draws "
-                                           "with repeats, as the separations paper samples online")
-    chunk_size: PositiveInt = Field(4096, description="samples per seeded generator chunk: part of the seed, "
-                                                      "changing it changes the data")
-    workers: PositiveInt = Field(1, description="generator and checker processes (1: in the stage's own process); "
-                                                "the files are byte-identical for any value")
-    validate_samples: PositiveInt | None = Field(None, description="samples per file checked by the task's "
-                                                                   "checker as it is written; None = every sample")
-    per_task: dict[str, TaskGenerate] = Field(default_factory=dict, description="task name -> train_samples, "
-                                              "test_samples or unique for that task only")
+    unique: bool = Field(
+        True,
+        description="train samples distinct and disjoint from test; false: i.i.d. draws "
+        "with repeats, as the separations paper samples online",
+    )
+    chunk_size: PositiveInt = Field(
+        4096, description="samples per seeded generator chunk: part of the seed, changing it changes the data"
+    )
+    workers: PositiveInt = Field(
+        1,
+        description="generator and checker processes (1: in the stage's own process); "
+        "the files are byte-identical for any value",
+    )
+    validate_samples: PositiveInt | None = Field(
+        None, description="samples per file checked by the task's checker as it is written; None = every sample"
+    )
+    per_task: dict[str, TaskGenerate] = Field(
+        default_factory=dict, description="task name -> train_samples, test_samples or unique for that task only"
+    )
 
     @model_validator(mode="after")
-    def few_enough_workers(self) -> "GenerateConfig":
+    def few_enough_workers(self) -> GenerateConfig:
         if self.workers > MAX_WORKERS:
-            raise ConfigError(f"generate.workers: {self.workers} is more than {MAX_WORKERS} processes; allowed: 1 to "
-                              f"{MAX_WORKERS} (the files are byte-identical for any number, so more processes than "
-                              "cores only cost memory and start-up)")
+            raise ConfigError(
+                f"generate.workers: {self.workers} is more than {MAX_WORKERS} processes; allowed: 1 to "
+                f"{MAX_WORKERS} (the files are byte-identical for any number, so more processes than "
+                "cores only cost memory and start-up)"
+            )
         return self
 
-    def for_task(self, task: str) -> "GenerateConfig":
+    def for_task(self, task: str) -> GenerateConfig:
         """This section as it applies to ``task``: its per_task entry, if any, wins."""
         over = self.per_task.get(task)
         return self if over is None else self.model_copy(update=over.model_dump(exclude_none=True))
@@ -94,43 +117,67 @@ class SweepConfig(Section):
     heads: PositiveInt = 4
     dropout: float = Field(0.1, ge=0, lt=1)
     arch_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="architecture -> options")
-    task_architectures: dict[str, list[str]] = Field(default_factory=dict, description="task -> the architectures "
-                                                     "trained on it instead of sweep.architectures (one profile, "
-                                                     "each paper's models on its own tasks)")
-    arch_depths: dict[str, list[PositiveInt]] = Field(default_factory=dict, description="architecture -> its own "
-                                                      "depths instead of sweep.depths (the separations paper's LSTM "
-                                                      "stops at 3 layers)")
-    arch_widths: dict[str, list[PositiveInt]] = Field(default_factory=dict, description="architecture -> its own "
-                                                      "widths instead of sweep.widths (a 1-layer Transformer at 64 "
-                                                      "beside an LSTM at 64..256)")
-    arch_lrs: dict[str, list[FiniteFloat]] = Field(default_factory=dict, description="architecture -> its own "
-                                                   "learning rates instead of sweep.lr / sweep.lrs")
+    task_architectures: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="task -> the architectures "
+        "trained on it instead of sweep.architectures (one profile, "
+        "each paper's models on its own tasks)",
+    )
+    arch_depths: dict[str, list[PositiveInt]] = Field(
+        default_factory=dict,
+        description="architecture -> its own "
+        "depths instead of sweep.depths (the separations paper's LSTM "
+        "stops at 3 layers)",
+    )
+    arch_widths: dict[str, list[PositiveInt]] = Field(
+        default_factory=dict,
+        description="architecture -> its own "
+        "widths instead of sweep.widths (a 1-layer Transformer at 64 "
+        "beside an LSTM at 64..256)",
+    )
+    arch_lrs: dict[str, list[FiniteFloat]] = Field(
+        default_factory=dict, description="architecture -> its own learning rates instead of sweep.lr / sweep.lrs"
+    )
     # search: every cell of the grid, or per (task, architecture, depth, seed) the smallest solved width
     search: Literal["grid", "frontier"] = "grid"
     # optimisation (linear warm-up and linear decay to 0, as in Feng et al.)
-    optimizer: Literal["adamw", "adam"] = Field("adamw", description="adamw: decoupled weight decay on matrices "
-                                                "(the DP paper); adam: plain Adam, no decay (the separations paper)")
+    optimizer: Literal["adamw", "adam"] = Field(
+        "adamw",
+        description="adamw: decoupled weight decay on matrices "
+        "(the DP paper); adam: plain Adam, no decay (the separations paper)",
+    )
     batch_size: PositiveInt = 512
     epochs: PositiveInt = 100
     max_steps: int = Field(-1, description="step budget; -1: run all epochs")
     lr: FiniteFloat = Field(1e-4, gt=0, description="the learning rate, when sweep.lrs is not set")
-    lrs: list[FiniteFloat] | None = Field(None, description="learning rates tried per cell; a cell's result is its "
-                                          "best run (by validation accuracy)")
+    lrs: list[FiniteFloat] | None = Field(
+        None, description="learning rates tried per cell; a cell's result is its best run (by validation accuracy)"
+    )
     weight_decay: float = Field(0.01, ge=0)
     warmup_fraction: float = Field(0.05, ge=0, le=1)
     grad_clip: FiniteFloat | None = Field(1.0, gt=0, description="gradient-norm clip; null: none")
     precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
     # stopping: a trial ends solved, plateaued, diverged or at its budget (pipeline/training/verdict.py)
-    patience: PositiveInt = Field(2, description="consecutive validations at or above report.accuracy_threshold "
-                                                 "that make a trial solved")
-    plateau_checks: PositiveInt | None = Field(None, description="validations without a gain of min_delta in "
-                                               "validation accuracy that end a trial as unsolved; null: never")
+    patience: PositiveInt = Field(
+        2, description="consecutive validations at or above report.accuracy_threshold that make a trial solved"
+    )
+    plateau_checks: PositiveInt | None = Field(
+        None,
+        description="validations without a gain of min_delta in "
+        "validation accuracy that end a trial as unsolved; null: never",
+    )
     min_delta: float = Field(0.01, ge=0, lt=1)
-    stop_when_solved: bool = Field(True, description="false: every trial runs its whole budget (a fixed-budget "
-                                                     "grid); the verdict still says whether it was solved")
+    stop_when_solved: bool = Field(
+        True,
+        description="false: every trial runs its whole budget (a fixed-budget "
+        "grid); the verdict still says whether it was solved",
+    )
     # evaluation
-    val_samples: PositiveInt = Field(1024, description="training samples held out for validation (never trained "
-                                                       "on, disjoint from test when generate.unique)")
+    val_samples: PositiveInt = Field(
+        1024,
+        description="training samples held out for validation (never trained "
+        "on, disjoint from test when generate.unique)",
+    )
     eval_samples: PositiveInt | None = Field(None, description="test samples decoded greedily at the end; None = all")
     val_every_steps: PositiveInt | None = Field(None, description="validate every N steps; None = every epoch")
     eval_batch_size: PositiveInt = 256
@@ -138,41 +185,66 @@ class SweepConfig(Section):
     cpus_per_trial: PositiveInt = 1
     gpus_per_trial: float = Field(0, ge=0)
     max_concurrent_trials: PositiveInt | None = None
-    workers_per_trial: PositiveInt = Field(1, description="data-parallel workers per trial on one node (DDP: gloo on "
-                                           "CPU, nccl on GPU), each with cpus_per_trial CPUs, at the same global "
-                                           "batch (batch_size split across them); gpus_per_trial above 1 sets it")
-    max_failures: int = Field(2, ge=0, description="retries of a trial whose worker died or raised; each retry "
-                                                   "continues from the trial's last checkpoint")
-    checkpoints_to_keep: PositiveInt = Field(2, description="a trial's newest checkpoints kept in "
-                                             "cluster.storage_path (one per validation); older ones are deleted")
-    keep_checkpoints: bool = Field(False, description="keep a trial's checkpoints (weights and optimiser state) "
-                                   "after it ends; by default they are deleted once its result is recorded")
+    workers_per_trial: PositiveInt = Field(
+        1,
+        description="data-parallel workers per trial on one node (DDP: gloo on "
+        "CPU, nccl on GPU), each with cpus_per_trial CPUs, at the same global "
+        "batch (batch_size split across them); gpus_per_trial above 1 sets it",
+    )
+    max_failures: int = Field(
+        2,
+        ge=0,
+        description="retries of a trial whose worker died or raised; each retry "
+        "continues from the trial's last checkpoint",
+    )
+    checkpoints_to_keep: PositiveInt = Field(
+        2,
+        description="a trial's newest checkpoints kept in "
+        "cluster.storage_path (one per validation); older ones are deleted",
+    )
+    keep_checkpoints: bool = Field(
+        False,
+        description="keep a trial's checkpoints (weights and optimiser state) "
+        "after it ends; by default they are deleted once its result is recorded",
+    )
     experiment: NonBlank = "capacity-atlas"
-    reuse: bool = Field(True, description="reuse runs this MLflow experiment already finished with the same data, "
-                                          "training settings and training code, instead of training them again")
+    reuse: bool = Field(
+        True,
+        description="reuse runs this MLflow experiment already finished with the same data, "
+        "training settings and training code, instead of training them again",
+    )
 
     @model_validator(mode="after")
-    def one_lr_form(self) -> "SweepConfig":
+    def one_lr_form(self) -> SweepConfig:
         if {"lr", "lrs"} <= self.model_fields_set:
-            raise ConfigError("sweep.lr and sweep.lrs are both set in one file: give one learning rate as sweep.lr "
-                              "or a list as sweep.lrs (an override of either in params.yaml replaces the profile's)")
+            raise ConfigError(
+                "sweep.lr and sweep.lrs are both set in one file: give one learning rate as sweep.lr "
+                "or a list as sweep.lrs (an override of either in params.yaml replaces the profile's)"
+            )
         return self
 
     @model_validator(mode="after")
-    def one_gpu_per_worker(self) -> "SweepConfig":
+    def one_gpu_per_worker(self) -> SweepConfig:
         g, w = self.gpus_per_trial, self.workers_per_trial
         if g > 1 and g != int(g):
-            raise ConfigError(f"sweep.gpus_per_trial: {g} -- above 1 it counts whole GPUs (one data-parallel worker "
-                              "each); below 1 it is a share of one GPU")
+            raise ConfigError(
+                f"sweep.gpus_per_trial: {g} -- above 1 it counts whole GPUs (one data-parallel worker "
+                "each); below 1 it is a share of one GPU"
+            )
         if g > 1 and w not in (1, int(g)):
-            raise ConfigError(f"sweep.workers_per_trial: {w} with sweep.gpus_per_trial {g:g}: each data-parallel "
-                              f"worker takes one GPU, so workers_per_trial is {int(g)} (or leave it at 1)")
+            raise ConfigError(
+                f"sweep.workers_per_trial: {w} with sweep.gpus_per_trial {g:g}: each data-parallel "
+                f"worker takes one GPU, so workers_per_trial is {int(g)} (or leave it at 1)"
+            )
         if 0 < g < 1 and w > 1:
-            raise ConfigError(f"sweep.workers_per_trial: {w} with a share of one GPU (gpus_per_trial {g:g}): "
-                              "data-parallel workers need a GPU each")
+            raise ConfigError(
+                f"sweep.workers_per_trial: {w} with a share of one GPU (gpus_per_trial {g:g}): "
+                "data-parallel workers need a GPU each"
+            )
         if self.batch_size % self.workers() != 0:
-            raise ConfigError(f"sweep.batch_size: {self.batch_size} does not split evenly over {self.workers()} "
-                              "data-parallel workers")
+            raise ConfigError(
+                f"sweep.batch_size: {self.batch_size} does not split evenly over {self.workers()} data-parallel workers"
+            )
         return self
 
     def workers(self) -> int:
@@ -182,8 +254,10 @@ class SweepConfig(Section):
     def trial_resources(self) -> dict[str, float]:
         """What one trial takes from one Ray node: every worker's CPUs and GPUs."""
         w = self.workers()
-        return {"cpu": self.cpus_per_trial * w, "gpu": self.gpus_per_trial if self.gpus_per_trial > 1
-                else self.gpus_per_trial * w}
+        return {
+            "cpu": self.cpus_per_trial * w,
+            "gpu": self.gpus_per_trial if self.gpus_per_trial > 1 else self.gpus_per_trial * w,
+        }
 
     def architectures_for(self, task: str) -> list[str]:
         return self.task_architectures.get(task, self.architectures)
@@ -201,28 +275,47 @@ class SweepConfig(Section):
 
 
 class ReportConfig(Section):
-    accuracy_threshold: float = Field(0.9, gt=0, lt=1, description="test accuracy at or above which a cell "
-                                      "passes; a trial stops once validation reaches it (sweep.patience)")
+    accuracy_threshold: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="test accuracy at or above which a cell "
+        "passes; a trial stops once validation reaches it (sweep.patience)",
+    )
 
 
 class NightlyConfig(Section):
     """`python -m pipeline.nightly`: what counts as a regression against the previous night's run of a cell."""
 
     history: NonBlank = Field("nightly", description="directory (relative to the repo) of the nights' snapshots")
-    accuracy_drop: float = Field(0.05, ge=0, le=1, description="a cell's test accuracy falling by more than this "
-                                 "is a regression (rising by more: an improvement)")
-    throughput_drop: float = Field(0.3, ge=0, le=1, description="training throughput (PFLOP/s) falling by more "
-                                   "than this fraction is a regression (a shared CPU is noisy: keep it loose)")
+    accuracy_drop: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="a cell's test accuracy falling by more than this is a regression (rising by more: an improvement)",
+    )
+    throughput_drop: float = Field(
+        0.3,
+        ge=0,
+        le=1,
+        description="training throughput (PFLOP/s) falling by more "
+        "than this fraction is a regression (a shared CPU is noisy: keep it loose)",
+    )
 
 
 class ClusterConfig(Section):
-    ray_address: NonBlank | None = Field(None, description="Ray head to join; None: $RAY_ADDRESS, else a local "
-                                                           "ray.init")
-    mlflow_tracking_uri: NonBlank | None = Field(None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the "
-                                                                   "repo")
-    storage_path: NonBlank | None = Field(None, description="where trials keep checkpoints and read their datasets: a "
-                                     "path every Ray node sees, or a URI pyarrow understands (s3://, gs://); None: "
-                                     "$CAPACITY_ATLAS_STORAGE, else ray_results/ in the repo (one machine)")
+    ray_address: NonBlank | None = Field(
+        None, description="Ray head to join; None: $RAY_ADDRESS, else a local ray.init"
+    )
+    mlflow_tracking_uri: NonBlank | None = Field(
+        None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the repo"
+    )
+    storage_path: NonBlank | None = Field(
+        None,
+        description="where trials keep checkpoints and read their datasets: a "
+        "path every Ray node sees, or a URI pyarrow understands (s3://, gs://); None: "
+        "$CAPACITY_ATLAS_STORAGE, else ray_results/ in the repo (one machine)",
+    )
 
     def ray(self) -> str | None:
         return self.ray_address or os.environ.get("RAY_ADDRESS") or None
@@ -231,8 +324,7 @@ class ClusterConfig(Section):
         return self.storage_path or os.environ.get("CAPACITY_ATLAS_STORAGE") or str(ROOT / "ray_results")
 
     def mlflow(self) -> str:
-        return (self.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-                or f"sqlite:///{ROOT / 'mlflow.db'}")
+        return self.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlflow.db'}"
 
 
 class Config(Section):
@@ -245,7 +337,7 @@ class Config(Section):
     cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
-    def check(self, info: ValidationInfo) -> "Config":
+    def check(self, info: ValidationInfo) -> Config:
         check_semantics(self)
         if (info.context or {}).get("architectures", True):
             check_architectures(self)
@@ -287,8 +379,9 @@ def check_semantics(cfg: Config) -> None:
     for task, sizes in (cfg.sweep.datasets or {}).items():
         for size in sizes:
             if size not in cfg.generate.datasets.get(task, []):
-                raise one_of(f"sweep.datasets.{task}", size,
-                             [f"{t}={s}" for t, ss in cfg.generate.datasets.items() for s in ss])
+                raise one_of(
+                    f"sweep.datasets.{task}", size, [f"{t}={s}" for t, ss in cfg.generate.datasets.items() for s in ss]
+                )
     for arch, depths in cfg.sweep.arch_depths.items():
         if not depths:
             raise ConfigError(f"sweep.arch_depths.{arch} is empty: {arch} would have no trials")
@@ -304,12 +397,16 @@ def check_semantics(cfg: Config) -> None:
         if not getattr(cfg.sweep, key):
             raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
     # a repeat names one trial (or dataset) twice: it runs once, and the grid is smaller than it reads
-    lists = {"tasks": cfg.tasks, "sweep.architectures": cfg.sweep.architectures, "sweep.depths": cfg.sweep.depths,
-             "sweep.seeds": cfg.sweep.seeds,
-             **{f"generate.datasets.{t}": sizes for t, sizes in cfg.generate.datasets.items()},
-             **{f"sweep.datasets.{t}": sizes for t, sizes in (cfg.sweep.datasets or {}).items()},
-             **{f"sweep.arch_depths.{a}": depths for a, depths in cfg.sweep.arch_depths.items()},
-             **{f"sweep.task_architectures.{t}": archs for t, archs in cfg.sweep.task_architectures.items()}}
+    lists = {
+        "tasks": cfg.tasks,
+        "sweep.architectures": cfg.sweep.architectures,
+        "sweep.depths": cfg.sweep.depths,
+        "sweep.seeds": cfg.sweep.seeds,
+        **{f"generate.datasets.{t}": sizes for t, sizes in cfg.generate.datasets.items()},
+        **{f"sweep.datasets.{t}": sizes for t, sizes in (cfg.sweep.datasets or {}).items()},
+        **{f"sweep.arch_depths.{a}": depths for a, depths in cfg.sweep.arch_depths.items()},
+        **{f"sweep.task_architectures.{t}": archs for t, archs in cfg.sweep.task_architectures.items()},
+    }
     for key, values in lists.items():
         if len(set(values)) != len(values):
             raise ConfigError(f"{key}: {values} has repeats; allowed: distinct values")
@@ -324,13 +421,17 @@ def check_semantics(cfg: Config) -> None:
         if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
             raise ConfigError(f"{key}: {lrs} must be positive and distinct")
     if cfg.sweep.max_steps == 0 or cfg.sweep.max_steps < -1:
-        raise ConfigError(f"sweep.max_steps: {cfg.sweep.max_steps} trains nothing; allowed: a positive step budget, "
-                          "or -1 for all epochs")
+        raise ConfigError(
+            f"sweep.max_steps: {cfg.sweep.max_steps} trains nothing; allowed: a positive step budget, "
+            "or -1 for all epochs"
+        )
     every, budget = cfg.sweep.val_every_steps, cfg.sweep.max_steps
     if every is not None and budget > 0 and every > budget:
-        raise ConfigError(f"sweep.val_every_steps: {every} is more than sweep.max_steps = {budget}: a trial would "
-                          f"never validate (no early stop, no checkpoint); allowed: 1 to {budget}, or null for every "
-                          "epoch")
+        raise ConfigError(
+            f"sweep.val_every_steps: {every} is more than sweep.max_steps = {budget}: a trial would "
+            f"never validate (no early stop, no checkpoint); allowed: 1 to {budget}, or null for every "
+            "epoch"
+        )
     if not cfg.sweep_datasets():
         raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
     if cfg.sweep.gpus_per_trial == 0 and cfg.sweep.precision == "16-mixed":
@@ -358,18 +459,26 @@ def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
         raise ConfigError(f"{key} is empty: the grid would have no trials")
     for width in widths:
         if width % heads:
-            raise ConfigError(f"{key}: {width} is not divisible by sweep.heads = {heads}; "
-                              f"allowed widths are multiples of {heads}")
+            raise ConfigError(
+                f"{key}: {width} is not divisible by sweep.heads = {heads}; allowed widths are multiples of {heads}"
+            )
     if widths != sorted(set(widths)):
-        raise ConfigError(f"{key}: {widths} must be strictly increasing (sorted, no repeats): the frontier and the "
-                          "heatmaps read widths in order")
+        raise ConfigError(
+            f"{key}: {widths} must be strictly increasing (sorted, no repeats): the frontier and the "
+            "heatmaps read widths in order"
+        )
     if search == "frontier" and len(widths) < 2:
-        raise ConfigError(f"{key}: {widths} is a single width; sweep.search: frontier needs at least two widths "
-                          "to search (use sweep.search: grid)")
+        raise ConfigError(
+            f"{key}: {widths} is a single width; sweep.search: frontier needs at least two widths "
+            "to search (use sweep.search: grid)"
+        )
 
 
-SECTIONS = [name for name, field in Config.model_fields.items()
-            if isinstance(field.annotation, type) and issubclass(field.annotation, Section)]
+SECTIONS = [
+    name
+    for name, field in Config.model_fields.items()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, Section)
+]
 # Keys that are two spellings of one setting: a layer that sets one replaces the other from the layers below.
 ALTERNATIVES = {"sweep": [("lr", "lrs")]}
 # Mappings that say *what* to run are replaced whole by an override (params.yaml's
@@ -401,8 +510,9 @@ def read_yaml(path: Path) -> dict:
         raise ConfigError(f"{path} must hold a mapping of sections, not {type(data).__name__}")
     for section in SECTIONS:
         if data.get(section) is not None and not isinstance(data[section], dict):
-            raise ConfigError(f"{path}: {section}: {data[section]!r} is not allowed; allowed: a mapping of "
-                              f"{section} keys (or null)")
+            raise ConfigError(
+                f"{path}: {section}: {data[section]!r} is not allowed; allowed: a mapping of {section} keys (or null)"
+            )
     return data
 
 
@@ -410,8 +520,9 @@ def profiles() -> list[str]:
     return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
 
 
-def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = None,
-         architectures: bool = True) -> Config:
+def load(
+    params_path: Path | str = ROOT / "params.yaml", profile: str | None = None, architectures: bool = True
+) -> Config:
     """The effective, validated config. ``profile`` overrides ``params.yaml``'s choice (used by tests);
     ``architectures=False`` skips the checks that need the model registry (and torch)."""
     params = read_yaml(Path(params_path))

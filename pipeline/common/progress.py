@@ -6,12 +6,19 @@ import sys
 
 from tqdm import tqdm
 
-
 SHOWN = True  # False in worker processes that run whole jobs side by side: their bars would overwrite each other
 
 
 def progress(total: int, desc: str, unit: str = "it") -> tqdm:
     live = sys.stderr.isatty()
     hidden = {} if SHOWN else {"disable": True}  # never disable=False: it would override $TQDM_DISABLE
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True,
-                mininterval=0.2 if live else 30.0, leave=True, **hidden)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        dynamic_ncols=True,
+        mininterval=0.2 if live else 30.0,
+        leave=True,
+        **hidden,
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -58,7 +59,7 @@ def imported_names(path: Path, module: str) -> set[str]:
     """Every module an ``import`` in ``path`` may load (relative imports resolved against ``module``)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in walk_run_time(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -69,6 +70,16 @@ def imported_names(path: Path, module: str) -> set[str]:
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
     return names
+
+
+def walk_run_time(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``, which never runs."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            yield from (n for orelse in node.orelse for n in [orelse, *walk_run_time(orelse)])
+            continue
+        yield node
+        yield from walk_run_time(node)
 
 
 @cache

@@ -34,8 +34,9 @@ from tasks.base import Batch
 
 META_KEY = b"capacity_atlas"
 MAPPED_DIR = ".mapped"  # beside the Parquet files, keyed by their content
-SCHEMA = pa.schema([("tokens", pa.list_(pa.uint16())), ("prompt_len", pa.int32()),
-                    ("answer", pa.int32()), ("length", pa.int32())])
+SCHEMA = pa.schema(
+    [("tokens", pa.list_(pa.uint16())), ("prompt_len", pa.int32()), ("answer", pa.int32()), ("length", pa.int32())]
+)
 
 
 class DatasetError(RuntimeError):
@@ -62,16 +63,20 @@ class Stats:
 
     def summary(self) -> dict:
         samples = int(self.lengths.sum())
-        return {"samples": samples, "max_length": int(np.flatnonzero(self.lengths).max(initial=0)),
-                "mean_length": round(float(self.lengths @ np.arange(len(self.lengths))) / max(samples, 1), 3),
-                "length_counts": nonzero_counts(self.lengths), "answer_counts": nonzero_counts(self.answers),
-                **self.features}
+        return {
+            "samples": samples,
+            "max_length": int(np.flatnonzero(self.lengths).max(initial=0)),
+            "mean_length": round(float(self.lengths @ np.arange(len(self.lengths))) / max(samples, 1), 3),
+            "length_counts": nonzero_counts(self.lengths),
+            "answer_counts": nonzero_counts(self.answers),
+            **self.features,
+        }
 
 
 def add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out = np.zeros(max(len(a), len(b)), np.int64)
-    out[:len(a)] += a
-    out[:len(b)] += b
+    out[: len(a)] += a
+    out[: len(b)] += b
     return out
 
 
@@ -81,17 +86,24 @@ def nonzero_counts(counts: np.ndarray) -> dict[str, int]:
 
 def to_table(batch: Batch) -> pa.Table:
     offsets = pa.array(batch.offsets.astype(np.int32))
-    return pa.table({"tokens": pa.ListArray.from_arrays(offsets, pa.array(batch.values.astype(np.uint16, copy=False))),
-                     "prompt_len": pa.array(batch.prompt_len, pa.int32()), "answer": pa.array(batch.answer, pa.int32()),
-                     "length": pa.array(batch.lengths.astype(np.int32), pa.int32())}, schema=SCHEMA)
+    return pa.table(
+        {
+            "tokens": pa.ListArray.from_arrays(offsets, pa.array(batch.values.astype(np.uint16, copy=False))),
+            "prompt_len": pa.array(batch.prompt_len, pa.int32()),
+            "answer": pa.array(batch.answer, pa.int32()),
+            "length": pa.array(batch.lengths.astype(np.int32), pa.int32()),
+        },
+        schema=SCHEMA,
+    )
 
 
 class ParquetSink:
     """Append batches to ``path.tmp`` in row groups of exactly ``row_group_size`` samples (the last one shorter), so
     memory stays bounded and the bytes depend only on the samples; ``close`` renames it into place when complete."""
 
-    def __init__(self, path: Path, metadata: dict, row_group_size: int,
-                 inspect: Callable[[pa.Table, int], None] | None = None):
+    def __init__(
+        self, path: Path, metadata: dict, row_group_size: int, inspect: Callable[[pa.Table, int], None] | None = None
+    ):
         self.path, self.tmp = Path(path), Path(f"{path}.tmp")
         self.metadata, self.row_group_size = metadata, row_group_size
         self.inspect = inspect  # sees each table just before it is written, with the index of its first row
@@ -159,22 +171,28 @@ class Dataset:
         return len(self.prompt_len)
 
     def sequence(self, i: int) -> np.ndarray:
-        return self.values[self.offsets[i]:self.offsets[i + 1]]
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
 
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets) - 1  # without <eos>
 
-    def head(self, n: int | None) -> "Dataset":
+    def head(self, n: int | None) -> Dataset:
         """The first ``n`` samples (all if None), sharing this dataset's arrays: no second read of the file."""
         return self if n is None or n >= len(self) else self.slice(0, n)
 
-    def slice(self, start: int, stop: int) -> "Dataset":
+    def slice(self, start: int, stop: int) -> Dataset:
         """Samples ``start:stop``, sharing this dataset's token array (offsets rebased, values not copied)."""
         start, stop = max(0, start), min(len(self), stop)
         lo, hi = self.offsets[start], self.offsets[stop]
-        return Dataset(self.path, self.meta, self.values[lo:hi], self.offsets[start:stop + 1] - lo,
-                       self.prompt_len[start:stop], self.answer[start:stop])
+        return Dataset(
+            self.path,
+            self.meta,
+            self.values[lo:hi],
+            self.offsets[start : stop + 1] - lo,
+            self.prompt_len[start:stop],
+            self.answer[start:stop],
+        )
 
 
 def read_metadata(path: Path) -> dict:
@@ -222,8 +240,9 @@ def build_mapped_copy(path: Path, entry: Path) -> None:
     try:
         parquet = pq.ParquetFile(path)
         if parquet.schema_arrow.remove_metadata() != SCHEMA:
-            raise DatasetError(f"dataset file {path} has schema {parquet.schema_arrow.remove_metadata()}, "
-                               f"expected {SCHEMA}")
+            raise DatasetError(
+                f"dataset file {path} has schema {parquet.schema_arrow.remove_metadata()}, expected {SCHEMA}"
+            )
         columns = parquet.read(columns=["length", "prompt_len", "answer"])
         offsets = np.concatenate([[0], np.cumsum(columns.column("length").to_numpy() + 1)])  # + 1: the <eos>
         tmp.mkdir(parents=True)
@@ -231,15 +250,25 @@ def build_mapped_copy(path: Path, entry: Path) -> None:
         for name in ("prompt_len", "answer"):
             np.save(tmp / f"{name}.npy", columns.column(name).to_numpy())
         with open(tmp / "values.npy", "wb") as f:
-            np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint16)),
-                                                     "fortran_order": False, "shape": (int(offsets[-1]),)})
+            np.lib.format.write_array_header_1_0(
+                f,
+                {
+                    "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint16)),
+                    "fortran_order": False,
+                    "shape": (int(offsets[-1]),),
+                },
+            )
             first = 0
             for g in range(parquet.num_row_groups):
                 for tokens in parquet.read_row_group(g, columns=["tokens"]).column("tokens").chunks:
                     rows = len(tokens)
-                    if not np.array_equal(np.diff(tokens.offsets.to_numpy()), np.diff(offsets[first:first + rows + 1])):
-                        raise DatasetError(f"dataset file {path}: the length column disagrees with the tokens in "
-                                           f"rows {first}..{first + rows - 1}")
+                    if not np.array_equal(
+                        np.diff(tokens.offsets.to_numpy()), np.diff(offsets[first : first + rows + 1])
+                    ):
+                        raise DatasetError(
+                            f"dataset file {path}: the length column disagrees with the tokens in "
+                            f"rows {first}..{first + rows - 1}"
+                        )
                     f.write(tokens.flatten().to_numpy())  # the values of these rows, zero-copy
                     first += rows
         try:
@@ -252,8 +281,9 @@ def build_mapped_copy(path: Path, entry: Path) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
         pa.default_memory_pool().release_unused()  # the row groups' buffers: this process goes on to train
     except (pa.ArrowException, OSError) as err:
-        raise DatasetError(f"dataset file {path} is corrupt, or its mapped copy {entry} cannot be written: "
-                           f"{err}") from None
+        raise DatasetError(
+            f"dataset file {path} is corrupt, or its mapped copy {entry} cannot be written: {err}"
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -46,8 +46,16 @@ class Pool:
         # spawn, not fork: the parent holds pyarrow and numba thread pools, which a forked child must not inherit.
         # Workers run at a lower priority: the parent's own work (writing the file) is the stage's critical path,
         # so it should never wait for a core; the workers take whatever it leaves.
-        self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=start_worker, initargs=(os.getpid(),)) if workers > 1 else None
+        self.executor = (
+            ProcessPoolExecutor(
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=start_worker,
+                initargs=(os.getpid(),),
+            )
+            if workers > 1
+            else None
+        )
 
     def imap(self, fn: Callable, args: Iterable[tuple], ahead: int | None = None) -> Iterator:
         """``fn(*a)`` for each ``a`` in ``args`` (which may be endless), in order, with ``ahead`` tasks in flight
@@ -108,7 +116,7 @@ class Pool:
         # not awaited after a kill: the executor's threads may still be ending
         self.executor.shutdown(wait=not kill, cancel_futures=True)
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, error: type[BaseException] | None, *exc) -> None:

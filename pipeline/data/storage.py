@@ -75,5 +75,7 @@ def fetch(location: str, node: str | None = None) -> Path:
             os.replace(tmp, local)
         return local
     except (OSError, ValueError) as err:  # pyarrow's errors are OSErrors
-        raise DatasetError(f"node {node or socket.gethostname()} cannot read dataset {location} ({err}): every Ray "
-                           "node must see cluster.storage_path (a shared path, or a URI such as s3://...)") from None
+        raise DatasetError(
+            f"node {node or socket.gethostname()} cannot read dataset {location} ({err}): every Ray "
+            "node must see cluster.storage_path (a shared path, or a URI such as s3://...)"
+        ) from None

@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 
 import tasks
 from pipeline.common import config as config_mod
+from pipeline.common.progress import progress
 from pipeline.data.datasets import DatasetError, read_metadata
 from pipeline.data.parallel import Pool
-from pipeline.common.progress import progress
 
 
 @functools.lru_cache(maxsize=8)
@@ -58,7 +58,7 @@ def check_table(task: tasks.Task, table: pa.Table, first: int, rows: np.ndarray,
     prompt_len, answer = picked.column("prompt_len").to_numpy(), picked.column("answer").to_numpy()
     for i, r in enumerate(rows):
         try:
-            task.check(values[offsets[i]:offsets[i + 1]], int(prompt_len[i]), int(answer[i]))  # offsets index .values
+            task.check(values[offsets[i] : offsets[i + 1]], int(prompt_len[i]), int(answer[i]))  # offsets index .values
         except tasks.TaskError as err:
             raise tasks.TaskError(f"{path} sample {first + r}: {err}") from None
     return len(rows)
@@ -99,8 +99,10 @@ def validate_file(path: Path, samples: int | None = None, seed: int = 0, pool: P
     count = parquet.metadata.num_rows
     max_length = pc.max(parquet.read(columns=["length"]).column("length")).as_py()
     if (meta["stats"]["samples"], meta["stats"]["max_length"]) != (count, max_length):
-        raise DatasetError(f"{path}: stats say {meta['stats']['samples']} samples of max length "
-                           f"{meta['stats']['max_length']}, the data has {count} of max length {max_length}")
+        raise DatasetError(
+            f"{path}: stats say {meta['stats']['samples']} samples of max length "
+            f"{meta['stats']['max_length']}, the data has {count} of max length {max_length}"
+        )
     chosen = chosen_rows(count, samples, seed)
     starts = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
     units = []
@@ -116,8 +118,11 @@ def validate_file(path: Path, samples: int | None = None, seed: int = 0, pool: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.data.validate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.data.validate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("files", nargs="*", type=Path, help="Parquet files to check (or use --task)")
     ap.add_argument("--task", help="check every file in DATA/<task>/")
     ap.add_argument("--data", type=Path, default=config_mod.ROOT / "data", help="data directory (default: %(default)s)")

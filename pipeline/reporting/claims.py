@@ -12,14 +12,14 @@ diff`` shows a claim that changed) and tags the MLflow parent run with them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Callable, Iterable, Literal
+from typing import Literal
 
 import pandas as pd
 
 from pipeline.reporting.tables import cell_means, min_gflops
-
 
 
 class ClaimStatus(StrEnum):
@@ -32,6 +32,7 @@ class ClaimStatus(StrEnum):
     @property
     def rank(self) -> int:
         return list(ClaimStatus).index(self)
+
 
 TRANSFORMERS = ("transformer", "standard")  # softmax attention: the separations paper's and the DP paper's
 RECURRENT = ("lstm", "dss", "mamba", "retnet", "linear_nofm")  # the separations paper's non-attention models
@@ -93,11 +94,16 @@ class Evidence:
         width = self.min_width(task, size, arch, depths)
         return None if math.isnan(width) else width < INF
 
-    def best_accuracy(self, task: str, size: int, arch: str, depths: Iterable[int] | None = None,
-                      below: float = INF) -> float:
+    def best_accuracy(
+        self, task: str, size: int, arch: str, depths: Iterable[int] | None = None, below: float = INF
+    ) -> float:
         """The best mean test accuracy over widths narrower than ``below`` (and depths); NaN if none was measured."""
-        mine = self.cells[(self.cells.task == task) & (self.cells["size"] == size) & (self.cells.arch == arch)
-                          & (self.cells.width < below)]
+        mine = self.cells[
+            (self.cells.task == task)
+            & (self.cells["size"] == size)
+            & (self.cells.arch == arch)
+            & (self.cells.width < below)
+        ]
         if depths is not None:
             mine = mine[mine.depth.isin(list(depths))]
         return float(mine.accuracy.max()) if mine.accuracy.notna().any() else math.nan
@@ -125,16 +131,24 @@ def width_grows(min_depth: int) -> Callable[[Evidence], Check]:
             for arch in EFFICIENT:
                 for depth in (d for d in ev.depths(task, arch) if d >= min_depth):
                     widths = [ev.min_width(task, s, arch, [depth]) for s in sizes]
-                    if len(sizes) < 2 or all(w == INF for w in widths) \
-                            or all(w == ev.narrowest(task, arch) for w in widths):
+                    if (
+                        len(sizes) < 2
+                        or all(w == INF for w in widths)
+                        or all(w == ev.narrowest(task, arch) for w in widths)
+                    ):
                         continue
                     chain = f"{task} {arch} d{depth}: " + ", ".join(
-                        f"n={s} D={width_text(w)}" for s, w in zip(sizes, widths))
+                        f"n={s} D={width_text(w)}" for s, w in zip(sizes, widths)
+                    )
                     grows = all(a <= b for a, b in zip(widths, widths[1:])) and widths[-1] > widths[0]
                     (passes if grows else failures).append(chain)
         deeper = f" at depth >= {min_depth}" if min_depth > 1 else ""
-        return holds_if(failures, passes, f"needs two sizes of arithmetic, ed or lis with sparse or linear{deeper}, "
-                                          "solved at some size above the narrowest width")
+        return holds_if(
+            failures,
+            passes,
+            f"needs two sizes of arithmetic, ed or lis with sparse or linear{deeper}, "
+            "solved at some size above the narrowest width",
+        )
 
     return rule
 
@@ -155,8 +169,11 @@ def no_savings_general(ev: Evidence) -> Check:
                 if (task, size, arch, depth) not in best.index:
                     continue
                 cost = best.loc[(task, size, arch, depth)].min_paper_gflops
-                case = f"{task} n={size} d{depth}: {arch} {cost:.3g} vs standard {base:.3g} GFLOPs" \
-                    if pd.notna(cost) else f"{task} n={size} d{depth}: {arch} unsolved, standard {base:.3g} GFLOPs"
+                case = (
+                    f"{task} n={size} d{depth}: {arch} {cost:.3g} vs standard {base:.3g} GFLOPs"
+                    if pd.notna(cost)
+                    else f"{task} n={size} d{depth}: {arch} unsolved, standard {base:.3g} GFLOPs"
+                )
                 (failures if pd.notna(cost) and cost < base else passes).append(case)
     return holds_if(failures, passes, "needs ed or lis solved by the standard Transformer, with sparse or linear")
 
@@ -193,8 +210,9 @@ def standard_first_on_arithmetic(ev: Evidence) -> Check:
                 case = f"{size} ops d{depth}: standard D={width_text(width)} vs {arch} D={width_text(other)}"
                 first = width <= other
                 if width == other:  # the same minimum: the narrower widths, which neither solves, rank them
-                    accuracy, other_accuracy = (ev.best_accuracy("arithmetic", size, a, [depth], below=width)
-                                                for a in ("standard", arch))
+                    accuracy, other_accuracy = (
+                        ev.best_accuracy("arithmetic", size, a, [depth], below=width) for a in ("standard", arch)
+                    )
                     if not (math.isnan(accuracy) or math.isnan(other_accuracy)):
                         if width == INF and abs(accuracy - other_accuracy) < TIE:
                             continue  # neither solves and their accuracies are within noise: no ordering to check
@@ -215,8 +233,10 @@ def transformer_solves(task: str, depths: tuple[int, ...] | None, min_size: int 
                 solved = ev.solved(task, size, arch, depths)
                 if solved is None:
                     continue
-                case = (f"{arch} N={size}: D={width_text(ev.min_width(task, size, arch, depths))}, "
-                        f"best {ev.best_accuracy(task, size, arch, depths):.0%}")
+                case = (
+                    f"{arch} N={size}: D={width_text(ev.min_width(task, size, arch, depths))}, "
+                    f"best {ev.best_accuracy(task, size, arch, depths):.0%}"
+                )
                 (passes if solved else failures).append(case)
         layers = f"a {depths[0]}-layer Transformer" if depths else "a Transformer"
         return holds_if(failures, passes, f"needs {task} with {layers}")
@@ -234,9 +254,12 @@ def index_lookup_separation(ev: Evidence) -> Check:
             solved = ev.solved("index_lookup", size, arch, [1])
             if solved is None or math.isnan(lstm):
                 continue
-            cases.append((solved and lstm < NEAR_CHANCE,
-                          f"N={size}: 1-layer {arch} {'solves' if solved else 'does not solve'}, "
-                          f"LSTM best {lstm:.1%}"))
+            cases.append(
+                (
+                    solved and lstm < NEAR_CHANCE,
+                    f"N={size}: 1-layer {arch} {'solves' if solved else 'does not solve'}, LSTM best {lstm:.1%}",
+                )
+            )
     if not cases:
         return Check(ClaimStatus.NOT_TESTED, "needs index_lookup with a 1-layer transformer and an LSTM")
     separated = [text for ok, text in cases if ok]
@@ -245,8 +268,9 @@ def index_lookup_separation(ev: Evidence) -> Check:
     return Check(ClaimStatus.FAILS, "; ".join(t for _, t in cases))
 
 
-def fail_beyond(task: str, archs: tuple[str, ...], beyond: int, width: int | None = None,
-                depths: tuple[int, ...] | None = None) -> Callable[[Evidence], Check]:
+def fail_beyond(
+    task: str, archs: tuple[str, ...], beyond: int, width: int | None = None, depths: tuple[int, ...] | None = None
+) -> Callable[[Evidence], Check]:
     """Each of ``archs`` present stays unsolved on ``task`` at every size > beyond (at ``width`` only, if
     given, else at any width; at ``depths`` only, if given)."""
 
@@ -257,8 +281,12 @@ def fail_beyond(task: str, archs: tuple[str, ...], beyond: int, width: int | Non
                 if width is None:
                     solved = ev.solved(task, size, arch, depths)
                 else:
-                    mine = ev.cells[(ev.cells.task == task) & (ev.cells["size"] == size) & (ev.cells.arch == arch)
-                                    & (ev.cells.width == width)]
+                    mine = ev.cells[
+                        (ev.cells.task == task)
+                        & (ev.cells["size"] == size)
+                        & (ev.cells.arch == arch)
+                        & (ev.cells.width == width)
+                    ]
                     if depths is not None:
                         mine = mine[mine.depth.isin(depths)]
                     solved = None if mine.empty else bool((mine.solved > 0).any())
@@ -268,8 +296,12 @@ def fail_beyond(task: str, archs: tuple[str, ...], beyond: int, width: int | Non
                 case = f"{arch}{at} N={size}: best {ev.best_accuracy(task, size, arch, depths):.0%}"
                 (failures if solved else passes).append(case + (" (solved)" if solved else ""))
         layers = f" at depth {'/'.join(map(str, depths))}" if depths else ""
-        return holds_if(failures, passes, f"needs {task} lengths > {beyond} with {' or '.join(archs)}{layers}"
-                                          + (f" at width {width}" if width else ""))
+        return holds_if(
+            failures,
+            passes,
+            f"needs {task} lengths > {beyond} with {' or '.join(archs)}{layers}"
+            + (f" at width {width}" if width else ""),
+        )
 
     return rule
 
@@ -280,8 +312,10 @@ def lstm_solves_dyck(ev: Evidence) -> Check:
         solved = ev.solved("dyck", size, "lstm")
         if solved is None:
             continue
-        case = f"N={size}: D={width_text(ev.min_width('dyck', size, 'lstm'))}, " \
-               f"best {ev.best_accuracy('dyck', size, 'lstm'):.0%}"
+        case = (
+            f"N={size}: D={width_text(ev.min_width('dyck', size, 'lstm'))}, "
+            f"best {ev.best_accuracy('dyck', size, 'lstm'):.0%}"
+        )
         (passes if solved else failures).append(case)
     return holds_if(failures, passes, "needs dyck with an LSTM")
 
@@ -300,59 +334,118 @@ class Claim:
 
 
 CLAIMS = (
-    Claim("dp_width_grows", "DP",
-          "General DP tasks need Sparse and Linear Transformers whose width grows with the problem size.",
-          "minimum width of sparse and linear per (task, depth) across sizes of arithmetic, ed, lis",
-          GENERAL_DP, width_grows(1)),
-    Claim("dp_width_grows_deeper", "DP",
-          "The growth persists in the deeper models (Figure 3: depth 5).",
-          "as dp_width_grows, at depth >= 5", GENERAL_DP, width_grows(5)),
-    Claim("dp_no_savings_general", "DP",
-          "On general DP tasks the efficient Transformers save no computation: at the largest size the standard "
-          "Transformer solves, sparse and linear need at least its forward GFLOPs.",
-          "Table 2 (paper-convention GFLOPs) of ed and lis per depth", ("ed", "lis"), no_savings_general),
-    Claim("dp_locality", "DP",
-          "With locality (ed_local), Sparse and Linear Transformers need no wider a model than on ed (Figure 2).",
-          "minimum width of sparse and linear on ed_local against ed at each n and depth",
-          ("ed", "ed_local"), locality),
-    Claim("dp_arithmetic_standard_first", "DP",
-          "On arithmetic the standard Transformer needs no wider a model than Sparse or Linear attention "
-          "(at the widths none solves: reaches no lower accuracy).",
-          "minimum width, then the best test accuracy at the widths neither solves, per (size, depth) of "
-          "arithmetic", ("arithmetic",),
-          standard_first_on_arithmetic),
-    Claim("sep_index_lookup_one_layer", "separations",
-          "A one-layer Transformer solves index lookup at every length.",
-          "1-layer transformer (or standard) minimum width at every index_lookup size", ("index_lookup",),
-          transformer_solves("index_lookup", (1,))),
-    Claim("sep_index_lookup_separation", "separations",
-          f"Index lookup separates: a one-layer Transformer solves lengths at which the LSTM stays near chance "
-          f"(below {NEAR_CHANCE:.0%}; chance 1/64).",
-          "1-layer transformer verdict and the LSTM's best test accuracy per index_lookup length",
-          ("index_lookup",), index_lookup_separation),
-    Claim("sep_index_lookup_recurrent_fail", "separations",
-          "Recurrent and linear models fail index lookup beyond N = 100.",
-          "verdicts of lstm, dss, mamba, retnet, linear_nofm at index_lookup N > 100", ("index_lookup",),
-          fail_beyond("index_lookup", RECURRENT, 100)),
-    Claim("sep_dyck_lstm", "separations", "LSTMs solve bounded Dyck-(2,2) at every length.",
-          "lstm minimum width at every dyck size", ("dyck",), lstm_solves_dyck),
-    Claim("sep_dyck_one_layer_struggles", "separations",
-          "One-layer Transformers struggle on bounded Dyck beyond N = 100.",
-          "1-layer transformer verdicts at dyck N > 100", ("dyck",),
-          fail_beyond("dyck", TRANSFORMERS, 100, depths=(1,))),
-    Claim("sep_equality_transformer", "separations",
-          "Transformers solve string equality (eq_random, eq_one) at every length.",
-          "transformer minimum width at every eq_random and eq_one size", ("eq_random", "eq_one"),
-          lambda ev: merge_checks([transformer_solves("eq_random", None)(ev), transformer_solves("eq_one", None)(ev)])),
-    Claim("sep_eq_random_recurrent_fail", "separations",
-          "On eq_random, the LSTM and the linear Transformer fail beyond N = 100.",
-          "verdicts of lstm and linear_nofm at eq_random N > 100", ("eq_random",),
-          fail_beyond("eq_random", ("lstm", "linear_nofm"), 100)),
-    Claim("sep_eq_ncp_ssm_width_64", "separations",
-          "On eq_ncp, DSS and Mamba of width 64 fail beyond N = 400, where Transformers still solve.",
-          "dss and mamba verdicts at width 64 and transformer verdicts at eq_ncp N > 400", ("eq_ncp",),
-          lambda ev: merge_checks([fail_beyond("eq_ncp", ("dss", "mamba"), 400, width=64)(ev),
-                                   transformer_solves("eq_ncp", None, min_size=401)(ev)])),
+    Claim(
+        "dp_width_grows",
+        "DP",
+        "General DP tasks need Sparse and Linear Transformers whose width grows with the problem size.",
+        "minimum width of sparse and linear per (task, depth) across sizes of arithmetic, ed, lis",
+        GENERAL_DP,
+        width_grows(1),
+    ),
+    Claim(
+        "dp_width_grows_deeper",
+        "DP",
+        "The growth persists in the deeper models (Figure 3: depth 5).",
+        "as dp_width_grows, at depth >= 5",
+        GENERAL_DP,
+        width_grows(5),
+    ),
+    Claim(
+        "dp_no_savings_general",
+        "DP",
+        "On general DP tasks the efficient Transformers save no computation: at the largest size the standard "
+        "Transformer solves, sparse and linear need at least its forward GFLOPs.",
+        "Table 2 (paper-convention GFLOPs) of ed and lis per depth",
+        ("ed", "lis"),
+        no_savings_general,
+    ),
+    Claim(
+        "dp_locality",
+        "DP",
+        "With locality (ed_local), Sparse and Linear Transformers need no wider a model than on ed (Figure 2).",
+        "minimum width of sparse and linear on ed_local against ed at each n and depth",
+        ("ed", "ed_local"),
+        locality,
+    ),
+    Claim(
+        "dp_arithmetic_standard_first",
+        "DP",
+        "On arithmetic the standard Transformer needs no wider a model than Sparse or Linear attention "
+        "(at the widths none solves: reaches no lower accuracy).",
+        "minimum width, then the best test accuracy at the widths neither solves, per (size, depth) of arithmetic",
+        ("arithmetic",),
+        standard_first_on_arithmetic,
+    ),
+    Claim(
+        "sep_index_lookup_one_layer",
+        "separations",
+        "A one-layer Transformer solves index lookup at every length.",
+        "1-layer transformer (or standard) minimum width at every index_lookup size",
+        ("index_lookup",),
+        transformer_solves("index_lookup", (1,)),
+    ),
+    Claim(
+        "sep_index_lookup_separation",
+        "separations",
+        f"Index lookup separates: a one-layer Transformer solves lengths at which the LSTM stays near chance "
+        f"(below {NEAR_CHANCE:.0%}; chance 1/64).",
+        "1-layer transformer verdict and the LSTM's best test accuracy per index_lookup length",
+        ("index_lookup",),
+        index_lookup_separation,
+    ),
+    Claim(
+        "sep_index_lookup_recurrent_fail",
+        "separations",
+        "Recurrent and linear models fail index lookup beyond N = 100.",
+        "verdicts of lstm, dss, mamba, retnet, linear_nofm at index_lookup N > 100",
+        ("index_lookup",),
+        fail_beyond("index_lookup", RECURRENT, 100),
+    ),
+    Claim(
+        "sep_dyck_lstm",
+        "separations",
+        "LSTMs solve bounded Dyck-(2,2) at every length.",
+        "lstm minimum width at every dyck size",
+        ("dyck",),
+        lstm_solves_dyck,
+    ),
+    Claim(
+        "sep_dyck_one_layer_struggles",
+        "separations",
+        "One-layer Transformers struggle on bounded Dyck beyond N = 100.",
+        "1-layer transformer verdicts at dyck N > 100",
+        ("dyck",),
+        fail_beyond("dyck", TRANSFORMERS, 100, depths=(1,)),
+    ),
+    Claim(
+        "sep_equality_transformer",
+        "separations",
+        "Transformers solve string equality (eq_random, eq_one) at every length.",
+        "transformer minimum width at every eq_random and eq_one size",
+        ("eq_random", "eq_one"),
+        lambda ev: merge_checks([transformer_solves("eq_random", None)(ev), transformer_solves("eq_one", None)(ev)]),
+    ),
+    Claim(
+        "sep_eq_random_recurrent_fail",
+        "separations",
+        "On eq_random, the LSTM and the linear Transformer fail beyond N = 100.",
+        "verdicts of lstm and linear_nofm at eq_random N > 100",
+        ("eq_random",),
+        fail_beyond("eq_random", ("lstm", "linear_nofm"), 100),
+    ),
+    Claim(
+        "sep_eq_ncp_ssm_width_64",
+        "separations",
+        "On eq_ncp, DSS and Mamba of width 64 fail beyond N = 400, where Transformers still solve.",
+        "dss and mamba verdicts at width 64 and transformer verdicts at eq_ncp N > 400",
+        ("eq_ncp",),
+        lambda ev: merge_checks(
+            [
+                fail_beyond("eq_ncp", ("dss", "mamba"), 400, width=64)(ev),
+                transformer_solves("eq_ncp", None, min_size=401)(ev),
+            ]
+        ),
+    ),
 )
 
 
@@ -372,8 +465,19 @@ def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS) -> list[dict
     for claim in claims:
         check = claim.rule(ev)
         failed = ev.failed_trials(claim.tasks)
-        detail = check.detail + (f" ({failed} failed trials in {', '.join(claim.tasks)}, counted as unsolved)"
-                                 if failed and check.status != ClaimStatus.NOT_TESTED else "")
-        rows.append({"id": claim.id, "paper": claim.paper, "claim": claim.text, "decided_by": claim.decided_by,
-                     "status": check.status, "detail": detail})
+        detail = check.detail + (
+            f" ({failed} failed trials in {', '.join(claim.tasks)}, counted as unsolved)"
+            if failed and check.status != ClaimStatus.NOT_TESTED
+            else ""
+        )
+        rows.append(
+            {
+                "id": claim.id,
+                "paper": claim.paper,
+                "claim": claim.text,
+                "decided_by": claim.decided_by,
+                "status": check.status,
+                "detail": detail,
+            }
+        )
     return rows

@@ -36,7 +36,7 @@ MARKS = {"diverged": "div", "failed": "fail"}
 class Figure:
     section: str
     name: str | None  # the PNG in the report directory; None: left out
-    caption: str      # what it shows, or why it was left out
+    caption: str  # what it shows, or why it was left out
 
 
 def left_out(section: str, why: str) -> Figure:
@@ -68,16 +68,30 @@ def heatmap(cells: pd.DataFrame, task: str, arch: str, depth: int, path: Path) -
             cell = info.loc[size, width]
             if not cell.measured:
                 ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.6"))
-                ax.text(x, y, "solved\n(inferred)" if cell.solved else "unsolved\n(inferred)", ha="center",
-                        va="center", fontsize=6, color="0.3")
+                ax.text(
+                    x,
+                    y,
+                    "solved\n(inferred)" if cell.solved else "unsolved\n(inferred)",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="0.3",
+                )
                 continue
             value = cell.accuracy
             mark = next((m for status, m in MARKS.items() if status in cell.statuses), "")
             label = f"{value:.2f}" if pd.notna(value) else ""
             if pd.notna(cell.accuracy_std) and cell.accuracy_std > 0:
                 label += f"\n±{cell.accuracy_std:.2f}"
-            ax.text(x, y, f"{label} {mark}".strip() + ("*" if cell.solved == cell.seeds else ""), ha="center",
-                    va="center", fontsize=7, color="white" if pd.isna(value) or value < 0.6 else "black")
+            ax.text(
+                x,
+                y,
+                f"{label} {mark}".strip() + ("*" if cell.solved == cell.seeds else ""),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if pd.isna(value) or value < 0.6 else "black",
+            )
     fig.colorbar(image, ax=ax, fraction=0.05, label="test accuracy")
     save(fig, path)
 
@@ -92,8 +106,11 @@ def heatmaps(cells: pd.DataFrame, out: Path) -> list[Figure]:
         shallowest = depth == cells[cells.task == task].depth.min()
         figures.append(Figure(first if shallowest else deeper, name, f"{task}, {arch}, depth {depth}"))
     if not any(f.section == deeper for f in figures):
-        figures.append(left_out(deeper, f"the profile trains one depth per task "
-                                        f"({', '.join(map(str, sorted(cells.depth.unique())))})"))
+        figures.append(
+            left_out(
+                deeper, f"the profile trains one depth per task ({', '.join(map(str, sorted(cells.depth.unique())))})"
+            )
+        )
     return figures
 
 
@@ -149,8 +166,13 @@ def accuracy_vs_length(table: pd.DataFrame, out: Path) -> list[Figure]:
         ax.legend(fontsize=7)
         name = f"sep_length_{task}.png"
         save(fig, out / name)
-        figures.append(Figure(section, name, f"{task}: each architecture's best (width, depth) per N; "
-                                             "mean over seeds, bars min to max"))
+        figures.append(
+            Figure(
+                section,
+                name,
+                f"{task}: each architecture's best (width, depth) per N; mean over seeds, bars min to max",
+            )
+        )
     return figures
 
 
@@ -169,8 +191,14 @@ def width_scan(table: pd.DataFrame, out: Path) -> list[Figure]:
             for (arch, depth), line in cells[cells["size"] == size].groupby(["arch", "depth"]):
                 line = line.sort_values("width")
                 spread = np.vstack([line.accuracy - line.accuracy_min, line.accuracy_max - line.accuracy])
-                ax.errorbar(line.width, line.accuracy, yerr=np.nan_to_num(spread), marker="o", capsize=3,
-                            label=f"{arch} d{depth}")
+                ax.errorbar(
+                    line.width,
+                    line.accuracy,
+                    yerr=np.nan_to_num(spread),
+                    marker="o",
+                    capsize=3,
+                    label=f"{arch} d{depth}",
+                )
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(cells.width.unique()), [str(w) for w in sorted(cells.width.unique())])  # not 2^6
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -191,8 +219,10 @@ def load_histories(client, table: pd.DataFrame) -> pd.DataFrame:
     frames = []
     for r in table[table.measured & table.mlflow_run_id.notna()].itertuples():
         run_id = client.get_run(r.mlflow_run_id).data.tags.get("reused_from", r.mlflow_run_id)
-        series = {key: {m.step: m.value for m in client.get_metric_history(run_id, key)}
-                  for key in ("val_accuracy", "train_pflops")}
+        series = {
+            key: {m.step: m.value for m in client.get_metric_history(run_id, key)}
+            for key in ("val_accuracy", "train_pflops")
+        }
         curve = pd.DataFrame(series).rename_axis("step").reset_index()
         frames.append(curve.assign(task=r.task, size=r.size, arch=r.arch, width=r.width, depth=r.depth, seed=r.seed))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -211,8 +241,12 @@ def learning_curves(histories: pd.DataFrame | None, out: Path) -> list[Figure]:
         for i, ((arch, width, depth), line) in enumerate(mine.groupby(["arch", "width", "depth"])):
             style = ("-", "--", ":", "-.")[i // 10 % 4]  # the colour cycle has 10 colours: the 11th line is dashed
             # seeds: mean and min-max band at each validation step (steps a seed never reached are skipped)
-            per_step = line.groupby("step").agg(mean=("val_accuracy", "mean"), low=("val_accuracy", "min"),
-                                                high=("val_accuracy", "max"), pflops=("train_pflops", "mean"))
+            per_step = line.groupby("step").agg(
+                mean=("val_accuracy", "mean"),
+                low=("val_accuracy", "min"),
+                high=("val_accuracy", "max"),
+                pflops=("train_pflops", "mean"),
+            )
             label = f"{arch} D={width} d{depth}"
             drawn = by_step.plot(per_step.index, per_step["mean"], style, label=label, lw=1)[0]
             by_step.fill_between(per_step.index, per_step.low, per_step.high, color=drawn.get_color(), alpha=0.2)

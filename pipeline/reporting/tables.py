@@ -21,9 +21,11 @@ from pipeline.search.frontier import Cell, Outcome, min_widths
 # the README's dataset table quotes 85 for 6 operators).
 PAPER_LENGTHS = {"arithmetic": {6: 87, 10: 221, 13: 355, 16: 505}}
 BASELINE = "standard"  # the ratio column: cost of the cheapest architecture over the standard Transformer's
-CONVENTIONS = {"min_paper_gflops": "paper-convention forward GFLOPs",
-               "min_exact_gflops": "exact forward GFLOPs",
-               "min_train_pflops": "training PFLOPs spent until solved"}
+CONVENTIONS = {
+    "min_paper_gflops": "paper-convention forward GFLOPs",
+    "min_exact_gflops": "exact forward GFLOPs",
+    "min_train_pflops": "training PFLOPs spent until solved",
+}
 
 
 def cell_means(table: pd.DataFrame) -> pd.DataFrame:
@@ -31,17 +33,26 @@ def cell_means(table: pd.DataFrame) -> pd.DataFrame:
     (NaN where the search inferred every seed), its spread, and how the seeds ended."""
     keys = ["task", "size", "max_len", "arch", "width", "depth"]
     solved = table.status == "solved"
-    return (table.assign(scored=table.final_accuracy.where(table.measured),
-                         solve_cost=table.solve_pflops.where(solved & table.measured) if "solve_pflops" in table
-                         else float("nan"))
-                 .groupby(keys, as_index=False)
-                 .agg(accuracy=("scored", "mean"), accuracy_std=("scored", "std"),
-                      accuracy_min=("scored", "min"), accuracy_max=("scored", "max"),
-                      seeds=("seed", "nunique"), measured=("measured", "sum"),
-                      solved=("status", lambda st: int((st == "solved").sum())),
-                      statuses=("status", lambda st: ",".join(sorted(set(st)))),
-                      paper_gflops=("paper_gflops", "first"), exact_gflops=("exact_gflops", "first"),
-                      solve_pflops=("solve_cost", "mean")))
+    return (
+        table.assign(
+            scored=table.final_accuracy.where(table.measured),
+            solve_cost=table.solve_pflops.where(solved & table.measured) if "solve_pflops" in table else float("nan"),
+        )
+        .groupby(keys, as_index=False)
+        .agg(
+            accuracy=("scored", "mean"),
+            accuracy_std=("scored", "std"),
+            accuracy_min=("scored", "min"),
+            accuracy_max=("scored", "max"),
+            seeds=("seed", "nunique"),
+            measured=("measured", "sum"),
+            solved=("status", lambda st: int((st == "solved").sum())),
+            statuses=("status", lambda st: ",".join(sorted(set(st)))),
+            paper_gflops=("paper_gflops", "first"),
+            exact_gflops=("exact_gflops", "first"),
+            solve_pflops=("solve_cost", "mean"),
+        )
+    )
 
 
 def paper_length(task: str, size: int) -> int | None:
@@ -52,27 +63,53 @@ def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
     """Per (task, size, arch, depth): the smallest width solved by every seed (``frontier.min_widths``, the same
     rule the search uses) and its cost in the three conventions; ``paper_L`` and ``paper_gflops_at_paper_L``
     where the paper states its own length."""
-    outcomes = {Cell(r.task, r.size, r.arch, r.width, r.depth, r.seed): Outcome(r.status == "solved", r.measured)
-                for r in table.itertuples()}
+    outcomes = {
+        Cell(r.task, r.size, r.arch, r.width, r.depth, r.seed): Outcome(r.status == "solved", r.measured)
+        for r in table.itertuples()
+    }
     cells = cell_means(table).set_index(["task", "size", "arch", "width", "depth"])
     rows = []
     for (task, size, arch, depth), width in sorted(min_widths(outcomes).items()):
         group = cells.loc[(task, size, arch)].xs(depth, level="depth")
         data_len = int(group.max_len.iloc[0])
-        row = {"task": task, "size": size, "L": data_len, "paper_L": paper_length(task, size), "depth": depth,
-               "arch": arch, "best_accuracy": round(float(group.accuracy.max()), 4)
-               if group.accuracy.notna().any() else None,
-               "statuses": ",".join(sorted(set(",".join(group.statuses).split(","))))}
+        row = {
+            "task": task,
+            "size": size,
+            "L": data_len,
+            "paper_L": paper_length(task, size),
+            "depth": depth,
+            "arch": arch,
+            "best_accuracy": round(float(group.accuracy.max()), 4) if group.accuracy.notna().any() else None,
+            "statuses": ",".join(sorted(set(",".join(group.statuses).split(",")))),
+        }
         if width is not None:
             best = group.loc[width]
-            row.update(min_paper_gflops=float(best.paper_gflops), min_exact_gflops=float(best.exact_gflops),
-                       min_train_pflops=None if pd.isna(best.solve_pflops) else float(best.solve_pflops),
-                       width=int(width), accuracy=None if pd.isna(best.accuracy) else round(float(best.accuracy), 4))
+            row.update(
+                min_paper_gflops=float(best.paper_gflops),
+                min_exact_gflops=float(best.exact_gflops),
+                min_train_pflops=None if pd.isna(best.solve_pflops) else float(best.solve_pflops),
+                width=int(width),
+                accuracy=None if pd.isna(best.accuracy) else round(float(best.accuracy), 4),
+            )
             if row["paper_L"] is not None:
                 row["paper_gflops_at_paper_L"] = float(best.paper_gflops) * (row["paper_L"] + 2) / (data_len + 2)
         rows.append(row)
-    cols = ["task", "size", "L", "paper_L", "depth", "arch", "min_paper_gflops", "paper_gflops_at_paper_L",
-            "min_exact_gflops", "min_train_pflops", "width", "accuracy", "best_accuracy", "statuses"]
+    cols = [
+        "task",
+        "size",
+        "L",
+        "paper_L",
+        "depth",
+        "arch",
+        "min_paper_gflops",
+        "paper_gflops_at_paper_L",
+        "min_exact_gflops",
+        "min_train_pflops",
+        "width",
+        "accuracy",
+        "best_accuracy",
+        "statuses",
+    ]
     return pd.DataFrame(rows).reindex(columns=cols)
 
 
@@ -88,8 +125,15 @@ def cheapest(best: pd.DataFrame, column: str) -> pd.DataFrame:
         tied = sorted(costs.index[costs <= costs.min() * (1 + 1e-9)])
         archs = [BASELINE] if BASELINE in tied else tied
         base = costs.get(BASELINE)
-        rows.append({"task": task, "size": size, "depth": depth, "cheapest": ", ".join(archs),
-                     "ratio_to_standard": float(costs.min() / base) if base else float("nan")})
+        rows.append(
+            {
+                "task": task,
+                "size": size,
+                "depth": depth,
+                "cheapest": ", ".join(archs),
+                "ratio_to_standard": float(costs.min() / base) if base else float("nan"),
+            }
+        )
     return pd.DataFrame(rows, columns=["task", "size", "depth", "cheapest", "ratio_to_standard"])
 
 
@@ -129,9 +173,12 @@ def convention_table(best: pd.DataFrame, depth: int, column: str, threshold: flo
 
     index = ["task", "size", "L"]
     if column == "min_paper_gflops" and mine.paper_L.notna().any():
-        mine = mine.assign(**{"paper L": mine.paper_L.map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
-                              "at paper L": [("" if pd.isna(g) else fmt_cost(g)) for g in
-                                             mine.paper_gflops_at_paper_L]})
+        mine = mine.assign(
+            **{
+                "paper L": mine.paper_L.map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
+                "at paper L": [("" if pd.isna(g) else fmt_cost(g)) for g in mine.paper_gflops_at_paper_L],
+            }
+        )
     shown = mine.assign(cell=mine.apply(fmt, axis=1))
     pivot = shown.pivot_table(index=index, columns="arch", values="cell", aggfunc="first")
     if "at paper L" in shown:
@@ -146,22 +193,26 @@ def convention_table(best: pd.DataFrame, depth: int, column: str, threshold: flo
 
 
 def note(threshold: float) -> str:
-    return (f"The smallest width D solved by every seed (validation accuracy at or above {threshold:.0%}), with its "
-            "mean test accuracy; one table per depth and cost convention. '-' = no width solved (best measured "
-            "test accuracy in brackets). Bold: the cheapest architecture of the row, with its cost over the "
-            "standard Transformer's (a tie with standard marks standard alone). Training PFLOPs: compute spent "
-            "until the trial was solved, mean over the seeds measured at that width. '@ paper L': the "
-            "paper-convention count at the length the paper states (paper L), beside ours at the data's longest "
-            f"sequence (L). {BELOW}: solved on validation, but the mean test accuracy is below {threshold:.0%}. The "
-            "validation samples are held out from the training file: fewer than the test samples and, for index "
-            "lookup, string equality and arithmetic's default mixture, drawn as the training samples are, so "
-            "shorter on average than the test samples.")
+    return (
+        f"The smallest width D solved by every seed (validation accuracy at or above {threshold:.0%}), with its "
+        "mean test accuracy; one table per depth and cost convention. '-' = no width solved (best measured "
+        "test accuracy in brackets). Bold: the cheapest architecture of the row, with its cost over the "
+        "standard Transformer's (a tie with standard marks standard alone). Training PFLOPs: compute spent "
+        "until the trial was solved, mean over the seeds measured at that width. '@ paper L': the "
+        "paper-convention count at the length the paper states (paper L), beside ours at the data's longest "
+        f"sequence (L). {BELOW}: solved on validation, but the mean test accuracy is below {threshold:.0%}. The "
+        "validation samples are held out from the training file: fewer than the test samples and, for index "
+        "lookup, string equality and arithmetic's default mixture, drawn as the training samples are, so "
+        "shorter on average than the test samples."
+    )
 
 
 def tables_markdown(best: pd.DataFrame, threshold: float) -> str:
     parts = [note(threshold)]
     for depth in sorted(best.depth.unique()):
         for column, title in CONVENTIONS.items():
-            parts.append(f"\n### Depth {depth}: {title}\n\n"
-                         + convention_table(best, depth, column, threshold).to_markdown(index=False))
+            parts.append(
+                f"\n### Depth {depth}: {title}\n\n"
+                + convention_table(best, depth, column, threshold).to_markdown(index=False)
+            )
     return "\n".join(parts) + "\n"

@@ -42,11 +42,16 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
         meta = [read_metadata(train), read_metadata(test)]
         sha = {"train_path": file_hash(train), "test_path": file_hash(test)}  # the files' bytes, read once
         datasets[task, size] = {
-            "train_path": str(train), "test_path": str(test), "vocab_size": len(meta[0]["vocab"]),
-            "family": meta[0]["family"], "vocab": meta[0]["vocab"], "train_samples": meta[0]["stats"]["samples"],
+            "train_path": str(train),
+            "test_path": str(test),
+            "vocab_size": len(meta[0]["vocab"]),
+            "family": meta[0]["family"],
+            "vocab": meta[0]["vocab"],
+            "train_samples": meta[0]["stats"]["samples"],
             "max_len": max(m["stats"]["max_length"] for m in meta),
             "sha256": sha,
-            "data_hash": hashlib.sha256((sha["train_path"] + sha["test_path"]).encode()).hexdigest()[:16]}
+            "data_hash": hashlib.sha256((sha["train_path"] + sha["test_path"]).encode()).hexdigest()[:16],
+        }
     s = cfg.sweep
     cells = {}
     for (task, size), data in datasets.items():
@@ -54,9 +59,17 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
             for width in s.widths_for(arch):
                 for depth in s.depths_for(arch):
                     for seed in s.seeds:
-                        cell = {"task": task, "size": size, "arch": arch, "width": width, "depth": depth,
-                                "seed": seed, "arch_options": s.arch_options.get(arch, {}),
-                                "lrs": s.learning_rates(arch), **data}
+                        cell = {
+                            "task": task,
+                            "size": size,
+                            "arch": arch,
+                            "width": width,
+                            "depth": depth,
+                            "seed": seed,
+                            "arch_options": s.arch_options.get(arch, {}),
+                            "lrs": s.learning_rates(arch),
+                            **data,
+                        }
                         cell["cell_id"] = cell_id(cell)
                         cell["name"] = f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}"
                         cells[Cell(task, size, arch, width, depth, seed)] = cell
@@ -71,11 +84,22 @@ def model_costs(cell: dict, heads: int) -> dict:
     import models
 
     with torch.device("meta"):
-        model = models.build_model(cell["arch"], vocab_size=cell["vocab_size"], width=cell["width"],
-                                   depth=cell["depth"], heads=heads, max_len=cell["max_len"], **cell["arch_options"])
+        model = models.build_model(
+            cell["arch"],
+            vocab_size=cell["vocab_size"],
+            width=cell["width"],
+            depth=cell["depth"],
+            heads=heads,
+            max_len=cell["max_len"],
+            **cell["arch_options"],
+        )
     L = cell["max_len"]
-    return {"params": model.num_params(), "paper_gflops": model.paper_flops(L) / 1e9,
-            "exact_gflops": model.exact_flops(L) / 1e9, "state_bytes": model.state_size(L)}
+    return {
+        "params": model.num_params(),
+        "paper_gflops": model.paper_flops(L) / 1e9,
+        "exact_gflops": model.exact_flops(L) / 1e9,
+        "state_bytes": model.state_size(L),
+    }
 
 
 def expected_cost(cell: dict, s: config_mod.SweepConfig) -> float:

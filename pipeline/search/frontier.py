@@ -26,8 +26,9 @@ while there are more open chains than slots. The plans are plain state machines 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 
 class Cell(NamedTuple):
@@ -131,16 +132,20 @@ class Chain:
         previous = self.answers.get(self.sizes[self.j - 1]) if self.j else None
         if passed and previous is not None and width_index < previous and self.trust_size_bound:
             self.trust_size_bound = False
-            notes.append(f"{self.name()}: width {self.widths[width_index]} solves size {self.size} but not the "
-                         f"smaller size {self.sizes[self.j - 1]}: minimum width is not monotone in size here; "
-                         f"searching the narrower widths of size {self.size}")
+            notes.append(
+                f"{self.name()}: width {self.widths[width_index]} solves size {self.size} but not the "
+                f"smaller size {self.sizes[self.j - 1]}: minimum width is not monotone in size here; "
+                f"searching the narrower widths of size {self.size}"
+            )
         here = {i: ok for (s, i), ok in self.measured.items() if s == self.size}
         for i, ok in here.items():
             if ok and any(not ok2 and i2 > i for i2, ok2 in here.items()):
                 wider = min(i2 for i2, ok2 in here.items() if not ok2 and i2 > i)
-                note = (f"{self.name()}: size {self.size} is solved at width {self.widths[i]} but not at the wider "
-                        f"{self.widths[wider]}: not monotone in width; the answer is the narrowest solved width "
-                        f"after searching below it")
+                note = (
+                    f"{self.name()}: size {self.size} is solved at width {self.widths[i]} but not at the wider "
+                    f"{self.widths[wider]}: not monotone in width; the answer is the narrowest solved width "
+                    f"after searching below it"
+                )
                 notes.append(note)
         new = [n for n in dict.fromkeys(notes) if n not in self.reported]
         self.reported.update(new)
@@ -156,7 +161,7 @@ class Chain:
             self.answers[self.size] = answer
             self.j += 1
             if answer is None:  # nothing solves this size: nothing solves the larger ones
-                for size in self.sizes[self.j:]:
+                for size in self.sizes[self.j :]:
                     self.answers[size] = None
                 self.j = len(self.sizes)
 
@@ -210,13 +215,20 @@ class FrontierPlan:
             elif c.size in chain.answers:
                 answer = chain.answers[c.size]
                 if answer is None:
-                    out[c] = Outcome(False, False, f"inferred: no width up to {chain.widths[-1]} solves size "
-                                                   f"{min(s for s in chain.sizes if chain.answers.get(s, 0) is None)}")
+                    out[c] = Outcome(
+                        False,
+                        False,
+                        f"inferred: no width up to {chain.widths[-1]} solves size "
+                        f"{min(s for s in chain.sizes if chain.answers.get(s, 0) is None)}",
+                    )
                 elif i >= answer:
                     out[c] = Outcome(True, False, f"inferred: width {chain.widths[answer]} solves size {c.size}")
                 else:
-                    out[c] = Outcome(False, False, f"inferred: the smallest width that solves size {c.size} is "
-                                                   f"{chain.widths[answer]}")
+                    out[c] = Outcome(
+                        False,
+                        False,
+                        f"inferred: the smallest width that solves size {c.size} is {chain.widths[answer]}",
+                    )
         return out
 
 
@@ -234,5 +246,7 @@ def min_widths(outcomes: dict[Cell, Outcome]) -> dict[tuple, int | None]:
         seeds.setdefault(c.seed, None)
         if o.passed and (seeds[c.seed] is None or c.width < seeds[c.seed]):
             seeds[c.seed] = c.width
-    return {key: (None if any(w is None for w in seeds.values()) else max(seeds.values()))
-            for key, seeds in per_seed.items()}
+    return {
+        key: (None if any(w is None for w in seeds.values()) else max(seeds.values()))
+        for key, seeds in per_seed.items()
+    }

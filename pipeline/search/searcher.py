@@ -1,4 +1,5 @@
-"""A plan of cells (``pipeline/search/frontier.py``) driven as a Ray Tune ``Searcher``: one trial per (cell, learning rate).
+"""A plan of cells (``pipeline/search/frontier.py``) driven as a Ray Tune ``Searcher``: one trial per (cell,
+learning rate).
 
 Tune asks ``suggest`` for a trial whenever a slot is free; the searcher takes the cells its plan proposes, turns
 each into one trial per learning rate, and hands them out longest-expected first (exact forward FLOPs at the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from ray.tune.search import Searcher
 
@@ -29,8 +30,15 @@ def trial_key(cell: dict, lr: float) -> str:
 
 
 class CellSearcher(Searcher):
-    def __init__(self, plan, cells: dict[Cell, dict], train: dict, reusable: Callable[[dict, float], dict | None],
-                 cost: Callable[[dict], float], resumable: dict[str, dict] | None = None):
+    def __init__(
+        self,
+        plan,
+        cells: dict[Cell, dict],
+        train: dict,
+        reusable: Callable[[dict, float], dict | None],
+        cost: Callable[[dict], float],
+        resumable: dict[str, dict] | None = None,
+    ):
         """``cells``: every cell of the grid, each with its learning rates under ``lrs``; ``resumable``: trial key
         -> the checkpoint (``path``, ``step``) an earlier, interrupted sweep left for it."""
         super().__init__()
@@ -61,7 +69,9 @@ class CellSearcher(Searcher):
 
     def finish(self, cell: Cell, lr: float, run: dict) -> None:
         self.runs[cell][lr] = run
-        if len(self.runs[cell]) == len(self.cells[cell]["lrs"]):  # the cell's last learning rate: the plan learns its verdict
+        if len(self.runs[cell]) == len(
+            self.cells[cell]["lrs"]
+        ):  # the cell's last learning rate: the plan learns its verdict
             self.plan.record(cell, best_run(list(self.runs[cell].values()))["status"] == Status.SOLVED)
 
     def needs_training(self) -> bool:
@@ -76,15 +86,23 @@ class CellSearcher(Searcher):
             self.live[trial_id] = (cell, lr)
             key = self.trial_ids[trial_id] = trial_key(self.cells[cell], lr)
             resume = self.resumable.get(key, {})
-            return {"cell": self.cells[cell], "train": self.train | {"lr": lr}, "trial_key": key,
-                    "resume": resume.get("path"), "resume_step": resume.get("step")}
+            return {
+                "cell": self.cells[cell],
+                "train": self.train | {"lr": lr},
+                "trial_key": key,
+                "resume": resume.get("path"),
+                "resume_step": resume.get("step"),
+            }
         return Searcher.FINISHED if not self.live and self.plan.done() else None
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         cell, lr = self.live.pop(trial_id)
         if error or not result or not result.get("final"):
-            run = {"status": Status.FAILED, "reason": "the trial raised (see its MLflow run's error tag)",
-                   "trial_id": trial_id}
+            run = {
+                "status": Status.FAILED,
+                "reason": "the trial raised (see its MLflow run's error tag)",
+                "trial_id": trial_id,
+            }
         else:
             run = {k: v for k, v in result.items() if k not in ("config",)} | {"trial_id": trial_id}
         self.finish(cell, lr, run | {"lr": lr, "trial_key": self.trial_ids[trial_id]})

@@ -28,8 +28,9 @@ def connect_ray(address: str | None, cpus: int) -> str:
             import importlib
 
             modules = [importlib.import_module(name) for name in PACKAGES]
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
-                     runtime_env={"py_modules": modules})
+            ray.init(
+                address=address, log_to_driver=False, logging_level=logging.WARNING, runtime_env={"py_modules": modules}
+            )
         else:
             # A local Ray listens on loopback only. Ray turns 127.0.0.1 into the machine's network address unless
             # it is told the node is no cluster (its switch for laptops, read when ray is first imported).
@@ -37,8 +38,13 @@ def connect_ray(address: str | None, cpus: int) -> str:
 
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
             ray_constants.ENABLE_RAY_CLUSTER = False
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                     _node_ip_address="127.0.0.1")
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                _node_ip_address="127.0.0.1",
+            )
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.AuthenticationError) as err:
         raise ServiceError(f"cannot start or join Ray at {address or 'a local ray.init'}: {err}") from None
     return address or "local"
@@ -52,8 +58,10 @@ def check_resources(cpu: float, gpu: float) -> None:
     have = [(n["NodeManagerAddress"], n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
     if not any(c >= cpu and g >= gpu for _, c, g in have):
         listing = ", ".join(f"{ip}: {c:g} CPU, {g:g} GPU" for ip, c, g in have) or "no alive node"
-        raise ServiceError(f"a trial needs {cpu:g} CPUs and {gpu:g} GPUs on one node (sweep.cpus_per_trial, "
-                           f"sweep.gpus_per_trial, sweep.workers_per_trial), but no Ray node has them ({listing})")
+        raise ServiceError(
+            f"a trial needs {cpu:g} CPUs and {gpu:g} GPUs on one node (sweep.cpus_per_trial, "
+            f"sweep.gpus_per_trial, sweep.workers_per_trial), but no Ray node has them ({listing})"
+        )
 
 
 def probe(location: str, modules: tuple[str, ...]) -> str:
@@ -78,14 +86,20 @@ def probe(location: str, modules: tuple[str, ...]) -> str:
     return ""
 
 
-def probe_nodes(location: str, modules: tuple[str, ...] = ("pipeline.training.train", "pipeline.training.checkpoints")) -> None:
+def probe_nodes(
+    location: str, modules: tuple[str, ...] = ("pipeline.training.train", "pipeline.training.checkpoints")
+) -> None:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0)(probe)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    answers = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-               .remote(location, modules) for n in nodes]  # every node at once
+    answers = [
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            location, modules
+        )
+        for n in nodes
+    ]  # every node at once
     problems = []
     for node, answer in zip(nodes, answers):
         try:

@@ -40,8 +40,12 @@ def driver_tags() -> dict[str, str]:
     import psutil
 
     me = psutil.Process()
-    return {"driver_host": socket.gethostname(), "driver_pid": str(me.pid),
-            "driver_started": repr(me.create_time()), "checkout": str(ROOT)}
+    return {
+        "driver_host": socket.gethostname(),
+        "driver_pid": str(me.pid),
+        "driver_started": repr(me.create_time()),
+        "checkout": str(ROOT),
+    }
 
 
 def driver_alive(tags: dict) -> bool:
@@ -59,14 +63,21 @@ def close_orphans(client: MlflowClient, experiment_id: str) -> dict[str, str]:
     forever: mark them KILLED. Returns trial key -> run id of the killed children (a resumed trial takes over its
     curve). Sweeps of other machines, or still alive here, are left alone."""
     host = socket.gethostname()
-    parents = client.search_runs([experiment_id], max_results=10_000,
-                                 filter_string=f"attributes.status = 'RUNNING' and tags.driver_host = '{host}'")
+    parents = client.search_runs(
+        [experiment_id],
+        max_results=10_000,
+        filter_string=f"attributes.status = 'RUNNING' and tags.driver_host = '{host}'",
+    )
     killed = {}
     for parent in parents:
         if driver_alive(parent.data.tags):
             continue
-        children = client.search_runs([experiment_id], max_results=50_000, order_by=["attributes.start_time ASC"],
-                                      filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+        children = client.search_runs(
+            [experiment_id],
+            max_results=50_000,
+            order_by=["attributes.start_time ASC"],
+            filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+        )
         for child in children:
             if child.info.status == "RUNNING":
                 client.set_tag(child.info.run_id, "reason", "killed: its sweep's driver died")
@@ -78,8 +89,11 @@ def close_orphans(client: MlflowClient, experiment_id: str) -> dict[str, str]:
 
 
 def numeric(result: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in result.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in result.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 class ChildRuns(tune.Callback):
@@ -98,19 +112,31 @@ class ChildRuns(tune.Callback):
 
     def child(self, cell: dict, train: dict, trial_key: str, **tags) -> str:
         """A child run of the parent for one learning-rate run of ``cell``; returns the run id."""
-        run = self.client.create_run(self.experiment_id, run_name=f"{cell['name']}-lr{train['lr']:g}",
-                                     tags={"mlflow.parentRunId": self.parent_id, "cell_id": cell["cell_id"],
-                                           "trial_key": trial_key, "run_key": cell["run_key"], **tags})
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"{cell['name']}-lr{train['lr']:g}",
+            tags={
+                "mlflow.parentRunId": self.parent_id,
+                "cell_id": cell["cell_id"],
+                "trial_key": trial_key,
+                "run_key": cell["run_key"],
+                **tags,
+            },
+        )
         for key in ("task", "size", "arch", "width", "depth", "seed", "max_len", "data_hash", "cell_id"):
             self.client.log_param(run.info.run_id, key, cell[key])
         for key, value in train.items():
             self.client.log_param(run.info.run_id, f"train.{key}", value)
         return run.info.run_id
 
-    def finished(self, run_key: str) -> dict[str, "mlflow.entities.Run"]:
+    def finished(self, run_key: str) -> dict[str, mlflow.entities.Run]:
         """trial key -> the newest finished run of this experiment with the same run key (data, settings, code)."""
-        runs = self.client.search_runs([self.experiment_id], max_results=50_000, order_by=["attributes.start_time DESC"],
-                                       filter_string=f"tags.run_key = '{run_key}' and attributes.status = 'FINISHED'")
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            max_results=50_000,
+            order_by=["attributes.start_time DESC"],
+            filter_string=f"tags.run_key = '{run_key}' and attributes.status = 'FINISHED'",
+        )
         found = {}
         for run in runs:
             if "final_accuracy" in run.data.metrics and run.data.tags.get("status") in VERDICTS:
@@ -141,10 +167,14 @@ class ChildRuns(tune.Callback):
         previous = self.killed.get(config["trial_key"])
         if config.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours
             self.client.set_tag(run_id, "resumed_from_run", previous)
-            history = [m for key in self.METRICS for m in self.client.get_metric_history(previous, key)
-                       if m.step < config["resume_step"]]  # the resumed trial reports the checkpoint's step
+            history = [
+                m
+                for key in self.METRICS
+                for m in self.client.get_metric_history(previous, key)
+                if m.step < config["resume_step"]
+            ]  # the resumed trial reports the checkpoint's step
             for chunk in range(0, len(history), 1000):
-                self.client.log_batch(run_id, metrics=history[chunk:chunk + 1000])
+                self.client.log_batch(run_id, metrics=history[chunk : chunk + 1000])
         return run_id
 
     def on_trial_start(self, iteration, trials, trial, **info):
@@ -174,8 +204,11 @@ class ChildRuns(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self.run_of(trial)
         self.errors[trial.trial_id] = error_line(trial.error_file)
-        for key, value in {"status": Status.FAILED, "reason": self.errors[trial.trial_id],
-                           "error": str(trial.error_file)}.items():
+        for key, value in {
+            "status": Status.FAILED,
+            "reason": self.errors[trial.trial_id],
+            "error": str(trial.error_file),
+        }.items():
             self.client.set_tag(run_id, key, value)
         self.client.set_terminated(run_id, "FAILED")
 
@@ -190,6 +223,23 @@ def error_line(error_file: str | None) -> str:
 
 
 VERDICTS = (Status.SOLVED, Status.UNSOLVED, Status.DIVERGED)  # what a finished trial reports
-FINAL_KEYS = ("final_accuracy", "val_accuracy", "token_accuracy", "train_steps", "train_seconds", "eval_seconds",
-              "params", "paper_gflops", "exact_gflops", "train_pflops", "solve_step", "solve_pflops", "state_bytes",
-              "eval_samples", "resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")
+FINAL_KEYS = (
+    "final_accuracy",
+    "val_accuracy",
+    "token_accuracy",
+    "train_steps",
+    "train_seconds",
+    "eval_seconds",
+    "params",
+    "paper_gflops",
+    "exact_gflops",
+    "train_pflops",
+    "solve_step",
+    "solve_pflops",
+    "state_bytes",
+    "eval_samples",
+    "resumed_step",
+    "checkpoints",
+    "checkpoint_seconds",
+    "checkpoint_bytes",
+)

@@ -26,8 +26,10 @@ def check_mlflow(uri: str) -> None:
     elif uri.startswith("sqlite:///"):
         check_sqlite(uri, Path(uri.removeprefix("sqlite:///")))
     else:
-        raise ServiceError(f"MLflow tracking URI {uri!r}: use sqlite:///path/to/mlflow.db or http(s)://server "
-                           "(the file store is deprecated)")
+        raise ServiceError(
+            f"MLflow tracking URI {uri!r}: use sqlite:///path/to/mlflow.db or http(s)://server "
+            "(the file store is deprecated)"
+        )
 
 
 def check_server(uri: str) -> None:
@@ -39,11 +41,12 @@ def check_server(uri: str) -> None:
 
     def get(endpoint: str, **params):
         try:  # no retries: MLflow's client retries an unavailable server with backoff for minutes
-            return http_request(creds, endpoint, "GET", max_retries=0, timeout=10, raise_on_status=False,
-                                params=params)
+            return http_request(creds, endpoint, "GET", max_retries=0, timeout=10, raise_on_status=False, params=params)
         except MlflowException as err:
-            raise ServiceError(f"MLflow server at {uri} is unreachable ({err.message}); start it with `mlflow "
-                               "server` or unset MLFLOW_TRACKING_URI / cluster.mlflow_tracking_uri") from None
+            raise ServiceError(
+                f"MLflow server at {uri} is unreachable ({err.message}); start it with `mlflow "
+                "server` or unset MLFLOW_TRACKING_URI / cluster.mlflow_tracking_uri"
+            ) from None
 
     health = get("/health")
     if health.status_code != 200:
@@ -51,14 +54,18 @@ def check_server(uri: str) -> None:
     # /health also answers on a server started with --artifacts-only: ask the tracking API itself
     search = get("/api/2.0/mlflow/experiments/search", max_results=1)
     if search.status_code != 200:
-        raise ServiceError(f"MLflow server at {uri} serves no tracking API: searching experiments answered HTTP "
-                           f"{search.status_code} ({search.text.strip()[:300]})")
+        raise ServiceError(
+            f"MLflow server at {uri} serves no tracking API: searching experiments answered HTTP "
+            f"{search.status_code} ({search.text.strip()[:300]})"
+        )
 
 
-SQLITE_PROBLEMS = {"file is not a database": "is not an SQLite database",
-                   "attempt to write a readonly database": "is read-only",
-                   "unable to open database file": "cannot be opened (unreadable?)",
-                   "database is locked": "stayed locked by another process for 10 s"}
+SQLITE_PROBLEMS = {
+    "file is not a database": "is not an SQLite database",
+    "attempt to write a readonly database": "is read-only",
+    "unable to open database file": "cannot be opened (unreadable?)",
+    "database is locked": "stayed locked by another process for 10 s",
+}
 
 
 def check_sqlite(uri: str, path: Path) -> None:
@@ -68,8 +75,9 @@ def check_sqlite(uri: str, path: Path) -> None:
     try:  # SQLite creates the store, and its journal at every write, beside it
         tempfile.TemporaryFile(dir=path.parent).close()
     except OSError as err:
-        raise ServiceError(f"{where}: directory {path.parent} is read-only ({err.strerror}); SQLite must create "
-                           "files there") from None
+        raise ServiceError(
+            f"{where}: directory {path.parent} is read-only ({err.strerror}); SQLite must create files there"
+        ) from None
     if not path.exists():
         return  # MLflow creates it
     if not path.is_file():
@@ -95,8 +103,10 @@ def check_ray(address: str | None) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=10).close()
     except OSError as err:
-        raise ServiceError(f"Ray head at {address} is unreachable ({err}); start one with `ray start --head` "
-                           "or unset RAY_ADDRESS / cluster.ray_address for a local Ray") from None
+        raise ServiceError(
+            f"Ray head at {address} is unreachable ({err}); start one with `ray start --head` "
+            "or unset RAY_ADDRESS / cluster.ray_address for a local Ray"
+        ) from None
     if not address.startswith("ray://"):  # a GCS address; Ray Client's server speaks another protocol
         check_ray_token(hostport)
 
@@ -112,18 +122,25 @@ def check_ray_token(gcs_address: str) -> None:
         ensure_token_if_auth_enabled(None, create_token_if_missing=False)  # RAY_AUTH_MODE=token but no token
         GcsClient(address=gcs_address)  # fetches the cluster id: the first authenticated request
     except AuthenticationError as err:
-        raise ServiceError(f"Ray head at {gcs_address} requires its auth token: {token_problem()}. "
-                           f"{RAY_TOKEN_HELP} (Ray: {err.message})") from None
+        raise ServiceError(
+            f"Ray head at {gcs_address} requires its auth token: {token_problem()}. "
+            f"{RAY_TOKEN_HELP} (Ray: {err.message})"
+        ) from None
 
 
-RAY_TOKEN_HELP = ("Give the driver the head's token: RAY_AUTH_MODE=token and either RAY_AUTH_TOKEN=<token> or "
-                  "RAY_AUTH_TOKEN_PATH=<file holding it>; `ray get-auth-token` on the head prints it")
+RAY_TOKEN_HELP = (
+    "Give the driver the head's token: RAY_AUTH_MODE=token and either RAY_AUTH_TOKEN=<token> or "
+    "RAY_AUTH_TOKEN_PATH=<file holding it>; `ray get-auth-token` on the head prints it"
+)
 
 
 def token_problem() -> str:
     if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
         return "this driver sends none (RAY_AUTH_MODE is not token)"
-    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-            or (Path.home() / ".ray" / "auth_token").exists()):
+    if not (
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or (Path.home() / ".ray" / "auth_token").exists()
+    ):
         return "RAY_AUTH_MODE=token but no token was found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
     return "the head rejects the token this driver sends"

@@ -7,7 +7,6 @@ so that DDP's average over workers is the global batch's mean loss (``Collate``)
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -41,10 +40,13 @@ class LengthBuckets(Sampler):
         chunk = self.batch_size * 50
         batches = []
         for c in range(0, len(order), chunk):
-            part = order[c:c + chunk]
+            part = order[c : c + chunk]
             part = part[np.argsort(self.lengths[part], kind="stable")]
-            batches += [part[b:b + self.batch_size] for b in range(0, len(part), self.batch_size)
-                        if len(part) - b >= self.min_batch]
+            batches += [
+                part[b : b + self.batch_size]
+                for b in range(0, len(part), self.batch_size)
+                if len(part) - b >= self.min_batch
+            ]
         for b in list(rng.permutation(len(batches)) if self.shuffle else range(len(batches)))[skip:]:
             yield batches[b].tolist()
 
@@ -65,7 +67,7 @@ class Collate:
         self.predicted = data.lengths + 1 - data.prompt_len  # (N,) target tokens per sample, <eos> included
 
     def __call__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        mine = idx[self.rank::self.world]
+        mine = idx[self.rank :: self.world]
         share = self.world * self.predicted[mine].sum() / self.predicted[idx].sum() if self.world > 1 else 1.0
         idx = mine
         seqs = [self.data.sequence(i) for i in idx]
@@ -76,12 +78,13 @@ class Collate:
             n = len(s) - 1
             inputs[r, :n] = s[:-1]
             p = int(self.data.prompt_len[i])
-            targets[r, p - 1:n] = s[p:]  # predict every token after the prompt
+            targets[r, p - 1 : n] = s[p:]  # predict every token after the prompt
         return torch.from_numpy(inputs), torch.from_numpy(targets), torch.tensor(float(share))
 
 
 def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1) -> DataLoader:
     """Batches of ``batch_size`` samples in all; worker ``rank`` of ``world`` gets its share of each."""
     sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world)
-    return DataLoader(list(range(len(data))), batch_sampler=sampler, collate_fn=Collate(data, rank, world),
-                      num_workers=0)
+    return DataLoader(
+        list(range(len(data))), batch_sampler=sampler, collate_fn=Collate(data, rank, world), num_workers=0
+    )

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import lightning as L
 import pyarrow.fs as pafs
@@ -38,8 +38,13 @@ class Resumable(L.Callback):
     restored checkpoint's validation metrics; on
     resume, puts back what Lightning does not (RNG, the sampler's place, compute and time so far)."""
 
-    def __init__(self, sampler, save: Callable[[L.Trainer, L.LightningModule, Path], None] | None, scratch: Path,
-                 resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None):
+    def __init__(
+        self,
+        sampler,
+        save: Callable[[L.Trainer, L.LightningModule, Path], None] | None,
+        scratch: Path,
+        resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
+    ):
         self.sampler, self.save, self.scratch, self.resumed = sampler, save, scratch, resumed
         self.trainer: L.Trainer | None = None
         self.rng: torch.Tensor | None = None  # to restore once training restarts
@@ -62,9 +67,15 @@ class Resumable(L.Callback):
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # batches of this epoch trained
         # every data-parallel worker's RNG (their dropout draws differ), gathered: only the first one writes
         rng = trainer.strategy.all_gather(torch.get_rng_state().to(trainer.strategy.root_device))
-        return {"rng": rng.reshape(trainer.world_size, -1).cpu(), "epoch": self.sampler.epoch - 1, "batches_done": done,
-                "seconds": self.elapsed(), "step": trainer.global_step, "stop": trainer.should_stop,
-                "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}
+        return {
+            "rng": rng.reshape(trainer.world_size, -1).cpu(),
+            "epoch": self.sampler.epoch - 1,
+            "batches_done": done,
+            "seconds": self.elapsed(),
+            "step": trainer.global_step,
+            "stop": trainer.should_stop,
+            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.rng = state["rng"][self.trainer.global_rank].clone()  # its own storage: torch reads from offset 0
@@ -81,7 +92,7 @@ class Resumable(L.Callback):
         trainer.should_stop = trainer.should_stop or self.stop
         self.started = time.perf_counter()
         if self.resumed_step is not None and self.resumed:  # the checkpoint's metrics, which its sweep may not
-            self.resumed(trainer, module, self.metrics)      # have recorded before it died
+            self.resumed(trainer, module, self.metrics)  # have recorded before it died
 
     def last_metrics(self) -> dict[str, float]:
         """The newest validation's metrics, this attempt's or (if it validated no more) the checkpoint's."""
@@ -134,8 +145,11 @@ def latest(storage: str, run_key: str) -> dict[str, dict]:
 
 def checkpoint_dirs(fs: pafs.FileSystem, trial_dir: str) -> list[str]:
     """The checkpoint_NNNNNN/ directories directly under ``trial_dir`` (paths of ``fs``; none if it is gone)."""
-    return [e.path for e in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True))
-            if e.type == pafs.FileType.Directory and e.base_name.startswith("checkpoint_")]
+    return [
+        e.path
+        for e in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True))
+        if e.type == pafs.FileType.Directory and e.base_name.startswith("checkpoint_")
+    ]
 
 
 def drop_checkpoints(fs: pafs.FileSystem, trial_dir: str) -> None:

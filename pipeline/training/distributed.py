@@ -20,9 +20,9 @@ import multiprocessing
 import os
 import socket
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
@@ -45,8 +45,9 @@ def ranks_env(rank: int, world: int, port: int):
     """The variables Lightning's environment reads, for this process and this trial only (a reused Ray worker
     runs later trials alone)."""
     saved = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank), NODE_RANK="0",
-                      WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world)
+    )
     try:
         yield
     finally:
@@ -71,8 +72,12 @@ def other_ranks(spec, run_rank: RunRank, resume: Path | None, checkpointing: boo
     process can import it). A rank that fails makes rank 0 fail with its exit code."""
     port = free_port()
     ctx = multiprocessing.get_context("spawn")  # the parent holds torch and Ray threads: never fork them
-    procs = [ctx.Process(target=rank_main, args=(run_rank, spec, rank, port, resume, checkpointing, os.getpid()), daemon=True)
-             for rank in range(1, spec.workers)]
+    procs = [
+        ctx.Process(
+            target=rank_main, args=(run_rank, spec, rank, port, resume, checkpointing, os.getpid()), daemon=True
+        )
+        for rank in range(1, spec.workers)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -87,7 +92,8 @@ def other_ranks(spec, run_rank: RunRank, resume: Path | None, checkpointing: boo
         raise RuntimeError(f"a data-parallel worker of this trial exited with code {failed[0]}")
 
 
-def rank_main(run_rank: RunRank, spec, rank: int, port: int, resume: Path | None, checkpointing: bool,
-              parent: int) -> None:
+def rank_main(
+    run_rank: RunRank, spec, rank: int, port: int, resume: Path | None, checkpointing: bool, parent: int
+) -> None:
     threading.Thread(target=exit_with, args=(parent,), daemon=True).start()  # rank 0 killed: so are we
     run_rank(spec, rank, port, resume, checkpointing)

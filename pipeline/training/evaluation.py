@@ -4,18 +4,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 import models
-from pipeline.training.batches import IGNORE, loader
 from pipeline.data.datasets import Dataset
+from pipeline.training.batches import IGNORE, loader
 from tasks import EOS_ID
+
+if TYPE_CHECKING:  # train.py imports this module: the type alone, never at run time
+    from pipeline.training.train import SequenceModel
 
 
 @torch.no_grad()
-def greedy_accuracy(model: models.LanguageModel, data: Dataset, batch_size: int,
-                    device: torch.device | str = "cpu") -> float:
+def greedy_accuracy(
+    model: models.LanguageModel, data: Dataset, batch_size: int, device: torch.device | str = "cpu"
+) -> float:
     """Final-answer accuracy: decode greedily from each prompt with the cache until <eos> or max_len, and
     compare the token before the first <eos> with the answer. Prompts of equal length decode together."""
     model.eval()
@@ -24,7 +30,7 @@ def greedy_accuracy(model: models.LanguageModel, data: Dataset, batch_size: int,
     for p in np.unique(prompt_lens):
         rows = np.flatnonzero(prompt_lens == p)
         for b in range(0, len(rows), batch_size):
-            idx = rows[b:b + batch_size]
+            idx = rows[b : b + batch_size]
             prompts = torch.from_numpy(np.stack([data.sequence(i)[:p] for i in idx]).astype(np.int64)).to(device)
             out = decode(model, prompts)  # (B, <= max_len + 1)
             correct += int((final_answers(out, p) == torch.from_numpy(data.answer[idx]).to(device)).sum())
@@ -57,7 +63,7 @@ def final_answers(out: torch.Tensor, prompt_len: int) -> torch.Tensor:
     return torch.where(has, prev, torch.full_like(prev, -1))
 
 
-def final_accuracy(module: "SequenceModel", data: Dataset, batch_size: int, device) -> float:
+def final_accuracy(module: SequenceModel, data: Dataset, batch_size: int, device) -> float:
     """The family's final score: greedy final answers (cot, classify) or every prefix right (ncp)."""
     if module.spec.family == "ncp":
         return all_prefixes_accuracy(module, data, batch_size, device)
@@ -65,7 +71,7 @@ def final_accuracy(module: "SequenceModel", data: Dataset, batch_size: int, devi
 
 
 @torch.no_grad()
-def all_prefixes_accuracy(module: "SequenceModel", data: Dataset, batch_size: int, device) -> float:
+def all_prefixes_accuracy(module: SequenceModel, data: Dataset, batch_size: int, device) -> float:
     """ncp: fraction of sequences whose prediction is right at every prefix (teacher-forced, one pass)."""
     module.eval()
     correct = 0

@@ -47,6 +47,10 @@ class TrainSettings:
     @classmethod
     def of(cls, cfg: Config) -> TrainSettings:
         s = cfg.sweep
-        derived = {"threshold": cfg.report.accuracy_threshold, "threads": s.cpus_per_trial,
-                   "use_gpu": s.gpus_per_trial > 0, "workers": s.workers()}
+        derived = {
+            "threshold": cfg.report.accuracy_threshold,
+            "threads": s.cpus_per_trial,
+            "use_gpu": s.gpus_per_trial > 0,
+            "workers": s.workers(),
+        }
         return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name not in derived}, **derived)

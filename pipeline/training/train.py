@@ -11,7 +11,8 @@ Task families (``family`` in the dataset metadata):
 Validation: the last ``val_samples`` training samples are held out (never trained on; disjoint from the test set
 when the data is generated with ``unique``). Every validation logs the teacher-forced loss and token accuracy and
 the final-answer accuracy (``val_accuracy``, scored as the test set is), which decides when the trial is solved
-(``pipeline/training/verdict.py``). The test set is scored once, at the end. Batches come from ``pipeline/training/batches.py``,
+(``pipeline/training/verdict.py``). The test set is scored once, at the end. Batches come from
+``pipeline/training/batches.py``,
 the scores from ``pipeline/training/evaluation.py``.
 """
 
@@ -20,23 +21,25 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 
 import models
-from pipeline.training import distributed, verdict as verdict_mod
+from pipeline.common.locks import scratch_dir
+from pipeline.data.datasets import Dataset, read_dataset
+from pipeline.training import distributed
+from pipeline.training import verdict as verdict_mod
 from pipeline.training.batches import IGNORE, loader
 from pipeline.training.checkpoints import Resumable
-from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training.evaluation import final_accuracy
 from pipeline.training.settings import TrainSettings
-from pipeline.common.locks import scratch_dir
 from tasks import PAD_ID
+
 
 @dataclass(kw_only=True)
 class TrialSpec(TrainSettings):
@@ -87,9 +90,16 @@ class SequenceModel(L.LightningModule):
     def __init__(self, spec: TrialSpec, val_data: Dataset | None = None):
         super().__init__()
         self.spec, self.val_data = spec, val_data
-        self.model = models.build_model(spec.arch, vocab_size=spec.vocab_size, width=spec.width, depth=spec.depth,
-                                        heads=spec.heads, max_len=spec.max_len, dropout=spec.dropout,
-                                        **spec.arch_options)
+        self.model = models.build_model(
+            spec.arch,
+            vocab_size=spec.vocab_size,
+            width=spec.width,
+            depth=spec.depth,
+            heads=spec.heads,
+            max_len=spec.max_len,
+            dropout=spec.dropout,
+            **spec.arch_options,
+        )
         # 3 x exact forward FLOPs of every sequence trained on (forward + backward), by every worker: the sum
         # over workers as of the last validation, and this worker's since
         self.synced_flops, self.unsynced_flops = 0, 0
@@ -107,8 +117,9 @@ class SequenceModel(L.LightningModule):
         """Adds every worker's FLOPs since the last call (a collective: every worker calls it, at each validation
         and at the end)."""
         if self.trainer.world_size > 1:
-            total = self.trainer.strategy.reduce(torch.tensor(float(self.unsynced_flops), dtype=torch.float64,
-                                                              device=self.device), reduce_op="sum")
+            total = self.trainer.strategy.reduce(
+                torch.tensor(float(self.unsynced_flops), dtype=torch.float64, device=self.device), reduce_op="sum"
+            )
             self.synced_flops, self.unsynced_flops = self.synced_flops + int(total.item()), 0
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -175,8 +186,11 @@ class SequenceModel(L.LightningModule):
         else:
             decay = [p for p in self.parameters() if p.dim() >= 2]
             no_decay = [p for p in self.parameters() if p.dim() < 2]
-            opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                                     {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.999))
+            opt = torch.optim.AdamW(
+                [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                lr=s.lr,
+                betas=(0.9, 0.999),
+            )
         total = max(1, total_steps)
         warmup = max(1, int(s.warmup_fraction * total))
 
@@ -194,10 +208,14 @@ def split_validation(train: Dataset, val_samples: int) -> tuple[Dataset, Dataset
     return train.slice(0, len(train) - held), train.slice(len(train) - held, len(train))
 
 
-def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50,
-              checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
-              resume: Path | None = None, resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None
-              ) -> dict:
+def run_trial(
+    spec: TrialSpec,
+    callbacks: list[L.Callback] = (),
+    log_every: int = 50,
+    checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
+    resume: Path | None = None,
+    resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
+) -> dict:
     """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
     on a given machine. ``checkpoint(trainer, module, directory)`` receives the whole state at every validation
     (``pipeline/training/checkpoints.py``); ``resume``: such a checkpoint file to continue from, with the same result as
@@ -205,8 +223,10 @@ def run_trial(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int 
     data-parallel trial and starts the other ranks (``pipeline/training/distributed.py``)."""
     if spec.workers == 1:
         return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
-    with distributed.other_ranks(spec, run_rank, resume, checkpoint is not None) as port, \
-            distributed.ranks_env(0, spec.workers, port):
+    with (
+        distributed.other_ranks(spec, run_rank, resume, checkpoint is not None) as port,
+        distributed.ranks_env(0, spec.workers, port),
+    ):
         return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
 
 
@@ -216,38 +236,61 @@ def run_rank(spec: TrialSpec, rank: int, port: int, resume: Path | None, checkpo
         fit(spec, checkpoint=(lambda *_: None) if checkpointing else None, resume=resume, rank=rank)
 
 
-def fit(spec: TrialSpec, callbacks: list[L.Callback] = (), log_every: int = 50,
-        checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None, resume: Path | None = None,
-        resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None, rank: int = 0):
+def fit(
+    spec: TrialSpec,
+    callbacks: list[L.Callback] = (),
+    log_every: int = 50,
+    checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
+    resume: Path | None = None,
+    resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
+    rank: int = 0,
+):
     torch.set_num_threads(spec.threads)
     L.seed_everything(spec.seed, workers=True, verbose=False)
     train, val = split_validation(read_dataset(spec.train_path), spec.val_samples)
     module = SequenceModel(spec, val_data=val)
     train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers)
-    stopping = verdict_mod.callbacks(spec.threshold, spec.patience, spec.plateau_checks, spec.min_delta,
-                                     spec.stop_when_solved)
-    parallel = dict(devices=spec.workers, strategy=distributed.strategy(spec.use_gpu),
-                    use_distributed_sampler=False) if spec.workers > 1 else dict(devices=1)
+    stopping = verdict_mod.callbacks(
+        spec.threshold, spec.patience, spec.plateau_checks, spec.min_delta, spec.stop_when_solved
+    )
+    parallel = (
+        dict(devices=spec.workers, strategy=distributed.strategy(spec.use_gpu), use_distributed_sampler=False)
+        if spec.workers > 1
+        else dict(devices=1)
+    )
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
         resumable = Resumable(train_loader.batch_sampler, checkpoint, scratch, resumed)
         trainer = L.Trainer(
-            accelerator="gpu" if spec.use_gpu else "cpu", precision=spec.precision, **parallel,
-            max_epochs=spec.epochs, max_steps=spec.max_steps, gradient_clip_val=spec.grad_clip,
-            val_check_interval=spec.val_every_steps, check_val_every_n_epoch=None if spec.val_every_steps else 1,
-            num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, log_every_n_steps=log_every,
-            callbacks=[*stopping, *callbacks, resumable], deterministic=False)
+            accelerator="gpu" if spec.use_gpu else "cpu",
+            precision=spec.precision,
+            **parallel,
+            max_epochs=spec.epochs,
+            max_steps=spec.max_steps,
+            gradient_clip_val=spec.grad_clip,
+            val_check_interval=spec.val_every_steps,
+            check_val_every_n_epoch=None if spec.val_every_steps else 1,
+            num_sanity_val_steps=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            log_every_n_steps=log_every,
+            callbacks=[*stopping, *callbacks, resumable],
+            deterministic=False,
+        )
         with warnings.catch_warnings():
             # Lightning cannot see that the sampler resumes mid-epoch (Resumable puts it back in place)
             warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
-            trainer.fit(module, train_loader, loader(val, spec.eval_batch_size, 0, False), ckpt_path=resume,
-                        weights_only=True)
+            trainer.fit(
+                module, train_loader, loader(val, spec.eval_batch_size, 0, False), ckpt_path=resume, weights_only=True
+            )
     module.sync_flops()  # the steps after the last validation
     return trainer, module, resumable, stopping[0]
 
 
-def score(spec: TrialSpec, trainer: L.Trainer, module: "SequenceModel", resumable: Resumable,
-          verdict: verdict_mod.Verdict) -> dict:
+def score(
+    spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: verdict_mod.Verdict
+) -> dict:
     """The verdict and the test set's score of a fitted trial (rank 0 only), with its costs."""
     test = read_dataset(spec.test_path).head(spec.eval_samples)
     train_seconds = resumable.elapsed()
@@ -256,7 +299,11 @@ def score(spec: TrialSpec, trainer: L.Trainer, module: "SequenceModel", resumabl
     device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")
     module.to(device)
     # a diverged model's weights are not finite: it is not scored (NaN), and its status says why
-    accuracy = final_accuracy(module, test, spec.eval_batch_size, device) if status != verdict_mod.Status.DIVERGED else math.nan
+    accuracy = (
+        final_accuracy(module, test, spec.eval_batch_size, device)
+        if status != verdict_mod.Status.DIVERGED
+        else math.nan
+    )
     model = module.model
     metric = resumable.last_metrics()
     return {

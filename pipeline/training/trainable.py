@@ -17,8 +17,8 @@ import ray
 import torch
 from ray import tune
 
-from pipeline.training.checkpoints import FILE, write_meta
 from pipeline.data.storage import fetch
+from pipeline.training.checkpoints import FILE, write_meta
 from pipeline.training.train import TrialSpec, run_trial
 
 
@@ -37,15 +37,18 @@ def run_cell(config: dict) -> None:
     where = {"node": node}
 
     def progress(trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
-        return where | {"step": trainer.global_step, "train_pflops": module.train_flops / 1e15,
-                        "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
-                        **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy")
-                           if k in m}}
+        return where | {
+            "step": trainer.global_step,
+            "train_pflops": module.train_flops / 1e15,
+            "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
+            **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy") if k in m},
+        }
 
     def save(trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:
         write_meta(directory, config["trial_key"], config["cell"]["run_key"], trainer.global_step)
-        tune.report(progress(trainer, module, trainer.callback_metrics),
-                    checkpoint=tune.Checkpoint.from_directory(directory))
+        tune.report(
+            progress(trainer, module, trainer.callback_metrics), checkpoint=tune.Checkpoint.from_directory(directory)
+        )
 
     def resumed(trainer: L.Trainer, module: L.LightningModule, metrics: dict) -> None:
         tune.report(progress(trainer, module, metrics))

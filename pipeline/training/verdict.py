@@ -22,7 +22,6 @@ from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 
-
 class Status(StrEnum):
     """How a trial ended, best first: the order ranks a cell's learning-rate runs (``best_run``) and tells a
     nightly regression from an improvement. A ``str``, so tables and MLflow hold the plain word."""
@@ -76,8 +75,10 @@ class Verdict(L.Callback):
         if self.streak >= self.patience:
             self.status, self.solved_step = Status.SOLVED, trainer.global_step
             self.solved_pflops = getattr(module, "train_flops", 0) / 1e15
-            self.reason = (f"validation accuracy >= {self.threshold:g} at {self.patience} consecutive checks "
-                           f"(step {trainer.global_step})")
+            self.reason = (
+                f"validation accuracy >= {self.threshold:g} at {self.patience} consecutive checks "
+                f"(step {trainer.global_step})"
+            )
             trainer.should_stop = trainer.should_stop or self.stop
 
     def outcome(self, trainer) -> tuple[Status, str]:
@@ -86,22 +87,31 @@ class Verdict(L.Callback):
             return self.status, self.reason
         plateau = self.plateau
         if plateau is not None and plateau.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
-            return Status.UNSOLVED, (f"plateau: no gain of {plateau.min_delta:g} in validation accuracy over "
-                                f"{plateau.patience} checks (best {float(plateau.best_score):.3f}, step "
-                                f"{trainer.global_step})")
+            return Status.UNSOLVED, (
+                f"plateau: no gain of {plateau.min_delta:g} in validation accuracy over "
+                f"{plateau.patience} checks (best {float(plateau.best_score):.3f}, step "
+                f"{trainer.global_step})"
+            )
         if plateau is not None and plateau.stopping_reason == EarlyStoppingReason.NON_FINITE_METRIC:
             return Status.DIVERGED, f"validation accuracy not finite at step {trainer.global_step}"
         return Status.UNSOLVED, f"budget: stopped at step {trainer.global_step} (epoch {trainer.current_epoch})"
 
 
-def callbacks(threshold: float, patience: int, plateau_checks: int | None, min_delta: float,
-              stop_when_solved: bool = True) -> list[L.Callback]:
+def callbacks(
+    threshold: float, patience: int, plateau_checks: int | None, min_delta: float, stop_when_solved: bool = True
+) -> list[L.Callback]:
     """The stopping callbacks of one trial; the ``Verdict`` is first. Without ``stop_when_solved`` (a
     fixed-budget grid) only divergence ends a trial early, and the verdict still records when it was solved."""
     plateau = None
     if plateau_checks and stop_when_solved:
-        plateau = EarlyStopping(monitor=MONITOR, mode="max", min_delta=min_delta, patience=plateau_checks,
-                                check_finite=True, check_on_train_epoch_end=False)
+        plateau = EarlyStopping(
+            monitor=MONITOR,
+            mode="max",
+            min_delta=min_delta,
+            patience=plateau_checks,
+            check_finite=True,
+            check_on_train_epoch_end=False,
+        )
     verdict = Verdict(threshold, patience, plateau, stop=stop_when_solved)
     return [verdict] + ([plateau] if plateau else [])
 
@@ -110,6 +120,7 @@ def best_run(runs: list[dict]) -> dict:
     """A cell's result among its learning-rate runs (the separations paper reports the best run): a solved run
     before an unsolved one before a diverged one, then the higher validation accuracy, then the less training
     compute. Failed runs count only when every run failed. Chosen on validation, never on test."""
+
     def key(run: dict):
         val = run.get("val_accuracy")
         val = -1.0 if val is None or not math.isfinite(val) else val
