@@ -169,10 +169,11 @@ EXP_RUN = re.compile(r"dvc exp run((?:\s+-S\s+(?:'[^']*'|\"[^\"]*\"|[^\s`'\"])+)
 
 
 def documented_exp_runs() -> list[tuple[str, list[str]]]:
-    """Every `dvc exp run -S ...` written in the README, params.yaml or a profile in conf/: (file, its arguments).
+    """Every `dvc exp run -S ...` written in the README, docs/, params.yaml or a profile in conf/: (file, its args).
     A profile's file means its commands for that profile, so they get its -S profile=<name> first."""
     found = []
-    for path in [ROOT / "README.md", ROOT / "params.yaml", *sorted((ROOT / "conf").glob("*.yaml"))]:
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "params.yaml"]
+    for path in [*docs, *sorted((ROOT / "conf").glob("*.yaml"))]:
         for match in EXP_RUN.finditer(path.read_text()):
             args = shlex.split(match.group(1))
             if path.parent.name == "conf" and not any(a.lstrip("+").startswith("profile=") for a in args):
