@@ -121,6 +121,7 @@ class Block(nn.Module):
         self.mixer = mixer
         self.proj = nn.Linear(width, width) if proj else nn.Identity()
         self.drop = nn.Dropout(dropout)
+        self.ffn: nn.Sequential | None
         if ffn:
             self.ln2 = nn.LayerNorm(width)
             self.ffn = nn.Sequential(
@@ -136,6 +137,8 @@ class Block(nn.Module):
 
 class BlockStack(LanguageModel):
     """Embedding, ``depth`` pre-LN blocks around a pluggable mixer, final LayerNorm and an untied head."""
+
+    pos: torch.Tensor | None  # position embeddings: a buffer (sinusoidal), a Parameter (learned) or None
 
     def __init__(
         self,
@@ -166,6 +169,7 @@ class BlockStack(LanguageModel):
         self.head = nn.Linear(width, vocab_size)
         self.apply(init_weights)
         if positions == "learned":
+            assert self.pos is not None
             nn.init.normal_(self.pos, std=0.02)
 
     def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:

@@ -53,6 +53,8 @@ def chunked_scan(q, k, v, state: dict, gamma: torch.Tensor, normalize: bool, chu
 class LinearAttention(Mixer):
     """Normalised linear attention, phi = elu + 1, no 1/sqrt(hd) scaling (Katharopoulos et al. 2020, eq. 6)."""
 
+    gamma: torch.Tensor  # a buffer: per-head decay, 1
+
     def __init__(self, width: int, heads: int, chunk: int):
         super().__init__()
         self.heads, self.chunk = heads, chunk

@@ -11,6 +11,8 @@ from models.registry import Option, register
 
 
 class UnnormalisedLinearAttention(Mixer):
+    gamma: torch.Tensor  # a buffer: per-head decay (1 unless given)
+
     def __init__(self, width: int, heads: int, chunk: int, gamma: torch.Tensor | None = None):
         super().__init__()
         self.heads, self.chunk = heads, chunk

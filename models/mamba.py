@@ -85,5 +85,7 @@ def build(*, vocab_size, width, depth, heads, max_len, dropout, d_state, expand,
         ffn=False,
     )
     for block in model.blocks:
-        block.mixer.reset_parameters()
+        mixer = block.mixer
+        assert isinstance(mixer, Mamba)  # made by the lambda above
+        mixer.reset_parameters()
     return model

@@ -22,7 +22,7 @@ class Option(NamedTuple):
     None means where None is allowed (the builder then derives the value, e.g. from the sequence length)."""
 
     default: Any
-    type: type
+    type: type[int] | type[float]
     minimum: int | float
     null: str | None = None
 

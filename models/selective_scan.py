@@ -139,7 +139,9 @@ def _backward(dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0):  # pr
 
 def _threads() -> None:
     """Use as many threads as torch does (a trial's CPU share), not numba's default of every core."""
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    # numba.config sets NUMBA_NUM_THREADS through globals() when it loads, which its types cannot show
+    cores = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), cores)))
 
 
 class _SelectiveScan(torch.autograd.Function):

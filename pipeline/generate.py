@@ -33,6 +33,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -143,7 +144,7 @@ def generate_task(
         if gen.unique:
             task.check_space(gen.test_samples, gen.train_samples)
     final = out_dir / name
-    manifest = {"task": name, "profile": cfg.profile, "datasets": []}
+    manifest: dict[str, Any] = {"task": name, "profile": cfg.profile, "datasets": []}
     with staging_dir(out_dir, name) as staging:
         if final.exists():  # never mix files of an earlier run
             shutil.rmtree(final)

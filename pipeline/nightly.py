@@ -88,7 +88,7 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
         before = previous_night(history, cfg.profile, night)
         title = f"Nightly {date}, commit {commit}, profile {cfg.profile}"
         if before is None:
-            result = {"regressions": [], "improvements": [], "new": [], "missing": []}
+            result: dict[str, list] = {"regressions": [], "improvements": [], "new": [], "missing": []}
             text = f"# {title}\n\nFirst night of profile {cfg.profile}: nothing to compare with.\n"
         else:
             claims = [json.loads((d / "report.json").read_text()).get("claims", {}) for d in (before, night)]

@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -192,7 +193,7 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
     measured = table[table.measured]
     parent = str(table.parent_run_id.iloc[0])
     statuses = [c["status"] for c in checks]
-    summary = {
+    summary: dict[str, Any] = {
         "profile": cfg.profile,
         "cells": len(table),
         "measured": len(measured),

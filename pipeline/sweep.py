@@ -313,7 +313,10 @@ def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.
                     "reused_from": run.get("reused_from"),
                 }
                 | {k: run.get(k) for k in RESULT_KEYS + TRIAL_KEYS}
-                | {"restarts": children.restarts.get(trial, 0), "mlflow_run_id": run.get("mlflow_run_id")}
+                | {
+                    "restarts": children.restarts.get(trial, 0) if trial is not None else 0,
+                    "mlflow_run_id": run.get("mlflow_run_id"),
+                }
             )
     return pd.DataFrame(runs).sort_values([*ORDER, "lr"])
 

@@ -237,7 +237,8 @@ class Arithmetic(Task):
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         words = self.decode(split_tokens(tokens))
-        steps, current = [], []
+        steps: list[list[str]] = []
+        current: list[str] = []
         for w in words:
             if w == "=":
                 steps.append(current)

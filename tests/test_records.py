@@ -29,12 +29,12 @@ def test_training_settings_are_the_sweep_sections_keys_with_its_defaults(tiny_cf
 
 def test_a_trial_spec_takes_its_cell_and_settings_and_refuses_an_unknown_setting(tiny_cfg):
     train = asdict(TrainSettings.of(tiny_cfg)) | {"lr": 1e-3}
-    spec = TrialSpec.of(CELL, train)
+    spec = TrialSpec.for_cell(CELL, train)
     assert (spec.arch, spec.lr, spec.batch_size) == ("standard", 1e-3, tiny_cfg.sweep.batch_size)
     with pytest.raises(TypeError, match="warmup_steps"):
-        TrialSpec.of(CELL, train | {"warmup_steps": 10})
+        TrialSpec.for_cell(CELL, train | {"warmup_steps": 10})
     with pytest.raises(TypeError, match="lr"):
-        TrialSpec.of(CELL, asdict(TrainSettings.of(tiny_cfg)))
+        TrialSpec.for_cell(CELL, asdict(TrainSettings.of(tiny_cfg)))
 
 
 def test_statuses_carry_their_order():

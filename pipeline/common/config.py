@@ -25,7 +25,7 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
@@ -53,6 +53,8 @@ NonBlank = Annotated[str, AfterValidator(not_blank)]
 MAX_WORKERS = 64
 # Lightning's seed_everything takes a uint32: a larger seed would fail in every trial, after the data is made
 MAX_SEED = 2**32 - 1
+# Lightning's names of the precisions a trial may train in
+Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
 
 
 class TaskGenerate(Section):
@@ -156,7 +158,7 @@ class SweepConfig(Section):
     weight_decay: float = Field(0.01, ge=0)
     warmup_fraction: float = Field(0.05, ge=0, le=1)
     grad_clip: FiniteFloat | None = Field(1.0, gt=0, description="gradient-norm clip; null: none")
-    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
+    precision: Precision = "32-true"
     # stopping: a trial ends solved, plateaued, diverged or at its budget (pipeline/training/verdict.py)
     patience: PositiveInt = Field(
         2, description="consecutive validations at or above report.accuracy_threshold that make a trial solved"
@@ -397,7 +399,7 @@ def check_semantics(cfg: Config) -> None:
         if not getattr(cfg.sweep, key):
             raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
     # a repeat names one trial (or dataset) twice: it runs once, and the grid is smaller than it reads
-    lists = {
+    lists: dict[str, list[Any]] = {
         "tasks": cfg.tasks,
         "sweep.architectures": cfg.sweep.architectures,
         "sweep.depths": cfg.sweep.depths,
@@ -544,7 +546,7 @@ def load(
         raise ConfigError(f"profile {name!r} with {params_path}: {'; '.join(map(problem, err.errors()))}") from None
 
 
-def problem(error: dict) -> str:
+def problem(error: ErrorDetails) -> str:
     """One validation error as ``key: what is wrong (got value)``."""
     if error["type"] == "value_error":  # a check of this module or the model registry: its message names the key
         return str(error["ctx"]["error"])

@@ -21,10 +21,17 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal, overload
 
 
 class LockBusy(RuntimeError):
     """Another live process holds the lock; the message names it and what to do."""
+
+
+@overload
+def try_lock(path: Path, wait: Literal[True]) -> int: ...
+@overload
+def try_lock(path: Path, wait: bool = False) -> int | None: ...
 
 
 def try_lock(path: Path, wait: bool = False) -> int | None:
@@ -95,6 +102,7 @@ def scratch_dir(root: Path | None = None) -> Iterator[Path]:
                 remove_if_dead(entry, unlink_lock=True)
         path = Path(tempfile.mkdtemp(prefix="trial-", dir=root))
         lock = try_lock(lock_of(path))
+        assert lock is not None  # a directory just made, under the guard: no other process knows its lock yet
     finally:
         os.close(guard)
     try:

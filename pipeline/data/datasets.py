@@ -110,7 +110,7 @@ class ParquetSink:
         self.pending: list[pa.Table] = []
         self.pending_rows = self.count = self.written = 0
         self.stats = Stats()
-        self.writer = None
+        self.writer: pq.ParquetWriter | None = None
 
     def add(self, batch: Batch) -> None:
         if not len(batch):

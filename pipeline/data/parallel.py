@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 WORKER_NICENESS = 5
@@ -57,7 +57,7 @@ class Pool:
             else None
         )
 
-    def imap(self, fn: Callable, args: Iterable[tuple], ahead: int | None = None) -> Iterator:
+    def imap(self, fn: Callable, args: Iterable[tuple], ahead: int | None = None) -> Generator:
         """``fn(*a)`` for each ``a`` in ``args`` (which may be endless), in order, with ``ahead`` tasks in flight
         (default 2 per worker) so memory stays bounded: more when the caller pauses between results, so that the
         workers still have work queued meanwhile. Closing the iterator early drops the tasks still queued."""
@@ -112,7 +112,8 @@ class Pool:
             # pipe; the executor's thread would wait for the rest for ever, and the interpreter's exit for that
             # thread. Once the workers are dead this process holds the last writing end of the pipe: closing it
             # turns that wait into an end of file, so the thread finds the pool broken and ends.
-            self.executor._result_queue._writer.close()
+            # the queue's writing Connection: private, and missing from typeshed's SimpleQueue
+            self.executor._result_queue._writer.close()  # type: ignore[attr-defined]
         # not awaited after a kill: the executor's threads may still be ending
         self.executor.shutdown(wait=not kill, cancel_futures=True)
 

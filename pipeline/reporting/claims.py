@@ -125,7 +125,8 @@ def width_grows(min_depth: int) -> Callable[[Evidence], Check]:
     size, or at no size, cannot tell and is skipped."""
 
     def rule(ev: Evidence) -> Check:
-        failures, passes = [], []
+        failures: list[str] = []
+        passes: list[str] = []
         for task in GENERAL_DP:
             sizes = ev.sizes(task)
             for arch in EFFICIENT:
@@ -156,7 +157,8 @@ def width_grows(min_depth: int) -> Callable[[Evidence], Check]:
 def no_savings_general(ev: Evidence) -> Check:
     """ed and lis: at the largest size the standard Transformer solved, sparse and linear need at least its
     paper-convention GFLOPs (or do not solve)."""
-    failures, passes = [], []
+    failures: list[str] = []
+    passes: list[str] = []
     best = ev.best.set_index(["task", "size", "arch", "depth"])
     for task in ("ed", "lis"):
         for depth in ev.depths(task, "standard"):
@@ -180,7 +182,8 @@ def no_savings_general(ev: Evidence) -> Check:
 
 def locality(ev: Evidence) -> Check:
     """Sparse and linear need no wider a model on ed_local than on ed at the same n and depth."""
-    failures, passes = [], []
+    failures: list[str] = []
+    passes: list[str] = []
     for size in sorted(set(ev.sizes("ed")) & set(ev.sizes("ed_local"))):
         for arch in EFFICIENT:
             for depth in sorted(set(ev.depths("ed", arch)) & set(ev.depths("ed_local", arch))):
@@ -197,7 +200,8 @@ def standard_first_on_arithmetic(ev: Evidence) -> Check:
     linear's; at the widths neither solves (all of them if neither does, else those below their common minimum),
     its best test accuracy is no lower. A difference below TIE is a tie: it holds where both solve at the same
     width, and decides nothing where neither solves."""
-    failures, passes = [], []
+    failures: list[str] = []
+    passes: list[str] = []
     for size in ev.sizes("arithmetic"):
         for depth in ev.depths("arithmetic", "standard"):
             width = ev.min_width("arithmetic", size, "standard", [depth])
@@ -227,7 +231,8 @@ def transformer_solves(task: str, depths: tuple[int, ...] | None, min_size: int 
     """A Transformer (at ``depths``; None: any) solves ``task`` at every size >= min_size."""
 
     def rule(ev: Evidence) -> Check:
-        failures, passes = [], []
+        failures: list[str] = []
+        passes: list[str] = []
         for arch in TRANSFORMERS:
             for size in (s for s in ev.sizes(task) if s >= min_size):
                 solved = ev.solved(task, size, arch, depths)
@@ -275,7 +280,8 @@ def fail_beyond(
     given, else at any width; at ``depths`` only, if given)."""
 
     def rule(ev: Evidence) -> Check:
-        failures, passes = [], []
+        failures: list[str] = []
+        passes: list[str] = []
         for size in (s for s in ev.sizes(task) if s > beyond):
             for arch in archs:
                 if width is None:
@@ -307,7 +313,8 @@ def fail_beyond(
 
 
 def lstm_solves_dyck(ev: Evidence) -> Check:
-    failures, passes = [], []
+    failures: list[str] = []
+    passes: list[str] = []
     for size in ev.sizes("dyck"):
         solved = ev.solved("dyck", size, "lstm")
         if solved is None:

@@ -243,10 +243,10 @@ def min_widths(outcomes: dict[Cell, Outcome]) -> dict[tuple, int | None]:
     per_seed: dict[tuple, dict[int, int | None]] = {}
     for c, o in outcomes.items():
         seeds = per_seed.setdefault((c.task, c.size, c.arch, c.depth), {})
-        seeds.setdefault(c.seed, None)
-        if o.passed and (seeds[c.seed] is None or c.width < seeds[c.seed]):
+        least = seeds.setdefault(c.seed, None)
+        if o.passed and (least is None or c.width < least):
             seeds[c.seed] = c.width
     return {
-        key: (None if any(w is None for w in seeds.values()) else max(seeds.values()))
+        key: (None if any(w is None for w in seeds.values()) else max(w for w in seeds.values() if w is not None))
         for key, seeds in per_seed.items()
     }

@@ -79,7 +79,8 @@ class CellSearcher(Searcher):
         return bool(self.queue)
 
     # ---- Tune's side ----------------------------------------------------------------------------------------
-    def suggest(self, trial_id: str) -> dict | str | None:
+    # Ray's annotation leaves out Searcher.FINISHED, which its docstring and SearchGenerator accept
+    def suggest(self, trial_id: str) -> dict | str | None:  # type: ignore[override]
         self.settle_reused()
         if self.queue:
             _, cell, lr = self.queue.pop(0)

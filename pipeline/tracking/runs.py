@@ -102,7 +102,7 @@ class ChildRuns(tune.Callback):
 
     METRICS = ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy", "final_accuracy", "train_pflops", "lr")
 
-    def __init__(self, client: MlflowClient, experiment_id: str, parent_id: str, killed: dict[str, str] = None):
+    def __init__(self, client: MlflowClient, experiment_id: str, parent_id: str, killed: dict[str, str] | None = None):
         self.client, self.experiment_id, self.parent_id = client, experiment_id, parent_id
         self.killed = killed or {}  # trial key -> run id of a dead sweep (``close_orphans``)
         self.runs: dict[str, str] = {}  # Tune trial id -> MLflow run id
@@ -137,7 +137,7 @@ class ChildRuns(tune.Callback):
             order_by=["attributes.start_time DESC"],
             filter_string=f"tags.run_key = '{run_key}' and attributes.status = 'FINISHED'",
         )
-        found = {}
+        found: dict[str, mlflow.entities.Run] = {}
         for run in runs:
             if "final_accuracy" in run.data.metrics and run.data.tags.get("status") in VERDICTS:
                 found.setdefault(run.data.tags["trial_key"], run)
@@ -215,9 +215,11 @@ class ChildRuns(tune.Callback):
 
 def error_line(error_file: str | None) -> str:
     """The last line of a trial's error file: the exception, named."""
+    if error_file is None:
+        return "error: the trial raised (no error file)"
     try:
         lines = [line for line in Path(error_file).read_text().splitlines() if line.strip()]
-    except (OSError, TypeError):
+    except OSError:
         return "error: the trial raised (no error file)"
     return f"error: {lines[-1].strip()}" if lines else "error: the trial raised"
 

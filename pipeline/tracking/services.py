@@ -115,7 +115,7 @@ def check_ray_token(gcs_address: str) -> None:
     """A head started with token authentication (RAY_AUTH_MODE=token, Ray's default once a token exists) rejects
     every request without its token; Ray's GCS client says so at once, where ray.init retries."""
     from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # missing from Ray's _raylet.pyi
     from ray.exceptions import AuthenticationError
 
     try:

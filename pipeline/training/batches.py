@@ -7,6 +7,8 @@ so that DDP's average over workers is the global batch's mean loss (``Collate``)
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -85,6 +87,7 @@ class Collate:
 def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1) -> DataLoader:
     """Batches of ``batch_size`` samples in all; worker ``rank`` of ``world`` gets its share of each."""
     sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world)
-    return DataLoader(
-        list(range(len(data))), batch_sampler=sampler, collate_fn=Collate(data, rank, world), num_workers=0
-    )
+    # the indices are the samples (Collate reads them): any sequence is a map-style dataset, which DataLoader's
+    # annotation narrows to its Dataset class
+    indices = cast("torch.utils.data.Dataset[int]", list(range(len(data))))
+    return DataLoader(indices, batch_sampler=sampler, collate_fn=Collate(data, rank, world), num_workers=0)

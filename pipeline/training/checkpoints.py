@@ -64,6 +64,7 @@ class Resumable(L.Callback):
 
     def state_dict(self) -> dict:
         trainer = self.trainer
+        assert trainer is not None  # Lightning calls setup before it saves a checkpoint
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # batches of this epoch trained
         # every data-parallel worker's RNG (their dropout draws differ), gathered: only the first one writes
         rng = trainer.strategy.all_gather(torch.get_rng_state().to(trainer.strategy.root_device))
@@ -78,6 +79,7 @@ class Resumable(L.Callback):
         }
 
     def load_state_dict(self, state: dict) -> None:
+        assert self.trainer is not None  # Lightning calls setup before it restores a checkpoint
         self.rng = state["rng"][self.trainer.global_rank].clone()  # its own storage: torch reads from offset 0
         self.seconds_before, self.resumed_step = state["seconds"], state["step"]
         self.stop, self.metrics = state["stop"], state["metrics"]
@@ -96,6 +98,7 @@ class Resumable(L.Callback):
 
     def last_metrics(self) -> dict[str, float]:
         """The newest validation's metrics, this attempt's or (if it validated no more) the checkpoint's."""
+        assert self.trainer is not None  # asked after the fit, which called setup
         return self.metrics | {k: float(v) for k, v in self.trainer.callback_metrics.items()}
 
     def on_validation_end(self, trainer, module):

@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pipeline.common.config import Config, ReportConfig, SweepConfig
+from pydantic import BaseModel
+
+from pipeline.common.config import Config, Precision, ReportConfig, SweepConfig
 
 
-def default(name: str, section: type = SweepConfig) -> Any:
+def default(name: str, section: type[BaseModel] = SweepConfig) -> Any:
     return field(default=section.model_fields[name].default)
 
 
@@ -29,7 +31,7 @@ class TrainSettings:
     weight_decay: float = default("weight_decay")
     warmup_fraction: float = default("warmup_fraction")
     grad_clip: float | None = default("grad_clip")
-    precision: str = default("precision")
+    precision: Precision = default("precision")
     patience: int = default("patience")
     plateau_checks: int | None = default("plateau_checks")
     min_delta: float = default("min_delta")
@@ -47,7 +49,7 @@ class TrainSettings:
     @classmethod
     def of(cls, cfg: Config) -> TrainSettings:
         s = cfg.sweep
-        derived = {
+        derived: dict[str, Any] = {
             "threshold": cfg.report.accuracy_threshold,
             "threads": s.cpus_per_trial,
             "use_gpu": s.gpus_per_trial > 0,

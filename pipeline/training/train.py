@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -60,7 +60,7 @@ class TrialSpec(TrainSettings):
     vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
 
     @classmethod
-    def of(cls, cell: dict, train: dict) -> TrialSpec:
+    def for_cell(cls, cell: dict, train: dict) -> TrialSpec:
         """A trial of ``cell`` (the sweep's cell record, which carries more than a trial needs) with ``train``
         (``TrainSettings`` as a dict, plus ``lr``): a key ``train`` does not know is an error, not dropped."""
         own = {f.name for f in fields(cls)} - {f.name for f in fields(TrainSettings)} - {"lr"}
@@ -103,7 +103,7 @@ class SequenceModel(L.LightningModule):
         # 3 x exact forward FLOPs of every sequence trained on (forward + backward), by every worker: the sum
         # over workers as of the last validation, and this worker's since
         self.synced_flops, self.unsynced_flops = 0, 0
-        self.flops_by_length = {}
+        self.flops_by_length: dict[int, int] = {}  # sequence length -> exact forward FLOPs
         self.ncp = NextCharacterTargets(spec.vocab) if spec.family == "ncp" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -139,6 +139,7 @@ class SequenceModel(L.LightningModule):
     def loss(self, logits, inputs, targets) -> torch.Tensor:
         if self.spec.family != "ncp":
             return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        assert self.ncp is not None  # made for the ncp family
         mask = targets != IGNORE  # (B, T)
         bce = F.binary_cross_entropy_with_logits(logits, self.ncp.targets(inputs, targets), reduction="none")
         return bce.sum(-1)[mask].mean()  # summed over the vocabulary, averaged over predicted positions
@@ -147,6 +148,7 @@ class SequenceModel(L.LightningModule):
         """(B, T) bool: the prediction at each position is right (argmax token, or the whole ncp target set)."""
         if self.spec.family != "ncp":
             return logits.argmax(-1) == targets
+        assert self.ncp is not None  # made for the ncp family
         return ((logits > 0) == self.ncp.targets(inputs, targets).bool()).all(-1)
 
     def training_step(self, batch, batch_idx):
@@ -210,7 +212,7 @@ def split_validation(train: Dataset, val_samples: int) -> tuple[Dataset, Dataset
 
 def run_trial(
     spec: TrialSpec,
-    callbacks: list[L.Callback] = (),
+    callbacks: Sequence[L.Callback] = (),
     log_every: int = 50,
     checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
     resume: Path | None = None,
@@ -238,7 +240,7 @@ def run_rank(spec: TrialSpec, rank: int, port: int, resume: Path | None, checkpo
 
 def fit(
     spec: TrialSpec,
-    callbacks: list[L.Callback] = (),
+    callbacks: Sequence[L.Callback] = (),
     log_every: int = 50,
     checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
     resume: Path | None = None,
@@ -247,7 +249,7 @@ def fit(
 ):
     torch.set_num_threads(spec.threads)
     L.seed_everything(spec.seed, workers=True, verbose=False)
-    train, val = split_validation(read_dataset(spec.train_path), spec.val_samples)
+    train, val = split_validation(read_dataset(Path(spec.train_path)), spec.val_samples)
     module = SequenceModel(spec, val_data=val)
     train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers)
     stopping = verdict_mod.callbacks(
@@ -292,7 +294,7 @@ def score(
     spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: verdict_mod.Verdict
 ) -> dict:
     """The verdict and the test set's score of a fitted trial (rank 0 only), with its costs."""
-    test = read_dataset(spec.test_path).head(spec.eval_samples)
+    test = read_dataset(Path(spec.test_path)).head(spec.eval_samples)
     train_seconds = resumable.elapsed()
     status, reason = verdict.outcome(trainer)
     start = time.perf_counter()

@@ -19,7 +19,7 @@ from ray import tune
 
 from pipeline.data.storage import fetch
 from pipeline.training.checkpoints import FILE, write_meta
-from pipeline.training.train import TrialSpec, run_trial
+from pipeline.training.train import SequenceModel, TrialSpec, run_trial
 
 
 def run_cell(config: dict) -> None:
@@ -31,12 +31,13 @@ def run_cell(config: dict) -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     node = ray.util.get_node_ip_address()
     cell = config["cell"] | {k: str(fetch(config["cell"][k], node)) for k in ("train_path", "test_path")}
-    spec = TrialSpec.of(cell, config["train"])
+    spec = TrialSpec.for_cell(cell, config["train"])
     if spec.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
     where = {"node": node}
 
     def progress(trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
+        assert isinstance(module, SequenceModel)  # what run_trial trains
         return where | {
             "step": trainer.global_step,
             "train_pflops": module.train_flops / 1e15,
