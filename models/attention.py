@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.backbone import Cache, Mixer, heads_view, merge_heads
+from models.backbone import BlockStack, Cache, Mixer, heads_view, merge_heads
 
 
 class Pattern:
@@ -161,8 +161,6 @@ def attention_model(
     arch: str, pattern: Pattern, *, vocab_size, width, depth, heads, max_len, dropout, positions: str = "sinusoidal"
 ):
     """The DP paper's Transformer with softmax attention under ``pattern``."""
-    from models.backbone import BlockStack
-
     return BlockStack(
         arch,
         vocab_size,

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from mlflow.tracking import MlflowClient
 
 from pipeline.common import config as config_mod
 from pipeline.common.locks import LockBusy, owned
@@ -51,8 +52,6 @@ def previous_night(history: Path, profile: str, current: Path) -> Path | None:
 def tag_runs(uri: str, parent: str, tags: dict) -> None:
     """The night's date and commit on the sweep's parent run and its children; a run an earlier night already
     tagged (DVC restored the results unchanged) keeps its own night."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(uri)
     run = client.get_run(parent)
     if "nightly.date" in run.data.tags:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from mlflow.tracking import MlflowClient
 
 from pipeline.common import config as config_mod
 from pipeline.reporting import claims as claims_mod
@@ -176,8 +177,6 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
     checks = claims_mod.evaluate(table)
     client = None
     if log_mlflow:
-        from mlflow.tracking import MlflowClient
-
         uri = cfg.cluster.mlflow()
         check_mlflow(uri)
         client = MlflowClient(uri)

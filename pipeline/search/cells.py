@@ -11,6 +11,9 @@ import hashlib
 import json
 from pathlib import Path
 
+import torch
+
+import models
 from pipeline.common import config as config_mod
 from pipeline.common.provenance import code_hash
 from pipeline.data.datasets import dataset_path, file_hash, read_metadata
@@ -79,10 +82,6 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
 def model_costs(cell: dict, heads: int) -> dict:
     """A cell's model sizes and FLOPs, known without training (a shape-only copy on the meta device): every
     cell has them, trained or inferred."""
-    import torch
-
-    import models
-
     with torch.device("meta"):
         model = models.build_model(
             cell["arch"],

@@ -12,8 +12,13 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+
+import ray
+from ray._private import ray_constants
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.tracking.services import ServiceError
 
@@ -21,12 +26,8 @@ PACKAGES = ("pipeline", "models", "tasks")
 
 
 def connect_ray(address: str | None, cpus: int) -> str:
-    import ray
-
     try:
         if address:
-            import importlib
-
             modules = [importlib.import_module(name) for name in PACKAGES]
             ray.init(
                 address=address, log_to_driver=False, logging_level=logging.WARNING, runtime_env={"py_modules": modules}
@@ -34,8 +35,6 @@ def connect_ray(address: str | None, cpus: int) -> str:
         else:
             # A local Ray listens on loopback only. Ray turns 127.0.0.1 into the machine's network address unless
             # it is told the node is no cluster (its switch for laptops, read when ray is first imported).
-            from ray._private import ray_constants
-
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
             ray_constants.ENABLE_RAY_CLUSTER = False
             ray.init(
@@ -52,8 +51,6 @@ def connect_ray(address: str | None, cpus: int) -> str:
 
 def check_resources(cpu: float, gpu: float) -> None:
     """Some alive node must offer one trial's CPUs and GPUs (the workers of a data-parallel trial share a node)."""
-    import ray
-
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     have = [(n["NodeManagerAddress"], n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
     if not any(c >= cpu and g >= gpu for _, c, g in have):
@@ -66,16 +63,13 @@ def check_resources(cpu: float, gpu: float) -> None:
 
 def probe(location: str, modules: tuple[str, ...]) -> str:
     """Runs on one node: '' if it can import ``modules`` and read the dataset at ``location``, else why not."""
-    import importlib
-
-    import ray
-
     node = ray.util.get_node_ip_address()
     try:
         for name in modules:
             importlib.import_module(name)
     except Exception as err:  # noqa: BLE001 - any import failure is the answer
         return f"Ray node {node} cannot import the package ({type(err).__name__}: {err})"
+    # only now: on a node that cannot import the package, these imports would raise instead of answering
     from pipeline.data.datasets import DatasetError
     from pipeline.data.storage import fetch
 
@@ -89,9 +83,6 @@ def probe(location: str, modules: tuple[str, ...]) -> str:
 def probe_nodes(
     location: str, modules: tuple[str, ...] = ("pipeline.training.train", "pipeline.training.checkpoints")
 ) -> None:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     task = ray.remote(num_cpus=0)(probe)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     answers = [

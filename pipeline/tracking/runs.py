@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 import mlflow
+import psutil
 from mlflow.tracking import MlflowClient
 from ray import tune
 
@@ -37,8 +38,6 @@ def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: d
 
 def driver_tags() -> dict[str, str]:
     """Who runs this sweep: a later sweep closes the runs of one whose process is gone (``close_orphans``)."""
-    import psutil
-
     me = psutil.Process()
     return {
         "driver_host": socket.gethostname(),
@@ -50,8 +49,6 @@ def driver_tags() -> dict[str, str]:
 
 def driver_alive(tags: dict) -> bool:
     """The process that created the run still runs (same pid and start time: pids are reused)."""
-    import psutil
-
     try:
         return repr(psutil.Process(int(tags["driver_pid"])).create_time()) == tags["driver_started"]
     except (psutil.Error, KeyError, ValueError):

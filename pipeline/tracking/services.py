@@ -1,7 +1,6 @@
 """The services a sweep needs, checked before any compute: the MLflow store (a server, or an SQLite file) and a
 Ray head (reachable, and accepting this driver's auth token). Every problem is a ``ServiceError`` that names the
-address and what to do. Light on purpose (MLflow is imported only to ask a server): the sweep stage checks these
-before it starts a local Ray, and imports MLflow's client meanwhile.
+address and what to do.
 """
 
 from __future__ import annotations
@@ -12,6 +11,13 @@ import socket
 import sqlite3
 import tempfile
 from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.utils.credentials import get_default_host_creds
+from mlflow.utils.rest_utils import http_request
+from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+from ray._raylet import GcsClient  # type: ignore[attr-defined]  # missing from Ray's _raylet.pyi
+from ray.exceptions import AuthenticationError
 
 
 class ServiceError(RuntimeError):
@@ -33,10 +39,6 @@ def check_mlflow(uri: str) -> None:
 
 
 def check_server(uri: str) -> None:
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils.credentials import get_default_host_creds
-    from mlflow.utils.rest_utils import http_request
-
     creds = get_default_host_creds(uri)  # the client's own credentials and TLS settings
 
     def get(endpoint: str, **params):
@@ -114,10 +116,6 @@ def check_ray(address: str | None) -> None:
 def check_ray_token(gcs_address: str) -> None:
     """A head started with token authentication (RAY_AUTH_MODE=token, Ray's default once a token exists) rejects
     every request without its token; Ray's GCS client says so at once, where ray.init retries."""
-    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
-    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # missing from Ray's _raylet.pyi
-    from ray.exceptions import AuthenticationError
-
     try:
         ensure_token_if_auth_enabled(None, create_token_if_missing=False)  # RAY_AUTH_MODE=token but no token
         GcsClient(address=gcs_address)  # fetches the cluster id: the first authenticated request

@@ -28,6 +28,8 @@ import pyarrow.fs as pafs
 import torch
 from ray import tune
 
+from pipeline.data.storage import filesystem, location_of
+
 FILE = "trial.ckpt"  # Lightning's checkpoint of the fit
 META = "meta.json"  # trial key, run key, step: how a later sweep finds it
 
@@ -124,8 +126,6 @@ def write_meta(directory: Path, trial_key: str, run_key: str, step: int) -> None
 def latest(storage: str, run_key: str) -> dict[str, dict]:
     """trial key -> {"path", "step"} of the newest checkpoint under ``storage`` (a path or a pyarrow URI) left
     by trials with this run key. Layout (Ray Tune's): <storage>/<sweep>/<trial>/checkpoint_NNNNNN/."""
-    from pipeline.data.storage import filesystem, location_of
-
     fs, root = filesystem(storage)
     found: dict[str, dict] = {}
     selector = pafs.FileSelector(root, allow_not_found=True)
@@ -166,8 +166,6 @@ class DropFinished(tune.Callback):
     A trial that failed keeps them (``on_trial_error``, not ``on_trial_complete``)."""
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        from pipeline.data.storage import filesystem
-
         drop_checkpoints(trial.storage.storage_filesystem, trial.path)
         if trial.config.get("resume"):  # <storage>/<dead sweep>/<trial>/checkpoint_NNNNNN
             fs, path = filesystem(trial.config["resume"])
