@@ -48,7 +48,7 @@ from pipeline.common.provenance import git_commit
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
 from pipeline.search.cells import build_cells, expected_cost, model_costs, run_key
-from pipeline.search.frontier import make_plan
+from pipeline.search.frontier import Plan, make_plan
 from pipeline.search.searcher import CellSearcher, trial_key
 from pipeline.tracking import cluster
 from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_parent
@@ -331,7 +331,7 @@ def summarise(
     cfg: config_mod.Config,
     table: pd.DataFrame,
     trials: pd.DataFrame,
-    plan,
+    plan: Plan,
     started: float,
     stage_start: float,
     slots: int,

@@ -26,9 +26,9 @@ while there are more open chains than slots. The plans are plain state machines 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class Cell(NamedTuple):
@@ -51,6 +51,28 @@ class Outcome:
     passed: bool
     measured: bool
     reason: str = ""
+
+
+class Plan(Protocol):
+    """What the searcher drives (``pipeline/search/searcher.py``) and the tests drive with synthetic oracles."""
+
+    contradictions: list[str]  # results that broke the plan's monotonicity assumptions, in words
+
+    def propose(self) -> list[Cell]:
+        """Cells to train now (may be empty while results are awaited)."""
+        ...
+
+    def record(self, cell: Cell, passed: bool) -> None:
+        """A trained cell's verdict: solved or not."""
+        ...
+
+    def done(self) -> bool:
+        """Nothing left to propose or await."""
+        ...
+
+    def outcomes(self) -> dict[Cell, Outcome]:
+        """Every cell of the grid: passed, measured or inferred, and why."""
+        ...
 
 
 class GridPlan:
@@ -232,8 +254,14 @@ class FrontierPlan:
         return out
 
 
-def make_plan(search: str, cells: Iterable[Cell]):
-    return {"grid": GridPlan, "frontier": FrontierPlan}[search](cells)
+PLANS: dict[str, Callable[[Iterable[Cell]], Plan]] = {
+    "grid": GridPlan,
+    "frontier": FrontierPlan,
+}  # sweep.search: the plan it names
+
+
+def make_plan(search: str, cells: Iterable[Cell]) -> Plan:
+    return PLANS[search](cells)
 
 
 def min_widths(outcomes: dict[Cell, Outcome]) -> dict[tuple, int | None]:

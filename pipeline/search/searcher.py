@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from ray.tune.search import Searcher
 
-from pipeline.search.frontier import Cell
+from pipeline.search.frontier import Cell, Plan
 from pipeline.training.verdict import Status, best_run
 
 
@@ -32,7 +32,7 @@ def trial_key(cell: dict, lr: float) -> str:
 class CellSearcher(Searcher):
     def __init__(
         self,
-        plan,
+        plan: Plan,
         cells: dict[Cell, dict],
         train: dict,
         reusable: Callable[[dict, float], dict | None],
