@@ -32,7 +32,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
@@ -43,12 +43,13 @@ from ray import tune
 from ray.tune import CLIReporter
 
 from pipeline.common import config as config_mod
+from pipeline.common.cell import CellSpec
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
 from pipeline.search.cells import build_cells, expected_cost, model_costs, run_key
-from pipeline.search.frontier import Plan, make_plan
+from pipeline.search.frontier import Cell, Outcome, Plan, make_plan
 from pipeline.search.searcher import CellSearcher, trial_key
 from pipeline.tracking import cluster
 from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_parent
@@ -84,17 +85,17 @@ def trial_name(trial) -> str:
     return f"{trial.config['cell']['name']}-lr{trial.config['train']['lr']:g}"
 
 
-def cell_row(cell: dict, outcome, best: dict | None) -> dict:
+def cell_row(cell: CellSpec, outcome: Outcome, best: dict | None) -> dict:
     """One row of results/sweep.csv: a measured cell's best learning-rate run, or an inferred cell."""
-    row = {k: cell[k] for k in CELL_KEYS} | {"measured": outcome.measured}
+    row = {k: getattr(cell, k) for k in CELL_KEYS} | {"measured": outcome.measured}
     if best is None:
         row |= {"status": Status.SOLVED if outcome.passed else Status.UNSOLVED, "reason": outcome.reason, "lr": None}
-        row |= {k: cell.get(k) for k in RESULT_KEYS}
+        row |= {k: getattr(cell, k, None) for k in RESULT_KEYS}
     else:
         row |= {"status": best["status"], "reason": best.get("reason", ""), "lr": best["lr"]}
-        row |= {k: best.get(k, cell.get(k)) for k in RESULT_KEYS}
+        row |= {k: best.get(k, getattr(cell, k, None)) for k in RESULT_KEYS}
         row["mlflow_run_id"] = best.get("mlflow_run_id")
-    return row | {"lrs": " ".join(f"{lr:g}" for lr in cell["lrs"])}
+    return row | {"lrs": " ".join(f"{lr:g}" for lr in cell.lrs)}
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -135,7 +136,9 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
         ray.shutdown()
 
 
-def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: float, local: bool) -> pd.DataFrame:
+def run_sweep(
+    cfg: config_mod.Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_start: float, local: bool
+) -> pd.DataFrame:
     """The sweep once its cells are built (and a local Ray is up): MLflow runs, the plan, Tune, the outputs."""
     s = cfg.sweep
     train = asdict(TrainSettings.of(cfg))
@@ -158,21 +161,27 @@ def run_sweep(cfg: config_mod.Config, cells: dict, out_dir: Path, stage_start: f
         client.set_terminated(parent, status)
 
 
-def prepare_cells(cells: dict, key: str, heads: int, store: str) -> dict[str, str]:
+def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str) -> dict[str, str]:
     """Gives every cell its run key and model costs, and publishes each dataset file once to the storage every
     node reads (the cells then point there); returns local file -> published location."""
     published: dict[str, str] = {}
-    for cell in cells.values():
-        cell["run_key"] = key
-        cell.update(model_costs(cell, heads))
-        for k in ("train_path", "test_path"):
-            if cell[k] not in published:
-                published[cell[k]] = storage.publish(Path(cell[k]), store, cell["sha256"][k])
-            cell[k] = published[cell[k]]
+    for at, cell in cells.items():
+        for k, path in (("train_path", cell.train_path), ("test_path", cell.test_path)):
+            if path not in published:
+                published[path] = storage.publish(Path(path), store, cell.sha256[k])
+        cells[at] = replace(
+            cell,
+            run_key=key,
+            train_path=published[cell.train_path],
+            test_path=published[cell.test_path],
+            **model_costs(cell, heads),
+        )
     return published
 
 
-def open_parent_run(cfg: config_mod.Config, cells: dict, train: dict, key: str) -> tuple[MlflowClient, str]:
+def open_parent_run(
+    cfg: config_mod.Config, cells: dict[Cell, CellSpec], train: dict, key: str
+) -> tuple[MlflowClient, str]:
     """The sweep's MLflow parent run, with the grid, the training settings and where the code came from."""
     s = cfg.sweep
     commit = git_commit()
@@ -208,7 +217,7 @@ def open_parent_run(cfg: config_mod.Config, cells: dict, train: dict, key: str) 
 
 
 def plan_trials(
-    cfg: config_mod.Config, client: MlflowClient, parent: str, cells: dict, train: dict, key: str
+    cfg: config_mod.Config, client: MlflowClient, parent: str, cells: dict[Cell, CellSpec], train: dict, key: str
 ) -> tuple[ChildRuns, CellSearcher, bool]:
     """The searcher over the plan, knowing which runs this experiment already finished (reused, not trained) and
     which a dead sweep left unfinished (continued from their checkpoints); the dead sweep's runs are closed.
@@ -221,7 +230,7 @@ def plan_trials(
     children = ChildRuns(client, experiment, parent, orphans)
     finished = children.finished(key) if s.reuse else {}
 
-    def reusable(cell: dict, lr: float) -> dict | None:
+    def reusable(cell: CellSpec, lr: float) -> dict | None:
         source = finished.get(trial_key(cell, lr))
         return None if source is None else children.reuse(cell, train | {"lr": lr}, trial_key(cell, lr), source)
 
@@ -237,7 +246,7 @@ def plan_trials(
     reused = sum("reused_from" in run for runs in searcher.runs.values() for run in runs.values())
     print(
         f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
-        f"{sum(len(c['lrs']) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
+        f"{sum(len(c.lrs) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
         f"finished with the same data, settings and code (reused), {len(searcher.queue)} to train"
         f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; "
         f"MLflow {cfg.cluster.mlflow()}",
@@ -305,7 +314,7 @@ def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.
                 if run["status"] == Status.FAILED:
                     run["reason"] = children.errors.get(trial, run["reason"])
             runs.append(
-                {k: cells[cell_key][k] for k in CELL_KEYS}
+                {k: getattr(cells[cell_key], k) for k in CELL_KEYS}
                 | {
                     "lr": run["lr"],
                     "status": run["status"],

@@ -248,8 +248,8 @@ def test_an_architecture_may_have_its_own_widths_and_learning_rates(tmp_path, ti
     cells = build_cells(config_mod.load(p), tiny_data)
     assert {c.width for c in cells if c.arch == "transformer"} == {64}
     assert {c.width for c in cells if c.arch == "lstm"} == {64, 128, 256}
-    assert {tuple(v["lrs"]) for c, v in cells.items() if c.arch == "lstm"} == {(0.01,)}
-    assert {tuple(v["lrs"]) for c, v in cells.items() if c.arch == "transformer"} == {(0.001, 0.0003)}
+    assert {v.lrs for c, v in cells.items() if c.arch == "lstm"} == {(0.01,)}
+    assert {v.lrs for c, v in cells.items() if c.arch == "transformer"} == {(0.001, 0.0003)}
 
 
 def test_each_task_may_train_its_own_architectures(tmp_path, tiny_data):

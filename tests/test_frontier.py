@@ -9,6 +9,7 @@ import random
 import pytest
 
 from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, min_widths
+from tests.helpers import make_cell
 
 WIDTHS = [16, 32, 64, 128, 256]
 SIZES = [4, 8, 12, 16, 20]
@@ -151,11 +152,10 @@ def test_the_searcher_turns_cells_into_learning_rate_trials_and_reuses_finished_
 
     from pipeline.search.searcher import CellSearcher, trial_key
 
-    cells = {c: {"cell_id": f"id{c.width}-{c.size}", "lrs": [0.1, 0.01], "width": c.width}
-             for c in grid(archs=("standard",))}
+    cells = {c: make_cell(*c, cell_id=f"id{c.width}-{c.size}", lrs=(0.1, 0.01)) for c in grid(archs=("standard",))}
     reused = {trial_key(v, 0.1): {"status": "solved", "val_accuracy": 0.95} for c, v in cells.items() if c.size == 4}
     searcher = CellSearcher(FrontierPlan(cells), cells, {"steps": 1}, lambda cell, lr: reused.get(trial_key(cell, lr)),
-                            cost=lambda cell: cell["width"])
+                            cost=lambda cell: cell.width)
     assert searcher.needs_training()
     first = searcher.suggest("t0")
     assert first["train"]["lr"] == 0.01 and first["cell"]["cell_id"] == "id64-4"  # lr 0.1 of it was reused

@@ -58,7 +58,9 @@ def as_deps(files: tuple[Path, ...]) -> set[str]:
 @pytest.mark.parametrize("stage", STAGES)
 def test_each_stages_code_deps_are_exactly_the_code_it_imports(stage):
     declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["deps"]
-    code = {d for d in declared if d.split("/")[0] in CODE}
+    listed = [d for d in declared if d.split("/")[0] in CODE]
+    code = set(listed)
+    assert len(code) == len(listed), f"dvc.yaml's {stage} stage lists a dep twice: {sorted(listed)}"
     expected = as_deps(code_files(STAGES[stage]))
     assert code == expected, (f"dvc.yaml's {stage} stage: missing {sorted(expected - code)}, not imported "
                               f"{sorted(code - expected)}; its code deps must be {sorted(expected)}")

@@ -11,10 +11,9 @@ from pipeline.reporting.claims import ClaimStatus
 from pipeline.training.settings import TrainSettings
 from pipeline.training.train import TrialSpec
 from pipeline.training.verdict import Status, best_run
+from tests.helpers import make_cell
 
-CELL = {"arch": "standard", "width": 16, "depth": 1, "seed": 0, "arch_options": {}, "train_path": "a",
-        "test_path": "b", "max_len": 10, "vocab_size": 12, "family": "cot", "vocab": ["x"],
-        "task": "lis", "size": 4, "cell_id": "c0ffee", "name": "lis4-standard-w16-d1-s0"}  # the last four: not a trial's
+CELL = make_cell()
 
 
 def test_training_settings_are_the_sweep_sections_keys_with_its_defaults(tiny_cfg):

@@ -12,6 +12,7 @@ import subprocess
 import threading
 import types
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.tracking.services import ServiceError, check_mlflow
 from pipeline.tracking.runs import ChildRuns
+from tests.helpers import make_cell
 
 # what `mlflow server --artifacts-only` (MLflow 3.17) answers on /api/2.0/mlflow/experiments/search, with HTTP 503
 ARTIFACTS_ONLY = ("Endpoint: /api/2.0/mlflow/experiments/search disabled due to the mlflow server running in "
@@ -127,10 +129,10 @@ def test_a_trial_that_dies_while_starting_gets_its_run_at_its_first_event(store,
     client = MlflowClient(f"sqlite:///{store}")
     experiment = client.create_experiment("e")
     parent = client.create_run(experiment).info.run_id
-    cell = {"name": "lis-250-standard-w64", "cell_id": "c1", "run_key": "k", "task": "lis", "size": 250,
-            "arch": "standard", "width": 64, "depth": 2, "seed": 0, "max_len": 600, "data_hash": "h"}
-    trial = types.SimpleNamespace(trial_id="t1", config={"cell": cell, "train": {"lr": 1e-3}, "trial_key": "c1/lr"},
-                                  error_file=None)
+    cell = make_cell("lis", 250, "standard", 64, 2, 0, name="lis-250-standard-w64", cell_id="c1", run_key="k",
+                     max_len=600)
+    config = {"cell": asdict(cell), "train": {"lr": 1e-3}, "trial_key": "c1/lr"}
+    trial = types.SimpleNamespace(trial_id="t1", config=config, error_file=None)
     callback = ChildRuns(client, experiment, parent)
     callback.on_trial_recover(0, [], trial)
     callback.on_trial_start(0, [], trial)  # the retry starts: the same run goes on

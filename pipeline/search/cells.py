@@ -10,22 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import models
 from pipeline.common import config as config_mod
+from pipeline.common.cell import CellSpec, cell_id
 from pipeline.common.provenance import code_hash
 from pipeline.data.datasets import dataset_path, file_hash, read_metadata
 from pipeline.search.frontier import Cell
 
 TRAINABLE = "pipeline.training.trainable"  # the module a trial runs: its imports are the training code
-
-
-def cell_id(cell: dict) -> str:
-    """Stable id of a grid cell: the same cell on the same data gets the same id in every rerun."""
-    key = {k: cell[k] for k in ("task", "size", "arch", "width", "depth", "seed", "data_hash")}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_key(train: dict) -> str:
@@ -37,7 +33,7 @@ def run_key(train: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
+def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, CellSpec]:
     """Every cell of the grid, with its dataset checked and hashed (raises DatasetError first)."""
     datasets = {}
     for task, size in cfg.sweep_datasets():
@@ -49,7 +45,7 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
             "test_path": str(test),
             "vocab_size": len(meta[0]["vocab"]),
             "family": meta[0]["family"],
-            "vocab": meta[0]["vocab"],
+            "vocab": tuple(meta[0]["vocab"]),
             "train_samples": meta[0]["stats"]["samples"],
             "max_len": max(m["stats"]["max_length"] for m in meta),
             "sha256": sha,
@@ -62,37 +58,32 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, dict]:
             for width in s.widths_for(arch):
                 for depth in s.depths_for(arch):
                     for seed in s.seeds:
-                        cell = {
-                            "task": task,
-                            "size": size,
-                            "arch": arch,
-                            "width": width,
-                            "depth": depth,
-                            "seed": seed,
-                            "arch_options": s.arch_options.get(arch, {}),
-                            "lrs": s.learning_rates(arch),
+                        at = Cell(task, size, arch, width, depth, seed)
+                        cells[at] = CellSpec(
+                            **at._asdict(),
+                            arch_options=s.arch_options.get(arch, {}),
+                            lrs=tuple(s.learning_rates(arch)),
+                            cell_id=cell_id(*at, data_hash=data["data_hash"]),
+                            name=f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}",
                             **data,
-                        }
-                        cell["cell_id"] = cell_id(cell)
-                        cell["name"] = f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}"
-                        cells[Cell(task, size, arch, width, depth, seed)] = cell
+                        )
     return cells
 
 
-def model_costs(cell: dict, heads: int) -> dict:
+def model_costs(cell: CellSpec, heads: int) -> dict[str, Any]:
     """A cell's model sizes and FLOPs, known without training (a shape-only copy on the meta device): every
     cell has them, trained or inferred."""
     with torch.device("meta"):
         model = models.build_model(
-            cell["arch"],
-            vocab_size=cell["vocab_size"],
-            width=cell["width"],
-            depth=cell["depth"],
+            cell.arch,
+            vocab_size=cell.vocab_size,
+            width=cell.width,
+            depth=cell.depth,
             heads=heads,
-            max_len=cell["max_len"],
-            **cell["arch_options"],
+            max_len=cell.max_len,
+            **cell.arch_options,
         )
-    L = cell["max_len"]
+    L = cell.max_len
     return {
         "params": model.num_params(),
         "paper_gflops": model.paper_flops(L) / 1e9,
@@ -101,7 +92,8 @@ def model_costs(cell: dict, heads: int) -> dict:
     }
 
 
-def expected_cost(cell: dict, s: config_mod.SweepConfig) -> float:
+def expected_cost(cell: CellSpec, s: config_mod.SweepConfig) -> float:
     """Training FLOPs if the trial runs its whole budget: 3 x exact forward FLOPs at L x sequences."""
-    steps = s.max_steps if s.max_steps > 0 else s.epochs * -(-cell["train_samples"] // s.batch_size)
-    return 3 * cell["exact_gflops"] * steps * s.batch_size
+    steps = s.max_steps if s.max_steps > 0 else s.epochs * -(-cell.train_samples // s.batch_size)
+    assert cell.exact_gflops is not None, "model_costs first"
+    return 3 * cell.exact_gflops * steps * s.batch_size

@@ -17,29 +17,31 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import asdict
 
 from ray.tune.search import Searcher
 
+from pipeline.common.cell import CellSpec
 from pipeline.search.frontier import Cell, Plan
 from pipeline.training.verdict import Status, best_run
 
 
-def trial_key(cell: dict, lr: float) -> str:
+def trial_key(cell: CellSpec, lr: float) -> str:
     """Stable id of one learning-rate run of a cell."""
-    return hashlib.sha256(json.dumps([cell["cell_id"], repr(float(lr))]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([cell.cell_id, repr(float(lr))]).encode()).hexdigest()[:16]
 
 
 class CellSearcher(Searcher):
     def __init__(
         self,
         plan: Plan,
-        cells: dict[Cell, dict],
+        cells: dict[Cell, CellSpec],
         train: dict,
-        reusable: Callable[[dict, float], dict | None],
-        cost: Callable[[dict], float],
+        reusable: Callable[[CellSpec, float], dict | None],
+        cost: Callable[[CellSpec], float],
         resumable: dict[str, dict] | None = None,
     ):
-        """``cells``: every cell of the grid, each with its learning rates under ``lrs``; ``resumable``: trial key
+        """``cells``: every cell of the grid, each with its learning rates (``lrs``); ``resumable``: trial key
         -> the checkpoint (``path``, ``step``) an earlier, interrupted sweep left for it."""
         super().__init__()
         self.plan, self.cells, self.train = plan, cells, train
@@ -59,7 +61,7 @@ class CellSearcher(Searcher):
                 return
             for cell in proposed:
                 self.runs[cell] = {}
-                for lr in self.cells[cell]["lrs"]:
+                for lr in self.cells[cell].lrs:
                     previous = self.reusable(self.cells[cell], lr)
                     if previous is not None:
                         self.finish(cell, lr, previous | {"lr": lr, "trial_key": trial_key(self.cells[cell], lr)})
@@ -69,9 +71,7 @@ class CellSearcher(Searcher):
 
     def finish(self, cell: Cell, lr: float, run: dict) -> None:
         self.runs[cell][lr] = run
-        if len(self.runs[cell]) == len(
-            self.cells[cell]["lrs"]
-        ):  # the cell's last learning rate: the plan learns its verdict
+        if len(self.runs[cell]) == len(self.cells[cell].lrs):  # its last learning rate: the plan learns its verdict
             self.plan.record(cell, best_run(list(self.runs[cell].values()))["status"] == Status.SOLVED)
 
     def needs_training(self) -> bool:
@@ -88,7 +88,7 @@ class CellSearcher(Searcher):
             key = self.trial_ids[trial_id] = trial_key(self.cells[cell], lr)
             resume = self.resumable.get(key, {})
             return {
-                "cell": self.cells[cell],
+                "cell": asdict(self.cells[cell]),
                 "train": self.train | {"lr": lr},
                 "trial_key": key,
                 "resume": resume.get("path"),
@@ -111,4 +111,4 @@ class CellSearcher(Searcher):
     # ---- results --------------------------------------------------------------------------------------------
     def best(self, cell: Cell) -> dict | None:
         runs = self.runs.get(cell)
-        return best_run(list(runs.values())) if runs and len(runs) == len(self.cells[cell]["lrs"]) else None
+        return best_run(list(runs.values())) if runs and len(runs) == len(self.cells[cell].lrs) else None

@@ -16,6 +16,7 @@ import psutil
 from mlflow.tracking import MlflowClient
 from ray import tune
 
+from pipeline.common.cell import CellSpec
 from pipeline.common.config import ROOT
 from pipeline.training.verdict import Status
 
@@ -107,21 +108,21 @@ class ChildRuns(tune.Callback):
         self.restarts: dict[str, int] = {}  # Tune trial id -> retries after a worker died or the trial raised
         self.nodes: dict[str, str] = {}  # Tune trial id -> the Ray node it runs on
 
-    def child(self, cell: dict, train: dict, trial_key: str, **tags) -> str:
+    def child(self, cell: CellSpec, train: dict, trial_key: str, **tags) -> str:
         """A child run of the parent for one learning-rate run of ``cell``; returns the run id."""
         run = self.client.create_run(
             self.experiment_id,
-            run_name=f"{cell['name']}-lr{train['lr']:g}",
+            run_name=f"{cell.name}-lr{train['lr']:g}",
             tags={
                 "mlflow.parentRunId": self.parent_id,
-                "cell_id": cell["cell_id"],
+                "cell_id": cell.cell_id,
                 "trial_key": trial_key,
-                "run_key": cell["run_key"],
+                "run_key": cell.run_key,
                 **tags,
             },
         )
         for key in ("task", "size", "arch", "width", "depth", "seed", "max_len", "data_hash", "cell_id"):
-            self.client.log_param(run.info.run_id, key, cell[key])
+            self.client.log_param(run.info.run_id, key, getattr(cell, key))
         for key, value in train.items():
             self.client.log_param(run.info.run_id, f"train.{key}", value)
         return run.info.run_id
@@ -140,7 +141,7 @@ class ChildRuns(tune.Callback):
                 found.setdefault(run.data.tags["trial_key"], run)
         return found
 
-    def reuse(self, cell: dict, train: dict, trial_key: str, source) -> dict:
+    def reuse(self, cell: CellSpec, train: dict, trial_key: str, source) -> dict:
         """Record an already finished run under this parent: a child run with the source's final metrics and
         verdict; returns it as a run record."""
         origin = source.data.tags.get("reused_from", source.info.run_id)
@@ -159,7 +160,9 @@ class ChildRuns(tune.Callback):
         if trial.trial_id in self.runs:  # a retry or a later event: the same run goes on
             return self.runs[trial.trial_id]
         config = trial.config
-        run_id = self.child(config["cell"], config["train"], config["trial_key"], ray_trial_id=trial.trial_id)
+        run_id = self.child(
+            CellSpec(**config["cell"]), config["train"], config["trial_key"], ray_trial_id=trial.trial_id
+        )
         self.runs[trial.trial_id] = run_id
         previous = self.killed.get(config["trial_key"])
         if config.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import models
+from pipeline.common.cell import CellSpec
 from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training import distributed
@@ -60,11 +61,11 @@ class TrialSpec(TrainSettings):
     vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
 
     @classmethod
-    def for_cell(cls, cell: dict, train: dict) -> TrialSpec:
+    def for_cell(cls, cell: CellSpec, train: dict) -> TrialSpec:
         """A trial of ``cell`` (the sweep's cell record, which carries more than a trial needs) with ``train``
         (``TrainSettings`` as a dict, plus ``lr``): a key ``train`` does not know is an error, not dropped."""
         own = {f.name for f in fields(cls)} - {f.name for f in fields(TrainSettings)} - {"lr"}
-        return cls(**{k: cell[k] for k in own if k in cell}, **train)
+        return cls(**{k: getattr(cell, k) for k in own}, **train)
 
 
 # ---- model --------------------------------------------------------------------------------------------------

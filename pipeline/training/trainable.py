@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -17,6 +18,7 @@ import ray
 import torch
 from ray import tune
 
+from pipeline.common.cell import CellSpec
 from pipeline.data.storage import fetch
 from pipeline.training.checkpoints import FILE, write_meta
 from pipeline.training.train import SequenceModel, TrialSpec, run_trial
@@ -30,7 +32,8 @@ def run_cell(config: dict) -> None:
     logging.getLogger("lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     node = ray.util.get_node_ip_address()
-    cell = config["cell"] | {k: str(fetch(config["cell"][k], node)) for k in ("train_path", "test_path")}
+    cell = CellSpec(**config["cell"])
+    cell = replace(cell, train_path=str(fetch(cell.train_path, node)), test_path=str(fetch(cell.test_path, node)))
     spec = TrialSpec.for_cell(cell, config["train"])
     if spec.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")

@@ -3,8 +3,8 @@ test module or from conftest (tests/test_test_helpers.py checks).
 
 What lives where:
 
-- ``tests.helpers`` (here): ``ROOT`` (this checkout), ``write_params``, ``KILLABLE_SWEEP`` (the sweep of the kill and
-  cluster tests) and ``SMALL_SIZES`` (each task's small sizes).
+- ``tests.helpers`` (here): ``ROOT`` (this checkout), ``write_params``, ``make_cell`` (a synthetic cell record),
+  ``KILLABLE_SWEEP`` (the sweep of the kill and cluster tests) and ``SMALL_SIZES`` (each task's small sizes).
 - ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
   with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve.
@@ -20,8 +20,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.common import config as config_mod
+from pipeline.common.cell import CellSpec, cell_id
 
 ROOT = config_mod.ROOT
+
+
+def make_cell(task: str = "lis", size: int = 4, arch: str = "standard", width: int = 16, depth: int = 1,
+              seed: int = 0, **fields) -> CellSpec:
+    """A complete cell record on made-up data (no file behind it), for tests that drive the searcher or MLflow
+    runs without a sweep; ``fields`` replace any other field."""
+    defaults = {"arch_options": {}, "lrs": (1e-3,), "train_path": "train.parquet", "test_path": "test.parquet",
+                "sha256": {"train_path": "0", "test_path": "1"}, "data_hash": "h", "vocab_size": 12, "family": "cot",
+                "vocab": (), "train_samples": 100, "max_len": 10,
+                "cell_id": cell_id(task, size, arch, width, depth, seed, "h"),
+                "name": f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}"}
+    return CellSpec(task=task, size=size, arch=arch, width=width, depth=depth, seed=seed, **(defaults | fields))
 
 
 def write_params(path: Path, text: str) -> Path:

@@ -1,0 +1,59 @@
+"""The cell record: one cell of a sweep's grid with its data, learning rates and costs.
+
+Built by the sweep (``pipeline/search/cells.py``), read by the searcher, the MLflow runs and the trial itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellSpec:
+    """A cell of the grid (task, size, architecture, width, depth, seed) with its dataset, learning rates and
+    costs: everything a trial of it needs, and every column the results tables take from it. Crosses to Ray as a
+    dict (``dataclasses.asdict``) and comes back through ``CellSpec(**d)``, which refuses a key it does not know."""
+
+    task: str
+    size: int
+    arch: str
+    width: int
+    depth: int
+    seed: int
+    arch_options: dict[str, Any]
+    lrs: tuple[float, ...]
+    # its dataset: the files (local, then as published to the storage every node reads) and their hashes
+    train_path: str
+    test_path: str
+    sha256: dict[str, str]  # "train_path" / "test_path" -> the file's sha256
+    data_hash: str
+    vocab_size: int
+    family: str
+    vocab: tuple[str, ...]
+    train_samples: int
+    max_len: int  # the dataset's L, train and test
+    cell_id: str  # stable: the same cell on the same data has the same id in every rerun
+    name: str  # task, size, arch, width, depth, seed in one word, for people
+    # set by the sweep: the reuse key, and the model's costs (known without training, so inferred cells have them)
+    run_key: str = ""
+    params: int | None = None
+    paper_gflops: float | None = None
+    exact_gflops: float | None = None
+    state_bytes: int | None = None
+
+
+def cell_id(task: str, size: int, arch: str, width: int, depth: int, seed: int, data_hash: str) -> str:
+    """Stable id of a grid cell: the same cell on the same data gets the same id in every rerun."""
+    key = {
+        "task": task,
+        "size": size,
+        "arch": arch,
+        "width": width,
+        "depth": depth,
+        "seed": seed,
+        "data_hash": data_hash,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
