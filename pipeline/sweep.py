@@ -56,27 +56,12 @@ from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
+from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 from pipeline.training.trainable import run_cell
 from pipeline.training.verdict import Status
 
 RESULTS = config_mod.ROOT / "results"
-RESULT_KEYS = (
-    "final_accuracy",
-    "val_accuracy",
-    "token_accuracy",
-    "params",
-    "paper_gflops",
-    "exact_gflops",
-    "train_pflops",
-    "solve_step",
-    "solve_pflops",
-    "state_bytes",
-    "train_steps",
-    "train_seconds",
-    "eval_seconds",
-    "eval_samples",
-)
-TRIAL_KEYS = ("node", "resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")  # trials.csv only
+TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only
 CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")
 ORDER = ["task", "size", "arch", "width", "depth", "seed"]  # rows of both tables
 
@@ -90,10 +75,10 @@ def cell_row(cell: CellSpec, outcome: Outcome, best: dict | None) -> dict:
     row = {k: getattr(cell, k) for k in CELL_KEYS} | {"measured": outcome.measured}
     if best is None:
         row |= {"status": Status.SOLVED if outcome.passed else Status.UNSOLVED, "reason": outcome.reason, "lr": None}
-        row |= {k: getattr(cell, k, None) for k in RESULT_KEYS}
+        row |= {k: getattr(cell, k, None) for k in CELL_METRICS}
     else:
         row |= {"status": best["status"], "reason": best.get("reason", ""), "lr": best["lr"]}
-        row |= {k: best.get(k, getattr(cell, k, None)) for k in RESULT_KEYS}
+        row |= {k: best.get(k, getattr(cell, k, None)) for k in CELL_METRICS}
         row["mlflow_run_id"] = best.get("mlflow_run_id")
     return row | {"lrs": " ".join(f"{lr:g}" for lr in cell.lrs)}
 
@@ -321,7 +306,7 @@ def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.
                     "reason": run.get("reason", ""),
                     "reused_from": run.get("reused_from"),
                 }
-                | {k: run.get(k) for k in RESULT_KEYS + TRIAL_KEYS}
+                | {k: run.get(k) for k in CELL_METRICS + TRIAL_KEYS}
                 | {
                     "restarts": children.restarts.get(trial, 0) if trial is not None else 0,
                     "mlflow_run_id": run.get("mlflow_run_id"),

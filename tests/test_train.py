@@ -9,7 +9,7 @@ import tasks
 from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training.batches import IGNORE, Collate, LengthBuckets
 from pipeline.training.evaluation import final_answers, greedy_accuracy
-from pipeline.training.train import TrialSpec, run_trial
+from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, TrialSpec, run_trial
 
 EOS = tasks.EOS_ID
 
@@ -85,6 +85,7 @@ def test_every_architecture_trains_on_every_task_and_decodes(tiny_cfg, tiny_data
                      eval_samples=20, eval_batch_size=8, threads=1, use_gpu=False)
     result = run_trial(spec)
     assert result["train_steps"] == 6 and result["eval_samples"] == 20
+    assert set(result) == {"status", "reason", *CELL_METRICS, *TRIAL_METRICS}  # what the tables and MLflow read
     assert 0 <= result["final_accuracy"] <= 1 and 0 <= result["token_accuracy"] <= 1
     assert result["train_pflops"] > 0 and result["paper_gflops"] > 0 and result["params"] > 0
     again = run_trial(dataclasses.replace(spec))

@@ -18,6 +18,7 @@ from ray import tune
 
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import ROOT
+from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 from pipeline.training.verdict import Status
 
 
@@ -147,7 +148,7 @@ class ChildRuns(tune.Callback):
         origin = source.data.tags.get("reused_from", source.info.run_id)
         tags = {k: source.data.tags[k] for k in ("status", "reason") if k in source.data.tags}
         run_id = self.child(cell, train, trial_key, reused_from=origin, **tags)
-        metrics = {k: v for k, v in source.data.metrics.items() if k in FINAL_KEYS}
+        metrics = {k: v for k, v in source.data.metrics.items() if k in CELL_METRICS + TRIAL_METRICS}
         step = int(metrics.get("train_steps", 0))
         for key, value in metrics.items():
             self.client.log_metric(run_id, key, value, step=step)
@@ -192,7 +193,7 @@ class ChildRuns(tune.Callback):
             self.nodes[trial.trial_id] = result["node"]
             self.client.set_tag(run_id, "node", result["node"])
         if result.get("final"):
-            metrics.update(numeric({k: v for k, v in result.items() if k in FINAL_KEYS}))
+            metrics.update(numeric({k: v for k, v in result.items() if k in CELL_METRICS + TRIAL_METRICS}))
             for key in ("status", "reason"):
                 self.client.set_tag(run_id, key, result[key])
         for key, value in metrics.items():
@@ -225,23 +226,3 @@ def error_line(error_file: str | None) -> str:
 
 
 VERDICTS = (Status.SOLVED, Status.UNSOLVED, Status.DIVERGED)  # what a finished trial reports
-FINAL_KEYS = (
-    "final_accuracy",
-    "val_accuracy",
-    "token_accuracy",
-    "train_steps",
-    "train_seconds",
-    "eval_seconds",
-    "params",
-    "paper_gflops",
-    "exact_gflops",
-    "train_pflops",
-    "solve_step",
-    "solve_pflops",
-    "state_bytes",
-    "eval_samples",
-    "resumed_step",
-    "checkpoints",
-    "checkpoint_seconds",
-    "checkpoint_bytes",
-)

@@ -291,6 +291,15 @@ def fit(
     return trainer, module, resumable, stopping[0]
 
 
+# What ``score`` returns besides status and reason: the metrics a cell's row shows (results/sweep.csv), then those
+# only its learning-rate runs keep (results/trials.csv); MLflow records both.
+CELL_METRICS = (
+    "final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops", "train_pflops",
+    "solve_step", "solve_pflops", "state_bytes", "train_steps", "train_seconds", "eval_seconds", "eval_samples",
+)  # fmt: skip
+TRIAL_METRICS = ("resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")
+
+
 def score(
     spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: verdict_mod.Verdict
 ) -> dict:
