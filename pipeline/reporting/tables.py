@@ -18,7 +18,7 @@ import pandas as pd
 from pipeline.search.frontier import Cell, Outcome, min_widths
 
 # The lengths L the DP paper's Table 2 states for arithmetic, by number of operators (as quoted in issue 11;
-# the README's dataset table quotes 85 for 6 operators).
+# docs/datasets.md's table quotes 85 for 6 operators).
 PAPER_LENGTHS = {"arithmetic": {6: 87, 10: 221, 13: 355, 16: 505}}
 BASELINE = "standard"  # the ratio column: cost of the cheapest architecture over the standard Transformer's
 CONVENTIONS = {
