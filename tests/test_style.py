@@ -1,0 +1,26 @@
+"""The habits that keep the code readable, run by the README's test command (and so by .ci/run): ruff's lint and
+format, and mypy, over pipeline/, tasks/ and models/, with the settings in pyproject.toml."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+CODE = ["pipeline", "tasks", "models"]
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ruff", "check", *CODE], ["ruff", "format", "--check", *CODE], ["mypy"]],
+    ids=["ruff-check", "ruff-format", "mypy"],
+)
+def test_the_code_is_clean(command):
+    done = subprocess.run([str(BIN / command[0]), *command[1:]], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout[-5000:]}{done.stderr[-2000:]}"
