@@ -20,9 +20,11 @@ from models.registry import Option, register
 def rotate(x: torch.Tensor, start: int) -> torch.Tensor:
     """Rotary position embedding of (B, H, T, hd) at positions start..start+T-1 (Su et al. 2021)."""
     T, hd = x.shape[2], x.shape[3]
-    freq = 10000.0 ** (-torch.arange(0, hd, 2, device=x.device, dtype=x.dtype) / hd)  # (hd/2,)
-    angle = torch.arange(start, start + T, device=x.device, dtype=x.dtype)[:, None] * freq  # (T, hd/2)
-    cos, sin = angle.cos(), angle.sin()
+    # angles in float32 whatever x's dtype: bfloat16 holds integers exactly only up to 256, so under bf16 autocast
+    # the positions beyond it would round (training would then see other positions than fp32 evaluation)
+    freq = 10000.0 ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)  # (hd/2,)
+    angle = torch.arange(start, start + T, device=x.device, dtype=torch.float32)[:, None] * freq  # (T, hd/2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
