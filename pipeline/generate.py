@@ -278,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, help="generator processes (default: generate.workers); same output")
     ap.add_argument("--no-check", action="store_true", help="skip checking the samples as they are written")
     args = ap.parse_args(argv)
-    if args.workers is not None and args.workers < 1:
-        ap.error("--workers must be >= 1")
+    if args.workers is not None and not 1 <= args.workers <= config_mod.MAX_WORKERS:
+        ap.error(f"--workers {args.workers}: allowed 1 to {config_mod.MAX_WORKERS} (generate.workers' range)")
     try:
         # validates the whole config before any work, sweep included, but the architecture names (torch's
         # import alone costs more than small datasets: the sweep stage checks them)

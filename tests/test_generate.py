@@ -288,3 +288,11 @@ def test_the_generate_stage_does_not_import_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=config_mod.ROOT,
                          env={**os.environ, "PYTHONPATH": str(config_mod.ROOT)}, check=True).stdout
     assert out.splitlines()[-1] == "[]" and dataset_path(tmp_path, "lis", 3, "train").exists()
+
+
+@pytest.mark.parametrize("workers", ["0", "1000"])
+def test_a_workers_flag_out_of_range_is_named_before_anything_is_generated(workers, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pipeline.generate", "--task", "lis", "--out", str(tmp_path / "data"),
+                           "--workers", workers], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"--workers {workers}: allowed 1 to 64" in done.stderr
+    assert not (tmp_path / "data").exists()
