@@ -142,3 +142,15 @@ def test_a_trial_that_dies_while_starting_gets_its_run_at_its_first_event(store,
     assert len(runs) == 1 and runs[0].info.run_id == callback.runs["t1"]
     assert runs[0].data.tags["restarts"] == "2" and runs[0].data.tags["status"] == "failed"
     assert runs[0].info.status == "FAILED"
+
+
+def test_the_sweeps_experiment_is_declared_model_training_so_the_ui_opens_on_its_runs(tmp_path):
+    from pipeline.tracking.runs import EXPERIMENT_KIND, start_parent
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    older = client.create_experiment("made-before", artifact_location=(tmp_path / "a").as_uri())  # no kind yet
+    for name in ("new", "made-before"):
+        start_parent(uri, name, "sweep", params={}, tags={})
+        assert client.get_experiment_by_name(name).tags[EXPERIMENT_KIND] == "custom_model_development"
+    assert client.get_experiment(older).tags[EXPERIMENT_KIND] == "custom_model_development"

@@ -21,6 +21,8 @@ from pipeline.common.config import ROOT
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 from pipeline.training.verdict import Status
 
+EXPERIMENT_KIND = "mlflow.experimentKind"  # the tag MLflow's UI reads (model training, or GenAI)
+
 
 def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: dict) -> tuple[MlflowClient, str]:
     """Create (or reuse) the experiment and a parent run; returns the client and the parent run id."""
@@ -32,6 +34,9 @@ def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: d
         exp_id = client.create_experiment(experiment, artifact_location=location)
     else:
         exp_id = exp.experiment_id
+    if exp is None or EXPERIMENT_KIND not in exp.tags:
+        # what the experiment is: MLflow's UI then opens it on its runs, not on an (empty) GenAI traces overview
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND, "custom_model_development")
     run = client.create_run(exp_id, run_name=run_name, tags=tags)
     for key, value in params.items():
         client.log_param(run.info.run_id, key, value)
