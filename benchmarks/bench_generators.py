@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 1")
     if args.suite_only:
         args.tasks = []
-    paper = config_mod.load(profile="paper", architectures=False).sweep.datasets  # the DP paper's grid
-    sizes = {**paper, **config_mod.load(profile="separations", architectures=False).generate.datasets}
+    paper = config_mod.load(profile="paper").sweep.datasets  # the DP paper's grid
+    sizes = {**paper, **config_mod.load(profile="separations").generate.datasets}
     print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement; "
           f"rounds: {args.rounds}, the sides alternating which goes first: medians, and each ratio taken round by "
           f"round as 'median (min..max)'")

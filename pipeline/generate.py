@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # validates the whole config before any work, sweep included, but the architecture names (torch's
         # import alone costs more than small datasets: the sweep stage checks them)
-        cfg = config_mod.load(args.params, architectures=False)
+        cfg = config_mod.load(args.params)
         if args.task not in cfg.tasks:
             raise config_mod.one_of("--task", args.task, cfg.tasks)
         with exit_on_signals():

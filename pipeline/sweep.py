@@ -48,7 +48,7 @@ from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
-from pipeline.search.cells import build_cells, expected_cost, model_costs, run_key
+from pipeline.search.cells import build_cells, check_architectures, expected_cost, model_costs, run_key
 from pipeline.search.frontier import Cell, Outcome, Plan, make_plan
 from pipeline.search.searcher import CellSearcher, trial_key
 from pipeline.tracking import cluster
@@ -423,7 +423,9 @@ def main(argv: list[str] | None = None) -> int:
             "(its finished trials are kept)"
         )
         with owned(out / ".sweep.lock", busy):
-            sweep(config_mod.load(args.params), Path(args.data), out)
+            cfg = config_mod.load(args.params)
+            check_architectures(cfg)
+            sweep(cfg, Path(args.data), out)
     except (config_mod.ConfigError, DatasetError, ServiceError, LockBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ import yaml
 
 import models
 from pipeline.common import config as config_mod
+from pipeline.search.cells import check_architectures
 from pipeline.data.datasets import dataset_path
 from tests.helpers import ROOT
 from tests.helpers.browser import report_problems
@@ -201,7 +202,7 @@ def test_every_documented_exp_run_override_works_as_written(tmp_path):
         params.write_text(yaml.safe_dump(queued[f"doc-{i}"]))
         try:
             cfg = config_mod.load(params)
-            config_mod.check_architectures(cfg)
+            check_architectures(cfg)
         except config_mod.ConfigError as err:
             pytest.fail(f"{source}: dvc exp run {shlex.join(args)}: {err}")
         for key, value in (arg.lstrip("+").split("=", 1) for arg in args[1::2]):

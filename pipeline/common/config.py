@@ -22,7 +22,6 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     ValidationError,
-    ValidationInfo,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -341,10 +340,8 @@ class Config(Section):
     cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
-    def check(self, info: ValidationInfo) -> Config:
-        check_semantics(self)
-        if (info.context or {}).get("architectures", True):
-            check_architectures(self)
+    def check(self) -> Config:
+        check_semantics(self)  # architectures are checked by the sweep (search/cells.check_architectures)
         return self
 
     def sweep_datasets(self) -> list[tuple[str, int]]:
@@ -440,22 +437,6 @@ def check_semantics(cfg: Config) -> None:
         raise ConfigError("sweep.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
 
 
-def check_architectures(cfg: Config) -> None:
-    """Architecture names and options exist in the model registry: the only checks that import torch, so the
-    generate stage skips them (``load(..., architectures=False)``) and the sweep stage makes them."""
-    import models  # here, not on top: torch's import costs each of the 9 generate stages 1.5 s (measured)
-
-    for arch in cfg.sweep.architectures:
-        if arch not in models.ARCHITECTURES:
-            raise one_of("sweep.architectures", arch, models.ARCHITECTURES)
-    for key in ("arch_depths", "arch_widths", "arch_lrs", "arch_options"):
-        for arch in getattr(cfg.sweep, key):
-            if arch not in models.ARCHITECTURES:
-                raise one_of(f"sweep.{key}", arch, models.ARCHITECTURES)
-    for arch, options in cfg.sweep.arch_options.items():
-        models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
-
-
 def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
     if not widths:
         raise ConfigError(f"{key} is empty: the grid would have no trials")
@@ -522,11 +503,10 @@ def profiles() -> list[str]:
     return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
 
 
-def load(
-    params_path: Path | str = ROOT / "params.yaml", profile: str | None = None, architectures: bool = True
-) -> Config:
-    """The effective, validated config. ``profile`` overrides ``params.yaml``'s choice (used by tests);
-    ``architectures=False`` skips the checks that need the model registry (and torch)."""
+def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = None) -> Config:
+    """The effective, validated config. ``profile`` overrides ``params.yaml``'s choice (used by tests). The
+    architecture names and options are checked against the model registry by the sweep stage, which imports it
+    (``pipeline/search/cells.py``): the other stages never load torch or the models."""
     params = read_yaml(Path(params_path))
     name = profile or params.get("profile")
     if name not in profiles():
@@ -541,7 +521,7 @@ def load(
     data = merge(profile_data, {k: v for k, v in params.items() if v is not None})
     data["profile"] = name
     try:
-        return Config.model_validate(data, context={"architectures": architectures})
+        return Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(f"profile {name!r} with {params_path}: {'; '.join(map(problem, err.errors()))}") from None
 

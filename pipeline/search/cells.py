@@ -24,6 +24,23 @@ from pipeline.search.frontier import Cell
 TRAINABLE = "pipeline.training.trainable"  # the module a trial runs: its imports are the training code
 
 
+def check_architectures(cfg: config_mod.Config) -> None:
+    """Architecture names and options exist in the model registry (``config.load`` checks everything else): the
+    sweep stage checks them before any compute; the stages that never build a model do not import the registry."""
+    for arch in cfg.sweep.architectures:
+        if arch not in models.ARCHITECTURES:
+            raise config_mod.one_of("sweep.architectures", arch, models.ARCHITECTURES)
+    for key in ("arch_depths", "arch_widths", "arch_lrs", "arch_options"):
+        for arch in getattr(cfg.sweep, key):
+            if arch not in models.ARCHITECTURES:
+                raise config_mod.one_of(f"sweep.{key}", arch, models.ARCHITECTURES)
+    for arch, options in cfg.sweep.arch_options.items():
+        try:
+            models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
+        except models.ArchitectureError as err:
+            raise config_mod.ConfigError(str(err)) from None
+
+
 def run_key(train: dict) -> str:
     """What, beyond the cell and learning rate, decides a trial's result: the training settings and the code that
     trains (every project module the trainable imports). A finished run with the same trial key and run key is
