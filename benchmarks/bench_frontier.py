@@ -37,15 +37,13 @@ GRID = {  # lis n = 4, 5, 6 x 5 widths: the minimum width grows with n on this C
     "generate": {"train_samples": 20000, "test_samples": 500, "datasets": {"lis": [4, 5, 6]}},
     "sweep": {"architectures": ["standard"], "widths": [8, 16, 24, 32, 48], "depths": [2], "seeds": [0],
               "heads": 4, "batch_size": 128, "epochs": 100, "max_steps": 800, "lr": 3e-3, "warmup_fraction": 0.1,
-              "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2, "plateau_checks": None,
-              "reuse": False},
+              "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2, "reuse": False},
 }
 QUICK = {  # toy sizes; a low threshold so that a few steps solve some cells and not others
     "generate": {"train_samples": 3000, "test_samples": 200, "datasets": {"lis": [3, 4]}},
     "sweep": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0], "epochs": 2,
               "max_steps": 100,
-              "val_every_steps": 10, "val_samples": 128, "eval_samples": 200, "patience": 1, "plateau_checks": None,
-              "reuse": False},
+              "val_every_steps": 10, "val_samples": 128, "eval_samples": 200, "patience": 1, "reuse": False},
     "report": {"accuracy_threshold": 0.25},
 }
 MODES = {"grid, fixed budget": {"search": "grid", "stop_when_solved": False},
@@ -90,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = modes["grid, fixed budget"]
     res = Results("bench_frontier", argv)
     settings = {"datasets": grid["generate"]["datasets"], "train_samples": grid["generate"]["train_samples"],
-                **{k: grid["sweep"][k] for k in ("architectures", "widths", "depths", "seeds", "max_steps")},
-                "plateau_checks": grid["sweep"]["plateau_checks"]}
+                **{k: grid["sweep"][k] for k in ("architectures", "widths", "depths", "seeds", "max_steps")}}
     figures = res.section("modes", settings)
     for name, m in modes.items():
         figures[name] = {"trials": m["trials"], "train_pflops": figure(m["pflops"], "PFLOP"),

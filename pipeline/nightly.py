@@ -7,11 +7,12 @@ Each night is kept in ``nightly/<date>_<commit>/`` (``nightly.history``): the sw
 metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged
 ``nightly.date`` / ``nightly.commit``). The comparison with the latest earlier night of the same profile
 (``pipeline/reporting/comparison.py``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
-goes to ``report/nightly.md``, into the night's directory and into a section of ``report/index.html``.
+goes to ``report/nightly.md``, into the night's directory and into a section of ``report/index.html``. Changes to
+or from undecided and borderline verdict flips are listed apart, and are not regressions.
 
 Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
-(a scheduler alerts on it), 2 the pipeline or the config failed, 3 another nightly run holds the lock
-(``--wait`` waits for it instead).
+(a scheduler alerts on it; the undecided and borderline lists never fail a night), 2 the pipeline or the config
+failed, 3 another nightly run holds the lock (``--wait`` waits for it instead).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
         before = previous_night(history, cfg.profile, night)
         title = f"Nightly {date}, commit {commit}, profile {cfg.profile}"
         if before is None:
-            result: dict[str, list] = {"regressions": [], "improvements": [], "new": [], "missing": []}
+            result: dict[str, list] = {key: [] for key in comparison.LISTS}
             text = f"# {title}\n\nFirst night of profile {cfg.profile}: nothing to compare with.\n"
         else:
             claims = [json.loads((d / "report.json").read_text()).get("claims", {}) for d in (before, night)]

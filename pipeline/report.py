@@ -9,8 +9,10 @@ the figures (``pipeline/reporting/figures.py``: heatmaps, ed_local against ed, a
 learning curves from the MLflow histories); ``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json``, and
 ``results.csv``. Headline numbers and every claim's status go to ``results/report.json`` (a DVC metrics file);
 the directory is logged to the sweep's MLflow parent run, the claims as its tags. A cell is solved when its
-validation accuracy reached the threshold (``pipeline/training/verdict.py``); accuracies shown are test-set final-answer
-accuracies, the mean over seeds. Failed trials appear everywhere, marked as failed.
+validation accuracy reached the threshold, unsolved when it converged below it, undecided when its budget ran out
+while it was still improving (``pipeline/training/verdict.py``): undecided cells are shown as such and never
+counted as unsolved. Accuracies shown are test-set final-answer accuracies, the mean over seeds. Failed trials
+appear everywhere, marked as failed.
 """
 
 from __future__ import annotations
@@ -121,10 +123,17 @@ architecture's real pattern. Training PFLOPs: 3 x exact forward FLOPs over every
 trial was solved.</li>
 <li>Our choices where the papers are silent: lis value range R = max(n+150, 2n+50); sparse local window k = 1
 block; see conf/ for the grid and optimiser.</li>
-<li>Verdicts: a trial stops once its final-answer accuracy on the validation split (held out from train, never the
-test set) is at or above the threshold at <code>sweep.patience</code> consecutive checks (solved), when it
-plateaus or its budget ends (unsolved), or when its loss is not finite (diverged); failed = it raised. A cell is
-its best learning rate, chosen on validation.</li></ul>"""
+<li>Verdicts (<code>pipeline/training/verdict.py</code>), decided on the validation split (held out from train,
+never the test set): <b>solved</b> = final-answer accuracy at or above the threshold at <code>sweep.patience</code>
+consecutive checks; <b>unsolved</b> = converged below the threshold: over the last
+<code>sweep.convergence_window</code> of the steps trained (after at least <code>sweep.convergence_min_steps</code>),
+the best validation loss fell by no more than <code>sweep.convergence_tolerance</code> (relative) and the best
+validation accuracy rose by no more than <code>sweep.min_delta</code>, so more training would not solve it;
+<b>undecided</b> = the step budget ran out while it was still improving, after the budget was doubled up to
+<code>sweep.max_budget_factor</code> times: no evidence of what the model cannot do, so never counted as unsolved
+(the tables show an upper bound or "undecided", and a claim that rests on it is not tested); <b>diverged</b> = a
+loss not finite; <b>failed</b> = the trial raised. <b>Borderline</b> (&asymp;) = the 95% interval of the test
+accuracy contains the threshold. A cell is its best learning rate, chosen on validation.</li></ul>"""
 
 
 def page(
@@ -144,7 +153,9 @@ def page(
         f"<h1>Capacity Atlas: profile <code>{cfg.profile}</code></h1>",
         f"<p>{summary['cells']} cells ({summary['measured']} trained, {summary['inferred']} inferred by the "
         f"width-frontier search), {summary['solved_cells']} solved; verdicts of the trained cells: "
-        f"{html.escape(summary['verdicts'])}. MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
+        f"{html.escape(summary['verdicts'])} ({summary['undecided']} undecided: out of steps while still improving, "
+        f"no verdict; {summary['borderline']} borderline: test accuracy within noise of the threshold). "
+        f"MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
         f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
         f"<h2>Claim checks</h2><p>The papers' claims that a sweep can test ({counts}), each decided by the "
         "rule in <code>pipeline/reporting/claims.py</code> on this sweep's results.</p>",
@@ -161,7 +172,8 @@ def page(
         "<h2>Figures</h2>",
         "<p>Heatmaps: test accuracy, mean over seeds (± the seeds' standard deviation); * = solved "
         "(validation at the threshold) by every seed; hatched = inferred by the frontier search, not trained; "
-        "div / fail = a seed diverged / failed.</p>",
+        "dotted and 'undecided' = a seed ran out of steps while still improving (no verdict); &asymp; = a seed's "
+        "test accuracy is borderline; div / fail = a seed diverged / failed.</p>",
         figures_html(figures),
         CONVENTIONS_HTML,
         "<h2>All cells</h2>",
@@ -199,6 +211,8 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
         "inferred": len(table) - len(measured),
         "solved_cells": int((table.status == "solved").sum()),
         "failed": int((measured.status == "failed").sum()),
+        "undecided": int((measured.status == "undecided").sum()),
+        "borderline": int(tables.borderline_cells(measured).sum()),
         "verdicts": ", ".join(f"{n} {status}" for status, n in measured.status.value_counts().items()),
         "cells_at_threshold": int((measured.final_accuracy >= threshold).sum()),
         "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,

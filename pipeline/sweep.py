@@ -12,7 +12,8 @@ cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solve
 rest. The plan runs as a Ray Tune searcher (``pipeline/search/searcher.py``): one trial per (cell, learning rate)
 (``pipeline/training/trainable.py``), each training with Lightning until its verdict
 (``pipeline/training/verdict.py``: solved,
-unsolved, diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate.
+unsolved (converged below the threshold), undecided (still improving when its extended budget ran out),
+diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate.
 Runs this MLflow experiment already finished with the same data, training settings and training code are reused
 (``sweep.reuse: false`` retrains them).
 Trials checkpoint at every validation into the storage path (``pipeline/training/checkpoints.py``); a trial whose worker
@@ -58,7 +59,7 @@ from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 from pipeline.training.trainable import run_cell
-from pipeline.training.verdict import Status
+from pipeline.training.verdict import Status, borderline
 
 RESULTS = config_mod.ROOT / "results"
 TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only
@@ -74,7 +75,7 @@ def cell_row(cell: CellSpec, outcome: Outcome, best: dict | None) -> dict:
     """One row of results/sweep.csv: a measured cell's best learning-rate run, or an inferred cell."""
     row = {k: getattr(cell, k) for k in CELL_KEYS} | {"measured": outcome.measured}
     if best is None:
-        row |= {"status": Status.SOLVED if outcome.passed else Status.UNSOLVED, "reason": outcome.reason, "lr": None}
+        row |= {"status": outcome.status, "reason": outcome.reason, "lr": None}
         row |= {k: getattr(cell, k, None) for k in CELL_METRICS}
     else:
         row |= {"status": best["status"], "reason": best.get("reason", ""), "lr": best["lr"]}
@@ -137,7 +138,7 @@ def run_sweep(
         children, searcher, to_train = plan_trials(cfg, client, parent, cells, train, key)
         slots = train_trials(cfg, client, parent, searcher, children, published, local, started) if to_train else 0
         trials = trial_table(searcher, cells, children).assign(parent_run_id=parent)
-        table = cell_table(searcher, cells).assign(parent_run_id=parent)
+        table = cell_table(searcher, cells, cfg.report.accuracy_threshold).assign(parent_run_id=parent)
         summary = summarise(cfg, table, trials, searcher.plan, started, stage_start, slots, parent)
         record(client, parent, out_dir, table, trials, summary, searcher.plan.contradictions)
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"
@@ -315,10 +316,15 @@ def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.
     return pd.DataFrame(runs).sort_values([*ORDER, "lr"])
 
 
-def cell_table(searcher: CellSearcher, cells: dict) -> pd.DataFrame:
-    """results/sweep.csv: one row per cell of the grid, measured (its best run) or inferred by the plan."""
+def cell_table(searcher: CellSearcher, cells: dict, threshold: float) -> pd.DataFrame:
+    """results/sweep.csv: one row per cell of the grid, measured (its best run) or inferred by the plan; a
+    decided cell whose test accuracy could lie on the other side of ``threshold`` is ``borderline``."""
     rows = [cell_row(cells[c], o, searcher.best(c)) for c, o in searcher.plan.outcomes().items()]
-    return pd.DataFrame(rows).sort_values(ORDER)
+    table = pd.DataFrame(rows).sort_values(ORDER)
+    decided = table.measured & table.status.isin([Status.SOLVED, Status.UNSOLVED])
+    samples = table.eval_samples.fillna(0).astype(int)
+    near = [borderline(a, n, threshold) for a, n in zip(table.final_accuracy, samples)]
+    return table.assign(borderline=decided & pd.Series(near, index=table.index, dtype=bool))
 
 
 def summarise(
@@ -350,6 +356,8 @@ def summarise(
         "restarts": int(trials.restarts.sum()),
         "resumed": int(trials.resumed_step.notna().sum()),
         "solved_cells": int((table.status == Status.SOLVED).sum()),
+        "undecided_cells": int((table.status == Status.UNDECIDED).sum()),
+        "borderline_cells": int(table.borderline.sum()),
         "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
         "train_pflops": round(float(trials.train_pflops.sum()), 6),
         "contradictions": len(plan.contradictions),

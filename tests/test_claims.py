@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from pipeline.reporting.claims import CLAIMS, evaluate
-from pipeline.reporting.tables import BELOW, PAPER_LENGTHS, cheapest, convention_table, min_gflops
+from pipeline.reporting.tables import BELOW, BORDERLINE, BOUND, PAPER_LENGTHS, cheapest, convention_table, min_gflops
 from tests.helpers.tables import rows
 
 
@@ -124,3 +124,48 @@ def test_a_width_solved_on_validation_but_below_the_threshold_on_test_is_marked(
     shown = convention_table(best, 2, "min_exact_gflops", threshold=0.9).iloc[0]
     assert shown["sparse"].endswith(f"(D=64, 86%{BELOW})") and BELOW not in shown["standard"]
     assert BELOW not in convention_table(best, 2, "min_exact_gflops").iloc[0]["sparse"]  # no threshold: no mark
+
+
+def test_a_claim_that_rests_on_an_undecided_cell_is_not_tested_and_names_it():
+    growing = rows("lis", "sparse", 2, {4: 16, 6: 64}) + rows("lis", "linear", 2, {4: 32, 6: None})
+    assert check(growing, "dp_width_grows")["status"] == "holds"
+    # sparse n=6 D=16 still improving when its budget ran out: the minimum width 64 is an upper bound
+    narrower = (rows("lis", "sparse", 2, {4: 16, 6: 64}, undecided={(6, 16)})
+                + rows("lis", "linear", 2, {4: 32, 6: None}))
+    result = check(narrower, "dp_width_grows")
+    assert result["status"] == "not tested"
+    assert result["detail"] == ("lis n=6 sparse d2: seed 0 D=16 undecided (budget: still improving at step 6400 "
+                                "(8x the budget of 800))")
+    # no width solved, but one is undecided: no evidence that the LSTM fails, nor that it stays near chance
+    lstm = rows("index_lookup", "lstm", 1, {200: None}, widths=(64, 128, 256), accuracy=0.04,
+                undecided={(200, 64), (200, 128), (200, 256)}, seeds=(0, 1))
+    result = check(lstm, "sep_index_lookup_recurrent_fail")
+    assert result["status"] == "not tested"
+    assert result["detail"].startswith("index_lookup n=200 lstm d1: seed 0 D=64 undecided (budget: ")
+    assert result["detail"].endswith("; and 3 more undecided cells")
+    # an undecided cell wider than a solved width decides nothing: solved stays solved
+    solved = rows("index_lookup", "transformer", 1, {20: 64}, widths=(64, 128), undecided={(20, 128)})
+    assert check(solved, "sep_index_lookup_one_layer")["status"] == "holds"
+
+
+def test_the_min_width_table_never_shows_an_undecided_row_as_unsolved_or_a_bound_as_the_minimum():
+    table = pd.DataFrame(rows("lis", "standard", 2, {6: 32}, undecided={(6, 16)})
+                         + rows("lis", "sparse", 2, {6: None}, undecided={(6, 64)}, accuracy=0.85)
+                         + rows("lis", "linear", 2, {6: None}) + rows("lis", "standard", 3, {6: 32}))
+    best = min_gflops(table).set_index(["arch", "depth"])
+    assert best.loc[("standard", 2), "undecided"] == "seed 0 D=16" and best.loc[("standard", 2), "width"] == 32
+    assert best.loc[("sparse", 2), "undecided"] == "seed 0 D=64" and pd.isna(best.loc[("sparse", 2), "width"])
+    assert best.loc[("linear", 2), "undecided"] == "" and best.loc[("standard", 3), "undecided"] == ""
+    shown = convention_table(min_gflops(table), 2, "min_exact_gflops", threshold=0.9).iloc[0]
+    assert shown["standard"] == f"{BOUND} 0.0998 (D=32, 95%) undecided below"
+    assert shown["sparse"] == "undecided (best 85%)" and shown["linear"] == "- (best 30%)"
+    assert "**" not in "".join(shown[["standard", "sparse", "linear"]])  # which is cheapest is not decided yet
+    assert convention_table(min_gflops(table), 3, "min_exact_gflops").iloc[0]["standard"].startswith("**")
+
+
+def test_a_borderline_test_accuracy_is_marked_in_the_min_width_table():
+    table = pd.DataFrame(rows("lis", "standard", 2, {6: 32}, borderline={(6, 32)}) + rows("lis", "sparse", 2, {6: 64}))
+    best = min_gflops(table).set_index("arch")
+    assert best.loc["standard", "borderline"] and not best.loc["sparse", "borderline"]
+    shown = convention_table(min_gflops(table), 2, "min_exact_gflops", threshold=0.9).iloc[0]
+    assert f"(D=32, {BORDERLINE}95%)" in shown["standard"] and BORDERLINE not in shown["sparse"]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_two_workers_follow_one_workers_loss_curve(spec):  # noqa: F811
-    one = dataclasses.replace(spec, dropout=0.0, plateau_checks=None, max_steps=30)
+    one = dataclasses.replace(spec, dropout=0.0, max_steps=30)
     curves = {}
     results = {}
     for workers in (1, 2):

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, min_widths
+from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, MinWidth, min_widths
+from pipeline.training.verdict import Status
 from tests.helpers import make_cell
 
 WIDTHS = [16, 32, 64, 128, 256]
@@ -32,9 +33,16 @@ def run(plan, solved, slots: int = 3, rng: random.Random | None = None):
             break
         cell = flight.pop(rng.randrange(len(flight)))
         trained.append(cell)
-        plan.record(cell, solved(cell))
+        plan.record(cell, verdict_of(solved(cell)))
     assert plan.done() and not queue
     return trained
+
+
+def verdict_of(outcome: bool | Status) -> Status:
+    """An oracle answers solved or not (a bool), or with a verdict (undecided, say)."""
+    if isinstance(outcome, Status):
+        return outcome
+    return Status.SOLVED if outcome else Status.UNSOLVED
 
 
 def compare(solved, cells=None, **kw):
@@ -46,7 +54,7 @@ def compare(solved, cells=None, **kw):
     outcomes = frontier.outcomes()
     assert set(outcomes) == set(cells)
     for cell in trained:
-        assert outcomes[cell].measured and outcomes[cell].passed == solved(cell)
+        assert outcomes[cell].measured and outcomes[cell].status == verdict_of(solved(cell))
     assert all(not o.measured for c, o in outcomes.items() if c not in trained)
     return min_widths(full.outcomes()), min_widths(outcomes), len(full_trained), trained, frontier
 
@@ -68,7 +76,7 @@ def test_monotone_oracle_gives_the_grids_table_with_far_fewer_trials():
         return base
     table, got, n_grid, trained, plan = compare(threshold_oracle(need))
     assert got == table and not plan.contradictions
-    assert table["lis", 8, "standard", 2] == 32 and table["lis", 20, "linear", 2] is None
+    assert table["lis", 8, "standard", 2] == MinWidth(32) and table["lis", 20, "linear", 2] == MinWidth(None)
     # training cost grows with width (about width^2 per token): the grid pays for the widest cells it did not need
     cost = sum(c.width ** 2 for c in trained)
     assert sum(c.width ** 2 for c in grid()) >= 3 * cost and len(trained) < 0.6 * n_grid
@@ -94,7 +102,7 @@ def test_random_monotone_frontiers_and_noisy_seeds_match_the_grid(seed):
 def test_a_size_easier_than_the_last_is_reported_and_settled():
     need = {4: 64, 8: 64, 12: 16, 16: 128, 20: 128}  # size 12 needs less than size 8: not monotone in size
     table, got, _, trained, plan = compare(threshold_oracle(lambda c: need[c.size]), grid(archs=("standard",)))
-    assert got == table and table["lis", 12, "standard", 2] == 16
+    assert got == table and table["lis", 12, "standard", 2].width == 16
     assert any("not monotone in size" in note and "size 12" in note for note in plan.contradictions)
 
 
@@ -104,7 +112,7 @@ def test_a_dip_just_below_the_answer_is_reported_and_settled():
             return c.width in (32, 128, 256)
         return c.width >= 64
     table, got, _, trained, plan = compare(solved, grid(archs=("standard",)))
-    assert got == table and table["lis", 12, "standard", 2] == 32
+    assert got == table and table["lis", 12, "standard", 2].width == 32
     assert any("not monotone in width" in n for n in plan.contradictions)
     assert any("not monotone in size" in n for n in plan.contradictions)
 
@@ -115,6 +123,57 @@ def test_nothing_solved_at_a_size_means_nothing_larger_is_trained():
     assert got == table and all(c.size <= 8 for c in trained)
     inferred = [o for c, o in plan.outcomes().items() if c.size > 8]
     assert inferred and all(not o.measured and not o.passed and "inferred" in o.reason for o in inferred)
+
+
+def test_an_undecided_cell_bounds_nothing_and_its_width_stays_an_upper_bound():
+    """Width 64 solves every size; width 32 is undecided at size 4 (still improving when its budget ran out). The
+    search must not take 32 as unsolved: size 4's answer is 64 with 32 named undecided, and size 8 (which may need
+    no more than size 4) measures 32 itself instead of inferring it from the undecided cell."""
+    def solved(c):
+        if c.size == 4 and c.width == 32:
+            return Status.UNDECIDED
+        return c.width >= 64
+    table, got, _, trained, plan = compare(solved, grid(archs=("standard",)))
+    assert got == table == {**table, ("lis", 4, "standard", 2): MinWidth(64, ("seed 0 D=32",))}
+    assert not table["lis", 4, "standard", 2].decided and table["lis", 8, "standard", 2] == MinWidth(64)
+    assert Cell("lis", 8, "standard", 32, 2, 0) in trained
+    assert not plan.contradictions
+
+
+def test_an_undecided_size_does_not_make_the_larger_sizes_unsolved():
+    """Nothing solves size 8, but width 256 is undecided there: size 12 is still searched, not inferred."""
+    def solved(c):
+        if c.size == 8:
+            return Status.UNDECIDED if c.width == 256 else False
+        return c.size == 4 and c.width >= 128 or c.size > 8 and c.width >= 256
+    table, got, _, trained, plan = compare(solved, grid(archs=("standard",)))
+    assert got == table and table["lis", 8, "standard", 2] == MinWidth(None, ("seed 0 D=256",))
+    assert table["lis", 12, "standard", 2] == MinWidth(256) and Cell("lis", 12, "standard", 256, 2, 0) in trained
+    outcomes = plan.outcomes()
+    assert outcomes[Cell("lis", 8, "standard", 256, 2, 0)].status == Status.UNDECIDED
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_frontiers_with_undecided_cells_just_below_them_match_the_grid(seed):
+    """Random monotone frontiers whose width just below the answer is sometimes undecided (as a trial still
+    rising at its budget is): the frontier's table, undecided cells included, is the grid's."""
+    rng = random.Random(seed)
+    need, undecided = {}, set()
+    for arch in ("standard", "linear"):
+        level = rng.randrange(len(WIDTHS))
+        for size in SIZES:
+            level += rng.choice([0, 0, 1])
+            need[arch, size] = WIDTHS[level] if level < len(WIDTHS) else None
+            if 0 < level < len(WIDTHS) and rng.random() < 0.5:
+                undecided.add((arch, size, WIDTHS[level - 1]))
+
+    def solved(c):
+        if (c.arch, c.size, c.width) in undecided:
+            return Status.UNDECIDED
+        return need[c.arch, c.size] is not None and c.width >= need[c.arch, c.size]
+    table, got, n_grid, trained, plan = compare(solved, rng=rng)
+    assert got == table
+    assert any(not m.decided for m in table.values()) == bool(undecided)
 
 
 def test_plans_keep_every_slot_busy_while_chains_are_open():

@@ -11,9 +11,9 @@ import sys
 import pandas as pd
 import pytest
 
-from pipeline.reporting.comparison import compare
 from pipeline.common.config import NightlyConfig
 from pipeline.common.locks import LockBusy, owned
+from pipeline.reporting.comparison import LISTS, compare, html, markdown
 from tests.helpers import ROOT
 from tests.helpers.tables import rows
 
@@ -37,9 +37,33 @@ def test_compare_finds_verdict_accuracy_width_and_throughput_changes():
     assert {c["what"] for c in back["improvements"]} == {"verdict", "accuracy", "min_width", "throughput"}
     assert not back["regressions"]
     same = compare(before, before.assign(train_seconds=1.2), NightlyConfig())
-    assert same == {"regressions": [], "improvements": [], "new": [], "missing": []}  # within the tolerances
+    assert same == {key: [] for key in LISTS}  # within the tolerances
     grown = compare(before, pd.concat([before.iloc[1:], night({8: 64}).iloc[:1].assign(cell_id="x")]), NightlyConfig())
     assert grown["new"] == ["lis 8 standard D=16 d2 seed 0"] and grown["missing"] == ["lis 4 standard D=16 d2 seed 0"]
+
+
+def test_a_borderline_flip_or_one_to_or_from_undecided_is_no_regression():
+    """Neither night fails on noise or on a trial out of steps: such changes are listed apart, not as regressions;
+    a flip to a crash still is one."""
+    tol = NightlyConfig(accuracy_drop=1.0)  # the verdicts and widths alone
+    before = night({4: 16})
+    flipped = night({4: 32}).assign(borderline=lambda t: t.width == 16)  # D=16 unsolved, within noise of 0.9
+    for result in (compare(before, flipped, tol), compare(flipped, before, tol)):
+        assert not result["regressions"] and not result["improvements"] and not result["undecided"]
+        assert [(c["what"], c["where"]) for c in result["borderline"]] == [
+            ("verdict", "lis 4 standard D=16 d2 seed 0"), ("min_width", "lis 4 standard d2")]
+    undecided = night({4: 32}).assign(status=lambda t: t.status.where(t.width != 16, "undecided"))
+    result = compare(before, undecided, tol)
+    assert not result["regressions"] and not result["borderline"]
+    assert [(c["what"], c["before"], c["after"].split(" (")[0]) for c in result["undecided"]] == [
+        ("verdict", "solved", "undecided"), ("min_width", "16", "\u2264 32")]
+    back = compare(undecided, before, tol)
+    assert not back["improvements"] and [c["what"] for c in back["undecided"]] == ["verdict", "min_width"]
+    crashed = compare(undecided, undecided.assign(status="failed"), tol)
+    assert [c["what"] for c in crashed["regressions"]] == ["verdict"] * 3
+    assert [c["what"] for c in crashed["undecided"]] == ["min_width"]  # was an upper bound: no width to lose
+    assert "2 changes to or from undecided and 0 borderline flips" in markdown(result, "night")
+    assert "<h3>Undecided (not regressions" in html(result) and "<h3>Borderline" not in html(result)
 
 
 def test_compare_finds_claims_that_stopped_or_started_holding():

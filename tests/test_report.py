@@ -1,5 +1,5 @@
 """The report stage on a synthetic sweep table: claims at the top, Table 2 per depth, figures or one line why not,
-failed cells shown as failed."""
+failed cells shown as failed, undecided cells as undecided."""
 
 from __future__ import annotations
 
@@ -13,18 +13,22 @@ import pytest
 
 from pipeline.common import config as config_mod
 from pipeline.report import report
+from pipeline.reporting.figures import cell_label
+from pipeline.reporting.tables import BORDERLINE, BOUND, cell_means
 from tests.helpers.browser import Page, group_running, report_problems
 from tests.helpers.tables import rows
 
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory) -> tuple[Path, dict]:
-    """The report stage on a synthetic sweep table (two papers' tasks, two seeds, a failed architecture)."""
+    """The report stage on a synthetic sweep table (two papers' tasks, two seeds, a failed architecture, an
+    undecided cell below a solved width and a borderline one)."""
     tmp = tmp_path_factory.mktemp("synthetic")
     table = pd.DataFrame(
         rows("index_lookup", "transformer", 1, {20: 64, 50: 64}, widths=(64, 128), seeds=(0, 1))
         + rows("index_lookup", "lstm", 1, {20: None, 50: None}, widths=(64, 128), accuracy=0.03, seeds=(0, 1))
-        + rows("lis", "standard", 2, {4: 16, 6: 32}) + rows("lis", "sparse", 2, {4: 16, 6: 64})
+        + rows("lis", "standard", 2, {4: 16, 6: 32}, undecided={(6, 16)}, borderline={(4, 16)})
+        + rows("lis", "sparse", 2, {4: 16, 6: 64})
         + rows("lis", "linear", 2, {4: 32, 6: None}, status_override="failed", accuracy=0.0))
     table = table.assign(mlflow_run_id="r", final_accuracy=table.final_accuracy.where(table.seed == 0,
                                                                                       table.final_accuracy - 0.02))
@@ -44,15 +48,34 @@ def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
     assert summary["claims"]["sep_index_lookup_recurrent_fail"] == "not tested"
     assert summary["claims"]["dp_width_grows"] == "holds"  # sparse 16 -> 64; linear failed everywhere: skipped
     assert summary["claims_hold"] + summary["claims_fail"] + summary["claims_not_tested"] == len(summary["claims"])
-    assert summary["failed"] == 6
+    assert summary["failed"] == 6 and summary["undecided"] == 1 and summary["borderline"] == 1
+    # standard's lis n=6 width is an upper bound (D=16 undecided): the no-savings claim rests on it
+    assert summary["claims"]["dp_no_savings_general"] == "not tested"
+    checks = json.loads((out / "claims.json").read_text())
+    detail = next(c["detail"] for c in checks if c["id"] == "dp_no_savings_general")
+    assert detail.startswith("lis n=6 standard d2: seed 0 D=16 undecided (budget: still improving")
     md = (out / "min_gflops.md").read_text()
     assert "### Depth 1: exact forward GFLOPs" in md and "### Depth 2: training PFLOPs spent until solved" in md
     assert "- (best 0%, failed)" in md  # a failed cell stays in the table, marked
+    assert f"{BOUND} 0.032 (D=32, 95%) undecided below" in md and f"(D=16, {BORDERLINE}95%)" in md
+    assert "1 undecided: out of steps while still improving" in page and "<b>undecided</b> = the step budget" in page
     for name in ("sep_length_index_lookup.png", "sep_width_index_lookup.png", "heatmap_lis_linear_d2.png"):
         assert (out / name).stat().st_size > 1000 and f"src='{name}'" in page
     assert "left out: the report ran without MLflow" in page  # learning curves: never an empty plot
     assert "left out: needs both ed and ed_local" in page and "left out: dyck: not in the profile" in page
     assert "fail" in page and not (out.parent / "report.tmp").exists()
+
+
+def test_heatmap_cells_show_undecided_and_borderline_apart_from_unsolved():
+    table = pd.DataFrame(rows("lis", "standard", 2, {4: 32, 6: None}, undecided={(4, 16)}, borderline={(4, 32)}))
+    table.loc[(table["size"] == 6) & (table.width == 64), ["measured", "status"]] = [False, "undecided"]
+    table.loc[(table["size"] == 6) & (table.width == 32), "measured"] = False
+    cells = cell_means(table).set_index(["size", "width"])
+    assert cell_label(cells.loc[4, 16]) == ("0.30\nundecided", "...")
+    assert cell_label(cells.loc[4, 32]) == (f"{BORDERLINE}0.95*", None)
+    assert cell_label(cells.loc[4, 64]) == ("0.95*", None) and cell_label(cells.loc[6, 16]) == ("0.30", None)
+    assert cell_label(cells.loc[6, 64]) == ("undecided\n(inferred)", "...")
+    assert cell_label(cells.loc[6, 32]) == ("unsolved\n(inferred)", "///")
 
 
 def test_the_page_in_chromium_shows_every_figure_and_the_claim_table(synthetic):

@@ -1,4 +1,5 @@
-"""Verdicts: why a trial stopped (solved, plateau, budget, diverged) and which learning-rate run a cell keeps."""
+"""Verdicts: why a trial stopped (solved, converged, diverged, budget), its budget's extensions, and which
+learning-rate run a cell keeps."""
 
 from __future__ import annotations
 
@@ -14,67 +15,158 @@ from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training.train import TrialSpec, run_trial, split_validation
 
 
-def fake_trainer():
+def fake_trainer(budget: int = 1000):
     """What the stopping callbacks read of a Lightning Trainer, fitting on one process."""
     from lightning.pytorch.trainer.states import TrainerFn
 
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(max_steps=budget), max_epochs=100)
     return SimpleNamespace(callback_metrics={}, global_step=0, current_epoch=0, should_stop=False,
                            sanity_checking=False, fast_dev_run=False, state=SimpleNamespace(fn=TrainerFn.FITTING),
-                           strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
+                           strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision),
+                           estimated_stepping_batches=budget, fit_loop=loop)
 
 
-def validate(cbs, trainer, accuracy, step):
+RULE = verdict.Convergence(window=0.5, tolerance=0.01, min_steps=200, min_delta=0.01)
+
+
+def make(patience=2, factor=8, stop=True, budget=1000):
+    cb = verdict.Verdict(threshold=0.9, patience=patience, convergence=RULE, max_budget_factor=factor, stop=stop)
+    trainer = fake_trainer(budget)
+    cb.on_train_start(trainer, None)
+    return cb, trainer
+
+
+def validate(cb, trainer, accuracy, step, loss=1.0):
     trainer.global_step = step
-    trainer.callback_metrics = {verdict.MONITOR: torch.tensor(accuracy)}
-    for cb in cbs:
-        cb.on_validation_end(trainer, SimpleNamespace(train_flops=step * 1e12))
+    trainer.callback_metrics = {verdict.MONITOR: torch.tensor(accuracy), verdict.LOSS: torch.tensor(loss)}
+    cb.on_validation_end(trainer, SimpleNamespace(train_flops=step * 1e12))
+
+
+def train_to(cb, trainer, step):
+    """Training steps up to ``step`` (or until the trainer stops or its budget ends)."""
+    while trainer.global_step < min(step, trainer.fit_loop.epoch_loop.max_steps) and not trainer.should_stop:
+        trainer.global_step += 1
+        cb.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, 0)
+
+
+def checks(points):
+    return [verdict.Check(step, loss, acc) for step, loss, acc in points]
 
 
 def test_solved_needs_patience_consecutive_checks_at_the_threshold():
-    cbs = verdict.callbacks(threshold=0.9, patience=2, plateau_checks=None, min_delta=0.01)
-    trainer = fake_trainer()
+    cb, trainer = make(patience=2)
     for step, acc in [(10, 0.95), (20, 0.5), (30, 0.9), (40, 0.91)]:  # 0.9 is 0.8999999761 in float32
         assert not trainer.should_stop
-        validate(cbs, trainer, acc, step)
-    assert trainer.should_stop and cbs[0].outcome(trainer)[0] == "solved" and cbs[0].solved_step == 40
-    assert "2 consecutive checks (step 40)" in cbs[0].outcome(trainer)[1]
-    assert cbs[0].solved_pflops == pytest.approx(40e12 / 1e15)
+        validate(cb, trainer, acc, step)
+    assert trainer.should_stop and cb.outcome(trainer)[0] == "solved" and cb.solved_step == 40
+    assert "2 consecutive checks (step 40)" in cb.outcome(trainer)[1]
+    assert cb.solved_pflops == pytest.approx(40e12 / 1e15)
 
 
 def test_a_fixed_budget_records_the_solve_but_keeps_training():
-    cbs = verdict.callbacks(threshold=0.9, patience=1, plateau_checks=3, min_delta=0.01, stop_when_solved=False)
-    assert len(cbs) == 1  # no plateau stop either: the grid runs every step
-    trainer = fake_trainer()
-    validate(cbs, trainer, 0.95, 10)
-    validate(cbs, trainer, 0.5, 20)
-    assert not trainer.should_stop and cbs[0].outcome(trainer)[0] == "solved" and cbs[0].solved_step == 10
+    cb, trainer = make(patience=1, stop=False)
+    validate(cb, trainer, 0.95, 10)
+    validate(cb, trainer, 0.5, 20)
+    assert not trainer.should_stop and cb.outcome(trainer)[0] == "solved" and cb.solved_step == 10
 
 
-def test_a_plateau_ends_unsolved_with_its_reason():
-    cbs = verdict.callbacks(threshold=0.9, patience=1, plateau_checks=3, min_delta=0.05)
-    trainer = fake_trainer()
-    for i, acc in enumerate([0.3, 0.32, 0.33, 0.34, 0.2]):
+@pytest.mark.parametrize("points, converged", [
+    # a flat plateau over the last half, past min_steps: converged
+    ([(s, 2.0 - 0.001 * (s > 50), 0.05) for s in range(50, 401, 50)], True),
+    # too early: the same plateau before min_steps
+    ([(s, 2.0, 0.05) for s in range(50, 151, 50)], False),
+    # a late jump: flat until step 350, then the loss falls inside the window
+    ([(s, 2.0 if s <= 350 else 1.5, 0.05) for s in range(50, 401, 50)], False),
+    # the accuracy alone still rising (the loss barely moves once the answer is mostly right)
+    ([(s, 0.3, 0.5 + s / 4000) for s in range(50, 401, 50)], False),
+    # the validation loss rising while the model memorises its training data: converged
+    ([(s, 1.0 + s / 1000, 0.3) for s in range(50, 401, 50)], True),
+    # a slow but steady fall, above the tolerance over the window: still improving
+    ([(s, 2.0 - s / 1000, 0.05) for s in range(50, 401, 50)], False),
+])
+def test_convergence_is_no_gain_over_the_last_half_after_min_steps(points, converged):
+    got, words = RULE.evidence(checks(points))
+    assert got == converged, words
+    if got:
+        assert "validation loss" in words and "validation accuracy" in words
+
+
+def test_the_window_grows_with_the_steps_trained():
+    """A plateau of 150 steps ends a 250-step trial (window 125-250) but not a 400-step one that fell at 250."""
+    points = [(s, 2.0 if s < 250 else 1.0, 0.0) for s in range(50, 401, 50)]
+    assert RULE.evidence(checks(points[:5]))[0] is False  # steps 50..250: the fall at 250 is inside the window
+    flat = [(s, 2.0, 0.0) for s in range(50, 251, 50)] + [(300, 2.0, 0.0)]
+    assert RULE.evidence(checks(flat))[0] is True
+    assert RULE.evidence(checks(points))[0] is False  # at 400 the window reaches back to 200: the fall is in it
+
+
+def test_a_converged_trial_stops_unsolved_with_its_evidence():
+    cb, trainer = make()
+    for step in range(50, 1001, 50):
+        train_to(cb, trainer, step)
         if trainer.should_stop:
             break
-        validate(cbs, trainer, acc, 10 * (i + 1))
-    status, reason = cbs[0].outcome(trainer)
-    assert trainer.should_stop and status == "unsolved" and reason.startswith("plateau: no gain of 0.05")
-    assert "over 3 checks" in reason
+        validate(cb, trainer, 0.05, step, loss=2.0)
+    status, reason = cb.outcome(trainer)
+    assert trainer.should_stop and status == "unsolved" and trainer.global_step == 200  # min_steps
+    assert reason.startswith("converged below 0.9: over steps 100-200 validation loss 2 -> 2 (gain 0.0%")
 
 
-def test_without_a_stop_the_budget_is_the_reason():
-    cbs = verdict.callbacks(threshold=0.9, patience=1, plateau_checks=None, min_delta=0.01)
-    trainer = fake_trainer()
-    validate(cbs, trainer, 0.2, 100)
-    assert cbs[0].outcome(trainer) == ("unsolved", "budget: stopped at step 100 (epoch 0)")
+def test_a_trial_still_improving_at_its_budget_is_extended_then_undecided():
+    """Budget 100, factor 8: doubled at 100, 200 and 400 while the loss keeps falling, then undecided at 800."""
+    cb, trainer = make(budget=100)
+    step = 0
+    while not trainer.should_stop and trainer.global_step < trainer.fit_loop.epoch_loop.max_steps:
+        step += 50
+        train_to(cb, trainer, step)
+        validate(cb, trainer, 0.05, trainer.global_step, loss=2.0 - trainer.global_step / 1000)
+    assert trainer.global_step == 800 and cb.budget == 800 and trainer.fit_loop.max_epochs == -1
+    status, reason = cb.outcome(trainer)
+    assert status == "undecided" and reason.startswith("budget: still improving at step 800 (8x the budget of 100)")
+    assert not status.decided and verdict.Status.UNSOLVED.decided
+
+
+def test_a_converged_trial_is_not_extended():
+    cb, trainer = make(budget=300)
+    for step in range(50, 301, 50):
+        validate(cb, trainer, 0.05, step, loss=2.0) if step < 300 else None
+        train_to(cb, trainer, step)
+    assert cb.budget == 300 and trainer.should_stop
+
+
+def test_a_fixed_budget_is_never_extended_and_its_end_is_judged_by_the_same_rule():
+    cb, trainer = make(budget=100, stop=False)
+    for step in (50, 100):
+        train_to(cb, trainer, step)
+        validate(cb, trainer, 0.05, step, loss=2.0 - step / 100)
+    assert cb.budget == 100 and cb.outcome(trainer)[0] == "undecided"
+
+
+def test_the_budget_survives_a_resume():
+    cb, trainer = make(budget=100)
+    for step in (50, 100, 150):
+        train_to(cb, trainer, step)
+        validate(cb, trainer, 0.05, step, loss=2.0 - step / 1000)
+    again, fresh = verdict.Verdict(0.9, 2, RULE, 8), fake_trainer(100)
+    again.setup(fresh, None, "fit")
+    again.load_state_dict(cb.state_dict())
+    assert fresh.fit_loop.epoch_loop.max_steps == 200 and again.checks == cb.checks and again.base == 100
 
 
 def test_a_non_finite_loss_is_a_divergence():
-    cbs = verdict.callbacks(threshold=0.9, patience=1, plateau_checks=None, min_delta=0.01)
-    trainer = fake_trainer()
+    cb, trainer = make()
     trainer.global_step = 7
-    cbs[0].on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 0)
-    assert trainer.should_stop and cbs[0].outcome(trainer)[0] == "diverged"
+    cb.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 0)
+    assert trainer.should_stop and cb.outcome(trainer)[0] == "diverged"
+    cb, trainer = make()
+    validate(cb, trainer, 0.1, 50, loss=float("inf"))
+    assert trainer.should_stop and cb.outcome(trainer) == ("diverged", "validation loss inf at step 50")
+
+
+@pytest.mark.parametrize("accuracy, samples, near", [(0.9, 1000, True), (0.95, 1000, False), (0.88, 100, True),
+                                                     (0.85, 1000, False), (0.5, 0, False), (math.nan, 100, False)])
+def test_borderline_is_the_threshold_inside_the_95_percent_interval(accuracy, samples, near):
+    assert verdict.borderline(accuracy, samples, 0.9) == near
 
 
 def test_the_best_run_is_chosen_on_validation_never_on_test():
@@ -85,6 +177,8 @@ def test_the_best_run_is_chosen_on_validation_never_on_test():
     assert verdict.best_run(runs)["lr"] == 1e-4
     assert verdict.best_run([runs[0], {"lr": 1, "status": "diverged", "val_accuracy": math.nan}])["lr"] == 1e-2
     assert verdict.best_run([{"lr": 1, "status": "failed"}])["status"] == "failed"
+    # a run that might still solve the cell ranks above one that cannot
+    assert verdict.best_run([runs[0], {"lr": 2, "status": "undecided", "val_accuracy": 0.5}])["lr"] == 2
 
 
 def test_validation_is_held_out_of_train(tiny_data):
@@ -113,6 +207,23 @@ def test_a_trial_that_blows_up_is_diverged_and_not_scored(tiny_cfg, tiny_data):
     result = run_trial(tiny_spec(tiny_cfg, tiny_data, lr=1e12, optimizer="adam", max_steps=30))
     assert result["status"] == "diverged" and "training loss" in result["reason"]
     assert result["train_steps"] < 30 and math.isnan(result["final_accuracy"])
+
+
+def test_a_real_trial_still_improving_goes_on_with_its_budget_doubled_then_is_undecided(tiny_cfg, tiny_data):
+    result = run_trial(tiny_spec(tiny_cfg, tiny_data, max_steps=8, max_budget_factor=4, convergence_min_steps=10**6))
+    assert result["status"] == "undecided" and result["train_steps"] == result["budget_steps"] == 32
+    assert "(4x the budget of 8)" in result["reason"]
+
+
+def test_the_learning_rate_is_constant_after_warm_up_whatever_the_budget(tiny_cfg, tiny_data):
+    from pipeline.training.train import SequenceModel
+
+    rates = []
+    for budget in (800, 2400):
+        module = SequenceModel(tiny_spec(tiny_cfg, tiny_data, warmup_fraction=0.1))
+        sched = module.configure_optimizers_for(budget)["lr_scheduler"]["scheduler"]
+        rates.append([sched.lr_lambdas[0](step) for step in (0, 79, 240, 799, 2399, 5000)])
+    assert rates[0] == [1 / 80, 1.0, 1.0, 1.0, 1.0, 1.0] and rates[1][2:] == [1.0] * 4
 
 
 def test_a_real_trial_stops_once_its_validation_reaches_the_threshold(tiny_cfg, tiny_data):

@@ -143,7 +143,7 @@ class SweepConfig(Section):
     )
     # search: every cell of the grid, or per (task, architecture, depth, seed) the smallest solved width
     search: Literal["grid", "frontier"] = "grid"
-    # optimisation (linear warm-up and linear decay to 0, as in Feng et al.)
+    # optimisation: linear warm-up, then a constant rate (so that a budget extension continues the same schedule)
     optimizer: Literal["adamw", "adam"] = Field(
         "adamw",
         description="adamw: decoupled weight decay on matrices "
@@ -157,19 +157,39 @@ class SweepConfig(Section):
         None, description="learning rates tried per cell; a cell's result is its best run (by validation accuracy)"
     )
     weight_decay: float = Field(0.01, ge=0)
-    warmup_fraction: float = Field(0.05, ge=0, le=1)
+    warmup_fraction: float = Field(
+        0.05, ge=0, le=1, description="linear warm-up over this fraction of the first step budget, then constant"
+    )
     grad_clip: FiniteFloat | None = Field(1.0, gt=0, description="gradient-norm clip; null: none")
     precision: Precision = "32-true"
-    # stopping: a trial ends solved, plateaued, diverged or at its budget (pipeline/training/verdict.py)
+    # verdicts: a trial ends solved, converged below the threshold (unsolved), diverged, or undecided when its
+    # budget, doubled while it still improves, runs out (pipeline/training/verdict.py)
     patience: PositiveInt = Field(
         2, description="consecutive validations at or above report.accuracy_threshold that make a trial solved"
     )
-    plateau_checks: PositiveInt | None = Field(
-        None,
-        description="validations without a gain of min_delta in "
-        "validation accuracy that end a trial as unsolved; null: never",
+    convergence_window: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="the last fraction of the steps trained over which a trial must gain nothing (validation "
+        "loss and accuracy) to have converged",
     )
-    min_delta: float = Field(0.01, ge=0, lt=1)
+    convergence_tolerance: float = Field(
+        0.01, gt=0, lt=1, description="relative fall of the validation loss over the window that counts as a gain"
+    )
+    convergence_min_steps: PositiveInt = Field(
+        1000, description="no trial is called converged (unsolved) before this many steps"
+    )
+    min_delta: float = Field(
+        0.01, ge=0, lt=1, description="rise of the validation accuracy over the window that counts as a gain"
+    )
+    max_budget_factor: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="a trial still improving at its budget (max_steps / epochs) goes on with the budget doubled, "
+        "up to this many times the first, before it is called undecided; 1: never extended",
+    )
     stop_when_solved: bool = Field(
         True,
         description="false: every trial runs its whole budget (a fixed-budget "

@@ -3,7 +3,12 @@
 Each ``Claim`` names what it says, which results decide it and a rule. A rule reads the ``Evidence`` (the
 minimum-width table of ``pipeline/reporting/tables.py`` and the per-cell accuracies) and returns a ``Check``: the claim
 *holds*, *fails*, or is *not tested* at this scale, with the reason (e.g. "needs index_lookup lengths > 100").
-A failed trial counts as unsolved, as in the tables; a check over tasks with failed trials says so.
+A failed or diverged trial counts as unsolved, as in the tables; a check over tasks with failed trials says so.
+
+Claims rest on decided cells only. An undecided trial (its step budget ran out while it was still improving) is
+no evidence either way, so ``Evidence`` notes every undecided cell a rule's answer depends on: the cells narrower
+than a minimum width it reads (all of them where no width solved), those under a best accuracy it reads, those
+at a width it checks. A check that consulted any is *not tested*, naming them (``evaluate``).
 
 The report shows the checks at the top of its page, writes them to ``results/report.json`` (so ``dvc metrics
 diff`` shows a claim that changed) and tags the MLflow parent run with them.
@@ -38,6 +43,7 @@ TRANSFORMERS = ("transformer", "standard")  # softmax attention: the separations
 RECURRENT = ("lstm", "dss", "mamba", "retnet", "linear_nofm")  # the separations paper's non-attention models
 EFFICIENT = ("sparse", "linear")  # the DP paper's efficient Transformers
 GENERAL_DP = ("arithmetic", "ed", "lis")  # DP tasks without the locality assumption
+SHOWN_UNDECIDED = 3  # a not-tested check names this many undecided cells, then counts the rest
 TIE = 0.05  # unsolved on both sides: best test accuracies closer than this are no ordering
 NEAR_CHANCE = 0.10  # index lookup: "near chance" = test accuracy below 10% (chance is 1/64 = 1.6%)
 INF = math.inf
@@ -58,20 +64,34 @@ def holds_if(failures: list[str], passes: list[str], untested: str) -> Check:
     return Check(ClaimStatus.NOT_TESTED, untested)
 
 
+def select(frame: pd.DataFrame, task: str, size: int, arch: str, depths: Iterable[int] | None) -> pd.DataFrame:
+    """The rows of ``frame`` of (task, size, arch) at ``depths`` (all: None)."""
+    mine = frame[(frame.task == task) & (frame["size"] == size) & (frame.arch == arch)]
+    return mine if depths is None else mine[mine.depth.isin(list(depths))]
+
+
 class Evidence:
     """What the rules read: per (task, size, arch, depth) the smallest width every seed solved (None: no width
-    solved), and per cell the mean test accuracy over the measured seeds."""
+    solved), and per cell the mean test accuracy over the measured seeds. The lookups a rule decides on note the
+    undecided cells their answer depends on in ``undecided`` (cell -> the trial's reason), which ``evaluate``
+    empties before each claim; ``smallest_width``, ``top_accuracy`` and ``shown`` read the same numbers for the
+    text beside a verdict, noting nothing."""
 
     def __init__(self, table: pd.DataFrame):
         self.table = table
         self.best = min_gflops(table)
         self.cells = cell_means(table)
+        self.pending = table[table.status == "undecided"]  # the rows with no verdict yet
+        self.undecided: dict[str, str] = {}
+
+    def consult(self, cells: pd.DataFrame) -> None:
+        """Note the undecided rows of ``cells`` (rows of ``pending``) as ones the check depends on."""
+        for r in cells.itertuples():
+            name = f"{r.task} n={r.size} {r.arch} d{r.depth}: seed {r.seed} D={r.width}"
+            self.undecided[name] = str(r.reason).split(";")[0]  # the verdict's words, not the curve's numbers
 
     def sizes(self, task: str) -> list[int]:
         return sorted(int(s) for s in self.best[self.best.task == task]["size"].unique())
-
-    def archs(self, task: str) -> set[str]:
-        return set(self.best[self.best.task == task].arch)
 
     def depths(self, task: str, arch: str) -> list[int]:
         mine = self.best[(self.best.task == task) & (self.best.arch == arch)]
@@ -80,33 +100,68 @@ class Evidence:
     def narrowest(self, task: str, arch: str) -> int:
         return int(self.cells[(self.cells.task == task) & (self.cells.arch == arch)].width.min())
 
-    def min_width(self, task: str, size: int, arch: str, depths: Iterable[int] | None = None) -> float:
-        """The smallest width solved at any of ``depths`` (all: None); inf where none solved; NaN if not run."""
-        mine = self.best[(self.best.task == task) & (self.best["size"] == size) & (self.best.arch == arch)]
-        if depths is not None:
-            mine = mine[mine.depth.isin(list(depths))]
+    def smallest_width(self, task: str, size: int, arch: str, depths: Iterable[int] | None) -> float:
+        """``min_width`` without noting anything."""
+        mine = select(self.best, task, size, arch, depths)
         if mine.empty:
             return math.nan
         widths = mine.width.dropna()
         return float(widths.min()) if len(widths) else INF
 
+    def min_width(self, task: str, size: int, arch: str, depths: Iterable[int] | None = None) -> float:
+        """The smallest width solved at any of ``depths`` (all: None); inf where none solved; NaN if not run.
+        Depends on the undecided cells narrower than it: any of them might solve."""
+        width = self.smallest_width(task, size, arch, depths)
+        mine = select(self.pending, task, size, arch, depths)
+        self.consult(mine[mine.width < width])
+        return width
+
     def solved(self, task: str, size: int, arch: str, depths: Iterable[int] | None = None) -> bool | None:
-        width = self.min_width(task, size, arch, depths)
+        """Solved at some width (None: not run). A solved cell settles it; an unsolved answer depends on every
+        undecided cell."""
+        width = self.smallest_width(task, size, arch, depths)
+        if width == INF:
+            self.consult(select(self.pending, task, size, arch, depths))
         return None if math.isnan(width) else width < INF
+
+    def cost(self, task: str, size: int, arch: str, depth: int) -> float:
+        """The minimum width's paper-convention GFLOPs: inf where none solved, NaN if not run; depends as
+        ``min_width``."""
+        if self.min_width(task, size, arch, [depth]) == INF:
+            return INF
+        mine = select(self.best, task, size, arch, [depth])
+        return float(mine.min_paper_gflops.iloc[0]) if len(mine) else math.nan
 
     def best_accuracy(
         self, task: str, size: int, arch: str, depths: Iterable[int] | None = None, below: float = INF
     ) -> float:
-        """The best mean test accuracy over widths narrower than ``below`` (and depths); NaN if none was measured."""
-        mine = self.cells[
-            (self.cells.task == task)
-            & (self.cells["size"] == size)
-            & (self.cells.arch == arch)
-            & (self.cells.width < below)
-        ]
-        if depths is not None:
-            mine = mine[mine.depth.isin(list(depths))]
+        """The best mean test accuracy over widths narrower than ``below`` (and depths); NaN if none was measured.
+        Depends on the undecided cells among them: one still improving might do better."""
+        mine = select(self.pending, task, size, arch, depths)
+        self.consult(mine[mine.width < below])
+        return self.top_accuracy(task, size, arch, depths, below)
+
+    def top_accuracy(self, task: str, size: int, arch: str, depths: Iterable[int] | None, below: float) -> float:
+        """``best_accuracy`` without noting anything: for the text beside a verdict decided otherwise."""
+        mine = select(self.cells, task, size, arch, depths)
+        mine = mine[mine.width < below]
         return float(mine.accuracy.max()) if mine.accuracy.notna().any() else math.nan
+
+    def solved_at(self, task: str, size: int, arch: str, width: int, depths: Iterable[int] | None) -> bool | None:
+        """Some seed solved ``width`` (None: not run); as ``solved``, an unsolved answer depends on the undecided
+        seeds there."""
+        mine = select(self.cells, task, size, arch, depths)
+        mine = mine[mine.width == width]
+        solved = None if mine.empty else bool((mine.solved > 0).any())
+        if solved is False:
+            pending = select(self.pending, task, size, arch, depths)
+            self.consult(pending[pending.width == width])
+        return solved
+
+    def shown(self, task: str, size: int, arch: str, depths: Iterable[int] | None = None) -> str:
+        """The minimum width and best accuracy as shown beside a verdict the rule decided otherwise."""
+        width = self.smallest_width(task, size, arch, depths)
+        return f"D={width_text(width)}, best {self.top_accuracy(task, size, arch, depths, INF):.0%}"
 
     def failed_trials(self, tasks: Iterable[str]) -> int:
         return int(((self.table.status == "failed") & self.table.task.isin(list(tasks))).sum())
@@ -159,24 +214,23 @@ def no_savings_general(ev: Evidence) -> Check:
     paper-convention GFLOPs (or do not solve)."""
     failures: list[str] = []
     passes: list[str] = []
-    best = ev.best.set_index(["task", "size", "arch", "depth"])
     for task in ("ed", "lis"):
         for depth in ev.depths(task, "standard"):
             solved = [s for s in ev.sizes(task) if ev.solved(task, s, "standard", [depth])]
             if not solved:
                 continue
             size = solved[-1]
-            base = best.loc[(task, size, "standard", depth)].min_paper_gflops
+            base = ev.cost(task, size, "standard", depth)
             for arch in EFFICIENT:
-                if (task, size, arch, depth) not in best.index:
+                cost = ev.cost(task, size, arch, depth)
+                if math.isnan(cost):
                     continue
-                cost = best.loc[(task, size, arch, depth)].min_paper_gflops
                 case = (
                     f"{task} n={size} d{depth}: {arch} {cost:.3g} vs standard {base:.3g} GFLOPs"
-                    if pd.notna(cost)
+                    if cost < INF
                     else f"{task} n={size} d{depth}: {arch} unsolved, standard {base:.3g} GFLOPs"
                 )
-                (failures if pd.notna(cost) and cost < base else passes).append(case)
+                (failures if cost < base else passes).append(case)
     return holds_if(failures, passes, "needs ed or lis solved by the standard Transformer, with sparse or linear")
 
 
@@ -238,11 +292,7 @@ def transformer_solves(task: str, depths: tuple[int, ...] | None, min_size: int 
                 solved = ev.solved(task, size, arch, depths)
                 if solved is None:
                     continue
-                case = (
-                    f"{arch} N={size}: D={width_text(ev.min_width(task, size, arch, depths))}, "
-                    f"best {ev.best_accuracy(task, size, arch, depths):.0%}"
-                )
-                (passes if solved else failures).append(case)
+                (passes if solved else failures).append(f"{arch} N={size}: {ev.shown(task, size, arch, depths)}")
         layers = f"a {depths[0]}-layer Transformer" if depths else "a Transformer"
         return holds_if(failures, passes, f"needs {task} with {layers}")
 
@@ -287,19 +337,11 @@ def fail_beyond(
                 if width is None:
                     solved = ev.solved(task, size, arch, depths)
                 else:
-                    mine = ev.cells[
-                        (ev.cells.task == task)
-                        & (ev.cells["size"] == size)
-                        & (ev.cells.arch == arch)
-                        & (ev.cells.width == width)
-                    ]
-                    if depths is not None:
-                        mine = mine[mine.depth.isin(depths)]
-                    solved = None if mine.empty else bool((mine.solved > 0).any())
+                    solved = ev.solved_at(task, size, arch, width, depths)
                 if solved is None:
                     continue
                 at = f" D={width}" if width else ""
-                case = f"{arch}{at} N={size}: best {ev.best_accuracy(task, size, arch, depths):.0%}"
+                case = f"{arch}{at} N={size}: best {ev.top_accuracy(task, size, arch, depths, INF):.0%}"
                 (failures if solved else passes).append(case + (" (solved)" if solved else ""))
         layers = f" at depth {'/'.join(map(str, depths))}" if depths else ""
         return holds_if(
@@ -317,13 +359,8 @@ def lstm_solves_dyck(ev: Evidence) -> Check:
     passes: list[str] = []
     for size in ev.sizes("dyck"):
         solved = ev.solved("dyck", size, "lstm")
-        if solved is None:
-            continue
-        case = (
-            f"N={size}: D={width_text(ev.min_width('dyck', size, 'lstm'))}, "
-            f"best {ev.best_accuracy('dyck', size, 'lstm'):.0%}"
-        )
-        (passes if solved else failures).append(case)
+        if solved is not None:
+            (passes if solved else failures).append(f"N={size}: {ev.shown('dyck', size, 'lstm')}")
     return holds_if(failures, passes, "needs dyck with an LSTM")
 
 
@@ -465,12 +502,23 @@ def merge_checks(checks: list[Check]) -> Check:
     return Check(ClaimStatus.HOLDS, "; ".join(c.detail for c in checks))
 
 
+def undecided_check(undecided: dict[str, str]) -> Check:
+    """Not tested: the check depends on these undecided cells (cell -> reason); the first few named."""
+    named = [f"{cell} undecided ({reason})" for cell, reason in list(undecided.items())[:SHOWN_UNDECIDED]]
+    more = len(undecided) - len(named)
+    return Check(ClaimStatus.NOT_TESTED, "; ".join(named) + (f"; and {more} more undecided cells" if more else ""))
+
+
 def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS) -> list[dict]:
-    """Every claim's check on ``table`` (results/sweep.csv), as rows for the page, report.json and MLflow."""
+    """Every claim's check on ``table`` (results/sweep.csv), as rows for the page, report.json and MLflow; a
+    check that depends on an undecided cell is not tested."""
     ev = Evidence(table)
     rows = []
     for claim in claims:
+        ev.undecided = {}
         check = claim.rule(ev)
+        if ev.undecided:
+            check = undecided_check(ev.undecided)
         failed = ev.failed_trials(claim.tasks)
         detail = check.detail + (
             f" ({failed} failed trials in {', '.join(claim.tasks)}, counted as unsolved)"

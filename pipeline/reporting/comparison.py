@@ -2,12 +2,20 @@
 depth, seed and data hash): test accuracy, verdict, minimum solved width and training throughput.
 
 A change is a *regression* when
-- the verdict falls (solved > unsolved > diverged > failed),
+- the verdict falls (solved > undecided > unsolved > diverged > failed, ``Status``),
 - test accuracy drops by more than ``nightly.accuracy_drop``,
 - the minimum width every seed solves grows (or no width solves any more), per (task, size, arch, depth),
 - training throughput (training PFLOPs per second of training) drops by more than ``nightly.throughput_drop``,
 - a claim check of the papers (``pipeline/reporting/claims.py``) falls (holds > not tested > fails);
-the same moves the other way are *improvements*. Cells only one night has are *new* or *missing*.
+the same moves the other way are *improvements*. Two kinds of change are neither, each listed apart:
+- *undecided*: a verdict that moves between undecided and solved or unsolved, or a minimum width that moves
+  while either night's is undecided (an upper bound, or none solved yet). An undecided trial ran out of steps
+  while still improving: no verdict of capacity, so its coming or going says nothing of the model's;
+- *borderline*: a flip between solved and unsolved where either night's test accuracy is borderline (its 95%
+  interval contains the threshold): within noise, another draw of the test set could flip it back; and so a
+  minimum width that moves across a cell borderline on either night.
+A flip to or from diverged or failed stays a regression or improvement. Cells only one night has are *new* or
+*missing*. ``pipeline/nightly.py`` fails the night on regressions only.
 """
 
 from __future__ import annotations
@@ -20,13 +28,29 @@ import pandas as pd
 
 from pipeline.common.config import NightlyConfig
 from pipeline.reporting.claims import ClaimStatus
-from pipeline.reporting.tables import min_gflops
+from pipeline.reporting.tables import BOUND, borderline_cells, min_gflops
 from pipeline.training.verdict import Status
+
+# the result's lists of changes, by the kind of change they hold, and their section titles
+KINDS = {
+    "regressions": "regression",
+    "improvements": "improvement",
+    "undecided": "undecided",
+    "borderline": "borderline",
+}
+TITLES = {
+    "regressions": "Regressions",
+    "improvements": "Improvements",
+    "undecided": "Undecided (not regressions: to or from a trial out of steps while still improving)",
+    "borderline": "Borderline (not regressions: a test accuracy whose 95% interval contains the threshold)",
+}
+LISTS = (*KINDS, "new", "missing")  # the keys of every result (the first night's: all empty)
+CAPACITY = (Status.SOLVED, Status.UNDECIDED, Status.UNSOLVED)  # verdicts of the model, not of a crash
 
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # regression | improvement
+    kind: str  # regression | improvement | undecided | borderline
     what: str  # verdict | accuracy | min_width | throughput | claim
     where: str  # the cell (or the row of the minimum-width table, or the claim's id)
     before: str
@@ -45,6 +69,32 @@ def throughput(r) -> float:
     return r.train_pflops / seconds if r.measured and seconds and seconds > 0 else math.nan
 
 
+def verdict_change(a, b) -> str:
+    """The kind of a verdict flip from cell ``a`` to cell ``b`` (rows with ``status`` and ``borderline``)."""
+    if a.status in CAPACITY and b.status in CAPACITY:
+        if Status.UNDECIDED in (a.status, b.status):
+            return "undecided"
+        if a.borderline or b.borderline:
+            return "borderline"
+    return "regression" if Status(b.status).rank > Status(a.status).rank else "improvement"
+
+
+def width_change(a: float, b: float, undecided: bool, crossed_borderline: bool) -> str:
+    """The kind of a minimum width's move from ``a`` to ``b`` (inf: none solved): ``undecided`` on either night,
+    across a cell borderline on either night, else by which is narrower."""
+    if undecided:
+        return "undecided"
+    if crossed_borderline:
+        return "borderline"
+    return "regression" if b > a else "improvement"
+
+
+def width_shown(width: float, undecided: str) -> str:
+    if width == math.inf:
+        return "undecided" if undecided else "none"
+    return f"{BOUND} {width:.0f}" if undecided else f"{width:.0f}"
+
+
 def compare(
     before: pd.DataFrame,
     after: pd.DataFrame,
@@ -52,16 +102,15 @@ def compare(
     claims_before: dict | None = None,
     claims_after: dict | None = None,
 ) -> dict:
-    """{'regressions', 'improvements': [Change as dict], 'new', 'missing': [cell names]}; ``claims_*``: claim id ->
-    status, as ``results/report.json`` holds them."""
-    old, new = before.set_index("cell_id"), after.set_index("cell_id")
+    """{'regressions', 'improvements', 'undecided', 'borderline': [Change as dict], 'new', 'missing': [cell
+    names]}; ``claims_*``: claim id -> status, as ``results/report.json`` holds them."""
+    old, new = (t.assign(borderline=borderline_cells(t)).set_index("cell_id") for t in (before, after))
     changes: list[Change] = []
     for cell_id in old.index.intersection(new.index):
         a, b = old.loc[cell_id], new.loc[cell_id]
         where = cell_name(b)
         if a.status != b.status:
-            kind = "regression" if Status(b.status).rank > Status(a.status).rank else "improvement"
-            changes.append(Change(kind, "verdict", where, a.status, f"{b.status} ({b.reason})"))
+            changes.append(Change(verdict_change(a, b), "verdict", where, a.status, f"{b.status} ({b.reason})"))
         if a.measured and b.measured and pd.notna(a.final_accuracy) and pd.notna(b.final_accuracy):
             delta = b.final_accuracy - a.final_accuracy
             if abs(delta) > tol.accuracy_drop:
@@ -90,43 +139,43 @@ def compare(
     keys = ["task", "size", "arch", "depth"]
     widths = (
         min_gflops(before)
-        .set_index(keys)
-        .width.to_frame("before")
-        .join(min_gflops(after).set_index(keys).width.to_frame("after"), how="inner")
+        .set_index(keys)[["width", "undecided"]]
+        .join(min_gflops(after).set_index(keys)[["width", "undecided"]], how="inner", lsuffix="_a", rsuffix="_b")
     )
+    near = {(r.task, r.size, r.arch, r.depth, r.width) for t in (old, new) for r in t[t.borderline].itertuples()}
     for (task, size, arch, depth), w in widths.iterrows():
-        a, b = (math.inf if pd.isna(v) else v for v in (w.before, w.after))
+        a, b = (math.inf if pd.isna(v) else v for v in (w.width_a, w.width_b))
         if a != b:
-            show = [("none" if v == math.inf else f"{v:.0f}") for v in (a, b)]
-            changes.append(
-                Change("regression" if b > a else "improvement", "min_width", f"{task} {size} {arch} d{depth}", *show)
-            )
+            crossed = any(k[:4] == (task, size, arch, depth) and min(a, b) <= k[4] < max(a, b) for k in near)
+            kind = width_change(a, b, bool(w.undecided_a or w.undecided_b), crossed)
+            shown = width_shown(a, w.undecided_a), width_shown(b, w.undecided_b)
+            changes.append(Change(kind, "min_width", f"{task} {size} {arch} d{depth}", *shown))
     claims_before, claims_after = claims_before or {}, claims_after or {}
     for claim in sorted(claims_before.keys() & claims_after.keys()):
         a, b = claims_before[claim], claims_after[claim]
         if a != b:
             worse = ClaimStatus(b).rank > ClaimStatus(a).rank
             changes.append(Change("regression" if worse else "improvement", "claim", claim, a, b))
-    return {
-        "regressions": [asdict(c) for c in changes if c.kind == "regression"],
-        "improvements": [asdict(c) for c in changes if c.kind == "improvement"],
+    return {key: [asdict(c) for c in changes if c.kind == kind] for key, kind in KINDS.items()} | {
         "new": sorted(cell_name(r) for r in after[~after.cell_id.isin(before.cell_id)].itertuples()),
         "missing": sorted(cell_name(r) for r in before[~before.cell_id.isin(after.cell_id)].itertuples()),
     }
 
 
-def markdown(result: dict, title: str) -> str:
-    lines = [
-        f"# {title}",
-        "",
+def headline(result: dict) -> str:
+    return (
         f"{len(result['regressions'])} regressions, {len(result['improvements'])} improvements, "
-        f"{len(result['new'])} new cells, {len(result['missing'])} missing cells.",
-        "",
-    ]
-    for kind in ("regressions", "improvements"):
+        f"{len(result['undecided'])} changes to or from undecided and {len(result['borderline'])} borderline flips "
+        f"(neither a regression), {len(result['new'])} new cells, {len(result['missing'])} missing cells."
+    )
+
+
+def markdown(result: dict, title: str) -> str:
+    lines = [f"# {title}", "", headline(result), ""]
+    for kind, heading in TITLES.items():
         if result[kind]:
             frame = pd.DataFrame(result[kind]).drop(columns="kind")
-            lines += [f"## {kind.capitalize()}", "", frame.to_markdown(index=False), ""]
+            lines += [f"## {heading}", "", frame.to_markdown(index=False), ""]
     for kind in ("new", "missing"):
         if result[kind]:
             lines += [f"## {kind.capitalize()} cells", ""] + [f"- {name}" for name in result[kind]] + [""]
@@ -134,14 +183,11 @@ def markdown(result: dict, title: str) -> str:
 
 
 def html(result: dict) -> str:
-    parts = [
-        f"<p>{len(result['regressions'])} regressions, {len(result['improvements'])} improvements, "
-        f"{len(result['new'])} new cells, {len(result['missing'])} missing cells.</p>"
-    ]
-    for kind in ("regressions", "improvements"):
+    parts = [f"<p>{headline(result)}</p>"]
+    for kind, heading in TITLES.items():
         if result[kind]:
             parts += [
-                f"<h3>{kind.capitalize()}</h3>",
+                f"<h3>{html_mod.escape(heading)}</h3>",
                 pd.DataFrame(result[kind]).drop(columns="kind").to_html(index=False),
             ]
     for kind in ("new", "missing"):

@@ -6,6 +6,8 @@ the measured seeds, with their spread (min to max) as error bars or a band.
 
 - DP paper Figure 1: accuracy heatmaps, width x size, per (task, architecture) at the shallowest depth;
   Figure 3: the same at every deeper depth; Figure 2: minimum solved width against n, ed_local beside ed.
+  An undecided cell (a trial ran out of steps while still improving) is dotted and labelled "undecided", never
+  drawn as unsolved; a minimum width with undecided cells below it is an open marker (an upper bound).
 - Separations paper: best test accuracy against input length N per architecture (index lookup, Dyck, the
   equality tasks), and the width scan (accuracy against width at each N).
 - Learning curves per (task, size): validation accuracy against step and against training PFLOPs, one line per
@@ -25,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipeline.reporting.tables import cell_means, min_gflops  # noqa: E402
+from pipeline.reporting.tables import BORDERLINE, cell_means, min_gflops  # noqa: E402
 
 DP_TASKS = ("arithmetic", "ed", "ed_local", "lis")
 SEPARATIONS_TASKS = ("index_lookup", "dyck", "eq_random", "eq_one", "eq_ncp")
@@ -49,8 +51,23 @@ def save(fig, path: Path) -> None:
     plt.close(fig)
 
 
+def cell_label(cell) -> tuple[str, str | None]:
+    """A heatmap cell's (label, hatch): the mean test accuracy (``BORDERLINE`` before it when a seed's is within
+    noise of the threshold) with its spread, a mark for seeds that diverged or failed, * when every seed solved;
+    "undecided" under a dotted hatch when a seed is undecided; an inferred cell's verdict under a hatch."""
+    if not cell.measured:
+        verdict = "undecided" if cell.undecided else "solved" if cell.solved else "unsolved"
+        return f"{verdict}\n(inferred)", "..." if cell.undecided else "///"
+    label = f"{BORDERLINE if cell.borderline else ''}{cell.accuracy:.2f}" if pd.notna(cell.accuracy) else ""
+    if pd.notna(cell.accuracy_std) and cell.accuracy_std > 0:
+        label += f"\n±{cell.accuracy_std:.2f}"
+    mark = next((m for status, m in MARKS.items() if status in cell.statuses), "")
+    label = f"{label} {mark}".strip() + ("*" if cell.solved == cell.seeds else "")
+    return (f"{label}\nundecided", "...") if cell.undecided else (label, None)
+
+
 def heatmap(cells: pd.DataFrame, task: str, arch: str, depth: int, path: Path) -> None:
-    """Accuracy by width and size; a cell no seed measured is hatched and labelled with its inferred verdict."""
+    """Accuracy by width and size, each cell labelled by ``cell_label``."""
     mine = cells[(cells.task == task) & (cells.arch == arch) & (cells.depth == depth)]
     grid = mine.pivot_table(index="size", columns="width", values="accuracy", dropna=False)
     info = mine.set_index(["size", "width"])
@@ -66,32 +83,12 @@ def heatmap(cells: pd.DataFrame, task: str, arch: str, depth: int, path: Path) -
             if (size, width) not in info.index:
                 continue
             cell = info.loc[size, width]
-            if not cell.measured:
-                ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.6"))
-                ax.text(
-                    x,
-                    y,
-                    "solved\n(inferred)" if cell.solved else "unsolved\n(inferred)",
-                    ha="center",
-                    va="center",
-                    fontsize=6,
-                    color="0.3",
-                )
-                continue
-            value = cell.accuracy
-            mark = next((m for status, m in MARKS.items() if status in cell.statuses), "")
-            label = f"{value:.2f}" if pd.notna(value) else ""
-            if pd.notna(cell.accuracy_std) and cell.accuracy_std > 0:
-                label += f"\n±{cell.accuracy_std:.2f}"
-            ax.text(
-                x,
-                y,
-                f"{label} {mark}".strip() + ("*" if cell.solved == cell.seeds else ""),
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white" if pd.isna(value) or value < 0.6 else "black",
-            )
+            label, hatch = cell_label(cell)
+            if hatch:
+                ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch=hatch, edgecolor="0.6"))
+            dark = pd.isna(cell.accuracy) or cell.accuracy < 0.6  # viridis' dark end: white text
+            colour, fontsize = ("white" if dark else "black", 7) if cell.measured else ("0.3", 6)
+            ax.text(x, y, label, ha="center", va="center", fontsize=fontsize, color=colour)
     fig.colorbar(image, ax=ax, fraction=0.05, label="test accuracy")
     save(fig, path)
 
@@ -100,11 +97,13 @@ def heatmaps(cells: pd.DataFrame, out: Path) -> list[Figure]:
     """Figure 1 (every task at its shallowest depth) and Figure 3 (the deeper depths)."""
     first, deeper = "Accuracy heatmaps (DP paper Figure 1)", "The deeper models (DP paper Figure 3)"
     figures = []
-    for (task, arch, depth), _ in cells.groupby(["task", "arch", "depth"]):
+    for (task, arch, depth), mine in cells.groupby(["task", "arch", "depth"]):
         name = f"heatmap_{task}_{arch}_d{depth}.png"
         heatmap(cells, task, arch, depth, out / name)
         shallowest = depth == cells[cells.task == task].depth.min()
-        figures.append(Figure(first if shallowest else deeper, name, f"{task}, {arch}, depth {depth}"))
+        undecided = int((mine.undecided > 0).sum())
+        caption = f"{task}, {arch}, depth {depth}" + (f"; cells undecided (dotted): {undecided}" if undecided else "")
+        figures.append(Figure(first if shallowest else deeper, name, caption))
     if not any(f.section == deeper for f in figures):
         figures.append(
             left_out(
@@ -115,7 +114,8 @@ def heatmaps(cells: pd.DataFrame, out: Path) -> list[Figure]:
 
 
 def locality_figure(best: pd.DataFrame, out: Path) -> Figure:
-    """Figure 2: the smallest solved width against n, ed_local (solid) beside ed (dashed), per architecture."""
+    """Figure 2: the smallest solved width against n, ed_local (solid) beside ed (dashed), per architecture; an
+    open marker where a narrower cell is undecided (an upper bound)."""
     section = "DP paper Figure 2: ed_local against ed"
     mine = best[best.task.isin(["ed", "ed_local"])]
     if set(mine.task) != {"ed", "ed_local"}:
@@ -124,13 +124,21 @@ def locality_figure(best: pd.DataFrame, out: Path) -> Figure:
     for (arch, depth), group in mine.groupby(["arch", "depth"]):
         for task, style in (("ed_local", "-"), ("ed", "--")):
             line = group[group.task == task].sort_values("size")
-            ax.plot(line["size"], line.width, style, marker="o", label=f"{arch} d{depth} {task}")
+            colour = ax.plot(line["size"], line.width, style, label=f"{arch} d{depth} {task}")[0].get_color()
+            bound = line.undecided != ""
+            ax.plot(line["size"][~bound], line.width[~bound], "o", color=colour)
+            ax.plot(line["size"][bound], line.width[bound], "o", color=colour, markerfacecolor="none")
     ax.set_xlabel("n")
     ax.set_ylabel("smallest solved width (missing: none)")
     ax.legend(fontsize=7)
     name = "fig2_ed_local_vs_ed.png"
     save(fig, out / name)
-    return Figure(section, name, "smallest width every seed solves; a gap = no width solved")
+    return Figure(
+        section,
+        name,
+        "smallest width every seed solves; open marker = an upper bound (a narrower cell is undecided); "
+        "a gap = no width solved (where a cell is undecided: none yet)",
+    )
 
 
 def best_per_length(table: pd.DataFrame, task: str) -> pd.DataFrame:

@@ -6,6 +6,9 @@ solved by every seed, and what it costs in three conventions.
 - training PFLOPs to the threshold: the compute a trial had spent when its validation accuracy first stayed at
   the threshold (``solve_pflops``), the mean over the seeds measured at that width.
 
+An undecided trial (its budget ran out while it was still improving) is no verdict: a minimum width with undecided
+cells below it is an upper bound, and a row no width solved with undecided cells is undecided, never unsolved.
+
 For arithmetic the paper states its lengths (``PAPER_LENGTHS``); our data's longest sequence differs (random
 expressions), so the paper-convention count is also given at the paper's L. The count is 2 (L+2) x (per-token
 MACs), linear in L + 2, so  paper_gflops(L') = paper_gflops(L) (L'+2) / (L+2)  exactly.
@@ -15,7 +18,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.search.frontier import Cell, Outcome, min_widths
+from pipeline.search.frontier import Cell, Outcome, min_widths, searched
+from pipeline.training.verdict import Status
 
 # The lengths L the DP paper's Table 2 states for arithmetic, by number of operators (as quoted in issue 11;
 # docs/datasets.md's table quotes 85 for 6 operators).
@@ -28,15 +32,25 @@ CONVENTIONS = {
 }
 
 
+def borderline_cells(table: pd.DataFrame) -> pd.Series:
+    """Per row: a measured cell whose test accuracy's 95% interval contains the threshold (the sweep's
+    ``borderline`` column; False where a table from before it lacks the column)."""
+    if "borderline" not in table:
+        return pd.Series(False, index=table.index)
+    return table.borderline.eq(True) & table.measured.astype(bool)  # NaN: a row from before the column
+
+
 def cell_means(table: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, size, arch, width, depth): test accuracy averaged over the seeds that were measured
-    (NaN where the search inferred every seed), its spread, and how the seeds ended."""
+    (NaN where the search inferred every seed), its spread, how the seeds ended (``undecided``: how many seeds
+    are), and whether any seed is borderline."""
     keys = ["task", "size", "max_len", "arch", "width", "depth"]
     solved = table.status == "solved"
     return (
         table.assign(
             scored=table.final_accuracy.where(table.measured),
             solve_cost=table.solve_pflops.where(solved & table.measured) if "solve_pflops" in table else float("nan"),
+            near=borderline_cells(table),
         )
         .groupby(keys, as_index=False)
         .agg(
@@ -47,6 +61,8 @@ def cell_means(table: pd.DataFrame) -> pd.DataFrame:
             seeds=("seed", "nunique"),
             measured=("measured", "sum"),
             solved=("status", lambda st: int((st == "solved").sum())),
+            undecided=("status", lambda st: int((st == "undecided").sum())),
+            borderline=("near", "any"),
             statuses=("status", lambda st: ",".join(sorted(set(st)))),
             paper_gflops=("paper_gflops", "first"),
             exact_gflops=("exact_gflops", "first"),
@@ -62,14 +78,17 @@ def paper_length(task: str, size: int) -> int | None:
 def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
     """Per (task, size, arch, depth): the smallest width solved by every seed (``frontier.min_widths``, the same
     rule the search uses) and its cost in the three conventions; ``paper_L`` and ``paper_gflops_at_paper_L``
-    where the paper states its own length."""
+    where the paper states its own length; ``undecided``: the undecided cells that could make the width narrower,
+    or make one solve where none did ("; "-joined, "" when the row is decided); ``borderline``: a seed's test
+    accuracy at the minimum width is borderline."""
     outcomes = {
-        Cell(r.task, r.size, r.arch, r.width, r.depth, r.seed): Outcome(r.status == "solved", r.measured)
+        Cell(r.task, r.size, r.arch, r.width, r.depth, r.seed): Outcome(searched(Status(r.status)), bool(r.measured))
         for r in table.itertuples()
     }
     cells = cell_means(table).set_index(["task", "size", "arch", "width", "depth"])
     rows = []
-    for (task, size, arch, depth), width in sorted(min_widths(outcomes).items()):
+    for (task, size, arch, depth), found in sorted(min_widths(outcomes).items()):
+        width = found.width
         group = cells.loc[(task, size, arch)].xs(depth, level="depth")
         data_len = int(group.max_len.iloc[0])
         row = {
@@ -81,6 +100,8 @@ def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
             "arch": arch,
             "best_accuracy": round(float(group.accuracy.max()), 4) if group.accuracy.notna().any() else None,
             "statuses": ",".join(sorted(set(",".join(group.statuses).split(",")))),
+            "undecided": "; ".join(found.undecided),
+            "borderline": False,
         }
         if width is not None:
             best = group.loc[width]
@@ -90,6 +111,7 @@ def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
                 min_train_pflops=None if pd.isna(best.solve_pflops) else float(best.solve_pflops),
                 width=int(width),
                 accuracy=None if pd.isna(best.accuracy) else round(float(best.accuracy), 4),
+                borderline=bool(best.borderline),
             )
             if row["paper_L"] is not None:
                 row["paper_gflops_at_paper_L"] = float(best.paper_gflops) * (row["paper_L"] + 2) / (data_len + 2)
@@ -109,6 +131,8 @@ def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
         "accuracy",
         "best_accuracy",
         "statuses",
+        "undecided",
+        "borderline",
     ]
     return pd.DataFrame(rows).reindex(columns=cols)
 
@@ -116,11 +140,12 @@ def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
 def cheapest(best: pd.DataFrame, column: str) -> pd.DataFrame:
     """Per (task, size, depth): the architecture with the smallest ``column`` among those solved, and its cost
     over the standard Transformer's (NaN when standard did not solve, or is absent). A tie with standard goes to
-    standard (no saving); other ties are all named, comma-separated."""
+    standard (no saving); other ties are all named, comma-separated. None while an entry of the row is undecided:
+    it could still turn out the cheapest, or move the ratio."""
     rows = []
     for (task, size, depth), group in best.groupby(["task", "size", "depth"]):
         costs = group.set_index("arch")[column].dropna()
-        if costs.empty:
+        if costs.empty or (group.undecided != "").any():
             continue
         tied = sorted(costs.index[costs <= costs.min() * (1 + 1e-9)])
         archs = [BASELINE] if BASELINE in tied else tied
@@ -142,13 +167,16 @@ def fmt_cost(value: float) -> str:
 
 
 BELOW = "\u2020"  # a width solved on validation whose mean test accuracy is below the threshold
+BORDERLINE = "\u2248"  # a seed's test accuracy is within noise of the threshold (its 95% interval contains it)
+BOUND = "\u2264"  # an upper bound: a narrower cell is undecided
 
 
 def convention_table(best: pd.DataFrame, depth: int, column: str, threshold: float | None = None) -> pd.DataFrame:
     """One depth, one convention: a row per (task, size, L), a column per architecture with the cost, the width
-    and mean test accuracy (marked ``BELOW`` when under ``threshold``); '-' where no width solved (the best
-    accuracy and what the trials ended as); the cheapest architecture of the row in bold with its ratio to
-    standard."""
+    and mean test accuracy (marked ``BELOW`` when under ``threshold``, ``BORDERLINE`` when a seed's is within
+    noise of it); ``BOUND`` and "undecided below" where a narrower cell is undecided; '-' where no width solved
+    and "undecided" where none did but a cell is undecided (the best accuracy and what the trials ended as); the
+    cheapest architecture of the row in bold with its ratio to standard."""
     mine = best[best.depth == depth]
     marks = cheapest(mine, column).set_index(["task", "size"])
 
@@ -156,15 +184,17 @@ def convention_table(best: pd.DataFrame, depth: int, column: str, threshold: flo
         if pd.isna(r.width):
             best_acc = "n/a" if pd.isna(r.best_accuracy) else f"{r.best_accuracy:.0%}"
             failed = ", failed" if "failed" in str(r.statuses) else ""
-            return f"- (best {best_acc}{failed})"
+            return f"{'undecided' if r.undecided else '-'} (best {best_acc}{failed})"
         if pd.isna(r[column]):
-            return f"n/a (D={r.width:.0f})"
-        if pd.isna(r.accuracy):  # every seed inferred: no test accuracy
-            accuracy = ""
+            text = f"n/a (D={r.width:.0f})"
+        elif pd.isna(r.accuracy):  # every seed inferred: no test accuracy
+            text = f"{fmt_cost(r[column])} (D={r.width:.0f})"
         else:
+            near = BORDERLINE if r.borderline else ""
             below = BELOW if threshold is not None and r.accuracy < threshold - 1e-9 else ""
-            accuracy = f", {r.accuracy:.0%}{below}"
-        text = f"{fmt_cost(r[column])} (D={r.width:.0f}{accuracy})"
+            text = f"{fmt_cost(r[column])} (D={r.width:.0f}, {near}{r.accuracy:.0%}{below})"
+        if r.undecided:
+            return f"{BOUND} {text} undecided below"
         mark = marks.loc[(r.task, r["size"])] if (r.task, r["size"]) in marks.index else None
         if mark is not None and r.arch in mark.cheapest.split(", "):
             ratio = "" if pd.isna(mark.ratio_to_standard) else f", {mark.ratio_to_standard:.2f}x standard"
@@ -195,15 +225,19 @@ def convention_table(best: pd.DataFrame, depth: int, column: str, threshold: flo
 def note(threshold: float) -> str:
     return (
         f"The smallest width D solved by every seed (validation accuracy at or above {threshold:.0%}), with its "
-        "mean test accuracy; one table per depth and cost convention. '-' = no width solved (best measured "
-        "test accuracy in brackets). Bold: the cheapest architecture of the row, with its cost over the "
-        "standard Transformer's (a tie with standard marks standard alone). Training PFLOPs: compute spent "
-        "until the trial was solved, mean over the seeds measured at that width. '@ paper L': the "
+        "mean test accuracy; one table per depth and cost convention. '-' = no width solved (best measured test "
+        "accuracy in brackets). 'undecided' = no width solved, but a trial ran out of steps while still "
+        "improving: no evidence that the model cannot solve it. "
+        f"'{BOUND} ... undecided below' = an upper bound: a narrower width is undecided and might still solve. "
+        "Bold: the cheapest architecture of the row, with its cost over the standard Transformer's (a tie with "
+        "standard marks standard alone; no mark while an entry of the row is undecided). Training PFLOPs: compute "
+        "spent until the trial was solved, mean over the seeds measured at that width. '@ paper L': the "
         "paper-convention count at the length the paper states (paper L), beside ours at the data's longest "
-        f"sequence (L). {BELOW}: solved on validation, but the mean test accuracy is below {threshold:.0%}. The "
-        "validation samples are held out from the training file: fewer than the test samples and, for index "
-        "lookup, string equality and arithmetic's default mixture, drawn as the training samples are, so "
-        "shorter on average than the test samples."
+        f"sequence (L). {BELOW}: solved on validation, but the mean test accuracy is below {threshold:.0%}. "
+        f"{BORDERLINE}: borderline, the 95% interval of a seed's test accuracy contains {threshold:.0%} (another "
+        "draw of the test set could put it on the other side). The validation samples are held out from the "
+        "training file: fewer than the test samples and, for index lookup, string equality and arithmetic's "
+        "default mixture, drawn as the training samples are, so shorter on average than the test samples."
     )
 
 

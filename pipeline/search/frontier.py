@@ -1,7 +1,8 @@
 """Which cells to train: the whole grid, or a width-frontier search that trains as few cells as it can.
 
-A *plan* hands out cells to train (``propose``), takes each one's outcome (``record``: solved or not), and in the
-end says for every cell of the grid whether it passed and whether that was measured or inferred (``outcomes``).
+A *plan* hands out cells to train (``propose``), takes each one's verdict (``record``: solved, unsolved or
+undecided; a diverged or failed cell counts as unsolved), and in the end says for every cell of the grid how it
+ended and whether that was measured or inferred (``outcomes``).
 The plans know nothing of Ray or training: ``pipeline/search/searcher.py`` drives one as a Ray Tune ``Searcher``, and
 the tests drive them with synthetic accuracy oracles.
 
@@ -15,6 +16,10 @@ every wider one solves) and in size (a longer input never needs a narrower model
   a solved and a-1 not: m = a, two trials. a unsolved: bisection above a. a-1 solved too: the size assumption is
   contradicted, the search says so and bisects below a-1 to settle it;
 - a size no width solves: every larger size is inferred unsolved.
+An undecided cell (its budget ran out while it was still improving) is never taken as unsolved: it bounds
+nothing, the bisection goes on around it, and a size whose boundary it sits on is settled with the smallest
+width that solved as an upper bound and the undecided cells named (``MinWidth``). Only a size every width is
+decided unsolved at makes the larger sizes unsolved.
 Every answer rests on measured trials at its boundary (m solved and, below m, a measured failure at this size or,
 at the first size of a chain, the bisection's), so a contradiction at the boundary is seen, reported and
 settled by training more; a cell the search never trained is marked ``inferred``.
@@ -29,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
+
+from pipeline.training.verdict import Status
 
 
 class Cell(NamedTuple):
@@ -48,9 +55,26 @@ class Cell(NamedTuple):
 
 @dataclass
 class Outcome:
-    passed: bool
+    status: Status  # solved, unsolved or undecided (a diverged or failed cell counts as unsolved)
     measured: bool
     reason: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == Status.SOLVED
+
+
+@dataclass(frozen=True)
+class MinWidth:
+    """The smallest width every seed solved (None: some seed solved none) and the undecided cells that could make
+    it narrower, or make a width solve where none did: while there are any, it is an upper bound, not a verdict."""
+
+    width: int | None
+    undecided: tuple[str, ...] = ()  # e.g. "seed 0 D=16"
+
+    @property
+    def decided(self) -> bool:
+        return not self.undecided
 
 
 class Plan(Protocol):
@@ -62,8 +86,8 @@ class Plan(Protocol):
         """Cells to train now (may be empty while results are awaited)."""
         ...
 
-    def record(self, cell: Cell, passed: bool) -> None:
-        """A trained cell's verdict: solved or not."""
+    def record(self, cell: Cell, status: Status) -> None:
+        """A trained cell's verdict (its best learning-rate run's status)."""
         ...
 
     def done(self) -> bool:
@@ -81,15 +105,15 @@ class GridPlan:
     def __init__(self, cells: Iterable[Cell]):
         self.cells = list(cells)
         self.pending = list(self.cells)
-        self.results: dict[Cell, bool] = {}
+        self.results: dict[Cell, Status] = {}
         self.contradictions: list[str] = []
 
     def propose(self) -> list[Cell]:
         ready, self.pending = self.pending, []
         return ready
 
-    def record(self, cell: Cell, passed: bool) -> None:
-        self.results[cell] = passed
+    def record(self, cell: Cell, status: Status) -> None:
+        self.results[cell] = searched(status)
 
     def done(self) -> bool:
         return not self.pending and len(self.results) == len(self.cells)
@@ -107,7 +131,8 @@ class Chain:
     widths: list[int]
     j: int = 0  # index of the size being searched
     answers: dict[int, int | None] = field(default_factory=dict)  # size -> index of the smallest solved width
-    measured: dict[tuple[int, int], bool] = field(default_factory=dict)  # (size, width index) -> solved
+    floors: dict[int, int] = field(default_factory=dict)  # size -> index of the narrowest width not decided unsolved
+    measured: dict[tuple[int, int], Status] = field(default_factory=dict)  # (size, width index) -> verdict
     waiting: set[int] = field(default_factory=set)  # width indices of this size in training
     trust_size_bound: bool = True  # m(size) >= m(previous size), until a result contradicts it
     reported: set[str] = field(default_factory=set)
@@ -122,47 +147,56 @@ class Chain:
 
     def bounds(self) -> tuple[int, int]:
         """[lo, hi): the smallest solved width index lies in lo..hi, hi = len(widths) meaning none."""
-        here = {i: ok for (s, i), ok in self.measured.items() if s == self.size}
-        hi = min([i for i, ok in here.items() if ok], default=len(self.widths))
-        below = [i for i, ok in here.items() if not ok and i < hi]
+        here = self.here()
+        hi = min([i for i, st in here.items() if st == Status.SOLVED], default=len(self.widths))
+        below = [i for i, st in here.items() if st == Status.UNSOLVED and i < hi]
         lo = max(below) + 1 if below else 0
-        previous = self.answers.get(self.sizes[self.j - 1]) if self.j else None
-        if self.trust_size_bound and previous is not None:
-            lo = max(lo, min(previous, hi))
+        if self.trust_size_bound and self.j:
+            lo = max(lo, min(self.floors[self.sizes[self.j - 1]], hi))
         return lo, hi
+
+    def here(self) -> dict[int, Status]:
+        """Width index -> verdict of the cells measured at this size."""
+        return {i: st for (s, i), st in self.measured.items() if s == self.size}
+
+    def candidates(self) -> list[int]:
+        """Width indices that could still be the answer and are untrained (undecided ones are not retrained)."""
+        lo, hi = self.bounds()
+        return [i for i in range(lo, hi) if i not in self.here()]
 
     def next_widths(self) -> list[int]:
         """Width indices to train now at this size (none while a trial of this size is running)."""
         if self.finished or self.waiting:
             return []
-        lo, hi = self.bounds()
-        if lo >= hi:
+        candidates = self.candidates()
+        if not candidates:
             return []
         previous = self.answers.get(self.sizes[self.j - 1]) if self.j else None
-        here = {i for (s, i) in self.measured if s == self.size}
+        here = self.here()
         if previous is not None and self.trust_size_bound and previous not in here:
             # start from the last size's answer, and measure the width below it too: the boundary is then
             # measured at every size, and a size that needs less than the last one is seen
             return [i for i in (previous, previous - 1) if i >= 0 and i not in here]
-        return [(lo + hi - 1) // 2]  # bisection: the lower middle of the candidates lo..hi-1
+        return [candidates[(len(candidates) - 1) // 2]]  # bisection: the lower middle of the candidates
 
-    def record(self, width_index: int, passed: bool) -> list[str]:
+    def record(self, width_index: int, status: Status) -> list[str]:
         """Take one result of this size; returns the contradictions it revealed."""
         self.waiting.discard(width_index)
-        self.measured[self.size, width_index] = passed
+        self.measured[self.size, width_index] = status
         notes = []
-        previous = self.answers.get(self.sizes[self.j - 1]) if self.j else None
-        if passed and previous is not None and width_index < previous and self.trust_size_bound:
+        floor = self.floors[self.sizes[self.j - 1]] if self.j else None
+        if status == Status.SOLVED and floor is not None and width_index < floor and self.trust_size_bound:
             self.trust_size_bound = False
             notes.append(
                 f"{self.name()}: width {self.widths[width_index]} solves size {self.size} but not the "
                 f"smaller size {self.sizes[self.j - 1]}: minimum width is not monotone in size here; "
                 f"searching the narrower widths of size {self.size}"
             )
-        here = {i: ok for (s, i), ok in self.measured.items() if s == self.size}
-        for i, ok in here.items():
-            if ok and any(not ok2 and i2 > i for i2, ok2 in here.items()):
-                wider = min(i2 for i2, ok2 in here.items() if not ok2 and i2 > i)
+        here = self.here()
+        unsolved = [i for i, st in here.items() if st == Status.UNSOLVED]
+        for i, st in here.items():
+            if st == Status.SOLVED and any(i2 > i for i2 in unsolved):
+                wider = min(i2 for i2 in unsolved if i2 > i)
                 note = (
                     f"{self.name()}: size {self.size} is solved at width {self.widths[i]} but not at the wider "
                     f"{self.widths[wider]}: not monotone in width; the answer is the narrowest solved width "
@@ -176,15 +210,15 @@ class Chain:
     def settle(self) -> None:
         """Move to the next size once this one is decided (and on, while sizes are decided without training)."""
         while not self.finished and not self.waiting:
-            lo, hi = self.bounds()
-            if lo < hi:
+            if self.candidates():
                 return
-            answer = hi if hi < len(self.widths) else None
-            self.answers[self.size] = answer
+            lo, hi = self.bounds()
+            self.answers[self.size] = hi if hi < len(self.widths) else None
+            self.floors[self.size] = lo
             self.j += 1
-            if answer is None:  # nothing solves this size: nothing solves the larger ones
+            if lo == len(self.widths):  # every width decided unsolved here: nothing solves the larger ones
                 for size in self.sizes[self.j :]:
-                    self.answers[size] = None
+                    self.answers[size], self.floors[size] = None, lo
                 self.j = len(self.sizes)
 
     def name(self) -> str:
@@ -215,11 +249,11 @@ class FrontierPlan:
                 ready.append(Cell(task, chain.size, arch, chain.widths[i], depth, seed))
         return ready
 
-    def record(self, cell: Cell, passed: bool) -> None:
+    def record(self, cell: Cell, status: Status) -> None:
         chain = self.chains[cell.chain]
         if cell.size != chain.size:
             raise ValueError(f"{cell} is not of the size its chain is searching ({chain.size})")
-        self.contradictions += chain.record(chain.widths.index(cell.width), passed)
+        self.contradictions += chain.record(chain.widths.index(cell.width), searched(status))
         chain.settle()
 
     def done(self) -> bool:
@@ -235,23 +269,26 @@ class FrontierPlan:
             if (c.size, i) in chain.measured:
                 out[c] = Outcome(chain.measured[c.size, i], True)
             elif c.size in chain.answers:
-                answer = chain.answers[c.size]
-                if answer is None:
-                    out[c] = Outcome(
-                        False,
-                        False,
-                        f"inferred: no width up to {chain.widths[-1]} solves size "
-                        f"{min(s for s in chain.sizes if chain.answers.get(s, 0) is None)}",
-                    )
-                elif i >= answer:
-                    out[c] = Outcome(True, False, f"inferred: width {chain.widths[answer]} solves size {c.size}")
-                else:
-                    out[c] = Outcome(
-                        False,
-                        False,
-                        f"inferred: the smallest width that solves size {c.size} is {chain.widths[answer]}",
-                    )
+                answer, floor = chain.answers[c.size], chain.floors[c.size]
+                if floor == len(chain.widths):
+                    first = min(s for s in chain.sizes if chain.floors.get(s) == floor)
+                    reason = f"inferred: no width up to {chain.widths[-1]} solves size {first}"
+                    out[c] = Outcome(Status.UNSOLVED, False, reason)
+                elif answer is not None and i >= answer:
+                    reason = f"inferred: width {chain.widths[answer]} solves size {c.size}"
+                    out[c] = Outcome(Status.SOLVED, False, reason)
+                elif answer is not None and floor == answer:
+                    reason = f"inferred: the smallest width that solves size {c.size} is {chain.widths[answer]}"
+                    out[c] = Outcome(Status.UNSOLVED, False, reason)
+                else:  # below the narrowest width not decided unsolved
+                    reason = f"inferred: no width below {chain.widths[floor]} solves size {c.size}"
+                    out[c] = Outcome(Status.UNSOLVED, False, reason)
         return out
+
+
+def searched(status: Status) -> Status:
+    """What a verdict tells the search: a diverged or failed cell did not solve, and counts as unsolved."""
+    return status if status in (Status.SOLVED, Status.UNDECIDED) else Status.UNSOLVED
 
 
 PLANS: dict[str, Callable[[Iterable[Cell]], Plan]] = {
@@ -264,17 +301,26 @@ def make_plan(search: str, cells: Iterable[Cell]) -> Plan:
     return PLANS[search](cells)
 
 
-def min_widths(outcomes: dict[Cell, Outcome]) -> dict[tuple, int | None]:
+def min_widths(outcomes: dict[Cell, Outcome]) -> dict[tuple, MinWidth]:
     """(task, size, arch, depth) -> the smallest width solved by every seed (the largest of the seeds' smallest
-    solved widths; under monotonicity, the smallest width at which every seed solves); None if a seed solves none.
-    The same function of the outcomes in both plans, so the grid and the frontier give the same table."""
+    solved widths; under monotonicity, the smallest width at which every seed solves; None if a seed solves
+    none), with the undecided cells narrower than it (any undecided cell, when it is None). The same function of
+    the outcomes in both plans, so the grid and the frontier give the same table."""
     per_seed: dict[tuple, dict[int, int | None]] = {}
     for c, o in outcomes.items():
         seeds = per_seed.setdefault((c.task, c.size, c.arch, c.depth), {})
         least = seeds.setdefault(c.seed, None)
         if o.passed and (least is None or c.width < least):
             seeds[c.seed] = c.width
-    return {
-        key: (None if any(w is None for w in seeds.values()) else max(w for w in seeds.values() if w is not None))
-        for key, seeds in per_seed.items()
-    }
+    table = {}
+    for key, seeds in per_seed.items():
+        width = None if any(w is None for w in seeds.values()) else max(w for w in seeds.values() if w is not None)
+        undecided = sorted(
+            (c.seed, c.width)
+            for c, o in outcomes.items()
+            if (c.task, c.size, c.arch, c.depth) == key
+            and o.status == Status.UNDECIDED
+            and (width is None or c.width < width)
+        )
+        table[key] = MinWidth(width, tuple(f"seed {seed} D={w}" for seed, w in undecided))
+    return table

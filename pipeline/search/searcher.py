@@ -5,8 +5,8 @@ Tune asks ``suggest`` for a trial whenever a slot is free; the searcher takes th
 each into one trial per learning rate, and hands them out longest-expected first (exact forward FLOPs at the
 dataset's L times the step budget), so the longest trials do not start last and leave a slot idle at the end.
 When every learning rate of a cell has ended, the cell's result is its best run (``verdict.best_run``), and the
-plan learns whether the cell is solved; a frontier plan may then propose more cells. A run this MLflow
-experiment already finished with the same data, settings and code is taken as it is, without a trial
+plan learns the cell's verdict (solved, unsolved or undecided); a frontier plan may then propose more cells. A run
+this MLflow experiment already finished with the same data, settings and code is taken as it is, without a trial
 (``reusable(cell, lr)`` returns it), so a rerun or an extended grid trains only what is missing, and a sweep with
 nothing left to train never starts Ray (``settle_reused``). A run an interrupted sweep left unfinished continues
 from its last checkpoint (``resumable``).
@@ -72,7 +72,7 @@ class CellSearcher(Searcher):
     def finish(self, cell: Cell, lr: float, run: dict) -> None:
         self.runs[cell][lr] = run
         if len(self.runs[cell]) == len(self.cells[cell].lrs):  # its last learning rate: the plan learns its verdict
-            self.plan.record(cell, best_run(list(self.runs[cell].values()))["status"] == Status.SOLVED)
+            self.plan.record(cell, Status(best_run(list(self.runs[cell].values()))["status"]))
 
     def needs_training(self) -> bool:
         self.settle_reused()

@@ -230,4 +230,4 @@ def error_line(error_file: str | None) -> str:
     return f"error: {lines[-1].strip()}" if lines else "error: the trial raised"
 
 
-VERDICTS = (Status.SOLVED, Status.UNSOLVED, Status.DIVERGED)  # what a finished trial reports
+VERDICTS = (Status.SOLVED, Status.UNDECIDED, Status.UNSOLVED, Status.DIVERGED)  # what a finished trial reports

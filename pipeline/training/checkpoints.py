@@ -53,6 +53,7 @@ class Resumable(L.Callback):
         self.seconds_before = 0.0  # training time of earlier attempts
         self.started = time.perf_counter()
         self.resumed_step: int | None = None
+        self.heard = False  # ``resumed`` was told
         self.stop = False  # the fit had decided to stop when it was saved (killed while scoring the test set)
         self.metrics: dict[str, float] = {}  # the last validation's metrics, as saved
         self.saves, self.save_seconds, self.save_bytes = 0, 0.0, 0
@@ -95,8 +96,16 @@ class Resumable(L.Callback):
             self.rng = None
         trainer.should_stop = trainer.should_stop or self.stop
         self.started = time.perf_counter()
-        if self.resumed_step is not None and self.resumed:  # the checkpoint's metrics, which its sweep may not
-            self.resumed(trainer, module, self.metrics)  # have recorded before it died
+        self.hear_resumed(trainer, module)
+
+    def on_fit_end(self, trainer, module):
+        self.hear_resumed(trainer, module)  # a checkpoint at the end of its budget trains no more steps
+
+    def hear_resumed(self, trainer, module) -> None:
+        """Once: the checkpoint's metrics, which its sweep may not have recorded before it died."""
+        if self.resumed_step is not None and self.resumed and not self.heard:
+            self.heard = True
+            self.resumed(trainer, module, self.metrics)
 
     def last_metrics(self) -> dict[str, float]:
         """The newest validation's metrics, this attempt's or (if it validated no more) the checkpoint's."""

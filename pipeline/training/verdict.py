@@ -1,33 +1,39 @@
-"""A verdict per trial, not a budget: why a trial stopped, and which of a cell's learning-rate runs counts.
+"""A verdict per trial that is a verdict of the model, not of its budget.
 
 A trial ends at the first of:
-- solved: the final-answer accuracy on the validation split (held out from train, never the test set) is at or
-  above ``report.accuracy_threshold`` at ``sweep.patience`` consecutive validations (``Verdict``);
-- diverged: the training loss is not finite (``Verdict``, checked every step);
-- plateau: no gain of ``sweep.min_delta`` in validation accuracy over ``sweep.plateau_checks`` validations
-  (Lightning's ``EarlyStopping``, whose ``stopping_reason`` we read);
-- budget: ``sweep.max_steps`` / ``sweep.epochs`` ran out (Lightning's own stop).
-Plateau and budget are both ``unsolved``; a trial that raised is ``failed`` (set by the sweep, which sees the
-error). These run inside the trial, in Lightning, rather than as a Ray Tune stopper: a Tune stop kills the trial
-before it scores the test set, and the test set is what the tables show.
+- **solved**: the final-answer accuracy on the validation split (held out from train, never the test set) is at or
+  above ``report.accuracy_threshold`` at ``sweep.patience`` consecutive validations;
+- **unsolved**: training has converged below the threshold (``Convergence``: neither the validation loss nor the
+  validation accuracy gained over the last ``convergence_window`` of the steps trained, after at least
+  ``convergence_min_steps``), so more training would not solve it;
+- **diverged**: the training loss (checked every step) or the validation loss is not finite;
+- **undecided**: the budget ran out while the model was still improving. The budget is ``sweep.max_steps`` (or
+  ``sweep.epochs``); a trial still improving when it reaches it goes on with its budget doubled, up to
+  ``sweep.max_budget_factor`` times the first, before it is called undecided. An undecided trial is no evidence
+  of what the model cannot do: the tables, claims and the search never count it as unsolved.
+A trial that raised is **failed** (set by the sweep, which sees the error). These run inside the trial, in
+Lightning, rather than as a Ray Tune stopper: a Tune stop kills the trial before it scores the test set, and the
+test set is what the tables show. An extension continues the same fit (the same optimiser, schedule and data
+order), so the trial's MLflow run holds one whole curve.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from enum import StrEnum
 
 import lightning as L
-from lightning.pytorch.callbacks import EarlyStopping
-from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 
 class Status(StrEnum):
-    """How a trial ended, best first: the order ranks a cell's learning-rate runs (``best_run``) and tells a
-    nightly regression from an improvement. A ``str``, so tables and MLflow hold the plain word."""
+    """How a trial ended, best first: the order ranks a cell's learning-rate runs (``best_run``: a run that could
+    still solve it ranks above one that cannot) and tells a nightly regression from an improvement. A ``str``, so
+    tables and MLflow hold the plain word."""
 
     SOLVED = "solved"
-    UNSOLVED = "unsolved"
+    UNDECIDED = "undecided"  # the budget ran out while the model was still improving
+    UNSOLVED = "unsolved"  # converged below the threshold
     DIVERGED = "diverged"
     FAILED = "failed"  # the trial raised: set by the sweep, which sees the error
 
@@ -36,27 +42,113 @@ class Status(StrEnum):
         """0 for the best (solved); a higher rank is a worse end."""
         return list(Status).index(self)
 
+    @property
+    def decided(self) -> bool:
+        """A verdict of the model's capacity: solved, or converged below the threshold."""
+        return self in (Status.SOLVED, Status.UNSOLVED)
+
 
 MONITOR = "val_accuracy"  # final-answer accuracy on the validation split, logged by SequenceModel
+LOSS = "val_loss"  # teacher-forced loss on the validation split, logged by SequenceModel
+
+
+@dataclass(frozen=True)
+class Check:
+    """One validation's evidence."""
+
+    step: int
+    loss: float
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """When a trial below the threshold has converged: the same rule for every architecture, its parameters the
+    ``sweep.convergence_*`` keys and ``sweep.min_delta`` (defaults in ``pipeline/common/config.py``).
+
+    At step s (at least ``min_steps``), the window is the validations after step (1 - window) s, the reference
+    those at or before it. Training has converged when, over the window,
+    - the best validation loss is not below the reference's best by more than ``tolerance`` (relative), and
+    - the best validation accuracy is not above the reference's best by more than ``min_delta``.
+    The window grows with the steps trained, so a long flat stretch is needed before a trial is cut off, and
+    any gain inside the window (a late jump, as index lookup makes after hundreds of flat steps) keeps it
+    training; ``min_steps`` keeps the first, short windows from deciding anything. The loss and the accuracy are both
+    watched because either can move alone: the loss falls long before the greedy answer is right, and once the
+    answer is right the accuracy still climbs while the loss barely moves. Both are measured on the held-out
+    validation split, so a model that only memorises its training data has converged.
+    """
+
+    window: float
+    tolerance: float
+    min_steps: int
+    min_delta: float
+
+    def evidence(self, checks: list[Check]) -> tuple[bool, str]:
+        """(converged, the evidence in words) at the last check."""
+        if not checks:
+            return False, "no validation yet"
+        step = checks[-1].step
+        start = (1 - self.window) * step
+        before = [c for c in checks if c.step <= start]
+        inside = [c for c in checks if c.step > start]
+        if step < self.min_steps or not before or len(inside) < 2:
+            return False, f"step {step}: too early to tell (at least {self.min_steps} steps and 2 validations)"
+        loss_before, loss_now = min(c.loss for c in before), min(c.loss for c in inside)
+        acc_before, acc_now = max(c.accuracy for c in before), max(c.accuracy for c in inside)
+        gain = (loss_before - loss_now) / loss_before if loss_before > 0 else 0.0
+        words = (
+            f"over steps {int(start)}-{step} validation loss {loss_before:.4g} -> {loss_now:.4g} "
+            f"(gain {gain:.1%}, tolerance {self.tolerance:.1%}), validation accuracy {acc_before:.3f} -> "
+            f"{acc_now:.3f} (min_delta {self.min_delta:g})"
+        )
+        return gain <= self.tolerance and acc_now - acc_before <= self.min_delta, words
 
 
 class Verdict(L.Callback):
-    """Stops a trial once solved (``patience`` validations in a row at or above ``threshold``) or diverged
-    (non-finite training loss), and says at the end why it stopped (``status``, ``reason``)."""
+    """Stops a trial once solved (``patience`` validations in a row at or above ``threshold``), converged below
+    it (``convergence``) or diverged, extends its step budget while it is still improving (doubling, up to
+    ``max_budget_factor`` times the first), and says at the end why it stopped (``outcome``). Without ``stop``
+    (a fixed-budget grid) only divergence ends a trial early and the budget is never extended; the verdict still
+    records when it was solved and whether it had converged."""
 
-    def __init__(self, threshold: float, patience: int, plateau: EarlyStopping | None = None, stop: bool = True):
-        self.threshold, self.patience, self.plateau, self.stop = threshold, patience, plateau, stop
+    def __init__(
+        self, threshold: float, patience: int, convergence: Convergence, max_budget_factor: int, stop: bool = True
+    ):
+        self.threshold, self.patience, self.convergence, self.stop = threshold, patience, convergence, stop
+        self.max_budget_factor = max_budget_factor if stop else 1
         self.streak = 0
         self.status: Status | None = None
         self.reason = ""
         self.solved_step: int | None = None
         self.solved_pflops = float("nan")  # training compute spent until solved
+        self.checks: list[Check] = []
+        self.base = 0  # the first step budget, set at the start of training
+        self.budget = 0  # the budget now (base doubled at each extension)
+        self.trainer: L.Trainer | None = None
 
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("streak", "status", "reason", "solved_step", "solved_pflops")}
+        keys = ("streak", "status", "reason", "solved_step", "solved_pflops", "base", "budget")
+        return {k: getattr(self, k) for k in keys} | {"checks": [vars(c) for c in self.checks]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({k: v for k, v in state.items() if k != "checks"})
+        self.checks = [Check(**c) for c in state["checks"]]
+        if self.trainer is not None:  # before the fit loop decides whether the restored step ends training
+            self.apply_budget(self.trainer)
+
+    def setup(self, trainer, module, stage):
+        self.trainer = trainer  # Lightning calls setup before it restores a checkpoint
+
+    def on_train_start(self, trainer, module):
+        if not self.base:  # a resumed trial keeps its budget, extensions included
+            self.base = self.budget = int(trainer.estimated_stepping_batches)
+            self.apply_budget(trainer)
+
+    def apply_budget(self, trainer) -> None:
+        """The budget in steps; the epoch limit no longer binds once the budget is extended."""
+        trainer.fit_loop.epoch_loop.max_steps = self.budget
+        if self.budget > self.base:
+            trainer.fit_loop.max_epochs = -1
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -65,11 +157,25 @@ class Verdict(L.Callback):
         if trainer.strategy.reduce_boolean_decision(diverged, all=False):
             self.status, self.reason = Status.DIVERGED, f"training loss {float(loss)} at step {trainer.global_step}"
             trainer.should_stop = True
+            return
+        at_budget = trainer.global_step >= self.budget
+        if at_budget and self.status is None and self.budget < self.max_budget_factor * self.base:
+            converged, _ = self.convergence.evidence(self.checks)
+            if not converged:  # still improving (or too early to tell): the evidence, not the budget, decides
+                self.budget = min(2 * self.budget, self.max_budget_factor * self.base)
+                self.apply_budget(trainer)
 
     def on_validation_end(self, trainer, module):
-        if trainer.sanity_checking or self.status in (Status.SOLVED, Status.DIVERGED):
+        if trainer.sanity_checking or self.status in (Status.SOLVED, Status.DIVERGED, Status.UNSOLVED):
             return
-        accuracy = float(trainer.callback_metrics.get(MONITOR, float("nan")))
+        metrics = trainer.callback_metrics
+        accuracy = float(metrics.get(MONITOR, float("nan")))
+        loss = float(metrics.get(LOSS, float("nan")))
+        if not (math.isfinite(loss) and math.isfinite(accuracy)):
+            self.status, self.reason = Status.DIVERGED, f"validation loss {loss} at step {trainer.global_step}"
+            trainer.should_stop = True
+            return
+        self.checks.append(Check(trainer.global_step, loss, accuracy))
         # logged metrics are float32: 0.9 arrives as 0.8999999761, and must still count as reaching 0.9
         self.streak = self.streak + 1 if accuracy >= self.threshold - 1e-6 else 0
         if self.streak >= self.patience:
@@ -80,46 +186,46 @@ class Verdict(L.Callback):
                 f"(step {trainer.global_step})"
             )
             trainer.should_stop = trainer.should_stop or self.stop
+            return
+        converged, evidence = self.convergence.evidence(self.checks)
+        if converged and self.stop:
+            self.status, self.reason = Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
+            trainer.should_stop = True
 
     def outcome(self, trainer) -> tuple[Status, str]:
         """(status, reason) once ``fit`` has returned."""
         if self.status:
             return self.status, self.reason
-        plateau = self.plateau
-        if plateau is not None and plateau.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
-            return Status.UNSOLVED, (
-                f"plateau: no gain of {plateau.min_delta:g} in validation accuracy over "
-                f"{plateau.patience} checks (best {float(plateau.best_score):.3f}, step "
-                f"{trainer.global_step})"
-            )
-        if plateau is not None and plateau.stopping_reason == EarlyStoppingReason.NON_FINITE_METRIC:
-            return Status.DIVERGED, f"validation accuracy not finite at step {trainer.global_step}"
-        return Status.UNSOLVED, f"budget: stopped at step {trainer.global_step} (epoch {trainer.current_epoch})"
+        converged, evidence = self.convergence.evidence(self.checks)
+        if converged:  # a fixed-budget trial, which never stops early
+            return Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
+        extended = f" ({self.budget // self.base}x the budget of {self.base})" if self.budget > self.base else ""
+        return Status.UNDECIDED, f"budget: still improving at step {trainer.global_step}{extended}; {evidence}"
 
 
 def callbacks(
-    threshold: float, patience: int, plateau_checks: int | None, min_delta: float, stop_when_solved: bool = True
+    threshold: float, patience: int, convergence: Convergence, max_budget_factor: int, stop_when_solved: bool = True
 ) -> list[L.Callback]:
-    """The stopping callbacks of one trial; the ``Verdict`` is first. Without ``stop_when_solved`` (a
-    fixed-budget grid) only divergence ends a trial early, and the verdict still records when it was solved."""
-    plateau = None
-    if plateau_checks and stop_when_solved:
-        plateau = EarlyStopping(
-            monitor=MONITOR,
-            mode="max",
-            min_delta=min_delta,
-            patience=plateau_checks,
-            check_finite=True,
-            check_on_train_epoch_end=False,
-        )
-    verdict = Verdict(threshold, patience, plateau, stop=stop_when_solved)
-    return [verdict] + ([plateau] if plateau else [])
+    """The stopping callbacks of one trial."""
+    return [Verdict(threshold, patience, convergence, max_budget_factor, stop=stop_when_solved)]
+
+
+def borderline(accuracy: float, samples: int, threshold: float) -> bool:
+    """The threshold lies within the 95% Wilson interval of a test accuracy measured on ``samples`` samples: the
+    verdict could flip on another draw of the test set."""
+    if not samples or not math.isfinite(accuracy):
+        return False
+    z = 1.959964
+    centre = (accuracy + z * z / (2 * samples)) / (1 + z * z / samples)
+    half = z * math.sqrt(accuracy * (1 - accuracy) / samples + z * z / (4 * samples * samples)) / (1 + z * z / samples)
+    return centre - half <= threshold <= centre + half
 
 
 def best_run(runs: list[dict]) -> dict:
     """A cell's result among its learning-rate runs (the separations paper reports the best run): a solved run
-    before an unsolved one before a diverged one, then the higher validation accuracy, then the less training
-    compute. Failed runs count only when every run failed. Chosen on validation, never on test."""
+    before an undecided one (it might still solve) before an unsolved one before a diverged one, then the higher
+    validation accuracy, then the less training compute. Failed runs count only when every run failed. Chosen on
+    validation, never on test."""
 
     def key(run: dict):
         val = run.get("val_accuracy")
