@@ -7,8 +7,9 @@ Runs the real sweep stage (Ray Tune, Lightning, a scratch SQLite MLflow, no reus
 and seeds: the full grid with fixed budgets (every trial runs all its steps; the verdict still records whether
 and when it was solved), the full grid stopping each trial once solved, and the frontier search stopping once
 solved. Prints trials trained, total training PFLOPs, wall seconds, and whether each minimum-width table equals
-the fixed-budget grid's. Plateau stopping is off in all three, so that a trial's verdict cannot depend on the
-mode: a trial stopped once solved follows the same steps as its fixed-budget twin up to that point.
+the fixed-budget grid's. No budget is extended and no trial is judged converged before its budget ends, in all
+three, so that a trial's verdict cannot depend on the mode: a trial stopped once solved follows the same steps as
+its fixed-budget twin up to that point, and one that is not is judged at its budget's end by the same rule.
 
 The figures go to ``docs/benchmarks/bench_frontier.json`` (``--out``; a ``--quick`` run writes none unless given),
 with the command line, date and commit (``benchmarks/results.py``). Each is one run: the FLOPs are exact counts, the
@@ -37,13 +38,15 @@ GRID = {  # lis n = 4, 5, 6 x 5 widths: the minimum width grows with n on this C
     "generate": {"train_samples": 20000, "test_samples": 500, "datasets": {"lis": [4, 5, 6]}},
     "sweep": {"architectures": ["standard"], "widths": [8, 16, 24, 32, 48], "depths": [2], "seeds": [0],
               "heads": 4, "batch_size": 128, "epochs": 100, "max_steps": 800, "lr": 3e-3, "warmup_fraction": 0.1,
-              "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2, "reuse": False},
+              "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2,
+              "convergence_min_steps": 800, "max_budget_factor": 1, "reuse": False},
 }
 QUICK = {  # toy sizes; a low threshold so that a few steps solve some cells and not others
     "generate": {"train_samples": 3000, "test_samples": 200, "datasets": {"lis": [3, 4]}},
     "sweep": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0], "epochs": 2,
               "max_steps": 100,
-              "val_every_steps": 10, "val_samples": 128, "eval_samples": 200, "patience": 1, "reuse": False},
+              "val_every_steps": 10, "val_samples": 128, "eval_samples": 200, "patience": 1,
+              "convergence_min_steps": 100, "max_budget_factor": 1, "reuse": False},
     "report": {"accuracy_threshold": 0.25},
 }
 MODES = {"grid, fixed budget": {"search": "grid", "stop_when_solved": False},

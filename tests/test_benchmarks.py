@@ -133,3 +133,31 @@ def test_memory_benchmark_writes_its_figures(tmp_path, monkeypatch):
     assert figures["training_peak_VmHWM"]["median"] == mem(0.7)["VmHWM"]
     assert figures["attention_matrices_per_layer"]["median"] == pytest.approx(4 / size["depth"])
     assert figures["saved_by_shape"][0] == {"shape": [B, H, T, T], "tensors": 4, "bytes": 4 * B * H * T * T * 4}
+
+
+def test_verdict_benchmark_retrains_unsolved_cells_and_counts_flips_per_reason(tiny_data, tmp_path, capsys):
+    """Two sweeps' tables, one unsolved cell each (one converged, one stopped by a plateau rule of old) and an
+    undecided one that is not re-trained: each is re-trained for 2x its steps, and the flips are counted."""
+    from benchmarks import bench_verdicts
+
+    base = {"task": "lis", "size": 3, "arch": "standard", "width": 8, "depth": 1, "seed": 0, "lr": 3e-3,
+            "measured": True, "final_accuracy": 0.1, "train_steps": 4}
+    for label, reason in (("old", "plateau: no gain"), ("new", "converged below 0.9: over steps ...")):
+        rows = [base | {"status": "unsolved", "reason": reason},
+                base | {"width": 16, "status": "undecided", "reason": "budget: still improving"}]
+        (tmp_path / label).mkdir()
+        pd.DataFrame(rows).to_csv(tmp_path / label / "sweep.csv", index=False)
+    out = tmp_path / "verdicts.json"
+    assert bench_verdicts.main(["--sweep", f"old={tmp_path / 'old'}", "--sweep", f"new={tmp_path / 'new'}",
+                                "--data", str(tiny_data), "--profile", "tiny", "--factor", "2", "--slots", "1",
+                                "--out", str(out)]) == 0
+    sections = read_results(out, "bench_verdicts")
+    for label, kind in (("old", "plateau"), ("new", "converged")):
+        (cell,) = sections[label]["figures"]["cells"]
+        assert cell["kind"] == kind and cell["retrain_steps"] <= 8 and sections[label]["settings"]["undecided_cells"] == 1
+        by_reason = {r["kind"]: r for r in sections[label]["figures"]["by_reason"]}
+        assert by_reason[kind]["unsolved"] == by_reason["all"]["unsolved"] == 1
+        assert by_reason[kind]["flipped"] == (cell["retrain_status"] == "solved")
+    assert "flip to solved with 2x the steps" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_verdicts.main(["--sweep", str(tmp_path / "old")])  # no LABEL=
