@@ -64,7 +64,7 @@ def test_a_sweep_trains_each_trial_on_two_workers_and_names_what_the_cluster_lac
     result = run(["dvc", "repro", "sweep"], repo)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     trials = pd.read_csv(repo / "results" / "trials.csv")
-    assert list(trials.status) == ["unsolved"] and trials.train_pflops.iloc[0] > 0
+    assert len(trials) == 1 and trials.status.iloc[0] in ("unsolved", "undecided") and trials.train_pflops.iloc[0] > 0
 
 
 def write(repo, line: str):
