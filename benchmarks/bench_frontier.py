@@ -41,13 +41,13 @@ GRID = {  # lis n = 4, 5, 6 x 5 widths: the minimum width grows with n on this C
               "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2,
               "convergence_min_steps": 800, "max_budget_factor": 1, "reuse": False},
 }
-QUICK = {  # toy sizes; a low threshold so that a few steps solve some cells and not others
+QUICK = {  # toy sizes; the toy models plateau at 41-59% (lis 3) and 28-49% (lis 4): 52% splits them
     "generate": {"train_samples": 3000, "test_samples": 200, "datasets": {"lis": [3, 4]}},
     "sweep": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0], "epochs": 2,
               "max_steps": 100,
               "val_every_steps": 10, "val_samples": 128, "eval_samples": 200, "patience": 1,
               "convergence_min_steps": 100, "max_budget_factor": 1, "reuse": False},
-    "report": {"accuracy_threshold": 0.25},
+    "report": {"accuracy_threshold": 0.52},
 }
 MODES = {"grid, fixed budget": {"search": "grid", "stop_when_solved": False},
          "grid, stop when solved": {"search": "grid", "stop_when_solved": True},

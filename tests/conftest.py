@@ -44,7 +44,7 @@ def spec(tiny_cfg, tiny_data):
                      arch_options={}, batch_size=16, epochs=50, max_steps=40, lr=3e-3, weight_decay=0.01,
                      warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16, val_every_steps=5,
                      eval_samples=32, eval_batch_size=16, threads=1, use_gpu=False, threshold=0.99, patience=3,
-                     min_delta=0.0)
+                     min_delta=0.0, max_budget_factor=1)
 
 
 @pytest.fixture(scope="session")

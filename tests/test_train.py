@@ -82,7 +82,7 @@ def test_every_architecture_trains_on_every_task_and_decodes(tiny_cfg, tiny_data
                      max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]), heads=s.heads, dropout=0.1,
                      arch_options={}, batch_size=32, epochs=1, max_steps=6, lr=3e-3, weight_decay=0.01,
                      warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16, val_every_steps=3,
-                     eval_samples=20, eval_batch_size=8, threads=1, use_gpu=False)
+                     eval_samples=20, eval_batch_size=8, threads=1, use_gpu=False, max_budget_factor=1)
     result = run_trial(spec)
     assert result["train_steps"] == 6 and result["eval_samples"] == 20
     assert set(result) == {"status", "reason", *CELL_METRICS, *TRIAL_METRICS}  # what the tables and MLflow read
@@ -125,7 +125,8 @@ def test_separations_families_train_and_score(separations_data, task, size, arch
                      max_len=read_dataset(test).meta["stats"]["max_length"], vocab_size=len(meta["vocab"]), heads=2,
                      dropout=0.0, arch_options={}, batch_size=16, epochs=1, max_steps=4, lr=3e-3, weight_decay=0.01,
                      warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16, val_every_steps=2,
-                     eval_samples=16, eval_batch_size=8, threads=1, use_gpu=False, family=meta["family"],
+                     eval_samples=16, eval_batch_size=8, threads=1, use_gpu=False, max_budget_factor=1,
+                     family=meta["family"],
                      vocab=tuple(meta["vocab"]))
     result = run_trial(spec)
     assert 0 <= result["final_accuracy"] <= 1 and result["train_steps"] == 4

@@ -199,7 +199,8 @@ def tiny_spec(tiny_cfg, tiny_data, **kw) -> TrialSpec:
                                  vocab_size=len(meta["vocab"]), heads=2, dropout=0.0, arch_options={},
                                  batch_size=32, epochs=50, max_steps=40, lr=3e-3, weight_decay=0.0,
                                  warmup_fraction=0.0, grad_clip=None, precision="32-true", val_samples=32,
-                                 val_every_steps=4, eval_samples=40, eval_batch_size=16, threads=1, use_gpu=False),
+                                 val_every_steps=4, eval_samples=40, eval_batch_size=16, threads=1, use_gpu=False,
+                                 max_budget_factor=1),
                         **kw})
 
 
