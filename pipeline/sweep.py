@@ -57,9 +57,9 @@ from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
+from pipeline.training.status import Status, borderline
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 from pipeline.training.trainable import run_cell
-from pipeline.training.verdict import Status, borderline
 
 RESULTS = config_mod.ROOT / "results"
 TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, MinWidth, min_widths
-from pipeline.training.verdict import Status
+from pipeline.training.status import Status
 from tests.helpers import make_cell
 
 WIDTHS = [16, 32, 64, 128, 256]

@@ -77,6 +77,15 @@ def test_the_static_closure_covers_what_a_real_import_loads():
     assert ours and ours <= set(code_files(*entries))
 
 
+@pytest.mark.parametrize("stage", ["pipeline.generate", "pipeline.report"])
+def test_the_generate_and_report_stages_never_load_torch(stage):
+    """They read and write tables: torch and Lightning would cost each of the 9 generate stages and the report
+    seconds of imports (a verdict's status lives in ``pipeline/training/status.py`` for this)."""
+    script = f"import sys, {stage}\nprint(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
 def test_the_reuse_key_follows_every_file_a_trial_runs_and_no_other(tmp_path):
     for top in CODE:
         shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.training import verdict
+from pipeline.training import status, verdict
 from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training.train import TrialSpec, run_trial, split_validation
 
@@ -121,9 +121,9 @@ def test_a_trial_still_improving_at_its_budget_is_extended_then_undecided():
         train_to(cb, trainer, step)
         validate(cb, trainer, 0.05, trainer.global_step, loss=2.0 - trainer.global_step / 1000)
     assert trainer.global_step == 800 and cb.budget == 800 and trainer.fit_loop.max_epochs == -1
-    status, reason = cb.outcome(trainer)
-    assert status == "undecided" and reason.startswith("budget: still improving at step 800 (8x the budget of 100)")
-    assert not status.decided and verdict.Status.UNSOLVED.decided
+    ended, reason = cb.outcome(trainer)
+    assert ended == "undecided" and reason.startswith("budget: still improving at step 800 (8x the budget of 100)")
+    assert not ended.decided and status.Status.UNSOLVED.decided
 
 
 def test_a_converged_trial_is_not_extended():
@@ -166,7 +166,7 @@ def test_a_non_finite_loss_is_a_divergence():
 @pytest.mark.parametrize("accuracy, samples, near", [(0.9, 1000, True), (0.95, 1000, False), (0.88, 100, True),
                                                      (0.85, 1000, False), (0.5, 0, False), (math.nan, 100, False)])
 def test_borderline_is_the_threshold_inside_the_95_percent_interval(accuracy, samples, near):
-    assert verdict.borderline(accuracy, samples, 0.9) == near
+    assert status.borderline(accuracy, samples, 0.9) == near
 
 
 def test_the_best_run_is_chosen_on_validation_never_on_test():
@@ -174,11 +174,11 @@ def test_the_best_run_is_chosen_on_validation_never_on_test():
             {"lr": 1e-3, "status": "solved", "val_accuracy": 0.91, "final_accuracy": 0.88},
             {"lr": 1e-4, "status": "solved", "val_accuracy": 0.95, "final_accuracy": 0.5},
             {"lr": 1e-5, "status": "failed"}]
-    assert verdict.best_run(runs)["lr"] == 1e-4
-    assert verdict.best_run([runs[0], {"lr": 1, "status": "diverged", "val_accuracy": math.nan}])["lr"] == 1e-2
-    assert verdict.best_run([{"lr": 1, "status": "failed"}])["status"] == "failed"
+    assert status.best_run(runs)["lr"] == 1e-4
+    assert status.best_run([runs[0], {"lr": 1, "status": "diverged", "val_accuracy": math.nan}])["lr"] == 1e-2
+    assert status.best_run([{"lr": 1, "status": "failed"}])["status"] == "failed"
     # a run that might still solve the cell ranks above one that cannot
-    assert verdict.best_run([runs[0], {"lr": 2, "status": "undecided", "val_accuracy": 0.5}])["lr"] == 2
+    assert status.best_run([runs[0], {"lr": 2, "status": "undecided", "val_accuracy": 0.5}])["lr"] == 2
 
 
 def test_validation_is_held_out_of_train(tiny_data):

@@ -29,7 +29,7 @@ import pandas as pd
 from pipeline.common.config import NightlyConfig
 from pipeline.reporting.claims import ClaimStatus
 from pipeline.reporting.tables import BOUND, borderline_cells, min_gflops
-from pipeline.training.verdict import Status
+from pipeline.training.status import Status
 
 # the result's lists of changes, by the kind of change they hold, and their section titles
 KINDS = {

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.search.frontier import Cell, Outcome, min_widths, searched
-from pipeline.training.verdict import Status
+from pipeline.training.status import Status
 
 # The lengths L the DP paper's Table 2 states for arithmetic, by number of operators (as quoted in issue 11;
 # docs/datasets.md's table quotes 85 for 6 operators).

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from pipeline.training.verdict import Status
+from pipeline.training.status import Status
 
 
 class Cell(NamedTuple):

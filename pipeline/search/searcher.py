@@ -23,7 +23,7 @@ from ray.tune.search import Searcher
 
 from pipeline.common.cell import CellSpec
 from pipeline.search.frontier import Cell, Plan
-from pipeline.training.verdict import Status, best_run
+from pipeline.training.status import Status, best_run
 
 
 def trial_key(cell: CellSpec, lr: float) -> str:

@@ -18,8 +18,8 @@ from ray import tune
 
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import ROOT
+from pipeline.training.status import Status
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
-from pipeline.training.verdict import Status
 
 EXPERIMENT_KIND = "mlflow.experimentKind"  # the tag MLflow's UI reads (model training, or GenAI)
 

@@ -39,6 +39,7 @@ from pipeline.training.batches import IGNORE, loader
 from pipeline.training.checkpoints import Resumable
 from pipeline.training.evaluation import final_accuracy
 from pipeline.training.settings import TrainSettings
+from pipeline.training.status import Status
 from tasks import PAD_ID
 
 
@@ -324,7 +325,7 @@ def score(
     module.to(device)
     # a diverged model's weights are not finite: it is not scored (NaN), and its status says why
     accuracy = math.nan
-    if status != verdict_mod.Status.DIVERGED:
+    if status != Status.DIVERGED:
         with trainer.precision_plugin.forward_context():  # the test set under the policy validation used
             accuracy = final_accuracy(module, test, spec.eval_batch_size, device)
     model = module.model

@@ -1,0 +1,59 @@
+"""How a trial ended, as the search, the sweep and the report read it: plain Python, so that those read it without
+loading Lightning (``pipeline/training/verdict.py`` decides it, inside the trial).
+
+- ``Status``: the verdicts, best first, with their order;
+- ``best_run``: which of a cell's learning-rate runs is the cell's result;
+- ``borderline``: whether a verdict's test accuracy is within noise of the threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """How a trial ended, best first: the order ranks a cell's learning-rate runs (``best_run``: a run that could
+    still solve it ranks above one that cannot) and tells a nightly regression from an improvement. A ``str``, so
+    tables and MLflow hold the plain word."""
+
+    SOLVED = "solved"
+    UNDECIDED = "undecided"  # the budget ran out while the model was still improving
+    UNSOLVED = "unsolved"  # converged below the threshold
+    DIVERGED = "diverged"
+    FAILED = "failed"  # the trial raised: set by the sweep, which sees the error
+
+    @property
+    def rank(self) -> int:
+        """0 for the best (solved); a higher rank is a worse end."""
+        return list(Status).index(self)
+
+    @property
+    def decided(self) -> bool:
+        """A verdict of the model's capacity: solved, or converged below the threshold."""
+        return self in (Status.SOLVED, Status.UNSOLVED)
+
+
+def borderline(accuracy: float, samples: int, threshold: float) -> bool:
+    """The threshold lies within the 95% Wilson interval of a test accuracy measured on ``samples`` samples: the
+    verdict could flip on another draw of the test set."""
+    if not samples or not math.isfinite(accuracy):
+        return False
+    z = 1.959964
+    centre = (accuracy + z * z / (2 * samples)) / (1 + z * z / samples)
+    half = z * math.sqrt(accuracy * (1 - accuracy) / samples + z * z / (4 * samples * samples)) / (1 + z * z / samples)
+    return centre - half <= threshold <= centre + half
+
+
+def best_run(runs: list[dict]) -> dict:
+    """A cell's result among its learning-rate runs (the separations paper reports the best run): a solved run
+    before an undecided one (it might still solve) before an unsolved one before a diverged one, then the higher
+    validation accuracy, then the less training compute. Failed runs count only when every run failed. Chosen on
+    validation, never on test."""
+
+    def key(run: dict):
+        val = run.get("val_accuracy")
+        val = -1.0 if val is None or not math.isfinite(val) else val
+        return Status(run["status"]).rank, -val, run.get("train_pflops") or 0.0, run["lr"]
+
+    return min(runs, key=key)
