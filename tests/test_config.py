@@ -93,6 +93,8 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {convergence_tolerance: -0.1}", "sweep.convergence_tolerance: Input should be greater than 0"),
     ("sweep: {convergence_min_steps: 0}", "sweep.convergence_min_steps: Input should be greater than 0"),
     ("sweep: {plateau_checks: 5}", "sweep.plateau_checks"),
+    ("sweep: {cpus_per_trial: 100000}", "sweep.cpus_per_trial: Input should be less than or equal to 1024"),
+    ("generate: {chunk_size: 100000000}", "generate.chunk_size: Input should be less than or equal to 1048576"),
     ("sweep: {search: frontier, widths: [16]}", "sweep.widths: \\[16\\] is a single width; sweep.search: frontier"),
     ("sweep: {widths: [16, 8]}", "sweep.widths: \\[16, 8\\] must be strictly increasing"),
     ("sweep: {widths: [8, 8, 16]}", "sweep.widths: \\[8, 8, 16\\] must be strictly increasing"),

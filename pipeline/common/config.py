@@ -81,7 +81,9 @@ class GenerateConfig(Section):
         "with repeats, as the separations paper samples online",
     )
     chunk_size: PositiveInt = Field(
-        4096, description="samples per seeded generator chunk: part of the seed, changing it changes the data"
+        4096,
+        le=1 << 20,  # a chunk is held in memory whole
+        description="samples per seeded generator chunk: part of the seed, changing it changes the data",
     )
     workers: PositiveInt = Field(
         1,
@@ -205,7 +207,7 @@ class SweepConfig(Section):
     val_every_steps: PositiveInt | None = Field(None, description="validate every N steps; None = every epoch")
     eval_batch_size: PositiveInt = 256
     # resources per trial
-    cpus_per_trial: PositiveInt = 1
+    cpus_per_trial: PositiveInt = Field(1, le=1024)
     gpus_per_trial: float = Field(0, ge=0)
     max_concurrent_trials: PositiveInt | None = None
     workers_per_trial: PositiveInt = Field(
