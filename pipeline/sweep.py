@@ -53,6 +53,7 @@ from pipeline.search.cells import build_cells, check_architectures, expected_cos
 from pipeline.search.frontier import Cell, Outcome, Plan, make_plan
 from pipeline.search.searcher import CellSearcher, trial_key
 from pipeline.tracking import cluster
+from pipeline.tracking.console import SweepProgress
 from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_parent
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
 from pipeline.training import checkpoints
@@ -92,7 +93,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def reporter() -> CLIReporter:
-    """Ray's trial table, compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
+    """Ray's trial table, with ``sweep.console: table`` (the progress line of ``pipeline/tracking/console.py``
+    comes either way), compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
     accuracies; refreshed every 30 s in logs."""
     return CLIReporter(
         parameter_columns={"cell/cell_id": "cell id"},
@@ -277,9 +279,10 @@ def train_trials(
         run_config=tune.RunConfig(
             name=f"{cfg.profile}-{int(started)}",
             storage_path=cfg.cluster.storage(),
-            verbose=1,
-            callbacks=[children] + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
-            progress_reporter=reporter(),
+            verbose=1 if s.console == "table" else 0,
+            callbacks=[children, SweepProgress(searcher, client, parent)]
+            + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
+            progress_reporter=reporter() if s.console == "table" else None,
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep),
         ),

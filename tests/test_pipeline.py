@@ -30,6 +30,10 @@ def repo(tmp_path_factory) -> Path:
     dst = copy_repo(tmp_path_factory.mktemp("repo"))
     result = run(["dvc", "repro"], dst)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # the console: the sweep's progress line at its end, not Ray Tune's table of trials
+    printed = result.stdout + result.stderr
+    assert re.search(r"sweep: (\d+)/\1 trials \| \d+ solved \| 0 running \| 0 failed \|", printed)
+    assert "Number of trials" not in printed
     return dst
 
 
@@ -68,6 +72,7 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     assert len(parents) == 1 and len(children) == grid
     parent = parents[0].info.run_id
     assert metrics["mlflow_parent_run"] == parent and set(table.parent_run_id) == {parent}
+    assert parents[0].data.metrics["trials_finished"] == len(trials) and parents[0].data.metrics["trials_running"] == 0
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent}
     assert {c.data.tags["cell_id"] for c in children} == set(table.cell_id)
     assert set(table.mlflow_run_id) == {c.info.run_id for c in children}

@@ -154,3 +154,48 @@ def test_the_sweeps_experiment_is_declared_model_training_so_the_ui_opens_on_its
         start_parent(uri, name, "sweep", params={}, tags={})
         assert client.get_experiment_by_name(name).tags[EXPERIMENT_KIND] == "custom_model_development"
     assert client.get_experiment(older).tags[EXPERIMENT_KIND] == "custom_model_development"
+
+
+def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
+    """SweepProgress over a real searcher (no Ray) and a real SQLite store: the line says finished/planned (at
+    most every cell x learning rate), solved, running, failed, elapsed and time left; the parent run's metrics
+    follow every change; in a log the line is printed every ``every`` seconds and at the end."""
+    import io
+
+    from pipeline.search.frontier import Cell, GridPlan
+    from pipeline.search.searcher import CellSearcher
+    from pipeline.tracking.console import Counts, SweepProgress, line
+    from tests.helpers import make_cell
+
+    cells = {c: make_cell(*c, cell_id=f"id{c.width}", lrs=(0.1, 0.01)) for c in
+             (Cell("lis", 4, "standard", w, 2, 0) for w in (16, 32, 64))}
+    reused = {("id16", 0.1): {"status": "solved", "val_accuracy": 0.95, "reused_from": "run0"}}
+    searcher = CellSearcher(GridPlan(cells), cells, {}, lambda cell, lr: reused.get((cell.cell_id, lr)),
+                            cost=lambda cell: cell.width)
+    client = MlflowClient(f"sqlite:///{store}")
+    parent = client.create_run(client.create_experiment("progress")).info.run_id
+    out = io.StringIO()
+    progress = SweepProgress(searcher, client, parent, every=3600, out=out)
+    assert searcher.needs_training()
+    progress.on_step_begin(0, [])
+    assert Counts.of(searcher) == Counts(finished=1, planned=6, at_most=6, solved=1, running=0, failed=0, trained=0)
+    assert out.getvalue().startswith("sweep: 1/6 trials | 1 solved | 0 running | 0 failed | ")
+    assert out.getvalue().rstrip().endswith("time left unknown yet")
+    for trial, status in (("t1", "solved"), ("t2", "unsolved")):
+        searcher.suggest(trial)
+        progress.on_step_begin(0, [])
+        searcher.on_trial_complete(trial, {"final": True, "status": status, "val_accuracy": 0.5})
+    searcher.suggest("t3")
+    searcher.on_trial_complete("t3", None, error=True)
+    searcher.suggest("t4")
+    progress.on_experiment_end([])
+    printed = out.getvalue().splitlines()
+    assert len(printed) == 2 and printed[-1].startswith("sweep: 4/6 trials | 2 solved | 1 running | 1 failed | ")
+    history = {m: [(x.step, x.value) for x in client.get_metric_history(parent, m)]
+               for m in ("trials_finished", "trials_solved", "trials_running", "trials_failed")}
+    assert history["trials_finished"][0] == (1, 1) and history["trials_finished"][-1] == (4, 4)
+    assert history["trials_running"][-1] == (4, 1) and history["trials_failed"][-1] == (4, 1)
+    assert history["trials_solved"][-1] == (4, 2)
+    # a frontier plans as it goes: the bound is shown while it is above the plan; the time left once trials ended
+    text = line(Counts(finished=3, planned=5, at_most=40, solved=1, running=2, failed=0, trained=2), 120.0)
+    assert text == "sweep: 3/5 trials (at most 40) | 1 solved | 2 running | 0 failed | 2m00s elapsed | ~2m00s left"

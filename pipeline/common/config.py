@@ -210,6 +210,11 @@ class SweepConfig(Section):
     cpus_per_trial: PositiveInt = Field(1, le=1024)
     gpus_per_trial: float = Field(0, ge=0)
     max_concurrent_trials: PositiveInt | None = None
+    console: Literal["progress", "table"] = Field(
+        "progress",
+        description="progress: one line that says how far the sweep is (pipeline/tracking/console.py); "
+        "table: that line and Ray Tune's table of trials every 30 s",
+    )
     workers_per_trial: PositiveInt = Field(
         1,
         description="data-parallel workers per trial on one node (DDP: gloo on "
