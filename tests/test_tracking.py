@@ -9,6 +9,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
 import types
 from collections.abc import Iterator
@@ -197,5 +198,8 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
     assert history["trials_running"][-1] == (4, 1) and history["trials_failed"][-1] == (4, 1)
     assert history["trials_solved"][-1] == (4, 2)
     # a frontier plans as it goes: the bound is shown while it is above the plan; the time left once trials ended
+    from ray import cloudpickle  # Tune pickles its callbacks when it starts: the console's must pickle
+
+    assert cloudpickle.loads(cloudpickle.dumps(SweepProgress(searcher, client, parent))).stream is sys.stderr
     text = line(Counts(finished=3, planned=5, at_most=40, solved=1, running=2, failed=0, trained=2), 120.0)
     assert text == "sweep: 3/5 trials (at most 40) | 1 solved | 2 running | 0 failed | 2m00s elapsed | ~2m00s left"

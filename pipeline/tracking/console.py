@@ -82,12 +82,16 @@ class SweepProgress(tune.Callback):
         out: TextIO | None = None,
     ):
         self.searcher, self.client, self.parent = searcher, client, parent
-        self.out = out or sys.stderr
-        self.live = self.out.isatty()
+        self.out = out  # None: sys.stderr, looked up when written (Tune pickles its callbacks; a stream may not pickle)
+        self.live = self.stream.isatty()
         self.every = 1.0 if self.live else every
         self.started = time.monotonic()
         self.printed = float("-inf")
         self.logged: Counts | None = None
+
+    @property
+    def stream(self) -> TextIO:
+        return self.out or sys.stderr
 
     def on_step_begin(self, iteration, trials, **info):
         self.update()
@@ -114,7 +118,7 @@ class SweepProgress(tune.Callback):
             self.printed = now
             text = line(counts, now - self.started)
             if self.live:
-                self.out.write("\r" + text.ljust(110) + ("\n" if final else ""))
+                self.stream.write("\r" + text.ljust(110) + ("\n" if final else ""))
             else:
-                self.out.write(text + "\n")
-            self.out.flush()
+                self.stream.write(text + "\n")
+            self.stream.flush()
