@@ -1,0 +1,162 @@
+"""What a sweep records when it ends: its tables and headline, as files and on the MLflow parent run.
+
+- ``results/trials.csv`` (``trial_table``): one row per learning-rate run, trained now or reused;
+- ``results/sweep.csv`` (``cell_table``): one row per cell of the grid, measured (its best run) or inferred by the
+  plan, with its verdict, reason, test accuracy, costs and whether the verdict is borderline;
+- ``results/sweep.json`` (``summarise``): the headline counts and costs, also the parent run's metrics.
+Each file is written whole or not at all (``write_atomic``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+from pipeline.common import config as config_mod
+from pipeline.common.cell import CellSpec
+from pipeline.search.frontier import Outcome, Plan
+from pipeline.search.searcher import CellSearcher
+from pipeline.tracking.runs import ChildRuns
+from pipeline.training.status import Status, borderline
+from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
+
+TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only
+CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")
+ORDER = ["task", "size", "arch", "width", "depth", "seed"]  # rows of both tables
+
+
+def cell_row(cell: CellSpec, outcome: Outcome, best: dict | None) -> dict:
+    """One row of results/sweep.csv: a measured cell's best learning-rate run, or an inferred cell."""
+    row = {k: getattr(cell, k) for k in CELL_KEYS} | {"measured": outcome.measured}
+    if best is None:
+        row |= {"status": outcome.status, "reason": outcome.reason, "lr": None}
+        row |= {k: getattr(cell, k, None) for k in CELL_METRICS}
+    else:
+        row |= {"status": best["status"], "reason": best.get("reason", ""), "lr": best["lr"]}
+        row |= {k: best.get(k, getattr(cell, k, None)) for k in CELL_METRICS}
+        row["mlflow_run_id"] = best.get("mlflow_run_id")
+    return row | {"lrs": " ".join(f"{lr:g}" for lr in cell.lrs)}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.DataFrame:
+    """results/trials.csv: one row per learning-rate run, trained now (with its MLflow run and, if it raised, its
+    error) or reused."""
+    runs = []
+    for cell_key, by_lr in searcher.runs.items():
+        for run in by_lr.values():
+            trial = run.get("trial_id")
+            if trial is not None:
+                run.setdefault("mlflow_run_id", children.runs.get(trial))
+                if run["status"] == Status.FAILED:
+                    run["reason"] = children.errors.get(trial, run["reason"])
+            runs.append(
+                {k: getattr(cells[cell_key], k) for k in CELL_KEYS}
+                | {
+                    "lr": run["lr"],
+                    "status": run["status"],
+                    "reason": run.get("reason", ""),
+                    "reused_from": run.get("reused_from"),
+                }
+                | {k: run.get(k) for k in CELL_METRICS + TRIAL_KEYS}
+                | {
+                    "restarts": children.restarts.get(trial, 0) if trial is not None else 0,
+                    "mlflow_run_id": run.get("mlflow_run_id"),
+                }
+            )
+    return pd.DataFrame(runs).sort_values([*ORDER, "lr"])
+
+
+def cell_table(searcher: CellSearcher, cells: dict, threshold: float) -> pd.DataFrame:
+    """results/sweep.csv: one row per cell of the grid, measured (its best run) or inferred by the plan; a
+    decided cell whose test accuracy could lie on the other side of ``threshold`` is ``borderline``."""
+    rows = [cell_row(cells[c], o, searcher.best(c)) for c, o in searcher.plan.outcomes().items()]
+    table = pd.DataFrame(rows).sort_values(ORDER)
+    decided = table.measured & table.status.isin([Status.SOLVED, Status.UNSOLVED])
+    samples = table.eval_samples.fillna(0).astype(int)
+    near = [borderline(a, n, threshold) for a, n in zip(table.final_accuracy, samples)]
+    return table.assign(borderline=decided & pd.Series(near, index=table.index, dtype=bool))
+
+
+def summarise(
+    cfg: config_mod.Config,
+    table: pd.DataFrame,
+    trials: pd.DataFrame,
+    plan: Plan,
+    started: float,
+    stage_start: float,
+    slots: int,
+    parent: str,
+) -> dict:
+    """results/sweep.json: the headline counts and costs."""
+    measured = table[table.measured]
+    reused = int(trials.reused_from.notna().sum())
+    trained = trials[trials.reused_from.isna()]
+    busy = float((trained.train_seconds.fillna(0) + trained.eval_seconds.fillna(0)).sum())
+    return {
+        "profile": cfg.profile,
+        "search": cfg.sweep.search,
+        "cells": len(table),
+        "measured": len(measured),
+        "inferred": int((~table.measured).sum()),
+        "trials": len(trials),
+        "trained": len(trials) - reused,
+        "reused": reused,
+        "failed": int((trials.status == Status.FAILED).sum()),
+        "diverged": int((trials.status == Status.DIVERGED).sum()),
+        "restarts": int(trials.restarts.sum()),
+        "resumed": int(trials.resumed_step.notna().sum()),
+        "solved_cells": int((table.status == Status.SOLVED).sum()),
+        "undecided_cells": int((table.status == Status.UNDECIDED).sum()),
+        "borderline_cells": int(table.borderline.sum()),
+        "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
+        "train_pflops": round(float(trials.train_pflops.sum()), 6),
+        "contradictions": len(plan.contradictions),
+        "wall_seconds": round(time.time() - started, 1),
+        # share of the Ray slots' time, from the stage's start, spent training and scoring
+        "slot_utilisation": round(busy / (slots * (time.time() - stage_start)), 3) if slots else None,
+        "mlflow_parent_run": parent,
+    }
+
+
+def record(
+    client: MlflowClient,
+    parent: str,
+    out_dir: Path,
+    table: pd.DataFrame,
+    trials: pd.DataFrame,
+    summary: dict,
+    contradictions: list[str],
+) -> None:
+    """The outputs: metrics on the parent run, the three files (each written whole or not at all), the console."""
+    for name, value in summary.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            client.log_metric(parent, name, value)
+    if contradictions:
+        client.log_text(parent, "\n".join(contradictions) + "\n", "contradictions.txt")
+    write_atomic(out_dir / "trials.csv", trials.to_csv(index=False))
+    write_atomic(out_dir / "sweep.csv", table.to_csv(index=False))
+    write_atomic(out_dir / "sweep.json", json.dumps(summary | {"contradiction_notes": contradictions}, indent=2) + "\n")
+    shown = [*ORDER, "measured", "status", "lr", "final_accuracy", "paper_gflops"]
+    print(table[shown].to_string(index=False))
+    for note in contradictions:
+        print(f"contradiction: {note}")
+    print(json.dumps(summary))
+    if summary["failed"]:
+        print(
+            f"warning: {summary['failed']} of {len(trials)} trials failed; they are in results/trials.csv "
+            f"with their errors, and under MLflow parent run {parent}",
+            file=sys.stderr,
+        )
