@@ -307,20 +307,18 @@ def min_widths(outcomes: dict[Cell, Outcome]) -> dict[tuple, MinWidth]:
     none), with the undecided cells narrower than it (any undecided cell, when it is None). The same function of
     the outcomes in both plans, so the grid and the frontier give the same table."""
     per_seed: dict[tuple, dict[int, int | None]] = {}
+    pending: dict[tuple, list[tuple[int, int]]] = {}  # key -> (seed, width) of its undecided cells
     for c, o in outcomes.items():
-        seeds = per_seed.setdefault((c.task, c.size, c.arch, c.depth), {})
+        key = (c.task, c.size, c.arch, c.depth)
+        seeds = per_seed.setdefault(key, {})
         least = seeds.setdefault(c.seed, None)
         if o.passed and (least is None or c.width < least):
             seeds[c.seed] = c.width
+        if o.status == Status.UNDECIDED:
+            pending.setdefault(key, []).append((c.seed, c.width))
     table = {}
     for key, seeds in per_seed.items():
         width = None if any(w is None for w in seeds.values()) else max(w for w in seeds.values() if w is not None)
-        undecided = sorted(
-            (c.seed, c.width)
-            for c, o in outcomes.items()
-            if (c.task, c.size, c.arch, c.depth) == key
-            and o.status == Status.UNDECIDED
-            and (width is None or c.width < width)
-        )
+        undecided = sorted((seed, w) for seed, w in pending.get(key, []) if width is None or w < width)
         table[key] = MinWidth(width, tuple(f"seed {seed} D={w}" for seed, w in undecided))
     return table
