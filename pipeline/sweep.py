@@ -22,7 +22,9 @@ from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLE
 results directory. ``sweep.workers_per_trial`` trains a trial data-parallel (``pipeline/training/distributed.py``).
 Outputs (DVC's, ``pipeline/tracking/results.py``): ``results/sweep.csv`` (one row per cell: measured or inferred,
 verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run) and ``results/sweep.json``
-(headline metrics).
+(headline metrics). MLflow gets a parent run per sweep (the sweep's datasets as inputs, its settings, progress counts
+and in the end the per-cell table as an MLflow table) and a child run per trial (its datasets, curves, system
+metrics and verdict: ``pipeline/tracking/runs.py``).
 MLflow's store, the storage path (checkpoints, published datasets) and Ray's trial directories are not DVC
 outputs.
 """
@@ -55,7 +57,7 @@ from pipeline.search.searcher import CellSearcher, trial_key
 from pipeline.tracking import cluster
 from pipeline.tracking.console import SweepProgress
 from pipeline.tracking.results import cell_table, record, summarise, trial_table
-from pipeline.tracking.runs import ChildRuns, close_orphans, driver_tags, start_parent
+from pipeline.tracking.runs import ChildRuns, close_orphans, dataset_inputs, driver_tags, start_parent, ui_link
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
@@ -87,6 +89,8 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
     # Tune saves its experiment state whenever a trial has made checkpoints_to_keep checkpoints, and warns about it
     # at every validation of short trials; we restore from our own checkpoints, not from that state
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # MLflow's client prints a "View run" link for every run it ends on a server: one per trial
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     stage_start = psutil.Process().create_time()  # the stage's process, imports included
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
     check_mlflow(cfg.cluster.mlflow())
@@ -115,10 +119,12 @@ def run_sweep(
     try:
         children, searcher, to_train = plan_trials(cfg, client, parent, cells, train, key)
         slots = train_trials(cfg, client, parent, searcher, children, published, local, started) if to_train else 0
+        children.writer.flush()  # every child run's data is in MLflow before the tables name the runs
         trials = trial_table(searcher, cells, children).assign(parent_run_id=parent)
         table = cell_table(searcher, cells, cfg.report.accuracy_threshold).assign(parent_run_id=parent)
         summary = summarise(cfg, table, trials, searcher.plan, started, stage_start, slots, parent)
-        record(client, parent, out_dir, table, trials, summary, searcher.plan.contradictions)
+        summary["mlflow_write_errors"] = len(children.writer.errors)
+        record(client, parent, out_dir, table, trials, summary, searcher.plan.contradictions, children.writer.errors)
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"
         return table
     finally:
@@ -177,6 +183,7 @@ def open_parent_run(
         tags=tags,
     )
     client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
+    client.log_inputs(parent, dataset_inputs(list(cells.values()), cfg.profile))
     return client, parent
 
 
@@ -191,7 +198,7 @@ def plan_trials(
     orphans = close_orphans(client, experiment)  # runs of sweeps that died: KILLED, trial key -> run id
     # trial key -> the newest checkpoint a dead sweep left (sweep.reuse: false trains everything anew)
     unfinished = checkpoints.latest(cfg.cluster.storage(), key) if s.reuse else {}
-    children = ChildRuns(client, experiment, parent, orphans)
+    children = ChildRuns(client, experiment, parent, cfg.profile, orphans)
     finished = children.finished(key) if s.reuse else {}
 
     def reusable(cell: CellSpec, lr: float) -> dict | None:
@@ -213,7 +220,7 @@ def plan_trials(
         f"{sum(len(c.lrs) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
         f"finished with the same data, settings and code (reused), {len(searcher.queue)} to train"
         f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; "
-        f"MLflow {cfg.cluster.mlflow()}",
+        f"MLflow {cfg.cluster.mlflow()}, runs at {ui_link(cfg.cluster.mlflow(), experiment, parent)}",
         flush=True,
     )
     return children, searcher, to_train
@@ -256,7 +263,7 @@ def train_trials(
             name=f"{cfg.profile}-{int(started)}",
             storage_path=cfg.cluster.storage(),
             verbose=1 if s.console == "table" else 0,
-            callbacks=[children, SweepProgress(searcher, client, parent)]
+            callbacks=[children, SweepProgress(searcher, children.writer, parent)]
             + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
             progress_reporter=reporter() if s.console == "table" else None,
             failure_config=tune.FailureConfig(max_failures=s.max_failures),

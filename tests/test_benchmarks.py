@@ -161,3 +161,19 @@ def test_verdict_benchmark_retrains_unsolved_cells_and_counts_flips_per_reason(t
     assert "flip to solved with 2x the steps" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench_verdicts.main(["--sweep", str(tmp_path / "old")])  # no LABEL=
+
+
+@pytest.mark.slow
+def test_driver_benchmark_feeds_the_real_callbacks_and_a_real_server(tmp_path, capsys):
+    """bench_driver at toy size over a real `mlflow server` (its own check: every simulated trial is a finished
+    child run with its whole curve and verdict): it prints and writes per-result times and results per second."""
+    from benchmarks import bench_driver
+
+    bench_driver.main(["--trials", "12", "--validations", "3", "--running", "5", "--repeats", "1",
+                       "--out", str(tmp_path / "driver.json")])
+    out = capsys.readouterr().out
+    assert "12 trials x (3 validations + 1 final), 5 at a time, MLflow server" in out and "results/s" in out
+    figures = read_results(tmp_path / "driver.json", "bench_driver")["server"]["figures"]
+    assert set(figures) == {"result_median_ms", "result_p95_ms", "start_median_ms", "complete_median_ms",
+                            "results_per_s"}
+    assert all(is_figure(f) for f in figures.values()) and figures["results_per_s"]["median"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import os
 import shutil
 import sqlite3
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking.services import ServiceError, check_mlflow
 from pipeline.tracking.runs import ChildRuns
+from pipeline.tracking.services import ServiceError, check_mlflow
 from tests.helpers import make_cell
 
 # what `mlflow server --artifacts-only` (MLflow 3.17) answers on /api/2.0/mlflow/experiments/search, with HTTP 503
@@ -134,11 +135,12 @@ def test_a_trial_that_dies_while_starting_gets_its_run_at_its_first_event(store,
                      max_len=600)
     config = {"cell": asdict(cell), "train": {"lr": 1e-3}, "trial_key": "c1/lr"}
     trial = types.SimpleNamespace(trial_id="t1", config=config, error_file=None)
-    callback = ChildRuns(client, experiment, parent)
+    callback = ChildRuns(client, experiment, parent, "tiny")
     callback.on_trial_recover(0, [], trial)
     callback.on_trial_start(0, [], trial)  # the retry starts: the same run goes on
     callback.on_trial_recover(0, [], trial)
     callback.on_trial_error(0, [], trial)
+    callback.on_experiment_end([])
     runs = client.search_runs([experiment], "tags.cell_id = 'c1'")
     assert len(runs) == 1 and runs[0].info.run_id == callback.runs["t1"]
     assert runs[0].data.tags["restarts"] == "2" and runs[0].data.tags["status"] == "failed"
@@ -166,6 +168,7 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
     from pipeline.search.frontier import Cell, GridPlan
     from pipeline.search.searcher import CellSearcher
     from pipeline.tracking.console import Counts, SweepProgress, line
+    from pipeline.tracking.writer import RunWriter
     from tests.helpers import make_cell
 
     cells = {c: make_cell(*c, cell_id=f"id{c.width}", lrs=(0.1, 0.01)) for c in
@@ -176,7 +179,8 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
     client = MlflowClient(f"sqlite:///{store}")
     parent = client.create_run(client.create_experiment("progress")).info.run_id
     out = io.StringIO()
-    progress = SweepProgress(searcher, client, parent, every=3600, out=out)
+    writer = RunWriter(client)
+    progress = SweepProgress(searcher, writer, parent, every=3600, out=out)
     assert searcher.needs_training()
     progress.on_step_begin(0, [])
     assert Counts.of(searcher) == Counts(finished=1, planned=6, at_most=6, solved=1, running=0, failed=0, trained=0)
@@ -190,6 +194,7 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
     searcher.on_trial_complete("t3", None, error=True)
     searcher.suggest("t4")
     progress.on_experiment_end([])
+    writer.flush()
     printed = out.getvalue().splitlines()
     assert len(printed) == 2 and printed[-1].startswith("sweep: 4/6 trials | 2 solved | 1 running | 1 failed | ")
     history = {m: [(x.step, x.value) for x in client.get_metric_history(parent, m)]
@@ -200,6 +205,75 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
     # a frontier plans as it goes: the bound is shown while it is above the plan; the time left once trials ended
     from ray import cloudpickle  # Tune pickles its callbacks when it starts: the console's must pickle
 
-    assert cloudpickle.loads(cloudpickle.dumps(SweepProgress(searcher, client, parent))).stream is sys.stderr
+    copy = cloudpickle.loads(cloudpickle.dumps(SweepProgress(searcher, writer, parent)))  # the writer's thread too
+    assert copy.stream is sys.stderr and copy.writer._thread is None
     text = line(Counts(finished=3, planned=5, at_most=40, solved=1, running=2, failed=0, trained=2), 120.0)
     assert text == "sweep: 3/5 trials (at most 40) | 1 solved | 2 running | 0 failed | 2m00s elapsed | ~2m00s left"
+
+
+def test_a_trials_child_run_has_its_datasets_curve_system_metrics_and_verdict(store):
+    """ChildRuns over a real SQLite store: the trial's train and test files are the run's dataset inputs (digest:
+    the file's hash; context: the split), every report is a point of its curve, the system metrics it reports are
+    MLflow system metrics, and the final report's verdict tags the run before it ends."""
+    from pipeline.training.system import SystemSampler
+
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.create_experiment("lineage")
+    parent = client.create_run(experiment).info.run_id
+    cell = make_cell(sha256={"train_path": "a" * 64, "test_path": "b" * 64}, run_key="k")
+    trial = types.SimpleNamespace(trial_id="t1", config={"cell": asdict(cell), "train": {"lr": 1e-3},
+                                                         "trial_key": "c1/lr"}, error_file=None)
+    children = ChildRuns(client, experiment, parent, "tiny")
+    children.on_trial_start(0, [], trial)
+    system = SystemSampler(gpu=False)
+    for step in (10, 20):
+        children.on_trial_result(0, [], trial, {"step": step, "val_accuracy": step / 40, "node": "n1"}
+                                 | system.sample())
+    children.on_trial_result(0, [], trial, {"step": 20, "final": True, "status": "unsolved", "reason": "converged",
+                                            "final_accuracy": 0.4})
+    children.on_trial_complete(0, [], trial)
+    children.on_experiment_end([])
+    run = client.get_run(children.runs["t1"])
+    assert run.info.status == "FINISHED" and run.data.tags["status"] == "unsolved" and run.data.tags["node"] == "n1"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [
+        (10, 0.25), (20, 0.5)]
+    assert len(client.get_metric_history(run.info.run_id, "system/process_memory_rss_megabytes")) == 2
+    assert 0 <= run.data.metrics["system/cpu_utilization_percentage"] <= 100
+    inputs = {i.dataset.name: i for i in run.inputs.dataset_inputs}
+    assert sorted(inputs) == ["lis-4-test", "lis-4-train"]
+    train = inputs["lis-4-train"]
+    assert train.dataset.digest == "a" * 16 and [t.value for t in train.tags] == ["train"]
+    assert json.loads(train.dataset.profile) | {"split": "train", "profile": "tiny", "task": "lis", "size": 4} == \
+        json.loads(train.dataset.profile)
+    assert not children.writer.errors
+
+
+def test_the_writer_sends_in_order_merges_batches_and_keeps_what_failed(store):
+    """RunWriter: a run's metrics and tags reach MLflow before its end, many small writes go out as few batches,
+    a write MLflow refuses is kept in ``errors`` (and the rest still goes out), and it pickles without its thread."""
+    from ray import cloudpickle
+
+    from pipeline.tracking.writer import RunWriter
+
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.create_experiment("writer")
+    runs = [client.create_run(experiment).info.run_id for _ in range(2)]
+    calls = []
+    log_batch = client.log_batch
+    client.log_batch = lambda *a, **k: (calls.append(a[0]), log_batch(*a, **k))[1]  # counts the real calls
+    writer = RunWriter(client)
+    for step in range(1500):  # more than one batch can take: split at MLflow's limit
+        writer.log(runs[0], {"loss": 1.0 / (step + 1)}, step=step)
+    writer.log(runs[0], tags={"status": "solved"})
+    writer.terminate(runs[0], "FINISHED")
+    writer.log(runs[1], {"loss": 1.0}, params={"p": 1})
+    writer.log(runs[1], params={"p": 2})  # a param changed: MLflow refuses it
+    writer.terminate(runs[1], "FAILED")
+    writer.flush()
+    assert len(client.get_metric_history(runs[0], "loss")) == 1500
+    assert client.get_run(runs[0]).info.status == "FINISHED" and client.get_run(runs[0]).data.tags["status"] == "solved"
+    assert client.get_run(runs[1]).info.status == "FAILED"
+    assert len(calls) <= 4, calls  # 1,500 metrics of one run in 2 batches, run 1's writes in 1 or 2
+    assert len(writer.errors) == 1 and "param" in writer.errors[0].lower(), writer.errors
+    copy = cloudpickle.loads(cloudpickle.dumps(writer))
+    assert copy._thread is None and copy.errors == writer.errors

@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from mlflow.entities import Metric
-from mlflow.tracking import MlflowClient
 from ray import tune
 
 from pipeline.search.searcher import CellSearcher
+from pipeline.tracking.writer import RunWriter
 from pipeline.training.status import Status
 
 
@@ -76,12 +75,12 @@ class SweepProgress(tune.Callback):
     def __init__(
         self,
         searcher: CellSearcher,
-        client: MlflowClient,
+        writer: RunWriter,
         parent: str,
         every: float = 30.0,
         out: TextIO | None = None,
     ):
-        self.searcher, self.client, self.parent = searcher, client, parent
+        self.searcher, self.writer, self.parent = searcher, writer, parent
         self.out = out  # None: sys.stderr, looked up when written (Tune pickles its callbacks; a stream may not pickle)
         self.live = self.stream.isatty()
         self.every = 1.0 if self.live else every
@@ -101,18 +100,15 @@ class SweepProgress(tune.Callback):
 
     def update(self, final: bool = False) -> None:
         counts = Counts.of(self.searcher)
-        if counts != self.logged:  # the parent run follows every change, in one call
+        if counts != self.logged:  # the parent run follows every change
             self.logged = counts
-            stamp = int(time.time() * 1000)
             values = {
                 "trials_finished": counts.finished,
                 "trials_solved": counts.solved,
                 "trials_running": counts.running,
                 "trials_failed": counts.failed,
             }
-            self.client.log_batch(
-                self.parent, metrics=[Metric(k, v, stamp, counts.finished) for k, v in values.items()]
-            )
+            self.writer.log(self.parent, values, step=counts.finished)
         now = time.monotonic()
         if final or now - self.printed >= self.every:
             self.printed = now

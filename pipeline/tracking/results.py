@@ -4,6 +4,7 @@
 - ``results/sweep.csv`` (``cell_table``): one row per cell of the grid, measured (its best run) or inferred by the
   plan, with its verdict, reason, test accuracy, costs and whether the verdict is borderline;
 - ``results/sweep.json`` (``summarise``): the headline counts and costs, also the parent run's metrics.
+The per-cell table is also logged to the parent run as an MLflow table (``TABLE``).
 Each file is written whole or not at all (``write_atomic``).
 """
 
@@ -29,6 +30,7 @@ from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only
 CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")
 ORDER = ["task", "size", "arch", "width", "depth", "seed"]  # rows of both tables
+TABLE = "tables/sweep.json"  # the per-cell table on the parent run, as an MLflow table
 
 
 def cell_row(cell: CellSpec, outcome: Outcome, best: dict | None) -> dict:
@@ -139,11 +141,14 @@ def record(
     trials: pd.DataFrame,
     summary: dict,
     contradictions: list[str],
+    mlflow_errors: list[str],
 ) -> None:
-    """The outputs: metrics on the parent run, the three files (each written whole or not at all), the console."""
+    """The outputs: metrics and the per-cell table (an MLflow table, which the UI shows as one) on the parent run,
+    the three files (each written whole or not at all), the console."""
     for name, value in summary.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             client.log_metric(parent, name, value)
+    client.log_table(parent, table.astype(object).where(table.notna(), None), TABLE)
     if contradictions:
         client.log_text(parent, "\n".join(contradictions) + "\n", "contradictions.txt")
     write_atomic(out_dir / "trials.csv", trials.to_csv(index=False))
@@ -154,6 +159,12 @@ def record(
     for note in contradictions:
         print(f"contradiction: {note}")
     print(json.dumps(summary))
+    if mlflow_errors:
+        first = "\n  ".join(mlflow_errors[:5])
+        print(
+            f"warning: {len(mlflow_errors)} MLflow writes failed (the results files have every result):\n  {first}",
+            file=sys.stderr,
+        )
     if summary["failed"]:
         print(
             f"warning: {summary['failed']} of {len(trials)} trials failed; they are in results/trials.csv "

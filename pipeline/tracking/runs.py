@@ -2,23 +2,33 @@
 
 Trials never talk to MLflow: they report to Ray Tune, and ``ChildRuns`` (a Tune callback, so it runs in the
 driver) turns each report into metrics of that trial's child run. One writer means no SQLite lock contention and
-no half-created experiments when many trials start at once.
+no half-created experiments when many trials start at once; it writes from a thread of its own
+(``pipeline/tracking/writer.py``), so Tune's loop never waits on MLflow.
+
+Every child run records its cell's train and test files as MLflow dataset inputs (``dataset_inputs``: named
+task-size-split, the file's hash as digest, its task, size, split and the profile in its profile), and the resource
+use its trial reports with each validation as MLflow system metrics (``system/...``, the run's System metrics tab).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 from pathlib import Path
 
 import mlflow
 import psutil
+from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from ray import tune
 
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import ROOT
+from pipeline.tracking.writer import RunWriter
 from pipeline.training.status import Status
+from pipeline.training.system import SYSTEM
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 
 EXPERIMENT_KIND = "mlflow.experimentKind"  # the tag MLflow's UI reads (model training, or GenAI)
@@ -41,6 +51,15 @@ def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: d
     for key, value in params.items():
         client.log_param(run.info.run_id, key, value)
     return client, run.info.run_id
+
+
+def ui_link(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """Where MLflow's UI shows an experiment's runs (or one run), for a server URI; for a local store, the path to
+    open in ``mlflow ui --backend-store-uri <store>``. MLflow 3's UI opens every experiment in its GenAI view unless
+    the address asks for model training (its toggle remembers a reader's choice, not the experiment's kind)."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else ""
+    run = f"/runs/{run_id}" if run_id else ""
+    return f"{base}/#/experiments/{experiment_id}{run}?workflowType=machine_learning"
 
 
 def driver_tags() -> dict[str, str]:
@@ -100,14 +119,47 @@ def numeric(result: dict) -> dict[str, float]:
     }
 
 
+SPLITS = {"train": "train_path", "test": "test_path"}
+
+
+def dataset_inputs(cells: list[CellSpec], profile: str) -> list[DatasetInput]:
+    """The distinct train and test files of ``cells`` as MLflow dataset inputs: named task-size-split, the file's
+    hash as digest, where it was read from as source; task, size, split, the pair's data hash and the profile in
+    the profile (the UI's Datasets column and panel show them)."""
+    inputs: dict[tuple[str, str], DatasetInput] = {}
+    for cell in cells:
+        for split, key in SPLITS.items():
+            digest = cell.sha256[key][:16]
+            about = {"task": cell.task, "size": cell.size, "split": split, "data_hash": cell.data_hash}
+            about |= {"profile": profile, "max_length": cell.max_len}
+            about |= {"samples": cell.train_samples} if split == "train" else {}
+            dataset = Dataset(
+                name=f"{cell.task}-{cell.size}-{split}",
+                digest=digest,
+                source_type="local",
+                source=json.dumps({"uri": getattr(cell, key)}),
+                profile=json.dumps(about),
+            )
+            inputs.setdefault((dataset.name, digest), DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, split)]))
+    return list(inputs.values())
+
+
 class ChildRuns(tune.Callback):
     """Tune callback: a child run per trial (one learning-rate run of a cell), tagged with its cell id, trial key
     and, at the end, its verdict; every report becomes metrics at its step."""
 
     METRICS = ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy", "final_accuracy", "train_pflops", "lr")
 
-    def __init__(self, client: MlflowClient, experiment_id: str, parent_id: str, killed: dict[str, str] | None = None):
-        self.client, self.experiment_id, self.parent_id = client, experiment_id, parent_id
+    def __init__(
+        self,
+        client: MlflowClient,
+        experiment_id: str,
+        parent_id: str,
+        profile: str,
+        killed: dict[str, str] | None = None,
+    ):
+        self.client, self.experiment_id, self.parent_id, self.profile = client, experiment_id, parent_id, profile
+        self.writer = RunWriter(client)  # every write of a run after its creation
         self.killed = killed or {}  # trial key -> run id of a dead sweep (``close_orphans``)
         self.runs: dict[str, str] = {}  # Tune trial id -> MLflow run id
         self.errors: dict[str, str] = {}  # Tune trial id -> the error's last line
@@ -127,11 +179,12 @@ class ChildRuns(tune.Callback):
                 **tags,
             },
         )
-        for key in ("task", "size", "arch", "width", "depth", "seed", "max_len", "data_hash", "cell_id"):
-            self.client.log_param(run.info.run_id, key, getattr(cell, key))
-        for key, value in train.items():
-            self.client.log_param(run.info.run_id, f"train.{key}", value)
-        return run.info.run_id
+        run_id = run.info.run_id
+        params = {k: getattr(cell, k) for k in ("task", "size", "arch", "width", "depth", "seed", "max_len")}
+        params |= {"data_hash": cell.data_hash, "cell_id": cell.cell_id} | {f"train.{k}": v for k, v in train.items()}
+        self.writer.log(run_id, params=params)
+        self.writer.inputs(run_id, dataset_inputs([cell], self.profile))
+        return run_id
 
     def finished(self, run_key: str) -> dict[str, mlflow.entities.Run]:
         """trial key -> the newest finished run of this experiment with the same run key (data, settings, code)."""
@@ -154,10 +207,8 @@ class ChildRuns(tune.Callback):
         tags = {k: source.data.tags[k] for k in ("status", "reason") if k in source.data.tags}
         run_id = self.child(cell, train, trial_key, reused_from=origin, **tags)
         metrics = {k: v for k, v in source.data.metrics.items() if k in CELL_METRICS + TRIAL_METRICS}
-        step = int(metrics.get("train_steps", 0))
-        for key, value in metrics.items():
-            self.client.log_metric(run_id, key, value, step=step)
-        self.client.set_terminated(run_id, "FINISHED")
+        self.writer.log(run_id, metrics, step=int(metrics.get("train_steps", 0)))
+        self.writer.terminate(run_id, "FINISHED")
         return metrics | tags | {"mlflow_run_id": run_id, "reused_from": origin}
 
     def run_of(self, trial) -> str:
@@ -172,15 +223,13 @@ class ChildRuns(tune.Callback):
         self.runs[trial.trial_id] = run_id
         previous = self.killed.get(config["trial_key"])
         if config.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours
-            self.client.set_tag(run_id, "resumed_from_run", previous)
             history = [
                 m
                 for key in self.METRICS
                 for m in self.client.get_metric_history(previous, key)
                 if m.step < config["resume_step"]
             ]  # the resumed trial reports the checkpoint's step
-            for chunk in range(0, len(history), 1000):
-                self.client.log_batch(run_id, metrics=history[chunk : chunk + 1000])
+            self.writer.log(run_id, history, tags={"resumed_from_run": previous})
         return run_id
 
     def on_trial_start(self, iteration, trials, trial, **info):
@@ -188,35 +237,31 @@ class ChildRuns(tune.Callback):
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self.restarts[trial.trial_id] = self.restarts.get(trial.trial_id, 0) + 1
-        self.client.set_tag(self.run_of(trial), "restarts", self.restarts[trial.trial_id])
+        self.writer.log(self.run_of(trial), tags={"restarts": self.restarts[trial.trial_id]})
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self.run_of(trial)
-        step = int(result.get("step", iteration))
-        metrics = numeric({k: result[k] for k in self.METRICS if k in result})
+        metrics = numeric({k: v for k, v in result.items() if k in self.METRICS or k.startswith(SYSTEM)})
+        tags = {}
         if "node" in result and self.nodes.get(trial.trial_id) != result["node"]:  # first report, or a new node
-            self.nodes[trial.trial_id] = result["node"]
-            self.client.set_tag(run_id, "node", result["node"])
+            self.nodes[trial.trial_id] = tags["node"] = result["node"]
         if result.get("final"):
             metrics.update(numeric({k: v for k, v in result.items() if k in CELL_METRICS + TRIAL_METRICS}))
-            for key in ("status", "reason"):
-                self.client.set_tag(run_id, key, result[key])
-        for key, value in metrics.items():
-            self.client.log_metric(run_id, key, value, step=step)
+            tags |= {key: result[key] for key in ("status", "reason")}
+        self.writer.log(run_id, metrics, step=int(result.get("step", iteration)), tags=tags)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.client.set_terminated(self.run_of(trial), "FINISHED")
+        self.writer.terminate(self.run_of(trial), "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self.run_of(trial)
         self.errors[trial.trial_id] = error_line(trial.error_file)
-        for key, value in {
-            "status": Status.FAILED,
-            "reason": self.errors[trial.trial_id],
-            "error": str(trial.error_file),
-        }.items():
-            self.client.set_tag(run_id, key, value)
-        self.client.set_terminated(run_id, "FAILED")
+        tags = {"status": Status.FAILED, "reason": self.errors[trial.trial_id], "error": str(trial.error_file)}
+        self.writer.log(run_id, tags=tags)
+        self.writer.terminate(run_id, "FAILED")
+
+    def on_experiment_end(self, trials, **info):
+        self.writer.flush()
 
 
 def error_line(error_file: str | None) -> str:

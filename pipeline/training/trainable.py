@@ -1,7 +1,8 @@
 """The Ray Tune trainable: one learning-rate run of a cell, in a Ray worker (``run_cell``).
 
 It fetches the cell's datasets to the node, trains with Lightning (``pipeline/training/train.py``), reports to Tune and
-checkpoints at every validation, and reports the final metrics with the verdict at the end. The driver
+checkpoints at every validation (with the worker's resource use, ``pipeline/training/system.py``), and reports the
+final metrics with the verdict at the end. The driver
 (``pipeline/sweep.py``) hands it to Tune by reference, so a worker imports this module and what it needs, not the
 driver's stage module.
 """
@@ -21,6 +22,7 @@ from ray import tune
 from pipeline.common.cell import CellSpec
 from pipeline.data.storage import fetch
 from pipeline.training.checkpoints import FILE, write_meta
+from pipeline.training.system import SystemSampler
 from pipeline.training.train import SequenceModel, TrialSpec, run_trial
 
 
@@ -38,6 +40,7 @@ def run_cell(config: dict) -> None:
     if spec.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
     where = {"node": node}
+    system = SystemSampler(spec.use_gpu)
 
     def progress(trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
         assert isinstance(module, SequenceModel)  # what run_trial trains
@@ -46,6 +49,7 @@ def run_cell(config: dict) -> None:
             "train_pflops": module.train_flops / 1e15,
             "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
             **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy") if k in m},
+            **system.sample(),
         }
 
     def save(trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:

@@ -296,14 +296,14 @@ def healthy(uri: str) -> bool:
 
 
 @contextlib.contextmanager
-def mlflow_server(tmp_dir: Path, netns: Netns = Netns()) -> Iterator[MlflowServer]:
+def mlflow_server(tmp_dir: Path, netns: Netns = Netns(), backend: str | None = None) -> Iterator[MlflowServer]:
     """``mlflow server`` on 127.0.0.1 (inside ``netns`` if given, e.g. a RayCluster's, so its drivers reach it) with
-    its own SQLite store and artifact root; artifacts go through the server, so clients need no access to the
-    root."""
+    its own SQLite store (or ``backend``: an existing store, to look at) and artifact root; artifacts go through the
+    server, so clients need no access to the root."""
     tmp_dir = Path(tmp_dir)
     root = tmp_dir / "mlartifacts"
     root.mkdir(parents=True, exist_ok=True)
-    backend = f"sqlite:///{tmp_dir / 'mlflow.db'}"
+    backend = backend or f"sqlite:///{tmp_dir / 'mlflow.db'}"
     port = netns.call(free_port)
     uri = f"http://127.0.0.1:{port}"
     log = tmp_dir / "mlflow-server.log"
