@@ -7,7 +7,8 @@ Writes ``report/``: ``index.html`` (the page to open): the claim checks of both 
 (``pipeline/reporting/tables.py``), and
 the figures (``pipeline/reporting/figures.py``: heatmaps, ed_local against ed, accuracy against length, width scans,
 learning curves from the MLflow histories); ``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json``, and
-``results.csv``. Headline numbers and every claim's status go to ``results/report.json`` (a DVC metrics file);
+``results.csv``. Headline numbers and every claim's status go to ``results/report.json`` (a DVC metrics file), the
+data `dvc plots show` draws (learning curves, frontier, accuracies) to ``results/plots/`` (``reporting/plots.py``);
 the directory is logged to the sweep's MLflow parent run, the claims as its tags. A cell is solved when its
 validation accuracy reached the threshold, unsolved when it converged below it, undecided when its budget ran out
 while it was still improving (``pipeline/training/verdict.py``): undecided cells are shown as such and never
@@ -34,6 +35,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.common import config as config_mod
 from pipeline.reporting import claims as claims_mod
 from pipeline.reporting import figures as figures_mod
+from pipeline.reporting import plots as plots_mod
 from pipeline.reporting import tables
 from pipeline.tracking.services import ServiceError, check_mlflow
 
@@ -77,6 +79,7 @@ def html_table(frame: pd.DataFrame) -> str:
     return shown.to_html(index=False, escape=False)
 
 
+CLAIMS_TABLE = "tables/claims.json"  # the claim checks on the MLflow parent run, as an MLflow table
 NIGHTLY_MARKER = "<!-- nightly -->"  # `python -m pipeline.nightly` puts its comparison here
 STATUS_COLOURS = {"holds": "#d4f4d4", "fails": "#f8d0d0", "not tested": "#eeeeee"}
 
@@ -182,7 +185,14 @@ def page(
     return "\n".join(parts)
 
 
-def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: Path, log_mlflow: bool = True) -> dict:
+def report(
+    cfg: config_mod.Config,
+    results: Path,
+    out_dir: Path,
+    metrics_path: Path,
+    plots_dir: Path,
+    log_mlflow: bool = True,
+) -> dict:
     table = load_results(results)
     threshold = cfg.report.accuracy_threshold
     best = tables.min_gflops(table)
@@ -197,6 +207,9 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
     tmp.mkdir(parents=True)
     histories = figures_mod.load_histories(client, table) if client else None
     figures = figures_mod.draw_all(table, tmp, histories)
+    plots_tmp = plots_dir.with_name(plots_dir.name + ".tmp")
+    shutil.rmtree(plots_tmp, ignore_errors=True)
+    plots_mod.write(table, histories, plots_tmp)
     best.to_csv(tmp / "min_gflops.csv", index=False)
     (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, threshold))
     (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")
@@ -229,12 +242,15 @@ def report(cfg: config_mod.Config, results: Path, out_dir: Path, metrics_path: P
         },
     }
     (tmp / "index.html").write_text(page(cfg, table, figures, best, checks, summary))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)  # the report appears whole or not at all
+    # the report and the plot data DVC draws appear whole or not at all, both written before either replaces its old
+    for new, old in ((plots_tmp, plots_dir), (tmp, out_dir)):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(new, old)
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(summary, indent=2) + "\n")
     if client is not None:
         client.log_artifacts(parent, str(out_dir), "report")
+        client.log_table(parent, pd.DataFrame(checks), CLAIMS_TABLE)  # the UI shows it as a table
         for key in ("solved_cells", "claims_hold", "claims_fail", "claims_not_tested"):
             client.log_metric(parent, key, summary[key])
         for check in checks:
@@ -253,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--metrics", default=str(root / "results" / "report.json"), help="metrics file (default: %(default)s)"
     )
+    ap.add_argument(
+        "--plots",
+        default=str(root / "results" / "plots"),
+        help="the data `dvc plots show` draws (default: %(default)s)",
+    )
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to the MLflow parent run")
     args = ap.parse_args(argv)
     try:
@@ -261,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.results),
             Path(args.out),
             Path(args.metrics),
+            Path(args.plots),
             log_mlflow=not args.no_mlflow,
         )
     except (config_mod.ConfigError, ReportError, ServiceError) as err:

@@ -18,7 +18,7 @@ from pipeline.common import config as config_mod
 from pipeline.search.cells import check_architectures
 from pipeline.data.datasets import dataset_path
 from tests.helpers import ROOT
-from tests.helpers.browser import report_problems
+from tests.helpers.browser import report_problems, vega_plots
 from tests.helpers.repo import copy_repo, mlflow_runs, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -34,6 +34,7 @@ def repo(tmp_path_factory) -> Path:
     printed = result.stdout + result.stderr
     assert re.search(r"sweep: (\d+)/\1 trials \| \d+ solved \| 0 running \| 0 failed \|", printed)
     assert "Number of trials" not in printed
+    assert "may be a performance bottleneck" not in printed  # Ray's warning about a driver slow on results
     return dst
 
 
@@ -92,6 +93,53 @@ def test_the_report_page_works_in_chromium(repo):
     and the claim table has a row per claim."""
     assert report_problems(repo / "report") == []
     assert list((repo / "report").glob("curves_*.png"))  # drawn from the MLflow histories, which only this run has
+
+
+def test_dvc_plots_show_and_diff_draw_every_plot_in_chromium_and_exp_show_the_claims(repo, tmp_path):
+    """`dvc plots show` draws the report stage's results/plots/ with our templates (.dvc/plots/): a plot of learning
+    curves per (task, size), a line per architecture, width, depth and seed against step and against training
+    PFLOPs; the frontier, a marker per (task, size, architecture, depth) in a panel per task; the accuracy heatmaps,
+    a panel per (task, architecture, depth) of a rect per cell. Chromium draws each, with DVC's scripts from the CDN,
+    without a script error or warning. `dvc plots diff` against a commit of these outputs draws everything once per
+    revision, the lines told apart by the revision's name. `dvc exp show` lists the headline metrics and claims."""
+    cfg = config_mod.load(repo / "params.yaml")
+    sweep, datasets = cfg.sweep, cfg.sweep_datasets()
+    lines = {f"{a} D={w} d{d}" for a in sweep.architectures for w in sweep.widths for d in sweep.depths}
+    series = {f"{a} d{d}" for a in sweep.architectures for d in sweep.depths}
+    curves = {f"results_plots_curves_{task}_{size}_csv": (task, size) for task, size in datasets}
+    assert run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "outputs", "dvc.lock"],
+               repo).returncode == 0  # HEAD: this run's outputs, which DVC reads back from its cache
+    for args, revs in ((["show"], ["workspace"]), (["diff", "HEAD"], ["HEAD", "workspace"])):
+        result = run(["dvc", "plots", *args, "--out", str(tmp_path / args[0])], repo)
+        assert result.returncode == 0, result.stderr[-2000:]
+        drawn, problems = vega_plots(tmp_path / args[0] / "index.html")
+        assert problems == [], args
+        plots = {p.id: p for p in drawn}
+        assert len(drawn) == len(plots) and set(plots) == {*curves, "results_plots_frontier_csv",
+                                                             "results_plots_accuracy_csv"}, args
+        assert all(p.error is None and p.width > 0 and p.height > 0 for p in drawn), args
+        for plot_id, (task, size) in curves.items():
+            plot, steps = plots[plot_id], pd.read_csv(repo / "results" / "plots" / "curves" / f"{task}_{size}.csv")
+            assert plot.titles == [f"results/plots/curves/{task}_{size}.csv"]
+            assert set(plot.scales["color"]) == lines and plot.scales["strokeDash"] == revs
+            # in each of the two panels, each revision: a line per (architecture, width, depth, seed), a point a step
+            assert plot.marks["line"] == 2 * len(revs) * len(lines) * len(sweep.seeds)
+            assert plot.marks["symbol"] == 2 * len(revs) * len(steps)
+        frontier = plots["results_plots_frontier_csv"]
+        assert set(frontier.scales["color"]) == series and frontier.scales["strokeDash"] == revs
+        assert frontier.marks["symbol"] == len(revs) * len(datasets) * len(series)
+        assert {task for task, _ in datasets} <= set(frontier.titles)
+        heatmaps = plots["results_plots_accuracy_csv"]
+        assert heatmaps.marks["rect"] == heatmaps.marks["text"] == len(revs) * len(datasets) * len(lines)
+        assert {f"{task} · {a} d{d} · {rev}" for task, _ in datasets for a in sweep.architectures
+                for d in sweep.depths for rev in revs} <= set(heatmaps.titles)
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], repo).stdout)
+    metrics = json.loads((repo / "results" / "report.json").read_text())
+    headline = ("cells", "solved_cells", "undecided", "mean_final_accuracy", "claims_hold", "claims_fail",
+                "claims_not_tested")
+    for row in shown:  # the workspace and HEAD
+        got = row["data"]["metrics"]["results/report.json"]["data"]
+        assert {key: got[key] for key in headline} == {key: metrics[key] for key in headline}, row["rev"]
 
 
 def test_second_repro_does_no_work(repo):
@@ -250,3 +298,49 @@ def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
     assert set((repo / "ray_results").iterdir()) == ray_dirs  # nothing to train: Ray never started
     assert pd.read_csv(repo / "again" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
 
+
+
+def test_the_mlflow_ui_shows_the_sweep_as_a_person_expects(repo, tmp_path):
+    """The real MLflow UI, served by `mlflow server` over the tiny pipeline's store and opened in Chromium at the
+    address the sweep prints: the runs view (not the GenAI overview) lists the sweep, whose expander shows its
+    children; a child's page names its train and test datasets and draws its validation curve; the parent's
+    report artifact opens, and its per-cell table is shown as a table."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking.runs import ui_link
+    from tests.helpers.browser import Page
+    from tests.helpers.mlflow_ui import chart_points, click_in_row, shows, type_into, wait_for_frame, wait_until
+    from tests.helpers.services import mlflow_server
+
+    store = f"sqlite:///{repo / 'mlflow.db'}"
+    client = MlflowClient(store)
+    parent = client.get_run(json.loads((repo / "results" / "sweep.json").read_text())["mlflow_parent_run"])
+    experiment = parent.info.experiment_id
+    children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    curves = {c.info.run_id: len(client.get_metric_history(c.info.run_id, "val_accuracy")) for c in children}
+    child = client.get_run(max(curves, key=curves.get))  # the longest curve
+    assert curves[child.info.run_id] >= 2
+    task, size = child.data.params["task"], child.data.params["size"]
+    with mlflow_server(tmp_path, backend=store) as server:
+        printed = ui_link(server.uri, experiment)
+        with Page(printed, width=1400, height=1000) as page:
+            wait_until(page, shows(parent.info.run_name), "the sweep's parent run")
+            assert f"{task}-{size}-train" in page.evaluate("document.body.innerText"), "the parent's datasets"
+            click_in_row(page, parent.info.run_name)
+            wait_until(page, shows(child.info.run_name), "the parent's children after its expander")
+        with Page(ui_link(server.uri, experiment, child.info.run_id), width=1400, height=1000) as page:
+            digest = child.inputs.dataset_inputs[0].dataset.digest
+            wait_until(page, shows(f"{task}-{size}-train ({digest})"), "the child's train dataset")
+        model_metrics = ui_link(server.uri, experiment, child.info.run_id).replace("?", "/model-metrics?")
+        with Page(model_metrics, width=1400, height=1000) as page:
+            wait_until(page, "!!document.querySelector('input[placeholder=\"Search metric charts\"]')", "the charts")
+            type_into(page, "Search metric charts", "val_accuracy")  # the chart may be below the fold
+            points = wait_until(page, chart_points("val_accuracy"), "the child's val_accuracy chart")
+            assert points == curves[child.info.run_id], (points, curves[child.info.run_id])
+        report = ui_link(server.uri, experiment, parent.info.run_id).replace("?", "/artifacts/report/index.html?")
+        with Page(report, width=1400, height=1000) as page:
+            wait_until(page, "!!document.querySelector('iframe')", "the report artifact's viewer")
+            wait_for_frame(page, "Capacity Atlas: profile tiny")
+        table = ui_link(server.uri, experiment, parent.info.run_id).replace("?", "/artifacts/tables/sweep.json?")
+        with Page(table, width=1400, height=1000) as page:
+            wait_until(page, shows(child.data.params["cell_id"]), "the per-cell table as a table")

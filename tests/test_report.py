@@ -14,8 +14,10 @@ import pytest
 from pipeline.common import config as config_mod
 from pipeline.report import report
 from pipeline.reporting.figures import cell_label
+from pipeline.reporting.plots import FRONTIER_KINDS
 from pipeline.reporting.tables import BORDERLINE, BOUND, cell_means
-from tests.helpers.browser import Page, group_running, report_problems
+from tests.helpers import ROOT, browser
+from tests.helpers.browser import BrowserError, Page, group_running, report_problems
 from tests.helpers.tables import rows
 
 
@@ -35,7 +37,8 @@ def synthetic(tmp_path_factory) -> tuple[Path, dict]:
     results = tmp / "sweep.csv"
     table.to_csv(results, index=False)
     out = tmp / "report"
-    return out, report(config_mod.load(profile="tiny"), results, out, tmp / "report.json", log_mlflow=False)
+    return out, report(config_mod.load(profile="tiny"), results, out, tmp / "report.json", tmp / "plots",
+                       log_mlflow=False)
 
 
 def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
@@ -78,6 +81,26 @@ def test_heatmap_cells_show_undecided_and_borderline_apart_from_unsolved():
     assert cell_label(cells.loc[6, 32]) == ("unsolved\n(inferred)", "///")
 
 
+def test_the_report_writes_the_data_dvc_plots_draw_beside_it(synthetic):
+    """results/plots/: per (task, size, architecture, depth) the frontier's width and what it is, a row per cell with
+    its mean test accuracy and the heatmap's label; no learning curves without MLflow."""
+    out, _ = synthetic
+    plots = out.parent / "plots"
+    frontier = pd.read_csv(plots / "frontier.csv").set_index(["task", "size", "arch", "depth"])
+    assert list(frontier.loc[("lis", 4, "standard", 2), ["width", "min_width", "kind"]]) == [
+        16, 16, FRONTIER_KINDS["solved"]]
+    assert list(frontier.loc[("lis", 6, "standard", 2), ["width", "min_width", "kind"]]) == [
+        32, 32, FRONTIER_KINDS["bound"]]  # D=16 is undecided
+    lstm = frontier.loc[("index_lookup", 50, "lstm", 1)]
+    assert lstm.width == 128 and pd.isna(lstm.min_width) and lstm.kind == FRONTIER_KINDS["none"]
+    accuracy = pd.read_csv(plots / "accuracy.csv").set_index(["task", "size", "arch", "width", "depth"])
+    assert len(accuracy) == len(cell_means(pd.read_csv(out / "results.csv")))
+    cell = accuracy.loc[("lis", 6, "standard", 16, 2)]
+    assert cell.status == "undecided" and cell.label == "0.30 undecided"
+    assert accuracy.loc[("index_lookup", 20, "transformer", 64, 1)].accuracy == pytest.approx(0.94)  # 0.95, 0.93
+    assert list((plots / "curves").iterdir()) == [] and not (out.parent / "plots.tmp").exists()
+
+
 def test_the_page_in_chromium_shows_every_figure_and_the_claim_table(synthetic):
     assert report_problems(synthetic[0]) == []
 
@@ -108,3 +131,24 @@ def test_a_closed_browser_page_leaves_no_process_and_no_profile(tmp_path):
         with Page(page_file.as_uri()) as page:
             assert page.evaluate("document.title") == "t"
         assert not group_running(page.proc.pid) and not page.home.exists()
+
+
+def test_a_cdn_script_is_served_from_its_local_copy_or_named_missing(tmp_path, monkeypatch):
+    """A page's script from the CDN (as `dvc plots show`'s page loads vega) comes from the copy ops/install-test-deps
+    made; without the copy, the error says to run it."""
+    page_file = tmp_path / "page.html"
+    page_file.write_text(f"<!doctype html><script src='{browser.CDN}vega@5.20.2'></script>")
+    with Page(page_file.as_uri()) as page:
+        assert page.evaluate("vega.version") == "5.20.2" and page.failed_loads() == []
+    monkeypatch.setattr(browser, "NPM_CACHE", tmp_path / "empty")
+    with pytest.raises(BrowserError, match=r"no copy of vega@5\.20\.2 in .*: run `ops/install-test-deps`"):
+        Page(page_file.as_uri())
+
+
+def test_the_cdn_copies_are_the_versions_dvc_loads():
+    """ops/install-test-deps fetches exactly the scripts the installed dvc-render's page asks the CDN for."""
+    from dvc_render.vega import VegaRenderer
+
+    asked = re.findall(re.escape(browser.CDN) + r"([^\"]+)", VegaRenderer.SCRIPTS)
+    installed = re.search(r"^CDN_PACKAGES=\((.*)\)$", (ROOT / "ops" / "install-test-deps").read_text(), re.M)
+    assert installed and asked == installed.group(1).split()

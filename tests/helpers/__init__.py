@@ -10,7 +10,8 @@ What lives where:
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve.
 - ``tests.helpers.tables``: ``rows``, synthetic sweep-table rows for the claim, report and nightly tests.
 - ``tests.helpers.browser``: headless Chromium over the DevTools protocol (``Page``, ``report_problems``,
-  ``group_running``); ``python -m tests.helpers.browser report/index.html [shot.png]``.
+  ``vega_plots`` for the page of `dvc plots show`, ``group_running``); ``python -m tests.helpers.browser
+  report/index.html [shot.png]``.
 - ``tests.helpers.services``: real services (a two-node Ray cluster, an MLflow server) in a network namespace.
 - tests/conftest.py: the fixtures only (``tiny_cfg``, ``tiny_data``, ``spec``, ``uninterrupted``).
 """

@@ -13,7 +13,9 @@ import base64
 import contextlib
 import fcntl
 import json
+import mimetypes
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +32,10 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--remote-debugging-pipe")
 TIMEOUT = 60.0  # seconds for one protocol reply or the page's load; Chromium starts in ~1 s on 2 idle cores
+# The page of `dvc plots show` loads vega, vega-lite and vega-embed from this CDN, which this machine cannot reach:
+# every Page answers those requests from the npm packages ops/install-test-deps unpacks here (<name>@<version>/).
+CDN = "https://cdn.jsdelivr.net/npm/"
+NPM_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "capacity-atlas" / "npm"
 
 # Every figure on the page, as the browser sees it: an <img> is loaded when complete with a natural width (a missing
 # or undecodable file leaves naturalWidth 0); an inline <svg> when it has a laid-out box.
@@ -53,6 +59,19 @@ def chromium() -> str:
     raise BrowserError(f"none of {', '.join(BINARIES)} is on PATH: run `ops/install-test-deps` (Debian's package)")
 
 
+def cdn_file(url: str) -> Path:
+    """The local copy of what ``url`` (under ``CDN``) serves: ``<name>@<version>`` alone is the package's file for
+    browsers (its package.json's "jsdelivr", as the CDN picks it), ``<name>@<version>/<path>`` that file."""
+    spec, _, path = url.removeprefix(CDN).partition("?")[0].partition("/")
+    package = NPM_CACHE / spec
+    if not (package / "package.json").is_file():
+        raise BrowserError(f"{url}: no copy of {spec} in {NPM_CACHE}: run `ops/install-test-deps`")
+    if not path:
+        meta = json.loads((package / "package.json").read_text())
+        path = meta.get("jsdelivr") or meta["main"]
+    return package / path
+
+
 @dataclass
 class Figure:
     kind: str  # img | svg
@@ -74,7 +93,8 @@ def group_running(pgid: int) -> bool:
 class Page:
     """One page in a fresh headless Chromium (its own profile directory), closed with the browser."""
 
-    def __init__(self, url: str, width: int = 1280, height: int = 900) -> None:
+    def __init__(self, url: str, width: int = 1280, height: int = 900, before_load: str | None = None) -> None:
+        """``before_load``: a script run in the page before any of its own (to watch what the page does)."""
         self.home = Path(tempfile.mkdtemp(prefix="chromium-"))  # a fresh profile and the browser's log
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
@@ -99,6 +119,10 @@ class Page:
             self.session = self._call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
             self.call("Page.enable")
             self.call("Network.enable")  # loadingFailed events name every resource that did not load
+            self.call("Runtime.enable")  # exceptionThrown and consoleAPICalled events: the page's script errors
+            self.call("Fetch.enable", patterns=[{"urlPattern": CDN + "*"}])  # paused for _answer_from_copy
+            if before_load:
+                self.call("Page.addScriptToEvaluateOnNewDocument", source=before_load)
             self.call("Page.navigate", url=url)
             self._wait_event("Page.loadEventFired")
         except BaseException:
@@ -143,7 +167,25 @@ class Page:
                 raise BrowserError(f"Chromium exited: {(self.home / 'chromium.log').read_text()[-2000:]}")
             self._buffer += chunk
         message, self._buffer = self._buffer.split(b"\0", 1)
-        return json.loads(message)
+        received = json.loads(message)
+        if received.get("method") == "Fetch.requestPaused":
+            self._answer_from_copy(received)
+        return received
+
+    def _answer_from_copy(self, paused: dict) -> None:
+        """A CDN request that Fetch.enable paused, answered from its local copy (404 where the package has no such
+        file, as the CDN answers): it must be answered, or the page waits for it. Sent without waiting for the reply,
+        since this runs while another reply is awaited; the reply lands in ``events``."""
+        request = paused["params"]
+        path = cdn_file(request["request"]["url"])
+        if path.is_file():
+            # UTF-8, as the CDN says: else a script takes the page's charset, and DVC's page names none
+            kind = f"{mimetypes.guess_type(path.name)[0] or 'application/octet-stream'}; charset=utf-8"
+            answer = {"responseCode": 200, "responseHeaders": [{"name": "Content-Type", "value": kind}],
+                      "body": base64.b64encode(path.read_bytes()).decode()}
+        else:
+            answer = {"responseCode": 404, "body": ""}
+        self._send("Fetch.fulfillRequest", {"requestId": request["requestId"], **answer}, paused.get("sessionId"))
 
     def _call(self, method: str, session: str | None = None, **params: Any) -> dict:
         wanted = self._send(method, params, session)
@@ -169,7 +211,8 @@ class Page:
 
     # --- what a test asks
     def evaluate(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        """The expression's value (a promise's, once it settles)."""
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
         if "exceptionDetails" in result:
             raise BrowserError(f"{expression[:80]}...: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -188,9 +231,25 @@ class Page:
         return [requests.get(e["params"]["requestId"], e["params"]["errorText"])
                 for e in self.events if e.get("method") == "Network.loadingFailed"]
 
+    def script_errors(self) -> list[str]:
+        """The page's uncaught script errors, and the errors and warnings its scripts logged to the console."""
+        found = []
+        for event in self.events:
+            if event.get("method") == "Runtime.exceptionThrown":
+                details = event["params"]["exceptionDetails"]
+                found.append(details.get("exception", {}).get("description") or details["text"])
+            elif event.get("method") == "Runtime.consoleAPICalled" and event["params"]["type"] in ("error", "warning"):
+                args = event["params"]["args"]
+                found.append(f"console.{event['params']['type']}: "
+                             + " ".join(str(a.get("value", a.get("description", ""))) for a in args))
+        return found
+
     def screenshot(self, path: Path) -> Path:
         """The whole page, top to bottom, as PNG."""
-        data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
+        # clipped to the content's size: unclipped, a page that grew after it loaded (plots drawn by scripts) is cut
+        size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+        data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True, clip=clip)["data"]
         path.write_bytes(base64.b64decode(data))
         return path
 
@@ -217,6 +276,66 @@ def report_problems(report: Path) -> list[str]:
         problems.append(f"claim table: {len(rows) - 1 if rows else 'no'} rows shown, {len(expected)} in claims.json, "
                         "or their cells differ")
     return problems
+
+
+# Run before the page's own scripts: vega-embed, once its script defines it, wrapped so that the view each call draws
+# is kept for VEGA_PLOTS_JS (the page itself is unchanged).
+KEEP_VEGA_VIEWS_JS = """window.__vegaEmbeds = [];
+Object.defineProperty(window, 'vegaEmbed', {configurable: true, set(embed) {
+  const kept = (target, spec, options) => {
+    const done = embed(target, spec, options);
+    window.__vegaEmbeds.push({target: String(target), done});
+    return done;
+  };
+  Object.defineProperty(window, 'vegaEmbed', {value: Object.assign(kept, embed), writable: true, configurable: true});
+}});"""
+# Per vegaEmbed call, once it settled: why it failed, or the size of what it drew on the page, the data marks drawn by
+# type (read from the view as SVG: each line of each panel is one, each point, rect or text one), the texts of its
+# titles (a facet's panel titles among them) and the values of its legends' scales.
+VEGA_PLOTS_JS = """(async () => JSON.stringify(await Promise.all(window.__vegaEmbeds.map(async ({target, done}) => {
+  const plot = {id: target.replace(/^#/, ''), error: null, width: 0, height: 0, marks: {}, titles: [], scales: {}};
+  let view;
+  try { view = (await done).view; } catch (e) { return {...plot, error: String(e)}; }
+  const drawn = document.getElementById(plot.id).querySelector('.marks').getBoundingClientRect();
+  [plot.width, plot.height] = [drawn.width, drawn.height];
+  const svg = new DOMParser().parseFromString(await view.toSVG(), 'image/svg+xml');
+  for (const group of svg.querySelectorAll('g.role-mark')) {
+    const type = group.getAttribute('class').match(/mark-(\\w+)/)[1];
+    plot.marks[type] = (plot.marks[type] || 0) + group.children.length;
+  }
+  plot.titles = [...svg.querySelectorAll('.role-title-text text')].map(t => t.textContent);
+  for (const name of ['color', 'strokeDash', 'shape']) {
+    try { plot.scales[name] = view.scale(name).domain(); } catch (e) { /* the plot has no such scale */ }
+  }
+  return plot;
+}))))()"""
+# vega-embed 6.18 compares the "v5" of a spec's $schema with the library's full version, and warns of the difference
+# on every plot (DVC's own templates' too): not a problem of the page.
+VERSION_NOTICE = re.compile(r"console\.warning: The (input|compiled) spec uses Vega(-Lite)? v5, but")
+
+
+@dataclass
+class VegaPlot:
+    id: str  # the element it was drawn into: on DVC's page the plot's id, e.g. results_plots_frontier_csv
+    error: str | None  # why vega-embed failed to draw it
+    width: float
+    height: float
+    marks: dict[str, int]  # data marks by type: line, symbol, rect, text
+    titles: list[str]
+    scales: dict[str, list]  # legend scales' values: color, strokeDash, shape
+
+
+def vega_plots(page_file: Path, screenshot: Path | None = None) -> tuple[list[VegaPlot], list[str]]:
+    """Every plot vega-embed draws on a page (``dvc plots show`` or ``dvc plots diff``'s index.html), as Chromium
+    draws it with the page's scripts from the CDN, and what is wrong with the page: a resource that failed to load, a
+    script error or warning (Vega's too: an empty scale, a field not found). A screenshot to look at, if asked."""
+    with Page(page_file.resolve().as_uri(), before_load=KEEP_VEGA_VIEWS_JS) as page:
+        plots = [VegaPlot(**p) for p in json.loads(page.evaluate(VEGA_PLOTS_JS))]
+        problems = [f"failed to load: {url}" for url in page.failed_loads()]
+        problems += [e for e in page.script_errors() if not VERSION_NOTICE.match(e)]
+        if screenshot:
+            page.screenshot(screenshot)
+    return plots, problems
 
 
 def main() -> None:
