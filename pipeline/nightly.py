@@ -8,7 +8,9 @@ metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow paren
 ``nightly.date`` / ``nightly.commit``). The comparison with the latest earlier night of the same profile
 (``pipeline/reporting/comparison.py``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
 goes to ``report/nightly.md``, into the night's directory and into a section of ``report/index.html``. Changes to
-or from undecided and borderline verdict flips are listed apart, and are not regressions.
+or from undecided and borderline verdict flips are listed apart, and are not regressions. With it, the atlas over
+time (``pipeline/reporting/history.py``): per (task, size), every recorded night's minimum width and test accuracy,
+the last night's regressions ringed in red.
 
 Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
 (a scheduler alerts on it; the undecided and borderline lists never fail a night), 2 the pipeline or the config
@@ -18,6 +20,7 @@ failed, 3 another nightly run holds the lock (``--wait`` waits for it instead).
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import shutil
 import subprocess
@@ -31,22 +34,15 @@ from mlflow.tracking import MlflowClient
 from pipeline.common import config as config_mod
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
-from pipeline.report import NIGHTLY_MARKER
+from pipeline.report import NIGHTLY_MARKER, figures_html
 from pipeline.reporting import comparison
+from pipeline.reporting import history as history_mod
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
 
 
 def previous_night(history: Path, profile: str, current: Path) -> Path | None:
-    nights = [
-        d
-        for d in sorted(history.iterdir())
-        if d.is_dir()
-        and d != current
-        and d.name < current.name
-        and (d / "meta.json").exists()
-        and json.loads((d / "meta.json").read_text())["profile"] == profile
-    ]
+    nights = [d for d in history_mod.nights(history, profile) if d.name < current.name]
     return nights[-1] if nights else None
 
 
@@ -97,12 +93,21 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
             )
             text = comparison.markdown(result, f"{title}, against {before.name}")
         (night / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
-        for path in (night / "nightly.md", repo / "report" / "nightly.md"):
+        report_dir = repo / "report"
+        for stale in report_dir.glob(f"{history_mod.PREFIX}*.png"):  # an earlier night's, if DVC restored report/
+            stale.unlink()
+        drawn = history_mod.draw(
+            history_mod.load(history, cfg.profile), result, cfg.report.accuracy_threshold, report_dir
+        )
+        for name in (f.name for f in drawn if f.name):
+            shutil.copy2(report_dir / name, night / name)
+        text += "\n" + history_mod.markdown(drawn)
+        for path in (night / "nightly.md", report_dir / "nightly.md"):
             path.write_text(text)
-        page = repo / "report" / "index.html"
+        page = report_dir / "index.html"
         html_section = (
             f"<h2>Nightly comparison</h2><p>{title}, against {before.name if before else 'nothing (first night)'}"
-            f".</p>" + comparison.html(result)
+            f".</p>" + comparison.html(result) + figures_html(drawn) + f"<p>{html.escape(history_mod.NOTE)}</p>"
         )
         page.write_text(page.read_text().replace(NIGHTLY_MARKER, html_section, 1))
         print(text)

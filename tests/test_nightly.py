@@ -4,6 +4,7 @@ injected regression (slow, integration)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pipeline.common.config import NightlyConfig
 from pipeline.common.locks import LockBusy, owned
 from pipeline.reporting.comparison import LISTS, compare, html, markdown
 from tests.helpers import ROOT
+from tests.helpers.browser import report_problems
 from tests.helpers.tables import rows
 
 
@@ -116,5 +118,16 @@ def test_two_nights_with_an_injected_regression(tmp_path):
     assert not result["new"] and not result["missing"]
     page = (repo / "report" / "index.html").read_text()
     assert "Nightly comparison" in page and "injected regression" in page
+    # the atlas over time: a figure per (task, size) over both nights, on the page, in nightly.md and the night's copy
+    drawn = ["nightly_history_arithmetic_2.png", "nightly_history_lis_3.png"]
+    assert sorted(p.name for p in (repo / "report").glob("nightly_history_*.png")) == drawn
+    section = page.index("<h2>Nightly comparison</h2>")
+    assert section < page.index("<h3>The atlas over time</h3>") < page.index("<h2>", section + 1)  # in the section
+    assert all(f"<img src='{name}'" in page and (nights[1] / name).read_bytes().startswith(b"\x89PNG")
+               for name in drawn)
+    for task in ("arithmetic 2", "lis 3"):  # lstm's D=8 and D=16 ringed
+        assert re.search(f"<figcaption>{task}: 2 nights, [^<]*, 2 of verdict or accuracy</figcaption>", page)
+    assert "(nightly_history_lis_3.png)" in (repo / "report" / "nightly.md").read_text()
+    assert report_problems(repo / "report") == []  # every figure shown and loaded in Chromium, the page not too wide
     meta = json.loads((nights[1] / "meta.json").read_text())
     assert meta["commit"].endswith("-dirty") and meta["profile"] == "tiny"

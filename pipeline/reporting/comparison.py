@@ -63,6 +63,11 @@ def cell_name(r) -> str:
     return f"{r.task} {size} {r.arch} D={r.width} d{r.depth} seed {r.seed}"
 
 
+def row_name(task: str, size, arch: str, depth) -> str:
+    """A row of the minimum-width table, as a ``min_width`` change names it."""
+    return f"{task} {size} {arch} d{depth}"
+
+
 def throughput(r) -> float:
     """PFLOP/s of training; NaN for a cell that did not train (inferred)."""
     seconds = getattr(r, "train_seconds", math.nan)
@@ -149,7 +154,7 @@ def compare(
             crossed = any(k[:4] == (task, size, arch, depth) and min(a, b) <= k[4] < max(a, b) for k in near)
             kind = width_change(a, b, bool(w.undecided_a or w.undecided_b), crossed)
             shown = width_shown(a, w.undecided_a), width_shown(b, w.undecided_b)
-            changes.append(Change(kind, "min_width", f"{task} {size} {arch} d{depth}", *shown))
+            changes.append(Change(kind, "min_width", row_name(task, size, arch, depth), *shown))
     claims_before, claims_after = claims_before or {}, claims_after or {}
     for claim in sorted(claims_before.keys() & claims_after.keys()):
         a, b = claims_before[claim], claims_after[claim]
