@@ -31,12 +31,14 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from benchmarks.repeats import spread
 from benchmarks.results import Results, figure, out_option, out_path
 from pipeline.common.cell import CellSpec
 from pipeline.search.frontier import Cell, GridPlan
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.console import SweepProgress
 from pipeline.tracking.runs import ChildRuns, start_parent
+from pipeline.tracking.writer import GATHER
 from pipeline.training.status import Status
 from tests.helpers.services import mlflow_server
 
@@ -102,7 +104,7 @@ def store(kind: str, work: Path) -> Iterator[str]:
             yield server.uri
 
 
-def feed(uri: str, trials: int, validations: int, running: int) -> tuple[Timings, float, int]:
+def feed(uri: str, trials: int, validations: int, running: int, gather: float) -> tuple[Timings, float, int]:
     """One sweep's worth of simulated trials through the callbacks; returns the timings, the seconds from the
     first start until every write is done, and the results fed."""
     client, parent = start_parent(uri, "bench-driver", "bench", params={"trials": trials}, tags={})
@@ -111,6 +113,7 @@ def feed(uri: str, trials: int, validations: int, running: int) -> tuple[Timings
     searcher.needs_training()
     experiment = client.get_run(parent).info.experiment_id
     children = ChildRuns(client, experiment, parent, profile="bench")
+    children.writer.gather = gather
     progress = SweepProgress(searcher, children.writer, parent, out=io.StringIO())
     t = Timings()
     began = time.perf_counter()
@@ -136,6 +139,7 @@ def feed(uri: str, trials: int, validations: int, running: int) -> tuple[Timings
             callback.on_trial_result(iteration, [], trial, result)
         t.result.append(time.perf_counter() - tick)
         fed += 1
+        time.sleep(0)  # Tune's loop waits on Ray between results, which lets other threads run
         if k <= validations:
             live.append((trial, k))
             continue
@@ -173,29 +177,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", choices=("server", "sqlite"), default="server",
                     help="an `mlflow server` on 127.0.0.1 (a cluster's setup) or a SQLite file (the default profile's)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gather", type=float, nargs="+", default=[GATHER],
+                    help="seconds the MLflow writer waits for more writes to send together; several: side by side")
     out_option(ap, "bench_driver")
     args = ap.parse_args(argv)
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # as the sweep does
     res = Results("bench_driver", argv)
-    settings = {k: getattr(args, k) for k in ("trials", "validations", "running", "store", "repeats")}
-    rows: dict[str, list[float]] = {"result_median_ms": [], "result_p95_ms": [], "start_median_ms": [],
-                                    "complete_median_ms": [], "results_per_s": []}
+    settings = {k: getattr(args, k) for k in ("trials", "validations", "running", "store", "repeats", "gather")}
+    names = ("result_median_ms", "result_p95_ms", "start_median_ms", "complete_median_ms", "results_per_s")
+    rows: dict[float, dict[str, list[float]]] = {g: {k: [] for k in names} for g in args.gather}
     print(f"{args.trials} trials x ({args.validations} validations + 1 final), {args.running} at a time, "
           f"MLflow {args.store}")
     for r in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="bench-driver-") as tmp, store(args.store, Path(tmp)) as uri:
-            t, seconds, fed = feed(uri, args.trials, args.validations, args.running)
-        row = {"result_median_ms": 1000 * statistics.median(t.result), "result_p95_ms": ms(t.result, 0.95),
-               "start_median_ms": 1000 * statistics.median(t.start),
-               "complete_median_ms": 1000 * statistics.median(t.complete), "results_per_s": fed / seconds}
-        for k, v in row.items():
-            rows[k].append(v)
-        print(f"repeat {r + 1}: result {row['result_median_ms']:.2f} ms median, {row['result_p95_ms']:.2f} ms p95; "
-              f"trial start {row['start_median_ms']:.1f} ms, completion {row['complete_median_ms']:.1f} ms; "
-              f"{row['results_per_s']:.0f} results/s ({fed} results in {seconds:.1f} s, every write done)")
+        # several gathering waits side by side, the order turned every round: a slow spell favours none
+        for gather in args.gather if r % 2 == 0 else args.gather[::-1]:
+            with tempfile.TemporaryDirectory(prefix="bench-driver-") as tmp, store(args.store, Path(tmp)) as uri:
+                t, seconds, fed = feed(uri, args.trials, args.validations, args.running, gather)
+            row = {"result_median_ms": 1000 * statistics.median(t.result), "result_p95_ms": ms(t.result, 0.95),
+                   "start_median_ms": 1000 * statistics.median(t.start),
+                   "complete_median_ms": 1000 * statistics.median(t.complete), "results_per_s": fed / seconds}
+            for k, v in row.items():
+                rows[gather][k].append(v)
+            print(f"round {r + 1}, gather {gather:g} s: result {row['result_median_ms']:.2f} ms median, "
+                  f"{row['result_p95_ms']:.2f} ms p95; trial start {row['start_median_ms']:.1f} ms, completion "
+                  f"{row['complete_median_ms']:.1f} ms; {row['results_per_s']:.0f} results/s ({fed} results in "
+                  f"{seconds:.1f} s, every write done)")
     figures = res.section(args.store, settings)
-    for k, v in rows.items():
-        figures[k] = figure(v, "results/s" if k == "results_per_s" else "ms")
+    for gather, measured in rows.items():
+        figures[f"gather {gather:g} s"] = {
+            k: figure(v, "results/s" if k == "results_per_s" else "ms") for k, v in measured.items()
+        }
+        print(f"gather {gather:g} s: {spread(measured['results_per_s'], '.0f')} results/s, result "
+              f"{spread(measured['result_median_ms'], '.2f')} ms median")
     res.write(out_path(args, "bench_driver"))
     return 0
 

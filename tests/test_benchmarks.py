@@ -173,7 +173,7 @@ def test_driver_benchmark_feeds_the_real_callbacks_and_a_real_server(tmp_path, c
                        "--out", str(tmp_path / "driver.json")])
     out = capsys.readouterr().out
     assert "12 trials x (3 validations + 1 final), 5 at a time, MLflow server" in out and "results/s" in out
-    figures = read_results(tmp_path / "driver.json", "bench_driver")["server"]["figures"]
+    figures = read_results(tmp_path / "driver.json", "bench_driver")["server"]["figures"]["gather 0.2 s"]
     assert set(figures) == {"result_median_ms", "result_p95_ms", "start_median_ms", "complete_median_ms",
                             "results_per_s"}
     assert all(is_figure(f) for f in figures.values()) and figures["results_per_s"]["median"] > 0

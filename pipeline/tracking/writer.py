@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from mlflow.entities import DatasetInput, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+GATHER = 0.2  # seconds a write may wait for others to go out with it: a server's cost is per request
 # MLflow's limits for one log_batch call: entities in all, and params and tags each
 MAX_ENTITIES, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
 
@@ -37,8 +38,8 @@ class Batch:
 
 
 class RunWriter:
-    def __init__(self, client: MlflowClient):
-        self.client = client
+    def __init__(self, client: MlflowClient, gather: float = GATHER):
+        self.client, self.gather = client, gather
         self.errors: list[str] = []
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
@@ -94,6 +95,7 @@ class RunWriter:
         assert self._queue is not None
         while True:
             items = [self._queue.get()]
+            time.sleep(self.gather)  # lets a run's next reports join its batch
             while not self._queue.empty():  # everything queued meanwhile goes out together
                 items.append(self._queue.get())
             self._send(items)
