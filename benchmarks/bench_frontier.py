@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_frontier            (about 6 minutes on 2 cores)
     python -m benchmarks.bench_frontier --quick    (a minute: 2 sizes x 4 widths, 100 steps; checks the wiring)
+    python -m benchmarks.bench_frontier --replay results/trials.csv --slots 8     (seconds: nothing is trained)
 
 Runs the real sweep stage (Ray Tune, Lightning, a scratch SQLite MLflow, no reuse) three times on the same data
 and seeds: the full grid with fixed budgets (every trial runs all its steps; the verdict still records whether
@@ -10,6 +11,10 @@ solved. Prints trials trained, total training PFLOPs, wall seconds, and whether 
 the fixed-budget grid's. No budget is extended and no trial is judged converged before its budget ends, in all
 three, so that a trial's verdict cannot depend on the mode: a trial stopped once solved follows the same steps as
 its fixed-budget twin up to that point, and one that is not is judged at its budget's end by the same rule.
+
+``--replay TRIALS`` trains nothing: it replays every strategy (``pipeline/search/frontier.py``'s plans) over the
+trials a grid sweep recorded (its ``results/trials.csv``, ``pipeline/search/replay.py``), scheduled on ``--slots``
+slots, and prints for each: trials, training PFLOPs, wall time, and whether its table equals the full grid's.
 
 The figures go to ``docs/benchmarks/bench_frontier.json`` (``--out``; a ``--quick`` run writes none unless given),
 with the command line, date and commit (``benchmarks/results.py``). Each is one run: the FLOPs are exact counts, the
@@ -32,6 +37,8 @@ from benchmarks.results import Results, figure, out_option, out_path  # noqa: E4
 from pipeline.common import config as config_mod  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
+from pipeline.search.frontier import PLANS  # noqa: E402
+from pipeline.search.replay import load_trials, replay  # noqa: E402
 from pipeline.sweep import sweep  # noqa: E402
 
 GRID = {  # lis n = 4, 5, 6 x 5 widths: the minimum width grows with n on this CPU budget
@@ -83,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_frontier", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a toy grid, to check the wiring in seconds")
+    ap.add_argument("--replay", type=Path, metavar="TRIALS", help="a grid sweep's trials.csv to replay, untrained")
+    ap.add_argument("--slots", type=int, default=2, help="trial slots of the replay (default: %(default)s)")
     out_option(ap, "bench_frontier")
     args = ap.parse_args(argv)
+    if args.replay:
+        return replayed(args, argv)
     grid = QUICK if args.quick else GRID
     with tempfile.TemporaryDirectory(prefix="bench-frontier-") as tmp:
         modes = run_modes(grid, Path(tmp))
@@ -110,6 +121,27 @@ def main(argv: list[str] | None = None) -> int:
     print("\nsmallest solved width per size (frontier):")
     print(modes["frontier, stop when solved"]["table"].to_string(index=False))
     res.write(out_path(args, "bench_frontier"))
+    return 0
+
+
+def replayed(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Every strategy over a recorded grid's trials, side by side; the grid's replay is the reference."""
+    recorded = load_trials(args.replay)
+    runs = {name: replay(plan(list(recorded)), recorded, args.slots) for name, plan in PLANS.items()}
+    reference = runs["grid"]
+    res = Results("bench_frontier", argv)
+    figures = res.section("replay", {"trials_csv": str(args.replay), "slots": args.slots, "cells": len(recorded)})
+    print(f"\n{args.replay}: {len(recorded)} cells, {sum(map(len, recorded.values()))} trials recorded; "
+          f"{args.slots} slots\n")
+    print(f"{'strategy':10} {'trials':>6} {'train PFLOPs':>13} {'grid / this':>11} {'wall s':>8}  same table")
+    for name, run in runs.items():
+        ratio = reference.pflops / run.pflops if run.pflops else float("nan")
+        same = run.table == reference.table
+        print(f"{name:10} {run.trials:6d} {run.pflops:13.5f} {ratio:10.2f}x {run.wall:8.1f}  {same}")
+        figures[name] = {"trials": run.trials, "train_pflops": figure(run.pflops, "PFLOP"),
+                         "grid_over_strategy": figure(ratio, "x"), "wall_s": figure(run.wall, "s"), "same_table": same}
+    if args.out is not None:
+        res.write(args.out)
     return 0
 
 
