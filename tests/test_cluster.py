@@ -42,14 +42,20 @@ def test_a_sweep_on_two_token_authenticated_nodes_records_everything_on_the_serv
             client = MlflowClient(server.uri)
             exp = client.get_experiment_by_name("capacity-atlas")
             runs = client.search_runs([exp.experiment_id])
-            return runs, {r.info.run_id: [a.path for a in client.list_artifacts(r.info.run_id)] for r in runs}
+
+            def files(run_id: str, path: str | None = None) -> list[str]:  # the artifact files, in folders too
+                return [f for a in client.list_artifacts(run_id, path)
+                        for f in (files(run_id, a.path) if a.is_dir else [a.path])]
+
+            return runs, {r.info.run_id: files(r.info.run_id) for r in runs}
 
         runs, artifacts = server.netns.call(recorded)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
     assert {c.data.tags["node"] for c in children} == set(cluster.node_ips), result.stdout[-4000:]  # both trained
     stored = {p.name for p in server.artifact_root.rglob("*") if p.is_file()}
-    assert "config.yaml" in stored and all(Path(a).name in stored for paths in artifacts.values() for a in paths)
+    assert {"config.yaml", "sweep.json"} <= stored  # the parent's config and its per-cell table (an MLflow table)
+    assert all(Path(a).name in stored for paths in artifacts.values() for a in paths)
     assert (shared / "datasets").is_dir()  # the trials read the data from there
     trial_dirs = [d for d in shared.glob("*/*-lr*") if d.is_dir()]
     assert len(trial_dirs) == 2 and not [c for d in trial_dirs for c in d.glob("checkpoint_*")]  # deleted once done

@@ -277,3 +277,29 @@ def test_the_writer_sends_in_order_merges_batches_and_keeps_what_failed(store):
     assert len(writer.errors) == 1 and "param" in writer.errors[0].lower(), writer.errors
     copy = cloudpickle.loads(cloudpickle.dumps(writer))
     assert copy._thread is None and copy.errors == writer.errors
+
+
+def test_a_resumed_trials_curve_comes_from_its_checkpoint_not_from_what_a_dead_driver_wrote(store):
+    """A driver killed before its writer sent a run's last validations: the trial resumed from its checkpoint
+    reports the validations the checkpoint holds, and its new run has each of them once (and the dead run's other
+    curves up to the checkpoint)."""
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.create_experiment("resume")
+    parent = client.create_run(experiment).info.run_id
+    dead = client.create_run(experiment).info.run_id
+    client.log_metric(dead, "val_accuracy", 0.1, step=10)  # step 20 was still queued when the driver died
+    client.log_metric(dead, "train_loss", 2.0, step=10)
+    cell = make_cell(run_key="k")
+    trial = types.SimpleNamespace(trial_id="t1", error_file=None, config={
+        "cell": asdict(cell), "train": {"lr": 1e-3}, "trial_key": "c1/lr", "resume": "/ckpt", "resume_step": 20})
+    children = ChildRuns(client, experiment, parent, "tiny", killed={"c1/lr": dead})
+    children.on_trial_start(0, [], trial)
+    history = [{"step": 10, "loss": 2.5, "accuracy": 0.1}, {"step": 20, "loss": 2.0, "accuracy": 0.3}]
+    children.on_trial_result(0, [], trial, {"step": 20, "val_accuracy": 0.3, "val_loss": 2.0, "history": history})
+    children.on_trial_result(0, [], trial, {"step": 30, "val_accuracy": 0.5, "val_loss": 1.5})
+    children.on_experiment_end([])
+    run_id = children.runs["t1"]
+    curve = [(m.step, m.value) for m in client.get_metric_history(run_id, "val_accuracy")]
+    assert sorted(curve) == [(10, 0.1), (20, 0.3), (30, 0.5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(10, 2.0)]
+    assert client.get_run(run_id).data.tags["resumed_from_run"] == dead

@@ -149,6 +149,7 @@ class ChildRuns(tune.Callback):
     and, at the end, its verdict; every report becomes metrics at its step."""
 
     METRICS = ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy", "final_accuracy", "train_pflops", "lr")
+    HISTORY = {"loss": "val_loss", "accuracy": "val_accuracy"}  # a resumed trial's validations, from its checkpoint
 
     def __init__(
         self,
@@ -165,6 +166,7 @@ class ChildRuns(tune.Callback):
         self.errors: dict[str, str] = {}  # Tune trial id -> the error's last line
         self.restarts: dict[str, int] = {}  # Tune trial id -> retries after a worker died or the trial raised
         self.nodes: dict[str, str] = {}  # Tune trial id -> the Ray node it runs on
+        self.validated: dict[str, set[int]] = {}  # MLflow run id -> the steps of the validations logged on it
 
     def child(self, cell: CellSpec, train: dict, trial_key: str, **tags) -> str:
         """A child run of the parent for one learning-rate run of ``cell``; returns the run id."""
@@ -226,6 +228,7 @@ class ChildRuns(tune.Callback):
             history = [
                 m
                 for key in self.METRICS
+                if key not in self.HISTORY.values()  # the trial reports them from its checkpoint
                 for m in self.client.get_metric_history(previous, key)
                 if m.step < config["resume_step"]
             ]  # the resumed trial reports the checkpoint's step
@@ -248,7 +251,16 @@ class ChildRuns(tune.Callback):
         if result.get("final"):
             metrics.update(numeric({k: v for k, v in result.items() if k in CELL_METRICS + TRIAL_METRICS}))
             tags |= {key: result[key] for key in ("status", "reason")}
-        self.writer.log(run_id, metrics, step=int(result.get("step", iteration)), tags=tags)
+        step = int(result.get("step", iteration))
+        validated = self.validated.setdefault(run_id, set())
+        for check in result.get("history", []):  # a resumed trial: the validations its checkpoint holds
+            if check["step"] not in validated:
+                validated.add(check["step"])
+                self.writer.log(run_id, numeric({self.HISTORY[k]: check[k] for k in self.HISTORY}), step=check["step"])
+                if check["step"] == step:  # the report's own validation: logged once
+                    metrics = {k: v for k, v in metrics.items() if k not in self.HISTORY.values()}
+        validated.update([step] if "val_accuracy" in metrics else [])
+        self.writer.log(run_id, metrics, step=step, tags=tags)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.writer.terminate(self.run_of(trial), "FINISHED")

@@ -24,6 +24,7 @@ from pipeline.data.storage import fetch
 from pipeline.training.checkpoints import FILE, write_meta
 from pipeline.training.system import SystemSampler
 from pipeline.training.train import SequenceModel, TrialSpec, run_trial
+from pipeline.training.verdict import Verdict
 
 
 def run_cell(config: dict) -> None:
@@ -59,7 +60,11 @@ def run_cell(config: dict) -> None:
         )
 
     def resumed(trainer: L.Trainer, module: L.LightningModule, metrics: dict) -> None:
-        tune.report(progress(trainer, module, metrics))
+        # the validations before the checkpoint, as the checkpoint holds them: the driver that logged them may
+        # have died before its writes reached MLflow
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set on the Trainer by its connector
+        verdict = next(c for c in callbacks if isinstance(c, Verdict))
+        tune.report(progress(trainer, module, metrics) | {"history": [vars(c) for c in verdict.checks]})
 
     checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as directory:
