@@ -177,3 +177,13 @@ def test_driver_benchmark_feeds_the_real_callbacks_and_a_real_server(tmp_path, c
     assert set(figures) == {"result_median_ms", "result_p95_ms", "start_median_ms", "complete_median_ms",
                             "results_per_s"}
     assert all(is_figure(f) for f in figures.values()) and figures["results_per_s"]["median"] > 0
+
+
+def test_batch_benchmark_times_both_collates_side_by_side(tmp_path, capsys):
+    from benchmarks import bench_batches
+
+    bench_batches.main(["--quick", "--samples", "600", "--batch", "64", "--out", str(tmp_path / "b.json")])
+    out = capsys.readouterr().out
+    assert "vectorised" in out and "per sample" in out and "ratio" in out
+    figures = read_results(tmp_path / "b.json", "bench_batches")["collate_lis10"]["figures"]
+    assert all(is_figure(figures[k]) for k in ("vectorised_batches_per_s", "per_sample_batches_per_s", "ratio"))

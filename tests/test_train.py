@@ -7,7 +7,7 @@ import torch
 import models
 import tasks
 from pipeline.data.datasets import dataset_path, read_dataset
-from pipeline.training.batches import IGNORE, Collate, LengthBuckets
+from pipeline.training.batches import IGNORE, Collate, LengthBuckets, collate, collate_reference
 from pipeline.training.evaluation import final_answers, greedy_accuracy
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, TrialSpec, run_trial
 
@@ -29,6 +29,20 @@ def test_collate_trains_only_after_the_prompt(tiny_data):
     seq, p = data.sequence(0).astype(np.int64), int(data.prompt_len[0])
     assert torch.equal(inputs[0, :len(seq) - 1], torch.from_numpy(seq[:-1]))
     assert (targets[0, :p - 1] == IGNORE).all() and torch.equal(targets[0, p - 1:len(seq) - 1], torch.from_numpy(seq[p:]))
+
+
+@pytest.mark.parametrize("task", ["lis", "arithmetic"])
+def test_the_vectorised_collate_equals_the_sample_by_sample_one(tiny_data, task):
+    """Every batch of a real epoch (length buckets, and shuffled batches of mixed lengths, the last sample of the
+    file among them): the same inputs and targets as the loop over samples."""
+    size = {"lis": 3, "arithmetic": 2}[task]
+    data = read_dataset(dataset_path(tiny_data, task, size, "train"))
+    rng = np.random.default_rng(0)
+    batches = [np.asarray(b) for b in LengthBuckets(data.lengths, 16, seed=0)]
+    batches += [rng.choice(len(data), size=7, replace=False) for _ in range(20)] + [np.array([len(data) - 1, 0])]
+    for rows in batches:
+        fast, plain = collate(data, rows), collate_reference(data, rows)
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(fast, plain)), rows
 
 
 def test_length_buckets_cover_every_sample_once_per_epoch():

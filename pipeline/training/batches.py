@@ -71,17 +71,38 @@ class Collate:
     def __call__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mine = idx[self.rank :: self.world]
         share = self.world * self.predicted[mine].sum() / self.predicted[idx].sum() if self.world > 1 else 1.0
-        idx = mine
-        seqs = [self.data.sequence(i) for i in idx]
-        T = max(len(s) for s in seqs) - 1
-        inputs = np.full((len(seqs), T), PAD_ID, dtype=np.int64)
-        targets = np.full((len(seqs), T), IGNORE, dtype=np.int64)
-        for r, (i, s) in enumerate(zip(idx, seqs)):
-            n = len(s) - 1
-            inputs[r, :n] = s[:-1]
-            p = int(self.data.prompt_len[i])
-            targets[r, p - 1 : n] = s[p:]  # predict every token after the prompt
+        inputs, targets = collate(self.data, np.asarray(mine))
         return torch.from_numpy(inputs), torch.from_numpy(targets), torch.tensor(float(share))
+
+
+def collate(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) of the samples ``rows``, each (B, T), T = the longest input: one gather from the flat
+    token array, no loop over samples (``collate_reference`` is the loop it is tested against)."""
+    starts = data.offsets[rows]  # (B,) where each sequence starts in data.values
+    n = data.offsets[rows + 1] - starts - 1  # (B,) input tokens: the sequence, <eos> included, less its last
+    pos = np.arange(int(n.max()))  # (T,)
+    inside = pos < n[:, None]  # (B, T) a token of the sequence, else padding
+    # (B, T) input t is values[start + t], its target the next; padding reads a token in range, masked below
+    at = np.minimum(starts[:, None] + pos, len(data.values) - 2)
+    # the gathered tokens as int64 (uint16 on disk, where -100 would wrap); never the whole array
+    inputs = np.where(inside, data.values[at].astype(np.int64), PAD_ID)
+    predicted = inside & (pos >= data.prompt_len[rows][:, None] - 1)  # (B, T) every token after the prompt
+    targets = np.where(predicted, data.values[at + 1].astype(np.int64), IGNORE)
+    return inputs, targets
+
+
+def collate_reference(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``collate``, a sample at a time."""
+    seqs = [data.sequence(i) for i in rows]
+    T = max(len(s) for s in seqs) - 1
+    inputs = np.full((len(seqs), T), PAD_ID, dtype=np.int64)
+    targets = np.full((len(seqs), T), IGNORE, dtype=np.int64)
+    for r, (i, s) in enumerate(zip(rows, seqs)):
+        n = len(s) - 1
+        inputs[r, :n] = s[:-1]
+        p = int(data.prompt_len[i])
+        targets[r, p - 1 : n] = s[p:]  # predict every token after the prompt
+    return inputs, targets
 
 
 def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1) -> DataLoader:
