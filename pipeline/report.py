@@ -209,7 +209,7 @@ def report(
     figures = figures_mod.draw_all(table, tmp, histories)
     plots_tmp = plots_dir.with_name(plots_dir.name + ".tmp")
     shutil.rmtree(plots_tmp, ignore_errors=True)
-    plots_mod.write(table, histories, plots_tmp)
+    plots_mod.write(table, best, histories, plots_tmp)
     best.to_csv(tmp / "min_gflops.csv", index=False)
     (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, threshold))
     (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.reporting.figures import cell_label
-from pipeline.reporting.tables import cell_means, min_gflops
+from pipeline.reporting.tables import cell_means
 
 CURVES = "curves"
 CURVE_COLUMNS = ["line", "arch", "width", "depth", "seed", "step", "train_pflops", "val_accuracy"]
@@ -43,10 +43,10 @@ def curves(histories: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return {f"{task}_{size}.csv": mine[CURVE_COLUMNS] for (task, size), mine in shown.groupby(["task", "size"])}
 
 
-def frontier(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (task, size, architecture, depth): ``min_width`` (empty where no width solved) and the width the
-    plot draws: the minimum where there is one, else the widest trained, with its ``kind`` (``FRONTIER_KINDS``)."""
-    best = min_gflops(table)
+def frontier(table: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
+    """One row per (task, size, architecture, depth) of ``best`` (``tables.min_gflops`` of ``table``):
+    ``min_width`` (empty where no width solved) and the width the plot draws: the minimum where there is one, else
+    the widest trained, with its ``kind`` (``FRONTIER_KINDS``)."""
     widest = table.groupby(["task", "size", "arch", "depth"]).width.max()
     rows = []
     for r in best.itertuples():
@@ -77,11 +77,11 @@ def accuracy(table: pd.DataFrame) -> pd.DataFrame:
     return shown[["task", "size", "arch", "width", "depth", "accuracy", "seeds", "measured", "status", "label"]]
 
 
-def write(table: pd.DataFrame, histories: pd.DataFrame | None, out: Path) -> None:
-    """The files above into ``out`` (the report writes it beside the report and swaps both in together). No
-    histories (the report ran without MLflow): ``curves/`` is empty."""
+def write(table: pd.DataFrame, best: pd.DataFrame, histories: pd.DataFrame | None, out: Path) -> None:
+    """The files above into ``out`` (the report writes it beside the report and swaps both in together); ``best``:
+    the report's minimum-width table. No histories (the report ran without MLflow): ``curves/`` is empty."""
     (out / CURVES).mkdir(parents=True)
     for name, rows in curves(histories if histories is not None else pd.DataFrame()).items():
         rows.to_csv(out / CURVES / name, index=False)
-    frontier(table).to_csv(out / "frontier.csv", index=False)
+    frontier(table, best).to_csv(out / "frontier.csv", index=False)
     accuracy(table).to_csv(out / "accuracy.csv", index=False)

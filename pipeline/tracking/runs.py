@@ -253,12 +253,12 @@ class ChildRuns(tune.Callback):
             tags |= {key: result[key] for key in ("status", "reason")}
         step = int(result.get("step", iteration))
         validated = self.validated.setdefault(run_id, set())
-        for check in result.get("history", []):  # a resumed trial: the validations its checkpoint holds
-            if check["step"] not in validated:
+        # a resumed trial: the validations before its checkpoint, as the checkpoint holds them (its report has the
+        # checkpoint's own)
+        for check in result.get("history", []):
+            if check["step"] < step and check["step"] not in validated:
                 validated.add(check["step"])
                 self.writer.log(run_id, numeric({self.HISTORY[k]: check[k] for k in self.HISTORY}), step=check["step"])
-                if check["step"] == step:  # the report's own validation: logged once
-                    metrics = {k: v for k, v in metrics.items() if k not in self.HISTORY.values()}
         validated.update([step] if "val_accuracy" in metrics else [])
         self.writer.log(run_id, metrics, step=step, tags=tags)
 
