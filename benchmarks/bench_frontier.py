@@ -12,9 +12,15 @@ the fixed-budget grid's. No budget is extended and no trial is judged converged 
 three, so that a trial's verdict cannot depend on the mode: a trial stopped once solved follows the same steps as
 its fixed-budget twin up to that point, and one that is not is judged at its budget's end by the same rule.
 
-``--replay TRIALS`` trains nothing: it replays every strategy (``pipeline/search/frontier.py``'s plans) over the
-trials a grid sweep recorded (its ``results/trials.csv``, ``pipeline/search/replay.py``), scheduled on ``--slots``
-slots, and prints for each: trials, training PFLOPs, wall time, and whether its table equals the full grid's.
+``--replay TRIALS`` trains nothing: it replays every strategy (the grid, the frontier, the frontier with predicted
+widths, each with and without successive halving of the learning rates) over the trials a grid sweep recorded
+(its ``results/trials.csv`` and ``results/curves.csv``, ``pipeline/search/replay.py``), scheduled on ``--slots``
+slots, and prints for each: trials, training PFLOPs, wall and slot hours, the slot hours saved against the grid,
+prediction misses, dropped learning rates, and whether its table equals the full grid's. ``--synthetic paper``
+(or ``separations``) replays them on a synthetic grid of that profile's shape (``benchmarks/synthetic_grids.py``:
+the papers' frontiers drawn with noise, made-up curves; not a measurement of any model).
+
+    python -m benchmarks.bench_frontier --synthetic separations --slots 64      (about 30 s)
 
 The figures go to ``docs/benchmarks/bench_frontier.json`` (``--out``; a ``--quick`` run writes none unless given),
 with the command line, date and commit (``benchmarks/results.py``). Each is one run: the FLOPs are exact counts, the
@@ -27,17 +33,20 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from benchmarks import synthetic_grids  # noqa: E402
 from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
 from pipeline.common import config as config_mod  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
-from pipeline.search.frontier import PLANS  # noqa: E402
+from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, Plan  # noqa: E402
+from pipeline.search.halving import Halving  # noqa: E402
 from pipeline.search.replay import load_trials, replay  # noqa: E402
 from pipeline.sweep import sweep  # noqa: E402
 
@@ -91,10 +100,18 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a toy grid, to check the wiring in seconds")
     ap.add_argument("--replay", type=Path, metavar="TRIALS", help="a grid sweep's trials.csv to replay, untrained")
+    ap.add_argument("--synthetic", choices=("paper", "separations"),
+                    help="replay on a synthetic grid of this profile's shape (benchmarks/synthetic_grids.py)")
+    ap.add_argument("--seed", type=int, default=0, help="the synthetic grid's draw (default: %(default)s)")
+    ap.add_argument("--gpu-tflops", type=float, default=100.0,
+                    help="a synthetic slot's sustained TFLOP/s, for its hours (default: %(default)s)")
     ap.add_argument("--slots", type=int, default=2, help="trial slots of the replay (default: %(default)s)")
+    ap.add_argument("--rungs", type=int, nargs="+", help="halving rungs in steps (default: the profile's, or 1/8, "
+                    "1/4, 1/2 of the budget)")
+    ap.add_argument("--keep", type=float, default=0.5, help="halving: fraction kept per rung (default: %(default)s)")
     out_option(ap, "bench_frontier")
     args = ap.parse_args(argv)
-    if args.replay:
+    if args.replay or args.synthetic:
         return replayed(args, argv)
     grid = QUICK if args.quick else GRID
     with tempfile.TemporaryDirectory(prefix="bench-frontier-") as tmp:
@@ -124,22 +141,75 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def strategies(halving: Halving) -> dict[str, tuple[Callable[[list[Cell]], Plan], Halving | None]]:
+    """Every search strategy: a plan and, or not, successive halving of the learning rates."""
+    predict = ["seeds", "sizes", "neighbours"]
+    return {
+        "grid": (GridPlan, None),
+        "frontier": (FrontierPlan, None),
+        "frontier+predict": (lambda cells: FrontierPlan(cells, predict), None),
+        "frontier+halving": (FrontierPlan, halving),
+        "frontier+predict+halving": (lambda cells: FrontierPlan(cells, predict), halving),
+    }
+
+
+def default_rungs(budget: int, every: int) -> tuple[int, ...]:
+    """Rungs at 1/8, 1/4 and 1/2 of the first budget, on validations."""
+    return tuple(sorted({max(every, budget // k // every * every) for k in (8, 4, 2)}))
+
+
 def replayed(args: argparse.Namespace, argv: list[str] | None) -> int:
-    """Every strategy over a recorded grid's trials, side by side; the grid's replay is the reference."""
-    recorded = load_trials(args.replay)
-    runs = {name: replay(plan(list(recorded)), recorded, args.slots) for name, plan in PLANS.items()}
+    """Every strategy over a recorded grid (a sweep's trials.csv and curves.csv, or a synthetic paper-shaped one),
+    side by side; the grid's replay (every learning rate to its verdict) is the reference."""
+    if args.synthetic:
+        cfg = config_mod.load(config_mod.ROOT / "params.yaml", profile=args.synthetic)
+        recorded = synthetic_grids.grid(args.synthetic, seed=args.seed, gpu_tflops=args.gpu_tflops)
+        source = f"synthetic {args.synthetic} grid (draw {args.seed}, {args.gpu_tflops:g} TFLOP/s per slot)"
+    else:
+        cfg = None
+        recorded = load_trials(args.replay)
+        source = str(args.replay)
+    s = cfg.sweep if cfg else None
+    if args.rungs:
+        rungs = tuple(args.rungs)
+    elif s is not None and s.halving_rungs:
+        rungs = tuple(s.halving_rungs)
+    else:
+        steps = max(r.steps for runs in recorded.values() for r in runs.values())
+        every = min((c[1][0] - c[0][0] for runs in recorded.values() for r in runs.values() if len(c := r.curve) > 1),
+                    default=1)
+        budget = s.max_steps if s is not None and s.max_steps > 0 else steps
+        rungs = default_rungs(budget, every)
+    halving = Halving(rungs, args.keep)
+    chosen = strategies(halving)
+    if not all(r.curve for runs in recorded.values() for r in runs.values()):
+        print("no curves.csv beside the trials: the strategies with halving are left out (they need validations)")
+        chosen = {name: strategy for name, strategy in chosen.items() if strategy[1] is None}
+    runs = {name: replay(plan(list(recorded)), recorded, args.slots, h) for name, (plan, h) in chosen.items()}
     reference = runs["grid"]
     res = Results("bench_frontier", argv)
-    figures = res.section("replay", {"trials_csv": str(args.replay), "slots": args.slots, "cells": len(recorded)})
-    print(f"\n{args.replay}: {len(recorded)} cells, {sum(map(len, recorded.values()))} trials recorded; "
-          f"{args.slots} slots\n")
-    print(f"{'strategy':10} {'trials':>6} {'train PFLOPs':>13} {'grid / this':>11} {'wall s':>8}  same table")
+    settings = {"source": source, "slots": args.slots, "cells": len(recorded), "rungs": list(rungs), "keep": args.keep,
+                "trials": sum(map(len, recorded.values()))}
+    figures = res.section(f"replay {args.synthetic or 'recorded'}", settings)
+    print(f"\n{source}: {len(recorded)} cells, {settings['trials']} (cell, learning rate) trials recorded; "
+          f"{args.slots} slots; halving rungs {list(rungs)}, keep {args.keep:g}\n")
+    print(f"{'strategy':25} {'trials':>6} {'starts':>6} {'train PFLOPs':>13} {'grid / this':>11} {'wall h':>7} "
+          f"{'slot-h':>8} {'saved slot-h':>12} {'misses':>6} {'dropped':>7}  same table")
     for name, run in runs.items():
         ratio = reference.pflops / run.pflops if run.pflops else float("nan")
         same = run.table == reference.table
-        print(f"{name:10} {run.trials:6d} {run.pflops:13.5f} {ratio:10.2f}x {run.wall:8.1f}  {same}")
-        figures[name] = {"trials": run.trials, "train_pflops": figure(run.pflops, "PFLOP"),
-                         "grid_over_strategy": figure(ratio, "x"), "wall_s": figure(run.wall, "s"), "same_table": same}
+        print(f"{name:25} {run.trials:6d} {run.attempts:6d} {run.pflops:13.5g} {ratio:10.2f}x {run.wall / 3600:7.2f} "
+              f"{run.busy / 3600:8.1f} {(reference.busy - run.busy) / 3600:12.1f} {run.misses:6d} {run.dropped:7d}  "
+              f"{same}")
+        figures[name] = {"trials": run.trials, "starts": run.attempts, "train_pflops": figure(run.pflops, "PFLOP"),
+                         "grid_over_strategy": figure(ratio, "x"), "wall_s": figure(run.wall, "s"),
+                         "slot_hours": figure(run.busy / 3600, "h"),
+                         "slot_hours_saved": figure((reference.busy - run.busy) / 3600, "h"), "misses": run.misses,
+                         "dropped": run.dropped, "same_table": same,
+                         "differs": [f"{k}: {reference.table[k]} -> {run.table.get(k)}" for k in reference.table
+                                     if run.table.get(k) != reference.table[k]][:20]}
+        for line in figures[name]["differs"][:3]:
+            print(f"    table differs: {line}")
     if args.out is not None:
         res.write(args.out)
     return 0

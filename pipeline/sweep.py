@@ -13,7 +13,8 @@ rest. The plan runs as a Ray Tune searcher (``pipeline/search/searcher.py``): on
 (``pipeline/training/trainable.py``), each training with Lightning until its verdict
 (``pipeline/training/verdict.py``: solved,
 unsolved (converged below the threshold), undecided (still improving when its extended budget ran out),
-diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate.
+diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate;
+``sweep.lr_search: halving`` trains its learning rates by successive halving (``pipeline/search/halving.py``).
 Runs this MLflow experiment already finished with the same data, training settings and training code are reused
 (``sweep.reuse: false`` retrains them).
 Trials checkpoint at every validation into the storage path (``pipeline/training/checkpoints.py``); a trial whose worker
@@ -21,10 +22,11 @@ died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed
 from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
 results directory. ``sweep.workers_per_trial`` trains a trial data-parallel (``pipeline/training/distributed.py``).
 Outputs (DVC's, ``pipeline/tracking/results.py``): ``results/sweep.csv`` (one row per cell: measured or inferred,
-verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run) and ``results/sweep.json``
-(headline metrics). MLflow gets a parent run per sweep (the sweep's datasets as inputs, its settings, progress counts
-and in the end the per-cell table as an MLflow table) and a child run per trial (its datasets, curves, system
-metrics and verdict: ``pipeline/tracking/runs.py``).
+verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run), ``results/curves.csv``
+(every validation of every run) and ``results/sweep.json`` (headline metrics). MLflow gets a parent run per sweep
+(the sweep's datasets as inputs, its settings, progress counts and in the end the per-cell table as an MLflow
+table) and a child run per (cell, learning rate) (its datasets, curves, system metrics and verdict:
+``pipeline/tracking/runs.py``).
 MLflow's store, the storage path (checkpoints, published datasets) and Ray's trial directories are not DVC
 outputs.
 """
@@ -53,10 +55,11 @@ from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
 from pipeline.search.cells import build_cells, check_architectures, expected_cost, model_costs, run_key
 from pipeline.search.frontier import Cell, make_plan
-from pipeline.search.searcher import CellSearcher, trial_key
+from pipeline.search.halving import Halving
+from pipeline.search.searcher import CellSearcher, RungCheckpoints, trial_key
 from pipeline.tracking import cluster
 from pipeline.tracking.console import SweepProgress
-from pipeline.tracking.results import cell_table, record, summarise, trial_table
+from pipeline.tracking.results import cell_table, curve_table, record, summarise, trial_table
 from pipeline.tracking.runs import ChildRuns, close_orphans, dataset_inputs, driver_tags, start_parent, ui_link
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
 from pipeline.training import checkpoints
@@ -110,8 +113,10 @@ def run_sweep(
     """The sweep once its cells are built (and a local Ray is up): MLflow runs, the plan, Tune, the outputs."""
     s = cfg.sweep
     train = asdict(TrainSettings.of(cfg))
-    # threads change speed, not results; architecture options change results but are not part of the cell id
-    key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options})
+    # threads change speed, not results; architecture options change results but are not part of the cell id;
+    # the rungs decide which learning rates a sweep drops
+    halving = {"halving": [s.halving_rungs, s.halving_keep]} if s.lr_search == "halving" else {}
+    key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options} | halving)
     published = prepare_cells(cells, key, s.heads, cfg.cluster.storage())
     started = time.time()
     client, parent = open_parent_run(cfg, cells, train, key)
@@ -124,7 +129,8 @@ def run_sweep(
         table = cell_table(searcher, cells, cfg.report.accuracy_threshold).assign(parent_run_id=parent)
         summary = summarise(cfg, table, trials, searcher.plan, started, stage_start, slots, parent)
         summary["mlflow_write_errors"] = len(children.writer.errors)
-        record(client, parent, out_dir, table, trials, summary, searcher.plan.contradictions, children.writer.errors)
+        curves = curve_table(searcher)
+        record(client, parent, out_dir, table, trials, curves, summary, searcher.plan, children.writer.errors)
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"
         return table
     finally:
@@ -158,6 +164,13 @@ def open_parent_run(
     params = {
         "profile": cfg.profile,
         "search": s.search,
+        "predict": ",".join(s.predict) or "none",
+        "lr_search": s.lr_search,
+        **(
+            {"halving_rungs": ",".join(map(str, s.halving_rungs)), "halving_keep": s.halving_keep}
+            if s.lr_search == "halving"
+            else {}
+        ),
         "cells": len(cells),
         "architectures": ",".join(s.architectures),
         "widths": ",".join(map(str, s.widths)),
@@ -205,13 +218,20 @@ def plan_trials(
         source = finished.get(trial_key(cell, lr))
         return None if source is None else children.reuse(cell, train | {"lr": lr}, trial_key(cell, lr), source)
 
+    def dropped(run: dict) -> None:
+        children.drop(run)
+        if not s.keep_checkpoints:
+            checkpoints.drop_trial(run["checkpoint"])
+
     searcher = CellSearcher(
-        make_plan(s.search, cells),
+        make_plan(s.search, cells, s.predict),
         cells,
         train,
         reusable,
         cost=lambda cell: expected_cost(cell, s),
         resumable=unfinished,
+        halving=Halving(tuple(s.halving_rungs), s.halving_keep) if s.lr_search == "halving" else None,
+        dropped=dropped,
     )
     to_train = searcher.needs_training()  # settles the reused runs first, and fills the queue
     reused = sum("reused_from" in run for runs in searcher.runs.values() for run in runs.values())
@@ -238,7 +258,7 @@ def train_trials(
 ) -> int:
     """Joins the cluster (a local Ray is already up), checks it can run a trial, and runs Tune until the searcher
     has nothing left; returns the number of trial slots."""
-    s = cfg.sweep
+    s, store = cfg.sweep, cfg.cluster.storage()
     address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
     client.log_param(parent, "ray", address)
     cluster.check_resources(**s.trial_resources())
@@ -261,9 +281,9 @@ def train_trials(
         ),
         run_config=tune.RunConfig(
             name=f"{cfg.profile}-{int(started)}",
-            storage_path=cfg.cluster.storage(),
+            storage_path=store,
             verbose=1 if s.console == "table" else 0,
-            callbacks=[children, SweepProgress(searcher, children.writer, parent)]
+            callbacks=[children, SweepProgress(searcher, children.writer, parent), RungCheckpoints(searcher, store)]
             + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
             progress_reporter=reporter() if s.console == "table" else None,
             failure_config=tune.FailureConfig(max_failures=s.max_failures),

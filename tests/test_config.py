@@ -168,6 +168,19 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {val_every_steps: 9}", "sweep.val_every_steps: 9 is more than sweep.max_steps = 8: a trial would never "
                                     "validate"),
     ("nightly: {accuracy_drop: 1.5}", "nightly.accuracy_drop: Input should be less than or equal to 1"),
+    # successive halving and predictions
+    ("sweep: {lr_search: halving, halving_rungs: [4], halving_keep: 1.0}",
+     "sweep.halving_keep: Input should be less than 1 \\(got 1.0\\)"),
+    ("sweep: {lr_search: halving, halving_rungs: [4], halving_keep: 0}",
+     "sweep.halving_keep: Input should be greater than 0"),
+    ("sweep: {lr_search: halving, halving_rungs: [4, 4]}", "sweep.halving_rungs: \\[4, 4\\] must increase"),
+    ("sweep: {lr_search: halving}", "sweep.halving_rungs is empty: lr_search: halving needs the steps"),
+    ("sweep: {lr_search: halving, halving_rungs: [6]}", "must be multiples of sweep.val_every_steps = 4"),
+    ("sweep: {lr_search: halving, halving_rungs: [8]}", "must end below the first step budget sweep.max_steps = 8"),
+    ("sweep: {lr_search: quartering}", "sweep.lr_search: Input should be 'all' or 'halving'"),
+    ("sweep: {search: frontier, predict: [sizes, tea_leaves]}", "sweep.predict.1: Input should be 'sizes', 'seeds' "
+                                                                "or 'neighbours' \\(got 'tea_leaves'\\)"),
+    ("sweep: {search: grid, predict: [sizes]}", "sweep.predict: \\['sizes'\\] needs sweep.search: frontier"),
 ])
 def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, override, message):
     base = {"profile": "tiny", "tasks": ["arithmetic", "lis"]}

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, MinWidth
+from pipeline.search.halving import Halving
 from pipeline.search.replay import ReplayError, load_trials, replay
 
 SIZES, WIDTHS, LRS = (4, 5, 6), (8, 16, 32, 64), (1e-3, 1e-2)
@@ -23,7 +24,8 @@ def trials(tmp_path):
                 rows.append({"task": "lis", "size": size, "arch": "standard", "width": width, "depth": 2, "seed": 0,
                              "lr": lr, "status": "solved" if solved else "unsolved",
                              "val_accuracy": 0.95 if solved else 0.3 + width / 1000, "train_pflops": width * size,
-                             "train_seconds": width / 8, "eval_seconds": 0.0, "exact_gflops": width * size})
+                             "train_seconds": width / 8, "eval_seconds": 0.0, "exact_gflops": width * size,
+                             "train_steps": 100})
     path = tmp_path / "trials.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
@@ -64,5 +66,28 @@ def test_bench_frontier_replays_every_strategy_over_a_recorded_grid(trials, tmp_
     lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert lines["grid"][1] == "24" and lines["grid"][-1] == "True"
     assert int(lines["frontier"][1]) < 24 and lines["frontier"][-1] == "True"
-    section = json.loads((tmp_path / "f.json").read_text())["sections"]["replay"]
+    section = json.loads((tmp_path / "f.json").read_text())["sections"]["replay recorded"]
     assert section["figures"]["frontier"]["grid_over_strategy"]["median"] > 2
+
+
+def test_halving_replayed_on_recorded_curves_trains_less_for_the_same_table(trials):
+    """With curves (lr 1e-2 flat at 0.1, lr 1e-3 rising), halving drops 1e-2 at the first rung: fewer FLOPs, same
+    table; a rung past a run's end changes nothing for it."""
+    recorded = load_trials(trials)
+    for runs in recorded.values():
+        for lr, run in runs.items():
+            run.curve = [(t, 0.1 if lr == 1e-2 else t / 100 * run.val_accuracy, run.train_pflops * t / 100)
+                         for t in range(10, 101, 10)]
+    cells = list(recorded)
+    everything = replay(GridPlan(cells), recorded, slots=2)
+    halved = replay(GridPlan(cells), recorded, slots=2, halving=Halving((20,), keep=0.5))
+    assert halved.table == everything.table and halved.dropped == len(cells)
+    assert halved.pflops == pytest.approx(everything.pflops - 0.8 * sum(r[1e-2].train_pflops for r in recorded.values()))
+    assert halved.attempts == 3 * len(cells)  # two first attempts and one continuation per cell
+
+
+def test_a_predicted_frontier_replayed_finds_the_same_table(trials):
+    recorded = load_trials(trials)
+    plain = replay(FrontierPlan(list(recorded)), recorded, slots=1)
+    predicted = replay(FrontierPlan(list(recorded), ["sizes"]), recorded, slots=1)
+    assert predicted.table == plain.table

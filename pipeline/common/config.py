@@ -145,6 +145,28 @@ class SweepConfig(Section):
     )
     # search: every cell of the grid, or per (task, architecture, depth, seed) the smallest solved width
     search: Literal["grid", "frontier"] = "grid"
+    predict: list[Literal["sizes", "seeds", "neighbours"]] = Field(
+        default_factory=list,
+        description="what the frontier search predicts a size's minimum width from, before training it "
+        "(pipeline/search/frontier.py): sizes (the chain's earlier sizes, log-log), seeds (other seeds' answer at "
+        "this size), neighbours (the other depths and architectures' answers at this size); empty: start from "
+        "the last size's answer",
+    )
+    # learning rates: every one to its verdict, or successive halving (pipeline/search/searcher.py)
+    lr_search: Literal["all", "halving"] = Field(
+        "all",
+        description="all: every learning rate of a cell trains to its verdict; halving: they train to "
+        "halving_rungs[0] steps, the best halving_keep of them go on to the next rung, and so on; the others are "
+        "dropped (recorded as dropped, not unsolved)",
+    )
+    halving_rungs: list[PositiveInt] = Field(
+        default_factory=list,
+        description="successive halving: the steps at which a cell's learning rates are compared, increasing, "
+        "each a multiple of val_every_steps and below max_steps",
+    )
+    halving_keep: float = Field(
+        0.5, gt=0, lt=1, description="successive halving: the fraction of a rung's learning rates that go on"
+    )
     # optimisation: linear warm-up, then a constant rate (so that a budget extension continues the same schedule)
     optimizer: Literal["adamw", "adam"] = Field(
         "adamw",
@@ -460,8 +482,35 @@ def check_semantics(cfg: Config) -> None:
         )
     if not cfg.sweep_datasets():
         raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
+    check_search(cfg.sweep)
     if cfg.sweep.gpus_per_trial == 0 and cfg.sweep.precision == "16-mixed":
         raise ConfigError("sweep.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
+
+
+def check_search(s: SweepConfig) -> None:
+    """The prediction sources and the successive-halving rungs fit the search and the step budget."""
+    if s.predict and s.search != "frontier":
+        raise ConfigError(f"sweep.predict: {s.predict} needs sweep.search: frontier (a grid trains every width)")
+    if len(set(s.predict)) != len(s.predict):
+        raise ConfigError(f"sweep.predict: {s.predict} has repeats; allowed: distinct values")
+    if s.lr_search == "all":  # the rungs are left unused: one profile compares both with `-S sweep.lr_search=`
+        return
+    rungs, every = s.halving_rungs, s.val_every_steps
+    if not rungs:
+        raise ConfigError("sweep.halving_rungs is empty: lr_search: halving needs the steps to compare at")
+    if any(b <= a for a, b in zip(rungs, rungs[1:])):
+        raise ConfigError(f"sweep.halving_rungs: {rungs} must increase")
+    if every is None:
+        raise ConfigError("sweep.lr_search: halving compares at validations: set sweep.val_every_steps")
+    if any(r % every for r in rungs):
+        raise ConfigError(f"sweep.halving_rungs: {rungs} must be multiples of sweep.val_every_steps = {every}")
+    if s.max_steps <= 0 or rungs[-1] >= s.max_steps:
+        raise ConfigError(
+            f"sweep.halving_rungs: {rungs} must end below the first step budget sweep.max_steps = {s.max_steps} "
+            "(a rung at or past it compares finished runs)"
+        )
+    if s.stop_when_solved is False:
+        raise ConfigError("sweep.lr_search: halving stops runs early: it needs sweep.stop_when_solved: true")
 
 
 def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:

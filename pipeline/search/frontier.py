@@ -24,14 +24,26 @@ Every answer rests on measured trials at its boundary (m solved and, below m, a 
 at the first size of a chain, the bisection's), so a contradiction at the boundary is seen, reported and
 settled by training more; a cell the search never trained is marked ``inferred``.
 
+With ``sweep.predict``, a size's first trials are the two ends of a *predicted* interval [lo, hi] of its minimum
+width instead of the last answer and the width below it: hi should solve and the width below lo should not. The
+prediction comes from, in this order of trust: ``seeds`` (the other seeds' answers at this size: a later seed waits
+for the first one's answer while slots are busy), ``sizes`` (the chain's earlier answers, a straight line on log
+axes, never below the last answer) and ``neighbours`` (the same task and seed at this size: the other depths of the
+architecture and the other architectures at this depth). A probe that lands outside the prediction is a *miss*: it
+is reported (``misses``) and the size is settled by bisection from what was measured, as without a prediction.
+A prediction never decides anything by itself: every answer rests on measured trials at its boundary.
+
 Many chains run side by side: every chain with a trial to propose proposes it at once, so Ray's slots stay busy
-while there are more open chains than slots. The plans are plain state machines rather than Ray Tune
+while there are more open chains than slots. When a slot would otherwise idle (``propose(spare=n)``), a chain
+waiting for a sibling's answer starts without it, and a chain in the middle of a bisection trains the narrower
+half's next width beside its running one. The plans are plain state machines rather than Ray Tune
 ``BasicVariantGenerator`` waves: a chain moves on as soon as its own trial ends, not when a whole wave does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -82,8 +94,14 @@ class Plan(Protocol):
 
     contradictions: list[str]  # results that broke the plan's monotonicity assumptions, in words
 
-    def propose(self) -> list[Cell]:
-        """Cells to train now (may be empty while results are awaited)."""
+    @property
+    def misses(self) -> list[str]:
+        """Predictions a probe proved wrong, in words."""
+        ...
+
+    def propose(self, spare: int = 0) -> list[Cell]:
+        """Cells to train now (may be empty while results are awaited); with ``spare`` > 0 slots that would
+        otherwise idle, up to that many more that are useful but could wait."""
         ...
 
     def record(self, cell: Cell, status: Status) -> None:
@@ -107,8 +125,9 @@ class GridPlan:
         self.pending = list(self.cells)
         self.results: dict[Cell, Status] = {}
         self.contradictions: list[str] = []
+        self.misses: list[str] = []
 
-    def propose(self) -> list[Cell]:
+    def propose(self, spare: int = 0) -> list[Cell]:
         ready, self.pending = self.pending, []
         return ready
 
@@ -136,6 +155,9 @@ class Chain:
     waiting: set[int] = field(default_factory=set)  # width indices of this size in training
     trust_size_bound: bool = True  # m(size) >= m(previous size), until a result contradicts it
     reported: set[str] = field(default_factory=set)
+    predicted: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # size -> (lo, hi, source)
+    begun: set[int] = field(default_factory=set)  # sizes predicted (or found unpredictable) already
+    misses: list[str] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -164,25 +186,51 @@ class Chain:
         lo, hi = self.bounds()
         return [i for i in range(lo, hi) if i not in self.here()]
 
-    def next_widths(self) -> list[int]:
-        """Width indices to train now at this size (none while a trial of this size is running)."""
-        if self.finished or self.waiting:
-            return []
-        candidates = self.candidates()
-        if not candidates:
-            return []
+    def start(self) -> tuple[int, int] | None:
+        """The interval [lo, hi] of width indices this size starts from: the prediction, or the last size's answer
+        (the size bound) when there is none; lo = hi = len(widths) predicts that no width solves."""
+        if self.size in self.predicted:
+            lo, hi, _ = self.predicted[self.size]
+            return lo, hi
         previous = self.answers.get(self.sizes[self.j - 1]) if self.j else None
+        return (previous, previous) if previous is not None and self.trust_size_bound else None
+
+    def next_widths(self, spare: bool = False) -> list[int]:
+        """Width indices to train now at this size (none while a trial of this size is running, unless ``spare``:
+        then the next width of the narrower half beside the running one)."""
+        if self.finished:
+            return []
+        candidates = [i for i in self.candidates() if i not in self.waiting]
+        if not candidates or (self.waiting and not spare):
+            return []
         here = self.here()
-        if previous is not None and self.trust_size_bound and previous not in here:
-            # start from the last size's answer, and measure the width below it too: the boundary is then
-            # measured at every size, and a size that needs less than the last one is seen
-            return [i for i in (previous, previous - 1) if i >= 0 and i not in here]
+        start = self.start()
+        if start is not None and not here and not self.waiting:
+            # the interval's ends: hi should solve, the width below lo should not; the boundary is then measured at
+            # every size, and a size that needs less than the last one is seen
+            lo, hi = start
+            return [i for i in (hi, lo - 1) if 0 <= i < len(self.widths)]
+        if self.waiting:  # spare: the narrower half's next width, in a bisection (not beside a prediction's probes)
+            if start is not None:
+                return []
+            below = [i for i in candidates if i < min(self.waiting)]
+            return [below[(len(below) - 1) // 2]] if below else []
         return [candidates[(len(candidates) - 1) // 2]]  # bisection: the lower middle of the candidates
 
     def record(self, width_index: int, status: Status) -> list[str]:
         """Take one result of this size; returns the contradictions it revealed."""
         self.waiting.discard(width_index)
         self.measured[self.size, width_index] = status
+        if self.size in self.predicted:
+            lo, hi, source = self.predicted[self.size]
+            wrong = (width_index >= hi and status == Status.UNSOLVED) or (width_index < lo and status == Status.SOLVED)
+            if wrong:
+                predicted = "none" if lo == len(self.widths) else "-".join(str(self.widths[i]) for i in {lo, hi})
+                self.misses.append(
+                    f"{self.name()}: size {self.size} predicted from {source} to need width {predicted}, but width "
+                    f"{self.widths[width_index]} is {status}: bisecting from what was measured"
+                )
+                del self.predicted[self.size]
         notes = []
         floor = self.floors[self.sizes[self.j - 1]] if self.j else None
         if status == Status.SOLVED and floor is not None and width_index < floor and self.trust_size_bound:
@@ -207,6 +255,42 @@ class Chain:
         self.reported.update(new)
         return new
 
+    def answer_width(self, size: int) -> int | None:
+        """The minimum width found at ``size`` (None: no width solves it)."""
+        answer = self.answers[size]
+        return None if answer is None else self.widths[answer]
+
+    def interval(self, known: list[int | None]) -> tuple[int, int] | None:
+        """[lo, hi] width indices spanning other models' minimum widths at this size (None: no width solved them;
+        all None predicts that none solves here), kept at or above the last size's answer."""
+        if not known:
+            return None
+        top = len(self.widths)
+        index = [top if w is None else next((i for i, own in enumerate(self.widths) if own >= w), top) for w in known]
+        lo, hi = min(index), max(index)
+        return self.bounded(lo, min(hi, top - 1) if lo < top else top)
+
+    def trend(self) -> tuple[int, int] | None:
+        """[lo, hi] width indices around the line through the chain's earlier answers on log axes (least squares,
+        never falling): the widths just below and above it. None with fewer than two answers."""
+        points = [(math.log(n), math.log(self.widths[a])) for n, a in self.answers.items() if a is not None]
+        if len(points) < 2 or not self.j:
+            return None
+        mx, my = (sum(p[k] for p in points) / len(points) for k in (0, 1))
+        spread = sum((x - mx) ** 2 for x, _ in points)
+        slope = max(0.0, sum((x - mx) * (y - my) for x, y in points) / spread) if spread else 0.0
+        width = math.exp(my + slope * (math.log(self.size) - mx))  # w = e^my (n / e^mx)^slope
+        lo = max([i for i, w in enumerate(self.widths) if w <= width * (1 + 1e-9)], default=0)
+        hi = next((i for i, w in enumerate(self.widths) if w >= width * (1 - 1e-9)), len(self.widths) - 1)
+        return self.bounded(lo, hi)
+
+    def bounded(self, lo: int, hi: int) -> tuple[int, int]:
+        """A predicted interval kept at or above the last size's answer while the size bound holds."""
+        previous = self.answers.get(self.sizes[self.j - 1]) if self.j else None
+        if previous is not None and self.trust_size_bound:
+            lo, hi = max(lo, previous), max(hi, previous)
+        return lo, max(lo, hi)
+
     def settle(self) -> None:
         """Move to the next size once this one is decided (and on, while sizes are decided without training)."""
         while not self.finished and not self.waiting:
@@ -226,28 +310,96 @@ class Chain:
         return f"{task} {arch} depth {depth} seed {seed}"
 
 
+PREDICTORS = ("seeds", "sizes", "neighbours")  # sweep.predict: the sources a frontier predicts from, most trusted first
+
+
 class FrontierPlan:
     """Per chain, the smallest solved width at every size (see the module docstring)."""
 
-    def __init__(self, cells: Iterable[Cell]):
+    def __init__(self, cells: Iterable[Cell], predict: Sequence[str] = ()):
+        unknown = set(predict) - set(PREDICTORS)
+        if unknown:
+            raise ValueError(f"unknown prediction sources {sorted(unknown)}; allowed: {', '.join(PREDICTORS)}")
         self.cells = list(cells)
+        self.predict = [p for p in PREDICTORS if p in predict]
         grouped: dict[tuple, tuple[set, set]] = {}
         for c in self.cells:
             sizes, widths = grouped.setdefault(c.chain, (set(), set()))
             sizes.add(c.size)
             widths.add(c.width)
         self.chains = {key: Chain(key, sorted(s), sorted(w)) for key, (s, w) in grouped.items()}
+        self.first_seed = {key[:3]: min(k[3] for k in self.chains if k[:3] == key[:3]) for key in self.chains}
         self.contradictions: list[str] = []
 
-    def propose(self) -> list[Cell]:
+    @property
+    def misses(self) -> list[str]:
+        return [m for chain in self.chains.values() for m in chain.misses]
+
+    def propose(self, spare: int = 0) -> list[Cell]:
         ready = []
         for chain in self.chains.values():
             chain.settle()
-            for i in chain.next_widths():
-                chain.waiting.add(i)
-                task, arch, depth, seed = chain.key
-                ready.append(Cell(task, chain.size, arch, chain.widths[i], depth, seed))
+            if not self.awaits_first_seed(chain):
+                ready += self.take(chain, self.begin(chain).next_widths())
+        for chain in sorted(self.chains.values(), key=lambda c: bool(c.waiting)):  # idle chains first
+            if len(ready) >= spare:
+                break
+            if self.awaits_first_seed(chain):
+                ready += self.take(chain, self.begin(chain).next_widths())
+            elif chain.waiting:
+                ready += self.take(chain, chain.next_widths(spare=True))
         return ready
+
+    def take(self, chain: Chain, widths: list[int]) -> list[Cell]:
+        chain.waiting.update(widths)
+        task, arch, depth, seed = chain.key
+        return [Cell(task, chain.size, arch, chain.widths[i], depth, seed) for i in widths]
+
+    def begin(self, chain: Chain) -> Chain:
+        """Predicts the chain's size once, when it is first asked for trials of it."""
+        if not chain.finished and chain.size not in chain.begun:
+            chain.begun.add(chain.size)
+            prediction = self.prediction(chain)
+            if prediction is not None:
+                chain.predicted[chain.size] = prediction
+        return chain
+
+    def awaits_first_seed(self, chain: Chain) -> bool:
+        """A later seed's size that the first seed has not answered yet, not begun."""
+        if "seeds" not in self.predict or chain.finished or chain.size in chain.begun:
+            return False
+        first = self.chains[(*chain.key[:3], self.first_seed[chain.key[:3]])]
+        return first is not chain and chain.size not in first.answers
+
+    def prediction(self, chain: Chain) -> tuple[int, int, str] | None:
+        """(lo, hi, source) of this size's minimum width index, from the first source that knows something."""
+        task, arch, depth, seed = chain.key
+        for source in self.predict:
+            if source == "seeds":
+                interval = chain.interval(
+                    [
+                        c.answer_width(chain.size)
+                        for k, c in self.chains.items()
+                        if k[:3] == chain.key[:3] and k != chain.key and chain.size in c.answers
+                    ]
+                )
+            elif source == "sizes":
+                interval = chain.trend()
+            else:
+                interval = chain.interval(
+                    [
+                        c.answer_width(chain.size)
+                        for k, c in self.chains.items()
+                        if k[0] == task
+                        and k[3] == seed
+                        and k != chain.key
+                        and (k[1] == arch or k[2] == depth)
+                        and chain.size in c.answers
+                    ]
+                )
+            if interval is not None:
+                return (*interval, source)
+        return None
 
     def record(self, cell: Cell, status: Status) -> None:
         chain = self.chains[cell.chain]
@@ -291,14 +443,14 @@ def searched(status: Status) -> Status:
     return status if status in (Status.SOLVED, Status.UNDECIDED) else Status.UNSOLVED
 
 
-PLANS: dict[str, Callable[[Iterable[Cell]], Plan]] = {
+PLANS: dict[str, Callable[..., Plan]] = {
     "grid": GridPlan,
     "frontier": FrontierPlan,
 }  # sweep.search: the plan it names
 
 
-def make_plan(search: str, cells: Iterable[Cell]) -> Plan:
-    return PLANS[search](cells)
+def make_plan(search: str, cells: Iterable[Cell], predict: Sequence[str] = ()) -> Plan:
+    return FrontierPlan(cells, predict) if search == "frontier" else PLANS[search](cells)
 
 
 def min_widths(outcomes: dict[Cell, Outcome]) -> dict[tuple, MinWidth]:

@@ -10,6 +10,11 @@ this MLflow experiment already finished with the same data, settings and code is
 (``reusable(cell, lr)`` returns it), so a rerun or an extended grid trains only what is missing, and a sweep with
 nothing left to train never starts Ray (``settle_reused``). A run an interrupted sweep left unfinished continues
 from its last checkpoint (``resumable``).
+
+Under successive halving (``pipeline/search/halving.py``) a cell's learning rates pause at each rung; once all of
+them have paused or ended, the leaders are suggested again as trials that continue from their rung's checkpoint
+(``RungCheckpoints`` learns where Tune stored it) and the others are dropped (``dropped`` hears of each, so that the
+sweep tags its MLflow run and deletes its checkpoints).
 """
 
 from __future__ import annotations
@@ -19,11 +24,16 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 
+from ray import tune
 from ray.tune.search import Searcher
 
 from pipeline.common.cell import CellSpec
+from pipeline.data.storage import location_of
 from pipeline.search.frontier import Cell, Plan
+from pipeline.search.halving import Halving
 from pipeline.training.status import Status, best_run
+
+Queued = tuple[float, Cell, float, int, dict]  # (expected cost, cell, lr, rung, checkpoint to continue from)
 
 
 def trial_key(cell: CellSpec, lr: float) -> str:
@@ -40,23 +50,29 @@ class CellSearcher(Searcher):
         reusable: Callable[[CellSpec, float], dict | None],
         cost: Callable[[CellSpec], float],
         resumable: dict[str, dict] | None = None,
+        halving: Halving | None = None,
+        dropped: Callable[[dict], None] = lambda run: None,
     ):
         """``cells``: every cell of the grid, each with its learning rates (``lrs``); ``resumable``: trial key
-        -> the checkpoint (``path``, ``step``) an earlier, interrupted sweep left for it."""
+        -> the checkpoint (``path``, ``step``) an earlier, interrupted sweep left for it; ``halving``: the rungs of
+        successive halving (none: every learning rate to its verdict); ``dropped(run)``: a run halving dropped."""
         super().__init__()
         self.plan, self.cells, self.train = plan, cells, train
         self.reusable, self.cost, self.resumable = reusable, cost, resumable or {}
-        self.queue: list[tuple[float, Cell, float]] = []  # (expected cost, cell, lr), longest first
-        self.live: dict[str, tuple[Cell, float]] = {}  # Tune trial id -> (cell, lr)
-        self.runs: dict[Cell, dict[float, dict]] = {}  # cell -> lr -> run record
+        self.halving, self.dropped = halving or Halving(), dropped
+        self.queue: list[Queued] = []  # longest first
+        self.live: dict[str, tuple[Cell, float, int]] = {}  # Tune trial id -> (cell, lr, rung)
+        self.runs: dict[Cell, dict[float, dict]] = {}  # cell -> lr -> its run record, while no attempt of it is due
         self.trial_ids: dict[str, str] = {}  # Tune trial id -> trial key
+        self.rung_checkpoints: dict[str, str] = {}  # Tune trial id -> where a paused trial's checkpoint is
+        self.curves: dict[tuple[Cell, float], dict[int, dict]] = {}  # (cell, lr) -> step -> its validation
 
     # ---- the plan's side ------------------------------------------------------------------------------------
-    def settle_reused(self) -> None:
+    def settle_reused(self, spare: int = 0) -> None:
         """Take the plan's proposals, resolving reused runs at once, until a trial must really be trained or the
-        plan is done."""
+        plan is done; ``spare``: slots free now, for which the plan may propose what could otherwise wait."""
         while not self.queue:
-            proposed = self.plan.propose()
+            proposed = self.plan.propose(spare)
             if not proposed:
                 return
             for cell in proposed:
@@ -64,15 +80,33 @@ class CellSearcher(Searcher):
                 for lr in self.cells[cell].lrs:
                     previous = self.reusable(self.cells[cell], lr)
                     if previous is not None:
-                        self.finish(cell, lr, previous | {"lr": lr, "trial_key": trial_key(self.cells[cell], lr)})
+                        key = trial_key(self.cells[cell], lr)
+                        self.finish(cell, lr, previous | {"lr": lr, "trial_key": key, "rung": None})
                     else:
-                        self.queue.append((self.cost(self.cells[cell]), cell, lr))
-            self.queue.sort(key=lambda item: -item[0])
+                        self.enqueue(cell, lr, 0, self.resumable.get(trial_key(self.cells[cell], lr), {}))
+
+    def enqueue(self, cell: Cell, lr: float, rung: int, checkpoint: dict) -> None:
+        self.queue.append((self.cost(self.cells[cell]), cell, lr, rung, checkpoint))
+        self.queue.sort(key=lambda item: -item[0])
 
     def finish(self, cell: Cell, lr: float, run: dict) -> None:
-        self.runs[cell][lr] = run
-        if len(self.runs[cell]) == len(self.cells[cell].lrs):  # its last learning rate: the plan learns its verdict
-            self.plan.record(cell, Status(best_run(list(self.runs[cell].values()))["status"]))
+        """One attempt of (cell, lr) ended (or was reused). Once every learning rate of the cell has paused or
+        ended, halving decides which go on; once none goes on, the plan learns the cell's verdict."""
+        runs = self.runs[cell]
+        runs[lr] = run
+        if len(runs) < len(self.cells[cell].lrs):
+            return
+        if run["rung"] is not None:
+            go_on, dropped = self.halving.decide(runs, run["rung"])
+            for lr_, reason in dropped.items():
+                runs[lr_] = runs[lr_] | {"status": Status.DROPPED, "reason": reason}
+                self.dropped(runs[lr_])
+            for lr_ in go_on:
+                paused = runs.pop(lr_)
+                self.enqueue(cell, lr_, paused["rung"] + 1, {"path": paused["checkpoint"], "step": paused["step"]})
+            if go_on:
+                return
+        self.plan.record(cell, Status(best_run(list(runs.values()))["status"]))
 
     def needs_training(self) -> bool:
         self.settle_reused()
@@ -81,34 +115,59 @@ class CellSearcher(Searcher):
     # ---- Tune's side ----------------------------------------------------------------------------------------
     # Ray's annotation leaves out Searcher.FINISHED, which its docstring and SearchGenerator accept
     def suggest(self, trial_id: str) -> dict | str | None:  # type: ignore[override]
-        self.settle_reused()
+        self.settle_reused(spare=1)  # Tune asks when a slot is free
         if self.queue:
-            _, cell, lr = self.queue.pop(0)
-            self.live[trial_id] = (cell, lr)
+            _, cell, lr, rung, resume = self.queue.pop(0)
+            self.live[trial_id] = (cell, lr, rung)
             key = self.trial_ids[trial_id] = trial_key(self.cells[cell], lr)
-            resume = self.resumable.get(key, {})
             return {
                 "cell": asdict(self.cells[cell]),
                 "train": self.train | {"lr": lr},
                 "trial_key": key,
                 "resume": resume.get("path"),
                 "resume_step": resume.get("step"),
+                "rung": rung,
+                "pause_at": self.halving.pause_at(rung) if len(self.cells[cell].lrs) > 1 else None,
             }
         return Searcher.FINISHED if not self.live and self.plan.done() else None
 
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """Every validation, for the replay of other strategies (``results/curves.csv``)."""
+        if "val_accuracy" in result and not result.get("final") and trial_id in self.live:
+            cell, lr, _ = self.live[trial_id]
+            self.curves.setdefault((cell, lr), {})[int(result["step"])] = {
+                k: result.get(k) for k in ("val_accuracy", "val_loss", "train_pflops")
+            }
+
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        cell, lr = self.live.pop(trial_id)
+        cell, lr, rung = self.live.pop(trial_id)
+        checkpoint = self.rung_checkpoints.pop(trial_id, None)
         if error or not result or not result.get("final"):
             run = {
                 "status": Status.FAILED,
                 "reason": "the trial raised (see its MLflow run's error tag)",
                 "trial_id": trial_id,
             }
+        elif result["status"] == Status.PAUSED and checkpoint is None:
+            run = {"status": Status.FAILED, "reason": "paused at a rung without a checkpoint", "trial_id": trial_id}
         else:
             run = {k: v for k, v in result.items() if k not in ("config",)} | {"trial_id": trial_id}
-        self.finish(cell, lr, run | {"lr": lr, "trial_key": self.trial_ids[trial_id]})
+            run |= {"checkpoint": checkpoint} if checkpoint else {}
+        self.finish(cell, lr, run | {"lr": lr, "trial_key": self.trial_ids[trial_id], "rung": rung})
 
     # ---- results --------------------------------------------------------------------------------------------
     def best(self, cell: Cell) -> dict | None:
         runs = self.runs.get(cell)
         return best_run(list(runs.values())) if runs and len(runs) == len(self.cells[cell].lrs) else None
+
+
+class RungCheckpoints(tune.Callback):
+    """Tune callback: where a trial that paused at a rung left its checkpoint (the last one it reported, at the
+    rung's validation), for the searcher to continue it from; ``storage``: the sweep's storage path."""
+
+    def __init__(self, searcher: CellSearcher, storage: str):
+        self.searcher, self.storage = searcher, storage
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result.get("final") and result.get("status") == Status.PAUSED and trial.checkpoint is not None:
+            self.searcher.rung_checkpoints[trial.trial_id] = location_of(trial.checkpoint.path, self.storage)

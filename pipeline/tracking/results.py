@@ -3,6 +3,8 @@
 - ``results/trials.csv`` (``trial_table``): one row per learning-rate run, trained now or reused;
 - ``results/sweep.csv`` (``cell_table``): one row per cell of the grid, measured (its best run) or inferred by the
   plan, with its verdict, reason, test accuracy, costs and whether the verdict is borderline;
+- ``results/curves.csv`` (``curve_table``): every validation of every run trained now (step, validation accuracy
+  and loss, training PFLOPs so far), what ``python -m benchmarks.bench_frontier --replay`` replays strategies on;
 - ``results/sweep.json`` (``summarise``): the headline counts and costs, also the parent run's metrics.
 The per-cell table is also logged to the parent run as an MLflow table (``TABLE``).
 Each file is written whole or not at all (``write_atomic``).
@@ -81,6 +83,17 @@ def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.
     return pd.DataFrame(runs).sort_values([*ORDER, "lr"])
 
 
+def curve_table(searcher: CellSearcher) -> pd.DataFrame:
+    """results/curves.csv: one row per validation of every (cell, learning rate) run trained now."""
+    rows = [
+        cell._asdict() | {"lr": lr, "step": step} | point
+        for (cell, lr), points in searcher.curves.items()
+        for step, point in sorted(points.items())
+    ]
+    columns = [*ORDER, "lr", "step", "val_accuracy", "val_loss", "train_pflops"]
+    return pd.DataFrame(rows, columns=columns).sort_values([*ORDER, "lr", "step"])
+
+
 def cell_table(searcher: CellSearcher, cells: dict, threshold: float) -> pd.DataFrame:
     """results/sweep.csv: one row per cell of the grid, measured (its best run) or inferred by the plan; a
     decided cell whose test accuracy could lie on the other side of ``threshold`` is ``borderline``."""
@@ -117,6 +130,7 @@ def summarise(
         "trained": len(trials) - reused,
         "reused": reused,
         "failed": int((trials.status == Status.FAILED).sum()),
+        "dropped": int((trials.status == Status.DROPPED).sum()),
         "diverged": int((trials.status == Status.DIVERGED).sum()),
         "restarts": int(trials.restarts.sum()),
         "resumed": int(trials.resumed_step.notna().sum()),
@@ -126,6 +140,7 @@ def summarise(
         "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
         "train_pflops": round(float(trials.train_pflops.sum()), 6),
         "contradictions": len(plan.contradictions),
+        "prediction_misses": len(plan.misses),
         "wall_seconds": round(time.time() - started, 1),
         # share of the Ray slots' time, from the stage's start, spent training and scoring
         "slot_utilisation": round(busy / (slots * (time.time() - stage_start)), 3) if slots else None,
@@ -139,8 +154,9 @@ def record(
     out_dir: Path,
     table: pd.DataFrame,
     trials: pd.DataFrame,
+    curves: pd.DataFrame,
     summary: dict,
-    contradictions: list[str],
+    plan: Plan,
     mlflow_errors: list[str],
 ) -> None:
     """The outputs: metrics and the per-cell table (an MLflow table, which the UI shows as one) on the parent run,
@@ -149,15 +165,22 @@ def record(
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             client.log_metric(parent, name, value)
     client.log_table(parent, table.astype(object).where(table.notna(), None), TABLE)
+    contradictions, misses = plan.contradictions, plan.misses
     if contradictions:
         client.log_text(parent, "\n".join(contradictions) + "\n", "contradictions.txt")
+    if misses:
+        client.log_text(parent, "\n".join(misses) + "\n", "prediction_misses.txt")
     write_atomic(out_dir / "trials.csv", trials.to_csv(index=False))
+    write_atomic(out_dir / "curves.csv", curves.to_csv(index=False))
     write_atomic(out_dir / "sweep.csv", table.to_csv(index=False))
-    write_atomic(out_dir / "sweep.json", json.dumps(summary | {"contradiction_notes": contradictions}, indent=2) + "\n")
+    notes = {"contradiction_notes": contradictions, "prediction_miss_notes": misses}
+    write_atomic(out_dir / "sweep.json", json.dumps(summary | notes, indent=2) + "\n")
     shown = [*ORDER, "measured", "status", "lr", "final_accuracy", "paper_gflops"]
     print(table[shown].to_string(index=False))
     for note in contradictions:
         print(f"contradiction: {note}")
+    for note in misses:
+        print(f"prediction missed: {note}")
     print(json.dumps(summary))
     if mlflow_errors:
         first = "\n  ".join(mlflow_errors[:5])

@@ -150,6 +150,7 @@ class ChildRuns(tune.Callback):
 
     METRICS = ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy", "final_accuracy", "train_pflops", "lr")
     HISTORY = {"loss": "val_loss", "accuracy": "val_accuracy"}  # a resumed trial's validations, from its checkpoint
+    VALIDATION = ("val_loss", "val_token_accuracy", "val_accuracy")  # what one validation logs
 
     def __init__(
         self,
@@ -167,6 +168,7 @@ class ChildRuns(tune.Callback):
         self.restarts: dict[str, int] = {}  # Tune trial id -> retries after a worker died or the trial raised
         self.nodes: dict[str, str] = {}  # Tune trial id -> the Ray node it runs on
         self.validated: dict[str, set[int]] = {}  # MLflow run id -> the steps of the validations logged on it
+        self.by_key: dict[str, str] = {}  # trial key -> its run in this sweep (a rung's continuation goes on in it)
 
     def child(self, cell: CellSpec, train: dict, trial_key: str, **tags) -> str:
         """A child run of the parent for one learning-rate run of ``cell``; returns the run id."""
@@ -198,9 +200,16 @@ class ChildRuns(tune.Callback):
         )
         found: dict[str, mlflow.entities.Run] = {}
         for run in runs:
-            if "final_accuracy" in run.data.metrics and run.data.tags.get("status") in VERDICTS:
+            status = run.data.tags.get("status")
+            ended = status in VERDICTS and "final_accuracy" in run.data.metrics
+            if ended or status == Status.DROPPED:
                 found.setdefault(run.data.tags["trial_key"], run)
         return found
+
+    def drop(self, run: dict) -> None:
+        """Successive halving dropped this (cell, learning rate) run after it paused: its run says so and why."""
+        run_id = self.by_key[run["trial_key"]]
+        self.writer.log(run_id, tags={"status": Status.DROPPED, "reason": run["reason"]})
 
     def reuse(self, cell: CellSpec, train: dict, trial_key: str, source) -> dict:
         """Record an already finished run under this parent: a child run with the source's final metrics and
@@ -219,10 +228,15 @@ class ChildRuns(tune.Callback):
         if trial.trial_id in self.runs:  # a retry or a later event: the same run goes on
             return self.runs[trial.trial_id]
         config = trial.config
+        if config.get("rung") and config["trial_key"] in self.by_key:  # past a rung: the paused run goes on
+            run_id = self.runs[trial.trial_id] = self.by_key[config["trial_key"]]
+            self.writer.reopen(run_id)
+            self.writer.log(run_id, tags={"ray_trial_id": trial.trial_id, "status": "running", "reason": ""})
+            return run_id
         run_id = self.child(
             CellSpec(**config["cell"]), config["train"], config["trial_key"], ray_trial_id=trial.trial_id
         )
-        self.runs[trial.trial_id] = run_id
+        self.runs[trial.trial_id] = self.by_key[config["trial_key"]] = run_id
         previous = self.killed.get(config["trial_key"])
         if config.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours
             history = [
@@ -259,6 +273,8 @@ class ChildRuns(tune.Callback):
             if check["step"] < step and check["step"] not in validated:
                 validated.add(check["step"])
                 self.writer.log(run_id, numeric({self.HISTORY[k]: check[k] for k in self.HISTORY}), step=check["step"])
+        if step in validated:  # a final or resumed report repeats its last validation, which the run has
+            metrics = {k: v for k, v in metrics.items() if k not in self.VALIDATION}
         validated.update([step] if "val_accuracy" in metrics else [])
         self.writer.log(run_id, metrics, step=step, tags=tags)
 
@@ -287,4 +303,4 @@ def error_line(error_file: str | None) -> str:
     return f"error: {lines[-1].strip()}" if lines else "error: the trial raised"
 
 
-VERDICTS = (Status.SOLVED, Status.UNDECIDED, Status.UNSOLVED, Status.DIVERGED)  # what a finished trial reports
+VERDICTS = tuple(s for s in Status if s.verdict)  # how a finished trial ends on its own

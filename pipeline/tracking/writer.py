@@ -74,6 +74,10 @@ class RunWriter:
         """Ends the run once everything queued for it before is sent."""
         self._put(("terminate", run_id, status))
 
+    def reopen(self, run_id: str) -> None:
+        """Marks an ended run running again (a paused trial that goes on), after what was queued for it."""
+        self._put(("reopen", run_id, None))
+
     def flush(self) -> None:
         """Waits until everything queued so far is sent (or has failed, into ``errors``)."""
         if self._thread is None:
@@ -117,6 +121,8 @@ class RunWriter:
                 self._drain({run_id: pending.pop(run_id)})
             if kind == "inputs":
                 self._call(f"datasets of run {run_id}", self.client.log_inputs, run_id, payload)
+            elif kind == "reopen":
+                self._call(f"reopening run {run_id}", self.client.update_run, run_id, "RUNNING")
             else:
                 self._call(f"end of run {run_id}", self.client.set_terminated, run_id, payload)
         self._drain(pending)

@@ -29,6 +29,7 @@ import torch
 from ray import tune
 
 from pipeline.data.storage import filesystem, location_of
+from pipeline.training.status import Status
 
 FILE = "trial.ckpt"  # Lightning's checkpoint of the fit
 META = "meta.json"  # trial key, run key, step: how a later sweep finds it
@@ -169,13 +170,20 @@ def drop_checkpoints(fs: pafs.FileSystem, trial_dir: str) -> None:
         fs.delete_dir(path)
 
 
+def drop_trial(checkpoint: str) -> None:
+    """Deletes every checkpoint of the trial that saved ``checkpoint`` (a location under the storage path)."""
+    fs, path = filesystem(checkpoint)
+    drop_checkpoints(fs, path.rstrip("/").rsplit("/", 1)[0])
+
+
 class DropFinished(tune.Callback):
     """Tune callback, listed after ``ChildRuns`` (which has then set the trial's MLflow run FINISHED, with its
     verdict): a trial that ended deletes its checkpoints, and those of the dead sweep's trial it continued from.
-    A trial that failed keeps them (``on_trial_error``, not ``on_trial_complete``)."""
+    A trial that failed keeps them (``on_trial_error``, not ``on_trial_complete``), one paused at a rung of
+    successive halving too: it may go on from them (the sweep deletes a dropped one's, ``drop_trial``)."""
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        drop_checkpoints(trial.storage.storage_filesystem, trial.path)
-        if trial.config.get("resume"):  # <storage>/<dead sweep>/<trial>/checkpoint_NNNNNN
-            fs, path = filesystem(trial.config["resume"])
-            drop_checkpoints(fs, path.rstrip("/").rsplit("/", 1)[0])
+        if trial.last_result.get("status") != Status.PAUSED:
+            drop_checkpoints(trial.storage.storage_filesystem, trial.path)
+        if trial.config.get("resume"):  # <storage>/<dead sweep or the paused attempt>/<trial>/checkpoint_NNNNNN
+            drop_trial(trial.config["resume"])

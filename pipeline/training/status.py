@@ -21,7 +21,9 @@ class Status(StrEnum):
     UNDECIDED = "undecided"  # the budget ran out while the model was still improving
     UNSOLVED = "unsolved"  # converged below the threshold
     DIVERGED = "diverged"
+    DROPPED = "dropped"  # successive halving stopped it at a rung: the cell's other learning rates led
     FAILED = "failed"  # the trial raised: set by the sweep, which sees the error
+    PAUSED = "paused"  # at a rung of successive halving, waiting for the cell's other learning rates: not an end
 
     @property
     def rank(self) -> int:
@@ -32,6 +34,12 @@ class Status(StrEnum):
     def decided(self) -> bool:
         """A verdict of the model's capacity: solved, or converged below the threshold."""
         return self in (Status.SOLVED, Status.UNSOLVED)
+
+    @property
+    def verdict(self) -> bool:
+        """How a trained run ended on its own (not failed, not stopped by the search): what a later sweep may
+        reuse."""
+        return self in (Status.SOLVED, Status.UNDECIDED, Status.UNSOLVED, Status.DIVERGED)
 
 
 def borderline(accuracy: float, samples: int, threshold: float) -> bool:
@@ -48,8 +56,8 @@ def borderline(accuracy: float, samples: int, threshold: float) -> bool:
 def best_run(runs: list[dict]) -> dict:
     """A cell's result among its learning-rate runs (the separations paper reports the best run): a solved run
     before an undecided one (it might still solve) before an unsolved one before a diverged one, then the higher
-    validation accuracy, then the less training compute. Failed runs count only when every run failed. Chosen on
-    validation, never on test."""
+    validation accuracy, then the less training compute. A run dropped by successive halving counts only when no
+    run ended on its own, a failed one only when every run failed. Chosen on validation, never on test."""
 
     def key(run: dict):
         val = run.get("val_accuracy")

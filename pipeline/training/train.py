@@ -60,12 +60,13 @@ class TrialSpec(TrainSettings):
     vocab_size: int
     family: str = "cot"
     vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
+    pause_at: int | None = None  # successive halving: this attempt pauses at this step (a rung) without a verdict
 
     @classmethod
     def for_cell(cls, cell: CellSpec, train: dict) -> TrialSpec:
         """A trial of ``cell`` (the sweep's cell record, which carries more than a trial needs) with ``train``
         (``TrainSettings`` as a dict, plus ``lr``): a key ``train`` does not know is an error, not dropped."""
-        own = {f.name for f in fields(cls)} - {f.name for f in fields(TrainSettings)} - {"lr"}
+        own = {f.name for f in fields(cls)} - {f.name for f in fields(TrainSettings)} - {"lr", "pause_at"}
         return cls(**{k: getattr(cell, k) for k in own}, **train)
 
 
@@ -266,7 +267,7 @@ def fit(
         spec.convergence_window, spec.convergence_tolerance, spec.convergence_min_steps, spec.min_delta
     )
     stopping = verdict_mod.callbacks(
-        spec.threshold, spec.patience, convergence, spec.max_budget_factor, spec.stop_when_solved
+        spec.threshold, spec.patience, convergence, spec.max_budget_factor, spec.stop_when_solved, spec.pause_at
     )
     parallel = (
         dict(devices=spec.workers, strategy=distributed.strategy(spec.use_gpu), use_distributed_sampler=False)
@@ -323,9 +324,10 @@ def score(
     start = time.perf_counter()
     device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")
     module.to(device)
-    # a diverged model's weights are not finite: it is not scored (NaN), and its status says why
+    # a diverged model's weights are not finite, a paused one is not done: neither is scored (NaN); the status
+    # says why
     accuracy = math.nan
-    if status != Status.DIVERGED:
+    if status not in (Status.DIVERGED, Status.PAUSED):
         with trainer.precision_plugin.forward_context():  # the test set under the policy validation used
             accuracy = final_accuracy(module, test, spec.eval_batch_size, device)
     model = module.model

@@ -30,14 +30,14 @@ from pipeline.training.verdict import Verdict
 def run_cell(config: dict) -> None:
     """Ray Tune trainable (runs in a Ray worker): one learning-rate run of a cell, reporting and checkpointing
     at every validation, then the final metrics with the verdict. A retried trial continues from its last
-    checkpoint (``tune.get_checkpoint``), a trial of a sweep that died from the checkpoint it left
-    (``config["resume"]``)."""
+    checkpoint (``tune.get_checkpoint``), a trial of a sweep that died, or one paused at a rung of successive
+    halving (``config["pause_at"]``), from the checkpoint it left (``config["resume"]``)."""
     logging.getLogger("lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     node = ray.util.get_node_ip_address()
     cell = CellSpec(**config["cell"])
     cell = replace(cell, train_path=str(fetch(cell.train_path, node)), test_path=str(fetch(cell.test_path, node)))
-    spec = TrialSpec.for_cell(cell, config["train"])
+    spec = replace(TrialSpec.for_cell(cell, config["train"]), pause_at=config.get("pause_at"))
     if spec.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
     where = {"node": node}

@@ -11,7 +11,10 @@ A trial ends at the first of:
   ``sweep.epochs``); a trial still improving when it reaches it goes on with its budget doubled, up to
   ``sweep.max_budget_factor`` times the first, before it is called undecided. An undecided trial is no evidence
   of what the model cannot do: the tables, claims and the search never count it as unsolved.
-A trial that raised is **failed** (set by the sweep, which sees the error). These run inside the trial, in
+A trial that raised is **failed** (set by the sweep, which sees the error). Under successive halving a trial may
+also be **paused** at a rung (``pause_at``: its step budget ends there, at a validation, with no verdict yet): the
+sweep compares the cell's learning rates there and continues the leaders from that checkpoint, as if they had never
+stopped, or **drops** the others (``pipeline/search/searcher.py``). These run inside the trial, in
 Lightning, rather than as a Ray Tune stopper: a Tune stop kills the trial before it scores the test set, and the
 test set is what the tables show. An extension continues the same fit (the same optimiser, schedule and data
 order), so the trial's MLflow run holds one whole curve.
@@ -90,9 +93,16 @@ class Verdict(L.Callback):
     records when it was solved and whether it had converged."""
 
     def __init__(
-        self, threshold: float, patience: int, convergence: Convergence, max_budget_factor: int, stop: bool = True
+        self,
+        threshold: float,
+        patience: int,
+        convergence: Convergence,
+        max_budget_factor: int,
+        stop: bool = True,
+        pause_at: int | None = None,
     ):
         self.threshold, self.patience, self.convergence, self.stop = threshold, patience, convergence, stop
+        self.pause_at = pause_at  # this attempt ends at this step, a rung, unless a verdict comes first
         self.max_budget_factor = max_budget_factor if stop else 1
         self.streak = 0
         self.status: Status | None = None
@@ -123,8 +133,9 @@ class Verdict(L.Callback):
             self.apply_budget(trainer)
 
     def apply_budget(self, trainer) -> None:
-        """The budget in steps; the epoch limit no longer binds once the budget is extended."""
-        trainer.fit_loop.epoch_loop.max_steps = self.budget
+        """The budget in steps (a pause before it ends this attempt there); the epoch limit no longer binds once
+        the budget is extended. A pause is not a stop: the checkpoint saved there continues the same fit."""
+        trainer.fit_loop.epoch_loop.max_steps = min(self.budget, self.pause_at or self.budget)
         if self.budget > self.base:
             trainer.fit_loop.max_epochs = -1
 
@@ -174,6 +185,8 @@ class Verdict(L.Callback):
         """(status, reason) once ``fit`` has returned."""
         if self.status:
             return self.status, self.reason
+        if self.pause_at is not None and trainer.global_step >= self.pause_at:
+            return Status.PAUSED, f"rung at step {trainer.global_step}: awaiting the other learning rates"
         converged, evidence = self.convergence.evidence(self.checks)
         if converged:  # a fixed-budget trial, which never stops early
             return Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
@@ -182,7 +195,12 @@ class Verdict(L.Callback):
 
 
 def callbacks(
-    threshold: float, patience: int, convergence: Convergence, max_budget_factor: int, stop_when_solved: bool = True
+    threshold: float,
+    patience: int,
+    convergence: Convergence,
+    max_budget_factor: int,
+    stop_when_solved: bool = True,
+    pause_at: int | None = None,
 ) -> list[L.Callback]:
     """The stopping callbacks of one trial."""
-    return [Verdict(threshold, patience, convergence, max_budget_factor, stop=stop_when_solved)]
+    return [Verdict(threshold, patience, convergence, max_budget_factor, stop=stop_when_solved, pause_at=pause_at)]

@@ -1,0 +1,113 @@
+"""Successive halving of a cell's learning rates (pipeline/search/halving.py), as the searcher drives it."""
+
+from __future__ import annotations
+
+import pytest
+from ray.tune.search import Searcher
+
+from pipeline.search.frontier import Cell, GridPlan
+from pipeline.search.halving import Halving
+from pipeline.search.searcher import CellSearcher
+from pipeline.training.status import Status
+from tests.helpers import make_cell, write_params
+
+LRS = (1e-2, 3e-3, 1e-3, 3e-4)
+
+
+def paused(accuracy: float, rung: int) -> dict:
+    return {"status": Status.PAUSED, "val_accuracy": accuracy, "rung": rung}
+
+
+def test_a_rung_keeps_the_leading_fraction_and_names_why_the_rest_are_dropped():
+    halving = Halving((100, 200), keep=0.5)
+    runs = {1e-2: {"status": Status.DIVERGED, "val_accuracy": float("nan"), "rung": 0},
+            3e-3: paused(0.6, 0), 1e-3: paused(0.4, 0), 3e-4: paused(0.2, 0)}
+    go_on, dropped = halving.decide(runs, 0)
+    assert go_on == [3e-3, 1e-3]  # the diverged run ranks last, the best two paused ones go on
+    assert set(dropped) == {3e-4}
+    assert dropped[3e-4].startswith("dropped at rung 1 of 2 (step 100): validation accuracy 0.200, 2 of 4")
+    runs |= {3e-3: {"status": Status.SOLVED, "val_accuracy": 0.95, "rung": 1}, 1e-3: paused(0.7, 1)}
+    assert halving.decide(runs, 1) == ([], {1e-3: "dropped at step 200: learning rate 0.003 solved the cell"})
+    assert Halving().pause_at(0) is None and halving.pause_at(1) == 200 and halving.pause_at(2) is None
+
+
+def test_the_searcher_pauses_every_rate_continues_the_leaders_and_drops_the_rest():
+    """Tune's side without Ray: every learning rate starts with a pause at the first rung; once all have paused,
+    the leaders are suggested again from their checkpoints, the rest dropped (and the sweep hears of it); the
+    cell's verdict reaches the plan only when the last leader ends."""
+    cell = Cell("lis", 4, "standard", 16, 1, 0)
+    cells = {cell: make_cell(*cell, lrs=LRS)}
+    dropped: list[dict] = []
+    searcher = CellSearcher(GridPlan(cells), cells, {}, lambda c, lr: None, cost=lambda c: 1.0,
+                            halving=Halving((100, 200), keep=0.5), dropped=dropped.append)
+    first = [searcher.suggest(f"a{i}") for i in range(4)]
+    assert [c["pause_at"] for c in first] == [100] * 4 and searcher.suggest("a4") is None
+    for i, config in enumerate(first):
+        searcher.rung_checkpoints[f"a{i}"] = f"/store/a{i}/checkpoint_000001"
+        accuracy = {1e-2: 0.1, 3e-3: 0.5, 1e-3: 0.6, 3e-4: 0.3}[config["train"]["lr"]]
+        searcher.on_trial_complete(f"a{i}", {"final": True, "step": 100, **paused(accuracy, 0)})
+    assert sorted(r["lr"] for r in dropped) == [3e-4, 1e-2]
+    assert all(r["status"] == Status.DROPPED and "rung 1 of 2" in r["reason"] for r in dropped)
+    second = [searcher.suggest(f"b{i}") for i in range(2)]
+    assert sorted(c["train"]["lr"] for c in second) == [1e-3, 3e-3]
+    assert all(c["resume_step"] == 100 and c["resume"].endswith("checkpoint_000001") and c["pause_at"] == 200
+               and c["rung"] == 1 for c in second)
+    assert not searcher.plan.done()
+    for i, config in enumerate(second):  # the last rung: 1e-3 solves, 3e-3 pauses and is dropped
+        if config["train"]["lr"] == 1e-3:
+            searcher.on_trial_complete(f"b{i}", {"final": True, "status": Status.SOLVED, "val_accuracy": 0.95,
+                                                 "step": 150})
+        else:
+            searcher.rung_checkpoints[f"b{i}"] = "/store/b/checkpoint_000002"
+            searcher.on_trial_complete(f"b{i}", {"final": True, "step": 200, **paused(0.7, 1)})
+    assert searcher.suggest("c0") == Searcher.FINISHED and searcher.plan.done()
+    assert searcher.best(cell)["lr"] == 1e-3 and searcher.plan.outcomes()[cell].status == Status.SOLVED
+    assert {r["lr"]: r["status"] for r in searcher.runs[cell].values()} == {
+        1e-2: Status.DROPPED, 3e-3: Status.DROPPED, 1e-3: Status.SOLVED, 3e-4: Status.DROPPED}
+
+
+def test_a_single_learning_rate_never_pauses_and_lr_search_all_never_does():
+    cell = Cell("lis", 4, "standard", 16, 1, 0)
+    one = {cell: make_cell(*cell, lrs=(1e-3,))}
+    searcher = CellSearcher(GridPlan(one), one, {}, lambda c, lr: None, cost=lambda c: 1.0, halving=Halving((100,)))
+    assert searcher.suggest("t")["pause_at"] is None
+    many = {cell: make_cell(*cell, lrs=LRS)}
+    searcher = CellSearcher(GridPlan(many), many, {}, lambda c, lr: None, cost=lambda c: 1.0)
+    assert [searcher.suggest(f"t{i}")["pause_at"] for i in range(4)] == [None] * 4
+
+
+@pytest.mark.integration
+def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_data):
+    """Ray Tune, Lightning and MLflow: three learning rates pause at step 4, the leader goes on from its checkpoint
+    in the same MLflow run to its verdict, the other two are dropped (tagged so, checkpoints deleted)."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.common import config as config_mod
+    from pipeline.sweep import sweep
+
+    store, db = tmp_path / "store", tmp_path / "mlflow.db"
+    p = write_params(tmp_path / "params.yaml", f"""
+profile: tiny
+tasks: [arithmetic, lis]
+sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, lrs: [0.03, 0.003, 0.0003],
+         lr_search: halving, halving_rungs: [4], halving_keep: 0.3}}
+cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
+""")
+    sweep(config_mod.load(p), tiny_data, tmp_path / "results")
+    trials = pd.read_csv(tmp_path / "results" / "trials.csv")
+    assert sorted(trials.status) [:2] == ["dropped", "dropped"] and len(trials) == 3
+    leader = trials[trials.status != "dropped"].iloc[0]
+    assert leader.status in ("solved", "unsolved", "undecided") and leader.train_steps > 4
+    assert all(r.startswith("dropped at rung 1 of 1 (step 4)") for r in trials[trials.status == "dropped"].reason)
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = {r.data.tags["trial_key"]: r for r in client.search_runs(
+        [client.get_experiment_by_name("capacity-atlas").experiment_id], "tags.trial_key != ''")}
+    assert len(runs) == 3  # one run per learning rate, the continuation included
+    steps = [m.step for m in client.get_metric_history(leader.mlflow_run_id, "val_accuracy")]
+    assert steps[0] == 4 and steps == sorted(set(steps)) and steps[-1] >= 8  # one curve, across the rung
+    assert client.get_run(leader.mlflow_run_id).data.tags["status"] == leader.status
+    assert {r.data.tags["status"] for r in runs.values()} == {"dropped", leader.status}
+    curves = pd.read_csv(tmp_path / "results" / "curves.csv")
+    assert set(curves[curves.lr == leader.lr].step) == set(steps)
+    assert not list(store.rglob("checkpoint_*")), "a dropped or finished trial left its checkpoints"
