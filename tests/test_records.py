@@ -37,9 +37,11 @@ def test_a_trial_spec_takes_its_cell_and_settings_and_refuses_an_unknown_setting
 
 
 def test_statuses_carry_their_order():
-    assert [s.rank for s in Status] == [0, 1, 2, 3, 4] and Status.SOLVED == "solved"
+    assert [s.rank for s in Status] == list(range(7)) and Status.SOLVED == "solved"
+    assert Status.DIVERGED.rank < Status.DROPPED.rank < Status.FAILED.rank  # a dropped rate ranks below any verdict
     runs = [{"status": s, "val_accuracy": 0.5, "lr": 1.0} for s in ("failed", "diverged", "unsolved")]
     assert best_run(runs)["status"] == "unsolved"
     assert best_run([*runs, {"status": "undecided", "val_accuracy": 0.1, "lr": 2.0}])["status"] == "undecided"
     assert [s for s in Status if s.decided] == ["solved", "unsolved"]
+    assert [s for s in Status if s.verdict] == ["solved", "undecided", "unsolved", "diverged"]
     assert ClaimStatus.HOLDS.rank < ClaimStatus.NOT_TESTED.rank < ClaimStatus.FAILS.rank
