@@ -266,7 +266,7 @@ def fit(
     convergence = verdict_mod.Convergence(
         spec.convergence_window, spec.convergence_tolerance, spec.convergence_min_steps, spec.min_delta
     )
-    stopping = verdict_mod.callbacks(
+    verdict = verdict_mod.Verdict(
         spec.threshold, spec.patience, convergence, spec.max_budget_factor, spec.stop_when_solved, spec.pause_at
     )
     parallel = (
@@ -291,7 +291,7 @@ def fit(
             enable_progress_bar=False,
             enable_model_summary=False,
             log_every_n_steps=log_every,
-            callbacks=[*stopping, *callbacks, resumable],
+            callbacks=[verdict, *callbacks, resumable],
             deterministic=False,
         )
         with warnings.catch_warnings():
@@ -301,7 +301,7 @@ def fit(
                 module, train_loader, loader(val, spec.eval_batch_size, 0, False), ckpt_path=resume, weights_only=True
             )
     module.sync_flops()  # the steps after the last validation
-    return trainer, module, resumable, stopping[0]
+    return trainer, module, resumable, verdict
 
 
 # What ``score`` returns besides status and reason: the metrics a cell's row shows (results/sweep.csv), then those

@@ -192,15 +192,3 @@ class Verdict(L.Callback):
             return Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
         extended = f" ({self.budget // self.base}x the budget of {self.base})" if self.budget > self.base else ""
         return Status.UNDECIDED, f"budget: still improving at step {trainer.global_step}{extended}; {evidence}"
-
-
-def callbacks(
-    threshold: float,
-    patience: int,
-    convergence: Convergence,
-    max_budget_factor: int,
-    stop_when_solved: bool = True,
-    pause_at: int | None = None,
-) -> list[L.Callback]:
-    """The stopping callbacks of one trial."""
-    return [Verdict(threshold, patience, convergence, max_budget_factor, stop=stop_when_solved, pause_at=pause_at)]
