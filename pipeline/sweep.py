@@ -115,7 +115,7 @@ def run_sweep(
     train = asdict(TrainSettings.of(cfg))
     # threads change speed, not results; architecture options change results but are not part of the cell id;
     # the rungs decide which learning rates a sweep drops
-    halving = {"halving": [s.halving_rungs, s.halving_keep]} if s.lr_search == "halving" else {}
+    halving = {"halving": [s.halving_rungs, s.halving_keep, s.halving_unguided]} if s.lr_search == "halving" else {}
     key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options} | halving)
     published = prepare_cells(cells, key, s.heads, cfg.cluster.storage())
     started = time.time()
@@ -167,7 +167,11 @@ def open_parent_run(
         "predict": ",".join(s.predict) or "none",
         "lr_search": s.lr_search,
         **(
-            {"halving_rungs": ",".join(map(str, s.halving_rungs)), "halving_keep": s.halving_keep}
+            {
+                "halving_rungs": ",".join(map(str, s.halving_rungs)),
+                "halving_keep": s.halving_keep,
+                "halving_unguided": s.halving_unguided,
+            }
             if s.lr_search == "halving"
             else {}
         ),
@@ -230,7 +234,7 @@ def plan_trials(
         reusable,
         cost=lambda cell: expected_cost(cell, s),
         resumable=unfinished,
-        halving=Halving(tuple(s.halving_rungs), s.halving_keep) if s.lr_search == "halving" else None,
+        halving=Halving.of(s) if s.lr_search == "halving" else None,
         dropped=dropped,
     )
     to_train = searcher.needs_training()  # settles the reused runs first, and fills the queue

@@ -39,7 +39,7 @@ def test_the_searcher_pauses_every_rate_continues_the_leaders_and_drops_the_rest
     cells = {cell: make_cell(*cell, lrs=LRS)}
     dropped: list[dict] = []
     searcher = CellSearcher(GridPlan(cells), cells, {}, lambda c, lr: None, cost=lambda c: 1.0,
-                            halving=Halving((100, 200), keep=0.5), dropped=dropped.append)
+                            halving=Halving((100, 200), keep=0.5, unguided="rank"), dropped=dropped.append)
     first = [searcher.suggest(f"a{i}") for i in range(4)]
     assert [c["pause_at"] for c in first] == [100] * 4 and searcher.suggest("a4") is None
     for i, config in enumerate(first):
@@ -64,6 +64,38 @@ def test_the_searcher_pauses_every_rate_continues_the_leaders_and_drops_the_rest
     assert searcher.best(cell)["lr"] == 1e-3 and searcher.plan.outcomes()[cell].status == Status.SOLVED
     assert {r["lr"]: r["status"] for r in searcher.runs[cell].values()} == {
         1e-2: Status.DROPPED, 3e-3: Status.DROPPED, 1e-3: Status.SOLVED, 3e-4: Status.DROPPED}
+
+
+def test_a_neighbours_winner_goes_on_whatever_its_rank():
+    """A rate that plateaus early leads one that jumps later; the rate that solved the nearest solved cell of the
+    chain (same task, architecture, depth) is kept beside the leaders, and the reason of a dropped rate says so."""
+    halving = Halving((100,), keep=0.25)
+    runs = {3e-3: paused(0.6, 0), 1e-3: paused(0.1, 0), 3e-4: paused(0.3, 0), 1e-4: paused(0.2, 0)}
+    assert halving.decide(runs, 0)[0] == [3e-3]
+    assert halving.decide(runs, 0, favoured=None) == ([3e-3, 3e-4, 1e-4, 1e-3], {})  # no solved neighbour yet
+    assert Halving((100,), keep=0.25, unguided="rank").decide(runs, 0, favoured=None)[0] == [3e-3]
+    go_on, dropped = halving.decide(runs, 0, favoured=frozenset({1e-3, 5.0}))
+    assert go_on == [3e-3, 1e-3] and set(dropped) == {3e-4, 1e-4}
+    assert dropped[1e-4].endswith("1 of 4 learning rates kept by rank (the last at 0.600) and 1 that solved a "
+                                  "neighbouring cell")
+
+    cells = {c: make_cell(*c, lrs=LRS) for c in (
+        Cell("lis", 4, "standard", w, 1, 0) for w in (16, 32, 64))} | {
+        c: make_cell(*c, lrs=LRS) for c in (Cell("lis", 4, "linear", 16, 1, 0), Cell("lis", 5, "standard", 16, 1, 0))}
+    searcher = CellSearcher(GridPlan(cells), cells, {}, lambda c, lr: None, cost=lambda c: 1.0)
+
+    def ended(cell: Cell, winner: float, status: Status = Status.SOLVED) -> None:
+        searcher.runs[cell] = {lr: {"lr": lr, "status": status if lr == winner else Status.UNSOLVED,
+                                    "val_accuracy": 0.95 if lr == winner else 0.3} for lr in LRS}
+
+    target = Cell("lis", 4, "standard", 16, 1, 0)
+    assert searcher.favoured(target) is None
+    ended(Cell("lis", 4, "linear", 16, 1, 0), 1e-2)  # another architecture teaches nothing
+    ended(Cell("lis", 4, "standard", 64, 1, 0), 3e-4)  # two doublings away
+    ended(Cell("lis", 4, "standard", 32, 1, 0), 3e-3, Status.UNSOLVED)  # not solved
+    assert searcher.favoured(target) == frozenset({3e-4})
+    ended(Cell("lis", 5, "standard", 16, 1, 0), 1e-3)  # one size step away (log2 5/4 < 1)
+    assert searcher.favoured(target) == frozenset({1e-3})
 
 
 def test_a_single_learning_rate_never_pauses_and_lr_search_all_never_does():
@@ -91,7 +123,7 @@ def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_d
 profile: tiny
 tasks: [arithmetic, lis]
 sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, lrs: [0.03, 0.003, 0.0003],
-         lr_search: halving, halving_rungs: [4], halving_keep: 0.3}}
+         lr_search: halving, halving_rungs: [4], halving_keep: 0.3, halving_unguided: rank}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
     sweep(config_mod.load(p), tiny_data, tmp_path / "results")

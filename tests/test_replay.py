@@ -71,19 +71,23 @@ def test_bench_frontier_replays_every_strategy_over_a_recorded_grid(trials, tmp_
 
 
 def test_halving_replayed_on_recorded_curves_trains_less_for_the_same_table(trials):
-    """With curves (lr 1e-2 flat at 0.1, lr 1e-3 rising), halving drops 1e-2 at the first rung: fewer FLOPs, same
-    table; a rung past a run's end changes nothing for it."""
+    """With curves (lr 1e-2 flat at 0.01, lr 1e-3 rising), halving drops 1e-2 at the first rung: fewer FLOPs, same
+    table; a rung past a run's end changes nothing for it. By default (unguided: keep) a cell whose chain has no
+    solved cell yet drops nothing."""
     recorded = load_trials(trials)
     for runs in recorded.values():
         for lr, run in runs.items():
-            run.curve = [(t, 0.1 if lr == 1e-2 else t / 100 * run.val_accuracy, run.train_pflops * t / 100)
+            run.curve = [(t, 0.01 if lr == 1e-2 else t / 100 * run.val_accuracy, run.train_pflops * t / 100)
                          for t in range(10, 101, 10)]
     cells = list(recorded)
     everything = replay(GridPlan(cells), recorded, slots=2)
-    halved = replay(GridPlan(cells), recorded, slots=2, halving=Halving((20,), keep=0.5))
+    halved = replay(GridPlan(cells), recorded, slots=2, halving=Halving((20,), keep=0.5, unguided="rank"))
     assert halved.table == everything.table and halved.dropped == len(cells)
-    assert halved.pflops == pytest.approx(everything.pflops - 0.8 * sum(r[1e-2].train_pflops for r in recorded.values()))
+    dropped_flops = 0.8 * sum(r[1e-2].train_pflops for r in recorded.values())
+    assert halved.pflops == pytest.approx(everything.pflops - dropped_flops)
     assert halved.attempts == 3 * len(cells)  # two first attempts and one continuation per cell
+    guarded = replay(GridPlan(cells), recorded, slots=2, halving=Halving((20,), keep=0.5))
+    assert guarded.table == everything.table and 0 < guarded.dropped < len(cells)
 
 
 def test_a_predicted_frontier_replayed_finds_the_same_table(trials):

@@ -167,6 +167,12 @@ class SweepConfig(Section):
     halving_keep: float = Field(
         0.5, gt=0, lt=1, description="successive halving: the fraction of a rung's learning rates that go on"
     )
+    halving_unguided: Literal["keep", "rank"] = Field(
+        "keep",
+        description="successive halving in a cell of a chain (task, architecture, depth) with no solved cell yet: "
+        "keep: every learning rate goes on (an early leader may plateau while a later one jumps, and nothing tells "
+        "them apart yet); rank: drop by rank as in the cells after",
+    )
     # optimisation: linear warm-up, then a constant rate (so that a budget extension continues the same schedule)
     optimizer: Literal["adamw", "adam"] = Field(
         "adamw",

@@ -12,7 +12,8 @@ nothing left to train never starts Ray (``settle_reused``). A run an interrupted
 from its last checkpoint (``resumable``).
 
 Under successive halving (``pipeline/search/halving.py``) a cell's learning rates pause at each rung; once all of
-them have paused or ended, the leaders are suggested again as trials that continue from their rung's checkpoint
+them have paused or ended, the leaders (and the learning rates that solved the nearest solved cells of the same
+chain, ``favoured``) are suggested again as trials that continue from their rung's checkpoint
 (``RungCheckpoints`` learns where Tune stored it) and the others are dropped (``dropped`` hears of each, so that the
 sweep tags its MLflow run and deletes its checkpoints).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -97,7 +99,7 @@ class CellSearcher(Searcher):
         if len(runs) < len(self.cells[cell].lrs):
             return
         if run["rung"] is not None:
-            go_on, dropped = self.halving.decide(runs, run["rung"])
+            go_on, dropped = self.halving.decide(runs, run["rung"], self.favoured(cell))
             for lr_, reason in dropped.items():
                 runs[lr_] = runs[lr_] | {"status": Status.DROPPED, "reason": reason}
                 self.dropped(runs[lr_])
@@ -107,6 +109,22 @@ class CellSearcher(Searcher):
             if go_on:
                 return
         self.plan.record(cell, Status(best_run(list(runs.values()))["status"]))
+
+    def favoured(self, cell: Cell) -> frozenset[float] | None:
+        """Every learning rate that solved one of the nearest solved cells of the same task, architecture and depth
+        (any seed; nearest on log2 axes of size and width): halving keeps them whatever their rank. Every one, not
+        just the best: a wider neighbour is solved by rates that fail at this width as well as by the one that
+        solves here."""
+        near: dict[float, set[float]] = {}
+        for other in self.runs:
+            if other == cell or (other.task, other.arch, other.depth) != (cell.task, cell.arch, cell.depth):
+                continue
+            runs = self.runs[other] if self.best(other) is not None else {}
+            solved = {lr for lr, run in runs.items() if run["status"] == Status.SOLVED}
+            if solved:
+                distance = abs(math.log2(other.size / cell.size)) + abs(math.log2(other.width / cell.width))
+                near.setdefault(distance, set()).update(solved)
+        return frozenset(near[min(near)]) if near else None
 
     def needs_training(self) -> bool:
         self.settle_reused()
