@@ -1,22 +1,26 @@
-"""The width-frontier search against the full grid, on one real small grid, side by side in one run.
+"""Search strategies against the full grid: live on a real CPU grid, or replayed on recorded or synthetic ones.
 
-    python -m benchmarks.bench_frontier            (about 6 minutes on 2 cores)
-    python -m benchmarks.bench_frontier --quick    (a minute: 2 sizes x 4 widths, 100 steps; checks the wiring)
+    python -m benchmarks.bench_frontier            (about 30 minutes on 2 cores)
+    python -m benchmarks.bench_frontier --quick    (a few minutes: toy sizes; checks the wiring)
     python -m benchmarks.bench_frontier --replay results/trials.csv --slots 8     (seconds: nothing is trained)
 
-Runs the real sweep stage (Ray Tune, Lightning, a scratch SQLite MLflow, no reuse) three times on the same data
-and seeds: the full grid with fixed budgets (every trial runs all its steps; the verdict still records whether
-and when it was solved), the full grid stopping each trial once solved, and the frontier search stopping once
-solved. Prints trials trained, total training PFLOPs, wall seconds, and whether each minimum-width table equals
-the fixed-budget grid's. No budget is extended and no trial is judged converged before its budget ends, in all
-three, so that a trial's verdict cannot depend on the mode: a trial stopped once solved follows the same steps as
-its fixed-budget twin up to that point, and one that is not is judged at its budget's end by the same rule.
+The live mode runs the real sweep stage (Ray Tune, Lightning, a scratch SQLite MLflow, no reuse) four times on the
+same data and seeds, on a grid of 2 architectures (standard and linear attention) x 5 widths x 4 sizes of lis x 3
+learning rates, every mode under the same verdict rules (stop once solved, converged below the threshold, budget
+extended while improving): the grid with every learning rate to its verdict (the reference), the frontier, the
+frontier with successive halving of the learning rates, and that with predicted widths too. It prints trials,
+total training PFLOPs (summed over ``results/trials.csv``), wall seconds, dropped runs, and whether each
+minimum-width table equals the grid's; then
+replays every strategy on the grid's own recorded trials and curves, beside the live figures. A trial's verdict
+cannot depend on the mode: its steps are the same wherever it runs (a run continued past a rung follows the steps
+of one never paused), and each rule reads only the trial's own curve.
 
 ``--replay TRIALS`` trains nothing: it replays every strategy (the grid, the frontier, the frontier with predicted
 widths, each with and without successive halving of the learning rates) over the trials a grid sweep recorded
 (its ``results/trials.csv`` and ``results/curves.csv``, ``pipeline/search/replay.py``), scheduled on ``--slots``
 slots, and prints for each: trials, training PFLOPs, wall and slot hours, the slot hours saved against the grid,
-prediction misses, dropped learning rates, and whether its table equals the full grid's. ``--synthetic paper``
+prediction misses, dropped learning rates, and whether its table equals the full grid's; and what an oracle that
+knows every answer would still train to verify it (``replay.verified``). ``--synthetic paper``
 (or ``separations``) replays them on a synthetic grid of that profile's shape (``benchmarks/synthetic_grids.py``:
 the papers' frontiers drawn with noise, made-up curves; not a measurement of any model).
 
@@ -36,6 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -47,49 +52,58 @@ from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
 from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, Plan  # noqa: E402
 from pipeline.search.halving import Halving  # noqa: E402
-from pipeline.search.replay import load_trials, replay  # noqa: E402
+from pipeline.search.replay import load_trials, replay, verified  # noqa: E402
 from pipeline.sweep import sweep  # noqa: E402
+from pipeline.training.status import Status  # noqa: E402
 
-GRID = {  # lis n = 4, 5, 6 x 5 widths: the minimum width grows with n on this CPU budget
-    "generate": {"train_samples": 20000, "test_samples": 500, "datasets": {"lis": [4, 5, 6]}},
-    "sweep": {"architectures": ["standard"], "widths": [8, 16, 24, 32, 48], "depths": [2], "seeds": [0],
-              "heads": 4, "batch_size": 128, "epochs": 100, "max_steps": 800, "lr": 3e-3, "warmup_fraction": 0.1,
-              "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2,
-              "convergence_min_steps": 800, "max_budget_factor": 1, "reuse": False},
+GRID = {  # lis n = 3..6, standard and linear attention, 5 widths, 3 learning rates: 120 (cell, rate) trials
+    "generate": {"train_samples": 20000, "test_samples": 500, "datasets": {"lis": [3, 4, 5, 6]}},
+    "sweep": {"architectures": ["standard", "linear"], "widths": [8, 16, 24, 32, 48], "depths": [2], "seeds": [0],
+              "lrs": [1e-3, 3e-3, 1e-2], "heads": 4, "batch_size": 128, "epochs": 100, "max_steps": 800,
+              "warmup_fraction": 0.1, "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2,
+              "convergence_min_steps": 400, "max_budget_factor": 2, "halving_rungs": [100, 200, 400],
+              "halving_keep": 0.5, "reuse": False},
 }
 QUICK = {  # toy sizes; the toy models plateau at 41-59% (lis 3) and 28-49% (lis 4): 52% splits them
     "generate": {"train_samples": 3000, "test_samples": 200, "datasets": {"lis": [3, 4]}},
     "sweep": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0], "epochs": 2,
-              "max_steps": 100,
-              "val_every_steps": 10, "val_samples": 128, "eval_samples": 200, "patience": 1,
-              "convergence_min_steps": 100, "max_budget_factor": 1, "reuse": False},
+              "lrs": [1e-3, 3e-3], "max_steps": 100, "val_every_steps": 10, "val_samples": 128, "eval_samples": 200,
+              "patience": 1, "convergence_min_steps": 100, "max_budget_factor": 1, "halving_rungs": [30],
+              "halving_keep": 0.5, "reuse": False},
     "report": {"accuracy_threshold": 0.52},
 }
-MODES = {"grid, fixed budget": {"search": "grid", "stop_when_solved": False},
-         "grid, stop when solved": {"search": "grid", "stop_when_solved": True},
-         "frontier, stop when solved": {"search": "frontier", "stop_when_solved": True}}
+PREDICT = ["seeds", "sizes", "neighbours"]  # every source of a predicted width
+MODES = {"grid": {"search": "grid", "lr_search": "all"},  # the reference: every (cell, rate) to its verdict
+         "frontier": {"search": "frontier", "lr_search": "all"},
+         "frontier+halving": {"search": "frontier", "lr_search": "halving"},
+         "frontier+predict+halving": {"search": "frontier", "lr_search": "halving",
+                                      "predict": PREDICT}}
 
 
 def load(work: Path, grid: dict, mode: dict) -> config_mod.Config:
-    params = {"profile": "tiny", "tasks": ["lis"], "generate": grid["generate"], "sweep": grid["sweep"] | mode,
-              "report": grid.get("report", {}), "cluster": {"mlflow_tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}}
+    params = {"profile": "tiny", "tasks": ["lis"], "generate": grid["generate"],
+              "sweep": grid["sweep"] | {"stop_when_solved": True} | mode, "report": grid.get("report", {}),
+              "cluster": {"mlflow_tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}}
     path = work / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return config_mod.load(path)
 
 
 def run_modes(grid: dict, work: Path) -> dict[str, dict]:
-    """Every mode of ``MODES`` on the same data: trials trained, training PFLOPs, wall seconds, min-width table."""
+    """Every mode of ``MODES`` on the same data: (cell, rate) runs trained, their training PFLOPs, wall seconds,
+    runs dropped, the min-width table, and where the sweep's outputs are (the grid's are replayed after)."""
     cfg = load(work, grid, {})
     generate_task(cfg, "lis", work / "data", check=False)
     out = {}
     for name, mode in MODES.items():
         cfg = load(work, grid, mode)
+        out_dir = work / name.replace("+", "_")
         start = time.perf_counter()
-        table = sweep(cfg, work / "data", work / name.replace(" ", "_").replace(",", ""))
-        trained = table[table.measured]
-        out[name] = {"trials": len(trained), "pflops": float(trained.train_pflops.sum()),
-                     "wall": time.perf_counter() - start, "cells": table,
+        table = sweep(cfg, work / "data", out_dir)
+        wall = time.perf_counter() - start
+        trials = pd.read_csv(out_dir / "trials.csv")
+        out[name] = {"trials": len(trials), "pflops": float(trials.train_pflops.sum()), "wall": wall,
+                     "dropped": int((trials.status == Status.DROPPED).sum()), "out": out_dir,
                      "table": min_gflops(table)[["task", "size", "depth", "arch", "width", "min_paper_gflops",
                                                  "min_exact_gflops"]].reset_index(drop=True)}
     return out
@@ -114,42 +128,64 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay or args.synthetic:
         return replayed(args, argv)
     grid = QUICK if args.quick else GRID
+    s = grid["sweep"]
+    halving = Halving(tuple(s["halving_rungs"]), s["halving_keep"])
     with tempfile.TemporaryDirectory(prefix="bench-frontier-") as tmp:
         modes = run_modes(grid, Path(tmp))
-    reference = modes["grid, fixed budget"]
+        recorded = load_trials(modes["grid"]["out"] / "trials.csv")
+    replays = {name: replay(plan(list(recorded)), recorded, args.slots, h)
+               for name, (plan, h) in strategies(halving).items()}
+    reference = modes["grid"]
     res = Results("bench_frontier", argv)
     settings = {"datasets": grid["generate"]["datasets"], "train_samples": grid["generate"]["train_samples"],
-                **{k: grid["sweep"][k] for k in ("architectures", "widths", "depths", "seeds", "max_steps")}}
-    figures = res.section("modes", settings)
+                **{k: s[k] for k in ("architectures", "widths", "depths", "seeds", "lrs", "max_steps",
+                                     "max_budget_factor", "halving_rungs", "halving_keep")}}
+    figures = res.section("live", settings)
+    print(f"\nlis n={grid['generate']['datasets']['lis']} x {s['architectures']} x widths {s['widths']} x learning "
+          f"rates {s['lrs']}, depth {s['depths']}, {s['max_steps']} steps budget (up to {s['max_budget_factor']}x), "
+          f"1 seed; halving rungs {s['halving_rungs']}, keep {s['halving_keep']:g}\n")
+    print(f"{'live mode':25} {'trials':>6} {'train PFLOPs':>13} {'grid / this':>11} {'wall s':>7} {'dropped':>7}"
+          "  same table")
     for name, m in modes.items():
+        same = bool(m["table"].equals(reference["table"]))
+        print(f"{name:25} {m['trials']:6d} {m['pflops']:13.5f} {reference['pflops'] / m['pflops']:10.2f}x "
+              f"{m['wall']:7.1f} {m['dropped']:7d}  {same}")
         figures[name] = {"trials": m["trials"], "train_pflops": figure(m["pflops"], "PFLOP"),
-                         "fixed_grid_over_mode": figure(reference["pflops"] / m["pflops"], "x"),
-                         "wall_s": figure(m["wall"], "s"), "same_table": bool(m["table"].equals(reference["table"])),
+                         "grid_over_mode": figure(reference["pflops"] / m["pflops"], "x"),
+                         "wall_s": figure(m["wall"], "s"), "dropped": m["dropped"], "same_table": same,
                          "min_widths": m["table"][["task", "size", "depth", "arch", "width"]].to_dict("records")}
-    print(f"\nlis n={grid['generate']['datasets']['lis']} x widths {grid['sweep']['widths']}, standard, depth "
-          f"{grid['sweep']['depths']}, {grid['sweep']['max_steps']} steps budget, 1 seed\n")
-    print(f"{'mode':28} {'trials':>6} {'train PFLOPs':>13} {'fixed grid / this':>17} {'wall s':>7}  same table")
-    for name, m in modes.items():
-        same = m["table"].equals(reference["table"])
-        print(f"{name:28} {m['trials']:6d} {m['pflops']:13.5f} {reference['pflops'] / m['pflops']:16.2f}x "
-              f"{m['wall']:7.1f}  {same}")
-    print("\nsmallest solved width per size (fixed-budget grid):")
+    print(f"\nthe same strategies replayed on the grid's recorded trials ({args.slots} slots):")
+    print(f"{'strategy':25} {'trials':>6} {'train PFLOPs':>13} {'grid / this':>11} {'dropped':>7}  same table")
+    for name, run in replays.items():
+        ratio = replays["grid"].pflops / run.pflops
+        same = run.table == replays["grid"].table
+        print(f"{name:25} {run.trials:6d} {run.pflops:13.5f} {ratio:10.2f}x {run.dropped:7d}  {same}")
+        figures[f"replayed {name}"] = {"trials": run.trials, "train_pflops": figure(run.pflops, "PFLOP"),
+                                       "grid_over_strategy": figure(ratio, "x"), "dropped": run.dropped,
+                                       "same_table": same}
+    oracle(figures, replays["grid"].pflops, verified(recorded))
+    print("\nsmallest solved width per size (grid):")
     print(reference["table"].to_string(index=False))
-    print("\nsmallest solved width per size (frontier):")
-    print(modes["frontier, stop when solved"]["table"].to_string(index=False))
     res.write(out_path(args, "bench_frontier"))
     return 0
 
 
+def oracle(figures: dict, grid_pflops: float, pflops: float) -> None:
+    """The verify-only reference (``replay.verified``): what knowing every answer would still cost."""
+    print(f"oracle, verify only (knows every answer; trains its cheapest solving run and every run of the width "
+          f"below): {pflops:.5g} PFLOPs, grid / oracle {grid_pflops / pflops:.2f}x")
+    figures["oracle (verify only)"] = {"train_pflops": figure(pflops, "PFLOP"),
+                                       "grid_over_strategy": figure(grid_pflops / pflops, "x")}
+
+
 def strategies(halving: Halving) -> dict[str, tuple[Callable[[list[Cell]], Plan], Halving | None]]:
     """Every search strategy: a plan and, or not, successive halving of the learning rates."""
-    predict = ["seeds", "sizes", "neighbours"]
     return {
         "grid": (GridPlan, None),
         "frontier": (FrontierPlan, None),
-        "frontier+predict": (lambda cells: FrontierPlan(cells, predict), None),
+        "frontier+predict": (lambda cells: FrontierPlan(cells, PREDICT), None),
         "frontier+halving": (FrontierPlan, halving),
-        "frontier+predict+halving": (lambda cells: FrontierPlan(cells, predict), halving),
+        "frontier+predict+halving": (lambda cells: FrontierPlan(cells, PREDICT), halving),
     }
 
 
@@ -210,6 +246,7 @@ def replayed(args: argparse.Namespace, argv: list[str] | None) -> int:
                                      if run.table.get(k) != reference.table[k]][:20]}
         for line in figures[name]["differs"][:3]:
             print(f"    table differs: {line}")
+    oracle(figures, reference.pflops, verified(recorded))
     if args.out is not None:
         res.write(args.out)
     return 0

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import bench_models, results
+from tests.helpers.tables import recorded_grid
 
 SECTION_KEYS = {"command", "date", "commit", "dirty", "machine", "settings", "figures"}
 FIGURE_KEYS = {"median", "min", "max", "values", "unit"}
@@ -81,27 +82,32 @@ def test_model_benchmark_writes_its_figures(tmp_path, monkeypatch):
 
 
 def test_frontier_benchmark_writes_its_figures(tmp_path, monkeypatch):
-    """bench_frontier with the three sweeps replaced by their results (so, seconds): every mode's trials, FLOPs,
-    wall time, whether its table equals the fixed grid's, and its minimum widths. A --quick run writes nothing
+    """bench_frontier with the three live sweeps replaced by their results (so, seconds; the grid's recorded
+    trials are a made-up grid): every mode's trials, FLOPs, wall time, dropped runs, whether its table equals the
+    grid's, its minimum widths, and every strategy replayed on the grid's record. A --quick run writes nothing
     unless asked; a full run writes to docs/benchmarks/ by default."""
     from benchmarks import bench_frontier
 
     table = pd.DataFrame({"task": ["lis"], "size": [4], "depth": [2], "arch": ["standard"], "width": [16],
                           "min_paper_gflops": [0.1], "min_exact_gflops": [0.1]})
-    fake = {name: {"trials": 15 - 3 * i, "pflops": 0.003 / (i + 1), "wall": 100.0, "table": table}
-            for i, name in enumerate(bench_frontier.MODES)}
+    recorded_grid(tmp_path, curves=True)
+    fake = {name: {"trials": 120 - 40 * i, "pflops": 0.004 / (i + 1), "wall": 100.0, "dropped": 3 * i,
+                   "out": tmp_path, "table": table} for i, name in enumerate(bench_frontier.MODES)}
     monkeypatch.setattr(bench_frontier, "run_modes", lambda grid, work: fake)
     monkeypatch.setattr(results, "RESULTS", tmp_path / "docs")
     assert bench_frontier.main(["--quick"]) == 0
     assert not (tmp_path / "docs").exists()
     assert bench_frontier.main([]) == 0
-    modes = read_results(tmp_path / "docs" / "bench_frontier.json", "bench_frontier")["modes"]
-    assert modes["settings"]["widths"] == bench_frontier.GRID["sweep"]["widths"]
-    assert set(modes["figures"]) == set(bench_frontier.MODES)
-    frontier = modes["figures"]["frontier, stop when solved"]
-    assert frontier["trials"] == 9 and frontier["same_table"] is True
-    assert frontier["fixed_grid_over_mode"]["median"] == pytest.approx(3.0)
-    assert frontier["min_widths"] == [{"task": "lis", "size": 4, "depth": 2, "arch": "standard", "width": 16}]
+    live = read_results(tmp_path / "docs" / "bench_frontier.json", "bench_frontier")["live"]
+    assert live["settings"]["widths"] == bench_frontier.GRID["sweep"]["widths"]
+    assert live["settings"]["lrs"] == bench_frontier.GRID["sweep"]["lrs"]
+    halving = live["figures"]["frontier+halving"]
+    assert halving["trials"] == 40 and halving["same_table"] is True and halving["dropped"] == 6
+    assert halving["grid_over_mode"]["median"] == pytest.approx(3.0)
+    assert halving["min_widths"] == [{"task": "lis", "size": 4, "depth": 2, "arch": "standard", "width": 16}]
+    replayed = live["figures"]["replayed frontier+halving"]
+    assert replayed["same_table"] is True and replayed["grid_over_strategy"]["median"] > 1
+    assert live["figures"]["oracle (verify only)"]["grid_over_strategy"]["median"] > 1
 
 
 def test_memory_benchmark_writes_its_figures(tmp_path, monkeypatch):

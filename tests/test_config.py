@@ -178,6 +178,8 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {lr_search: halving, halving_rungs: [6]}", "must be multiples of sweep.val_every_steps = 4"),
     ("sweep: {lr_search: halving, halving_rungs: [8]}", "must end below the first step budget sweep.max_steps = 8"),
     ("sweep: {lr_search: quartering}", "sweep.lr_search: Input should be 'all' or 'halving'"),
+    ("sweep: {lr_search: halving, halving_rungs: [4], halving_unguided: drop}",
+     "sweep.halving_unguided: Input should be 'keep' or 'rank'"),
     ("sweep: {search: frontier, predict: [sizes, tea_leaves]}", "sweep.predict.1: Input should be 'sizes', 'seeds' "
                                                                 "or 'neighbours' \\(got 'tea_leaves'\\)"),
     ("sweep: {search: grid, predict: [sizes]}", "sweep.predict: \\['sizes'\\] needs sweep.search: frontier"),

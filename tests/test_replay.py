@@ -8,27 +8,16 @@ import pytest
 
 from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, MinWidth
 from pipeline.search.halving import Halving
-from pipeline.search.replay import ReplayError, load_trials, replay
+from pipeline.search.replay import ReplayError, load_trials, replay, verified
+from pipeline.training.status import Status
+from tests.helpers.tables import RECORDED_LRS, RECORDED_NEEDED, RECORDED_SIZES, RECORDED_WIDTHS, recorded_grid
 
-SIZES, WIDTHS, LRS = (4, 5, 6), (8, 16, 32, 64), (1e-3, 1e-2)
-NEEDED = {4: 16, 5: 16, 6: 32}  # the smallest width that solves each size, at lr 1e-3; lr 1e-2 never solves
+SIZES, WIDTHS, LRS, NEEDED = RECORDED_SIZES, RECORDED_WIDTHS, RECORDED_LRS, RECORDED_NEEDED
 
 
 @pytest.fixture
 def trials(tmp_path):
-    rows = []
-    for size in SIZES:
-        for width in WIDTHS:
-            for lr in LRS:
-                solved = lr == 1e-3 and width >= NEEDED[size]
-                rows.append({"task": "lis", "size": size, "arch": "standard", "width": width, "depth": 2, "seed": 0,
-                             "lr": lr, "status": "solved" if solved else "unsolved",
-                             "val_accuracy": 0.95 if solved else 0.3 + width / 1000, "train_pflops": width * size,
-                             "train_seconds": width / 8, "eval_seconds": 0.0, "exact_gflops": width * size,
-                             "train_steps": 100})
-    path = tmp_path / "trials.csv"
-    pd.DataFrame(rows).to_csv(path, index=False)
-    return path
+    return recorded_grid(tmp_path)
 
 
 def test_the_grid_replayed_trains_everything_and_the_frontier_less_for_the_same_table(trials):
@@ -43,6 +32,18 @@ def test_the_grid_replayed_trains_everything_and_the_frontier_less_for_the_same_
     frontier = replay(FrontierPlan(cells), recorded, slots=2)
     assert frontier.table == expected
     assert frontier.trials < grid.trials and frontier.pflops < grid.pflops / 2
+
+
+def test_the_verify_only_oracle_trains_each_answer_and_the_width_below(trials):
+    """Per size: the answer's one solving run (width x size PFLOPs) and both runs of the width below; a size no
+    width solves costs its widest width's runs and ends the chain."""
+    recorded = load_trials(trials)
+    assert verified(recorded) == pytest.approx(sum(NEEDED[s] * s + 2 * NEEDED[s] // 2 * s for s in SIZES))
+    assert replay(FrontierPlan(list(recorded)), recorded, slots=1).pflops >= verified(recorded)
+    for cell in [c for c in recorded if c.size >= 5]:
+        for run in recorded[cell].values():
+            run.status = Status.UNSOLVED
+    assert verified(recorded) == pytest.approx(16 * 4 + 2 * 8 * 4 + 2 * 64 * 5)  # size 6 is inferred
 
 
 def test_a_replay_names_what_it_cannot_do(trials, tmp_path):
@@ -68,17 +69,15 @@ def test_bench_frontier_replays_every_strategy_over_a_recorded_grid(trials, tmp_
     assert int(lines["frontier"][1]) < 24 and lines["frontier"][-1] == "True"
     section = json.loads((tmp_path / "f.json").read_text())["sections"]["replay recorded"]
     assert section["figures"]["frontier"]["grid_over_strategy"]["median"] > 2
+    assert section["figures"]["oracle (verify only)"]["train_pflops"]["median"] == pytest.approx(
+        verified(load_trials(trials)))
 
 
-def test_halving_replayed_on_recorded_curves_trains_less_for_the_same_table(trials):
+def test_halving_replayed_on_recorded_curves_trains_less_for_the_same_table(tmp_path):
     """With curves (lr 1e-2 flat at 0.01, lr 1e-3 rising), halving drops 1e-2 at the first rung: fewer FLOPs, same
     table; a rung past a run's end changes nothing for it. By default (unguided: keep) a cell whose chain has no
     solved cell yet drops nothing."""
-    recorded = load_trials(trials)
-    for runs in recorded.values():
-        for lr, run in runs.items():
-            run.curve = [(t, 0.01 if lr == 1e-2 else t / 100 * run.val_accuracy, run.train_pflops * t / 100)
-                         for t in range(10, 101, 10)]
+    recorded = load_trials(recorded_grid(tmp_path, curves=True))
     cells = list(recorded)
     everything = replay(GridPlan(cells), recorded, slots=2)
     halved = replay(GridPlan(cells), recorded, slots=2, halving=Halving((20,), keep=0.5, unguided="rank"))

@@ -205,6 +205,33 @@ def replay(plan: Plan, recorded: Recorded, slots: int, halving: Halving | None =
     return Replay(len(runs), attempts, pflops, now, busy, min_widths(plan.outcomes()), len(plan.misses), len(dropped))
 
 
+def verified(recorded: Recorded) -> float:
+    """Training PFLOPs of an oracle that knows every answer and only verifies it: per (task, size, architecture,
+    depth, seed), the cheapest run that solves the narrowest solved width and every run of the width below it (or,
+    where no width solves, every run of the widest, unless a smaller size of the chain already solved none). A
+    search whose table must equal the grid's spends about this much at least; with successive halving the width
+    below can cost less, so it is a reference there, not a bound."""
+    chains: dict[tuple, dict[int, dict[int, dict[float, Recording]]]] = {}
+    for cell, runs in recorded.items():
+        chains.setdefault((cell.task, cell.arch, cell.depth, cell.seed), {}).setdefault(cell.size, {})[cell.width] = (
+            runs
+        )
+    total = 0.0
+    for sizes in chains.values():
+        for size in sorted(sizes):
+            widths = sorted(sizes[size])
+            solving = [w for w in widths if any(r.status == Status.SOLVED for r in sizes[size][w].values())]
+            if solving:
+                w = solving[0]
+                total += min(r.train_pflops for r in sizes[size][w].values() if r.status == Status.SOLVED)
+                below = [v for v in widths if v < w]
+                total += sum(r.train_pflops for r in sizes[size][below[-1]].values()) if below else 0.0
+            else:
+                total += sum(r.train_pflops for r in sizes[size][widths[-1]].values())
+                break  # the larger sizes are inferred unsolved
+    return total
+
+
 def cell_of(s: CellSpec) -> Cell:
     return Cell(s.task, s.size, s.arch, s.width, s.depth, s.seed)
 

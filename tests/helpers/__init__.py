@@ -8,7 +8,8 @@ What lives where:
 - ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
   with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve.
-- ``tests.helpers.tables``: ``rows``, synthetic sweep-table rows for the claim, report and nightly tests.
+- ``tests.helpers.tables``: ``rows``, synthetic sweep-table rows for the claim, report and nightly tests;
+  ``recorded_grid``, a made-up grid sweep's trials.csv and curves.csv for the replay tests.
 - ``tests.helpers.browser``: headless Chromium over the DevTools protocol (``Page``, ``report_problems``,
   ``vega_plots`` for the page of `dvc plots show`, ``group_running``); ``python -m tests.helpers.browser
   report/index.html [shot.png]``.

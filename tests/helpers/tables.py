@@ -1,6 +1,14 @@
-"""Synthetic sweep tables: `rows`, for the claim, report and nightly tests."""
+"""Synthetic sweep tables: `rows`, for the claim, report and nightly tests; `recorded_grid`, a grid sweep's
+trials.csv (and curves.csv) for the replay tests."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+RECORDED_SIZES, RECORDED_WIDTHS, RECORDED_LRS = (4, 5, 6), (8, 16, 32, 64), (1e-3, 1e-2)
+RECORDED_NEEDED = {4: 16, 5: 16, 6: 32}  # the smallest width that solves each size, at lr 1e-3; lr 1e-2 never does
 
 UNDECIDED_REASON = ("budget: still improving at step 6400 (8x the budget of 800); over steps 3200-6400 validation "
                     "loss 0.9 -> 0.5 (gain 44.4%, tolerance 1.0%), validation accuracy 0.600 -> 0.800 (min_delta 0.01)")
@@ -31,3 +39,26 @@ def rows(task: str, arch: str, depth: int, solved_from: dict[int, int | None], w
                     row["borderline"] = (size, width) in borderline
                 out.append(row)
     return out
+
+
+def recorded_grid(directory: Path, curves: bool = False) -> Path:
+    """A grid sweep's results/trials.csv over lis (RECORDED_SIZES x RECORDED_WIDTHS x RECORDED_LRS, 100 steps,
+    width x size PFLOPs a run) and, with ``curves``, its curves.csv (every 10 steps: lr 1e-2 flat at 0.01, lr 1e-3
+    rising to its final accuracy)."""
+    trials, points = [], []
+    for size in RECORDED_SIZES:
+        for width in RECORDED_WIDTHS:
+            for lr in RECORDED_LRS:
+                solved = lr == 1e-3 and width >= RECORDED_NEEDED[size]
+                cell = {"task": "lis", "size": size, "arch": "standard", "width": width, "depth": 2, "seed": 0,
+                        "lr": lr}
+                accuracy = 0.95 if solved else 0.3 + width / 1000
+                trials.append(cell | {"status": "solved" if solved else "unsolved", "val_accuracy": accuracy,
+                                      "train_pflops": width * size, "train_seconds": width / 8, "eval_seconds": 0.0,
+                                      "exact_gflops": width * size, "train_steps": 100})
+                points += [cell | {"step": t, "val_accuracy": 0.01 if lr == 1e-2 else t / 100 * accuracy,
+                                   "val_loss": 1.0, "train_pflops": width * size * t / 100} for t in range(10, 101, 10)]
+    pd.DataFrame(trials).to_csv(directory / "trials.csv", index=False)
+    if curves:
+        pd.DataFrame(points).to_csv(directory / "curves.csv", index=False)
+    return directory / "trials.csv"
