@@ -37,7 +37,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, astuple, replace
 from pathlib import Path
 
 import pandas as pd
@@ -115,8 +115,9 @@ def run_sweep(
     train = asdict(TrainSettings.of(cfg))
     # threads change speed, not results; architecture options change results but are not part of the cell id;
     # the rungs decide which learning rates a sweep drops
-    halving = {"halving": [s.halving_rungs, s.halving_keep, s.halving_unguided]} if s.lr_search == "halving" else {}
-    key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options} | halving)
+    halving = Halving.of(s)
+    rungs = {"halving": list(astuple(halving))} if halving.rungs else {}
+    key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options} | rungs)
     published = prepare_cells(cells, key, s.heads, cfg.cluster.storage())
     started = time.time()
     client, parent = open_parent_run(cfg, cells, train, key)
@@ -166,15 +167,7 @@ def open_parent_run(
         "search": s.search,
         "predict": ",".join(s.predict) or "none",
         "lr_search": s.lr_search,
-        **(
-            {
-                "halving_rungs": ",".join(map(str, s.halving_rungs)),
-                "halving_keep": s.halving_keep,
-                "halving_unguided": s.halving_unguided,
-            }
-            if s.lr_search == "halving"
-            else {}
-        ),
+        **Halving.of(s).params(),
         "cells": len(cells),
         "architectures": ",".join(s.architectures),
         "widths": ",".join(map(str, s.widths)),
@@ -234,7 +227,7 @@ def plan_trials(
         reusable,
         cost=lambda cell: expected_cost(cell, s),
         resumable=unfinished,
-        halving=Halving.of(s) if s.lr_search == "halving" else None,
+        halving=Halving.of(s),
         dropped=dropped,
     )
     to_train = searcher.needs_training()  # settles the reused runs first, and fills the queue

@@ -192,8 +192,12 @@ class Chain:
         if self.size in self.predicted:
             lo, hi, _ = self.predicted[self.size]
             return lo, hi
-        previous = self.answers.get(self.sizes[self.j - 1]) if self.j else None
-        return (previous, previous) if previous is not None and self.trust_size_bound else None
+        previous = self.size_bound()
+        return None if previous is None else (previous, previous)
+
+    def size_bound(self) -> int | None:
+        """The last size's answer (a width index), while m(size) >= m(previous size) is trusted."""
+        return self.answers.get(self.sizes[self.j - 1]) if self.j and self.trust_size_bound else None
 
     def next_widths(self, spare: bool = False) -> list[int]:
         """Width indices to train now at this size (none while a trial of this size is running, unless ``spare``:
@@ -286,8 +290,8 @@ class Chain:
 
     def bounded(self, lo: int, hi: int) -> tuple[int, int]:
         """A predicted interval kept at or above the last size's answer while the size bound holds."""
-        previous = self.answers.get(self.sizes[self.j - 1]) if self.j else None
-        if previous is not None and self.trust_size_bound:
+        previous = self.size_bound()
+        if previous is not None:
             lo, hi = max(lo, previous), max(hi, previous)
         return lo, max(lo, hi)
 
@@ -376,30 +380,24 @@ class FrontierPlan:
         task, arch, depth, seed = chain.key
         for source in self.predict:
             if source == "seeds":
-                interval = chain.interval(
-                    [
-                        c.answer_width(chain.size)
-                        for k, c in self.chains.items()
-                        if k[:3] == chain.key[:3] and k != chain.key and chain.size in c.answers
-                    ]
-                )
+                interval = chain.interval(self.answers_at(chain, lambda k: k[:3] == chain.key[:3]))
             elif source == "sizes":
                 interval = chain.trend()
             else:
                 interval = chain.interval(
-                    [
-                        c.answer_width(chain.size)
-                        for k, c in self.chains.items()
-                        if k[0] == task
-                        and k[3] == seed
-                        and k != chain.key
-                        and (k[1] == arch or k[2] == depth)
-                        and chain.size in c.answers
-                    ]
+                    self.answers_at(chain, lambda k: k[0] == task and k[3] == seed and (k[1] == arch or k[2] == depth))
                 )
             if interval is not None:
                 return (*interval, source)
         return None
+
+    def answers_at(self, chain: Chain, related: Callable[[tuple], bool]) -> list[int | None]:
+        """The minimum widths the other related chains found at this chain's size."""
+        return [
+            c.answer_width(chain.size)
+            for k, c in self.chains.items()
+            if k != chain.key and related(k) and chain.size in c.answers
+        ]
 
     def record(self, cell: Cell, status: Status) -> None:
         chain = self.chains[cell.chain]

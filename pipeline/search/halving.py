@@ -38,7 +38,20 @@ class Halving:
 
     @classmethod
     def of(cls, sweep: SweepConfig) -> Halving:
+        """The sweep's halving; no rungs under ``lr_search: all`` (its rungs, if set, are left unused)."""
+        if sweep.lr_search == "all":
+            return cls()
         return cls(tuple(sweep.halving_rungs), sweep.halving_keep, sweep.halving_unguided)
+
+    def params(self) -> dict[str, str | float]:
+        """The settings as the sweep's MLflow parameters (none without rungs)."""
+        if not self.rungs:
+            return {}
+        return {
+            "halving_rungs": ",".join(map(str, self.rungs)),
+            "halving_keep": self.keep,
+            "halving_unguided": self.unguided,
+        }
 
     def pause_at(self, rung: int) -> int | None:
         """The step at which an attempt at rung ``rung`` (0 first) pauses; None after the last rung."""

@@ -116,10 +116,9 @@ class CellSearcher(Searcher):
         just the best: a wider neighbour is solved by rates that fail at this width as well as by the one that
         solves here."""
         near: dict[float, set[float]] = {}
-        for other in self.runs:
-            if other == cell or (other.task, other.arch, other.depth) != (cell.task, cell.arch, cell.depth):
+        for other, runs in self.runs.items():
+            if other == cell or other.chain[:3] != cell.chain[:3] or len(runs) < len(self.cells[other].lrs):
                 continue
-            runs = self.runs[other] if self.best(other) is not None else {}
             solved = {lr for lr, run in runs.items() if run["status"] == Status.SOLVED}
             if solved:
                 distance = abs(math.log2(other.size / cell.size)) + abs(math.log2(other.width / cell.width))
