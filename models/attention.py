@@ -85,6 +85,8 @@ class SoftmaxAttention(Mixer):
         self.heads, self.pattern, self.dropout = heads, pattern, dropout
         self.blockwise = True  # False: always the dense masked call (what the benchmark compares against)
         self.qkv = nn.Linear(width, 3 * width)  # fused q, k, v
+        # (length, device) -> Pattern.blocks: built on the host once per length, not at every forward
+        self.plans: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor] | None] = {}
 
     def forward(self, x: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, D = x.shape
@@ -93,7 +95,7 @@ class SoftmaxAttention(Mixer):
         start = cache.pos if cache is not None else 0
         queries = torch.arange(start, start + T, device=x.device)
         if cache is None:
-            plan = self.pattern.blocks(T, x.device) if self.blockwise else None
+            plan = self.plan(T, x.device) if self.blockwise else None
             if self.pattern.causal_only:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
             elif plan is None:
@@ -123,6 +125,11 @@ class SoftmaxAttention(Mixer):
             state["pos"], state["k"], state["v"] = keys[keep], K[:, :, keep], V[:, :, keep]
         y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, dropout_p=p)
         return merge_heads(y)  # (B, T, D)
+
+    def plan(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if (length, device) not in self.plans:
+            self.plans[length, device] = self.pattern.blocks(length, device)
+        return self.plans[length, device]
 
     def exact_flops(self, length: int) -> int:
         # q k^T and A v: each allowed pair costs hd multiply-adds per head, i.e. D per pair, twice

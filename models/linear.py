@@ -6,10 +6,12 @@ Per head, with S_t = gamma S_{t-1} + k_t v_t^T (dk x dv) and z_t = gamma z_{t-1}
     out_t = q_t^T S_t / (q_t^T z_t + eps)      normalised (linear; gamma = 1, q, k = phi(.))
     out_t = q_t^T S_t                          unnormalised (retnet: gamma_h < 1; linear_nofm: gamma = 1)
 
-Computed chunk by chunk from a carried state: inside a chunk the masked quadratic form
-(q k^T * Gamma) v with Gamma[t, s] = gamma^(t-s) for s <= t, across chunks the state. Training runs the chunks
-from a zero state; decoding is the same code with chunks of one token, so both forms agree by construction and
-a step costs O(dk dv) per head whatever the position.
+``chunked_scan`` computes every chunk at once, with no loop over chunks (the chunked form of
+flash-linear-attention and of RetNet's paper, in plain torch ops, so it runs on any device): inside a chunk the
+masked quadratic form (q k^T * Gamma) v with Gamma[t, s] = gamma^(t-s) for s <= t; across chunks the state each
+chunk starts from, a decayed sum of the earlier chunks' contributions (one (n, n) product over the n chunks).
+Decoding is the same code on one token. ``scan_reference`` is the recurrence a token at a time, which both are
+tested against.
 """
 
 from __future__ import annotations
@@ -23,31 +25,67 @@ from models.registry import Option, register
 
 
 def chunked_scan(q, k, v, state: dict, gamma: torch.Tensor, normalize: bool, chunk: int, eps: float = 1e-6):
-    """q, k (B, H, T, dk), v (B, H, T, dv), gamma (H,) -> (B, H, T, dv); updates ``state`` (S, and z if normalised)."""
+    """q, k (B, H, T, dk), v (B, H, T, dv), gamma (H,) -> (B, H, T, dv); updates ``state`` (S, and z if normalised).
+
+    With T in n chunks of C tokens (the last one possibly shorter, of length C_n), chunk c's own contribution to
+    the state at its end is U_c = sum_s gamma^(end_c - s) k_s v_s^T, and the state it starts from is
+        S_(c) = gamma^(C c) S_0 + sum_(j < c) gamma^(C (c - 1 - j)) U_j
+    so every chunk's output is its intra-chunk form plus (q_t^T S_(c)) gamma^(t + 1), all in batched products.
+    Normalised, z is S's column for a value of ones: the denominators come out of the same products.
+    """
+    if normalize:
+        return normalized(chunked_scan, q, k, v, state, gamma, chunk=chunk, eps=eps)
+    B, H, T, dk = q.shape
+    dv = v.shape[-1]
+    n = -(-T // chunk)
+    C = -(-T // n)  # n chunks of at most ``chunk`` tokens, as even as can be: the least padding
+    S0 = state.get("S", q.new_zeros(B, H, dk, dv))  # (B, H, dk, dv)
+    pad = n * C - T  # the last chunk padded with zero keys and values (no contribution), its padded outputs dropped
+    qc, kc, vc = (F.pad(t, (0, 0, 0, pad)).view(B, H, n, C, -1) for t in (q, k, v))  # (B, H, n, C, d)
+    logg = torch.log(gamma).to(q.dtype)[:, None, None]  # (H, 1, 1); log 1 = 0 for linear attention
+    t = torch.arange(C, device=q.device, dtype=q.dtype)
+    c = torch.arange(n, device=q.device, dtype=q.dtype)
+    length = (T - c * C).clamp(max=C)[:, None]  # (n, 1): tokens of each chunk
+    # Gamma: gamma^(t - s) for s <= t, else 0 (the exponent is masked before exp: it would overflow above s > t)
+    decay = torch.exp((logg * (t[:, None] - t[None, :])).masked_fill(t[None, :] > t[:, None], float("-inf")))
+    into = torch.exp(logg * (t + 1))[..., None]  # (H, 1, C, 1): how much of the chunk's start state reaches t
+    out_of = torch.exp(logg * (length - 1 - t).clamp(min=0))[..., None]  # (H, n, C, 1): what of s is left at the end
+    between = c[:, None] - 1 - c[None, :]  # (n, n): chunks between j and c, when j < c
+    carry = torch.exp((logg * C * between).masked_fill(between < 0, float("-inf")))  # (H, n, n)
+    start = torch.exp(logg * C * c[:, None])[..., None]  # (H, n, 1, 1): what of S_0 reaches chunk c's start
+
+    U = (kc * out_of).transpose(-1, -2) @ vc  # (B, H, n, dk, dv)
+    S = torch.einsum("hcj,bhjkv->bhckv", carry, U) + start * S0[:, :, None]  # (B, H, n, dk, dv)
+    A = (qc @ kc.transpose(-1, -2)) * decay[:, None]  # (B, H, n, C, C)
+    out = (qc @ S) * into + A @ vc  # (B, H, n, C, dv)
+    last = torch.exp(logg * length[-1])  # (H, 1, 1): gamma^(C_n)
+    state["S"] = last * S[:, :, -1] + U[:, :, -1]
+    return out.view(B, H, n * C, dv)[:, :, :T]
+
+
+def normalized(scan, q, k, v, state: dict, gamma: torch.Tensor, eps: float, **options) -> torch.Tensor:
+    """The normalised form from an unnormalised ``scan``: z_t = sum gamma^(t-s) k_s is S's column for a value of
+    ones, so out = (q^T S) / (q^T z + eps) is the first dv columns over the last."""
+    inner = {"S": torch.cat([state["S"], state["z"][..., None]], -1)} if "S" in state else {}
+    ones = v.new_ones(*v.shape[:-1], 1)
+    out = scan(q, k, torch.cat([v, ones], -1), inner, gamma, False, **options)  # (B, H, T, dv + 1)
+    state["S"], state["z"] = inner["S"][..., :-1], inner["S"][..., -1]
+    return out[..., :-1] / (out[..., -1:] + eps)
+
+
+def scan_reference(q, k, v, state: dict, gamma: torch.Tensor, normalize: bool, eps: float = 1e-6):
+    """``chunked_scan``'s contract, the recurrence S_t = gamma S_(t-1) + k_t v_t^T one token at a time."""
+    if normalize:
+        return normalized(scan_reference, q, k, v, state, gamma, eps=eps)
     B, H, T, dk = q.shape
     S = state.get("S", q.new_zeros(B, H, dk, v.shape[-1]))  # (B, H, dk, dv)
-    z = state.get("z", q.new_zeros(B, H, dk))  # (B, H, dk)
+    g = gamma.to(q.dtype)[:, None, None]  # (H, 1, 1)
     out = []
-    for c in range(0, T, chunk):
-        qc, kc, vc = q[:, :, c : c + chunk], k[:, :, c : c + chunk], v[:, :, c : c + chunk]
-        C = qc.shape[2]
-        n = torch.arange(C, device=q.device, dtype=q.dtype)
-        logg = torch.log(gamma)[:, None]  # (H, 1)
-        decay = torch.exp(logg[..., None] * (n[:, None] - n[None, :])).tril()  # (H, C, C): gamma^(t-s), s <= t
-        into = torch.exp(logg * (n + 1))[..., None]  # (H, C, 1): how much of the carried state reaches t
-        out_of = torch.exp(logg * (C - 1 - n))[..., None]  # (H, C, 1): how much of s is left at the chunk end
-        A = (qc @ kc.transpose(-1, -2)) * decay  # (B, H, C, C)
-        num = (qc @ S) * into + A @ vc  # (B, H, C, dv)
-        if normalize:
-            den = (qc @ z.unsqueeze(-1)) * into + A.sum(-1, keepdim=True)  # (B, H, C, 1)
-            num = num / (den + eps)
-            z = gamma[:, None] ** C * z + (kc * out_of).sum(2)
-        out.append(num)
-        S = gamma[:, None, None] ** C * S + (kc * out_of).transpose(-1, -2) @ vc
+    for t in range(T):
+        S = g * S + k[:, :, t, :, None] * v[:, :, t, None, :]
+        out.append((q[:, :, t, None, :] @ S)[:, :, 0])  # (B, H, dv)
     state["S"] = S
-    if normalize:
-        state["z"] = z
-    return torch.cat(out, dim=2)
+    return torch.stack(out, 2)
 
 
 class LinearAttention(Mixer):

@@ -1,4 +1,4 @@
-"""mamba: the selective state space block of Gu & Dao 2023 in plain PyTorch (mamba-ssm's kernels need CUDA).
+"""mamba: the selective state space block of Gu & Dao 2023 in plain PyTorch (mamba-ssm's kernels need CUDA and nvcc).
 
     x, z = in_proj(u)                                 (B, T, E) each, E = expand * D
     x = SiLU(causal depthwise conv_k(x))              width-k convolution
@@ -6,8 +6,9 @@
     h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t           A = -exp(A_log), (E, N) diagonal   (Alg. 2, selective scan)
     y_t = C_t . h_t + D x_t,   out = out_proj(y * SiLU(z))
 
-The scan (``models/selective_scan.py``) is a fused CPU kernel in training, prefill and decoding alike, tested
-against the plain per-token loop beside it. The block is Mamba's own: x += Mamba(LN(x)), no FFN.
+The scan (``models/selective_scan.py``) is a fused CPU kernel for float32 on the CPU and a parallel (chunked,
+log-space) torch form on any other device or dtype, in training, prefill and decoding alike, both tested against the
+plain per-token loop beside them. The block is Mamba's own: x += Mamba(LN(x)), no FFN.
 """
 
 import math

@@ -1,4 +1,5 @@
-"""Mamba's selective scan (Gu & Dao 2023, Alg. 2), as a plain PyTorch loop and as a fused CPU kernel.
+"""Mamba's selective scan (Gu & Dao 2023, Alg. 2): a plain PyTorch loop, a fused CPU kernel, and a parallel form for
+every other device.
 
 Per batch row b, channel e and state n, with dt > 0 and A < 0:
 
@@ -11,7 +12,14 @@ parallel form does not help on a CPU: Mamba's decay exp(dt A) differs per channe
 intra-chunk form materialises a (B, T, E, N, chunk) tensor, chunk times the loop's work. The kernel
 (``selective_scan``) runs the same recurrence in numba, one (b, e) row per iteration with the N states in
 registers, and never writes the (B, T, E, N) states: the backward pass recomputes them a chunk at a time
-from the states saved at chunk starts. Off the CPU (no fused kernel here) the reference loop runs.
+from the states saved at chunk starts.
+
+Off the CPU (or off float32) the parallel form runs (``selective_scan_parallel``): the recurrence unrolled as
+    h_t = exp(L_t) h_0 + sum_(s <= t) exp(L_t - L_s) u_s,      L_t = sum_(r <= t) dt_r A,  u_s = dt_s x_s B_s
+with the sums in log space (``torch.logcumsumexp``, a scan in one kernel), positive and negative u apart, in
+chunks (float32 keeps exp(L) to |L| x 6e-8, so L must not grow over all of T), in float32 whatever the autocast
+dtype: no step depends on the one before in Python. Its backward recomputes it
+(activation checkpointing), so only the (B, T, E) and (B, T, N) inputs are kept, not the (B, T, E, N) states.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
+import torch.nn.functional as F
 from numba import prange
+from torch.utils.checkpoint import checkpoint
 
 CHECKPOINT = 32  # tokens between saved states: the backward pass recomputes one chunk of states at a time
 
@@ -170,8 +180,63 @@ class _SelectiveScan(torch.autograd.Function):
         return gdt.transpose(1, 2), gx.transpose(1, 2), gA.sum(0), gB, gC, gh0
 
 
+# log|u| of an exact zero: exp(-80 + L) is below float32's smallest normal for any L <= 0
+LOG_ZERO = -80.0
+# an absent term (the other sign's): finite, so that logcumsumexp's backward stays finite, and far below any present one
+ABSENT = -1e30
+# tokens per chunk of the parallel form: float32 loses about |L| x 6e-8 relative in exp(L), and L sums dt A over a
+# chunk at most (at 64: ~1e-5 at Mamba's initial dt and A; over the whole of T = 400, up to 30x that)
+SCAN_CHUNK = 64
+
+
+def segment_sums(y: torch.Tensor) -> torch.Tensor:
+    """y (B, m, ...) -> (B, m, m, ...): [c, j] = y_(j+1) + ... + y_c for j <= c, -inf above (exp: 0). Summed, not
+    differenced from a running total: no cancellation of large numbers (Mamba-2's ``segsum``)."""
+    m = y.shape[1]
+    i = torch.arange(m, device=y.device)
+    shape = (1, m, m) + (1,) * (y.dim() - 2)
+    later = (i[:, None] > i[None, :]).view(shape)  # [k, j]: k > j
+    seg = y[:, :, None].expand(-1, -1, m, *y.shape[2:]).masked_fill(~later, 0).cumsum(1)  # [c, j]: sum_(j<k<=c) y_k
+    return seg.masked_fill(~(i[:, None] >= i[None, :]).view(shape), float("-inf"))
+
+
+def _parallel(dt, x, A, Bm, Cm, h0):
+    """Chunks of ``SCAN_CHUNK`` tokens: within each, the log-space form from a zero state; across them, each chunk's
+    start state from the earlier chunks' end states and h_0 (``segment_sums`` of the chunks' log decays)."""
+    dtype = torch.promote_types(dt.dtype, torch.float32)  # the accumulators in float32 at least
+    B, T, E = dt.shape
+    n = -(-T // SCAN_CHUNK)
+    C = -(-T // n)
+    # zero steps pad the last chunk: no decay, no input, so the state at the end is h_T
+    dt, x, Bm, Cm = (F.pad(t.to(dtype), (0, 0, 0, n * C - T)).view(B, n, C, -1) for t in (dt, x, Bm, Cm))
+    A, h0 = A.to(dtype), h0.to(dtype)
+    L = (dt[..., None] * A).cumsum(2)  # (B, n, C, E, N): log of the decay from the chunk's start through t, <= 0
+    u = (dt * x)[..., None] * Bm[:, :, :, None, :]  # (B, n, C, E, N)
+    log_u = torch.log(u.abs()).clamp(min=LOG_ZERO) - L  # log |u_s| - L_s
+    pos = torch.logcumsumexp(torch.where(u > 0, log_u, ABSENT), 2)  # log sum_(s <= t) exp(-L_s) u_s over u_s > 0
+    neg = torch.logcumsumexp(torch.where(u < 0, log_u, ABSENT), 2)
+    own = torch.exp(pos + L) - torch.exp(neg + L)  # (B, n, C, E, N): the chunk's inputs alone
+    # states at the chunks' starts and at the end: [c] = sum_(j' <= c) exp(decay of chunks j'..c-1) ends[j']
+    ends = torch.cat([h0[:, None], own[:, :, -1]], 1)  # (B, n + 1, E, N): h_0, then each chunk's own end state
+    decays = F.pad(L[:, :, -1], (0, 0, 0, 0, 1, 0))  # (B, n + 1, E, N): 0, then each chunk's log decay
+    starts = (torch.exp(segment_sums(decays)) * ends[:, None]).sum(2)  # (B, n + 1, E, N)
+    h = torch.exp(L) * starts[:, :-1, None] + own  # (B, n, C, E, N)
+    y = (h * Cm[:, :, :, None, :]).sum(-1)  # (B, n, C, E)
+    return y.view(B, n * C, E)[:, :T], starts[:, -1]
+
+
+def selective_scan_parallel(dt, x, A, Bm, Cm, h0):
+    """Same contract as ``selective_scan_reference``; float32 (or wider) inside, y and h_T in x's dtype."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (dt, x, A, Bm, Cm, h0)):
+        y, h = checkpoint(_parallel, dt, x, A, Bm, Cm, h0, use_reentrant=False)
+    else:
+        y, h = _parallel(dt, x, A, Bm, Cm, h0)
+    return y.to(x.dtype), h.to(h0.dtype)
+
+
 def selective_scan(dt, x, A, Bm, Cm, h0):
-    """Same contract as ``selective_scan_reference``; the fused kernel for float32 CPU tensors."""
+    """Same contract as ``selective_scan_reference``: the fused kernel for float32 CPU tensors, else the parallel
+    form."""
     if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (dt, x, A, Bm, Cm, h0)):
         return _SelectiveScan.apply(dt, x, A, Bm, Cm, h0)
-    return selective_scan_reference(dt, x, A, Bm, Cm, h0)
+    return selective_scan_parallel(dt, x, A, Bm, Cm, h0)

@@ -2,9 +2,16 @@ import pytest
 import torch
 
 import models
-from models.dss import ssm_kernel, ssm_kernel_reference
 from models.attention import blockwise_attention
-from models.selective_scan import CHECKPOINT, selective_scan, selective_scan_reference
+from models.dss import ssm_kernel, ssm_kernel_reference
+from models.linear import chunked_scan, scan_reference
+from models.selective_scan import (
+    CHECKPOINT,
+    SCAN_CHUNK,
+    selective_scan,
+    selective_scan_parallel,
+    selective_scan_reference,
+)
 from models.sinks import Sinks
 from models.sliding_window import Window
 from models.sparse import BlockSparse, block_size
@@ -185,6 +192,78 @@ def test_selective_scan_kernel_matches_the_loop_forward_and_gradients():
     grads_ref = torch.autograd.grad((y_ref * gy.double()).sum() + (h_ref * gh.double()).sum(), ref)
     for g, g_ref in zip(grads, grads_ref):
         torch.testing.assert_close(g, g_ref.float(), rtol=1e-4, atol=1e-4)
+
+
+def scan_inputs(T: int, dtype=torch.float64, B: int = 2, E: int = 5, N: int = 16):
+    """dt, x, A, B, C, h0 at Mamba's scales: dt = softplus(.) around 0.1, A = -(1..N) (its initial values)."""
+    torch.manual_seed(0)
+    dt = torch.nn.functional.softplus(torch.randn(B, T, E) - 2)
+    inputs = [dt, torch.randn(B, T, E), -torch.arange(1.0, N + 1).repeat(E, 1), torch.randn(B, T, N),
+              torch.randn(B, T, N), torch.randn(B, E, N)]
+    return [t.to(dtype).requires_grad_() for t in inputs]
+
+
+def outputs_and_grads(scan, inputs, seed: int = 1):
+    y, h = scan(*inputs)
+    torch.manual_seed(seed)  # the same upstream gradients whatever the dtype
+    gy, gh = (torch.randn(t.shape, dtype=torch.float64).to(t.dtype) for t in (y, h))
+    return [y, h, *torch.autograd.grad((y * gy).sum() + (h * gh).sum(), inputs)]
+
+
+@pytest.mark.parametrize("T", [1, 7, SCAN_CHUNK, SCAN_CHUNK + 1, 5 * SCAN_CHUNK - 20])
+def test_parallel_selective_scan_matches_the_loop_forward_and_gradients(T):
+    """The device-agnostic form against the per-token loop: equal in float64 (the same sums); in float32 within
+    what exp(L) keeps over a chunk (docs of SCAN_CHUNK), for y, h_T and every input's gradient."""
+    ref = outputs_and_grads(selective_scan_reference, scan_inputs(T))
+    for ours, ref_ in zip(outputs_and_grads(selective_scan_parallel, scan_inputs(T)), ref):
+        torch.testing.assert_close(ours, ref_, rtol=1e-10, atol=1e-10)
+    for ours, ref_ in zip(outputs_and_grads(selective_scan_parallel, scan_inputs(T, torch.float32)), ref):
+        assert ours.dtype == torch.float32
+        assert (ours.double() - ref_).abs().max() <= 1e-4 * ref_.abs().max()
+
+
+def test_parallel_selective_scan_keeps_only_its_inputs_for_backward():
+    """Activation checkpointing: autograd saves the (B, T, E) and (B, T, N) inputs, never a (B, T, E, N) state."""
+    inputs = scan_inputs(3 * SCAN_CHUNK, torch.float32)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        selective_scan_parallel(*inputs)
+    (B, T, E), N = inputs[0].shape, inputs[2].shape[1]
+    assert saved and max(saved) == B * T * max(E, N) < B * T * E * N
+
+
+@pytest.mark.parametrize("normalize, gamma", [(True, [1.0, 1.0, 1.0]), (False, [1.0, 1.0, 1.0]),
+                                              (False, [1 - 2**-5, 1 - 2**-6, 1 - 2**-7])])
+@pytest.mark.parametrize("T, chunk", [(1, 64), (5, 2), (37, 8), (130, 64)])
+def test_chunked_scan_matches_the_recurrence_forward_state_and_gradients(normalize, gamma, T, chunk):
+    """Every chunk at once (an uneven last chunk included) against one token at a time, from a carried state."""
+    torch.manual_seed(0)
+    B, H, d = 2, 3, 4
+    q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64) for _ in range(3))
+    if normalize:  # phi = elu + 1 keeps the denominators positive
+        q, k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    start = {"S": torch.randn(B, H, d, d, dtype=torch.float64)} | (
+        {"z": torch.rand(B, H, d, dtype=torch.float64)} if normalize else {})
+    g = torch.tensor(gamma, dtype=torch.float64)
+    results = []
+    for scan in (lambda *a: chunked_scan(*a, chunk=chunk), scan_reference):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        state = dict(start)
+        y = scan(*leaves, state, g, normalize)
+        results.append([y, *state.values(), *torch.autograd.grad((y * torch.cos(y)).sum(), leaves)])
+    for ours, ref in zip(*results):
+        torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("arch", ["linear", "retnet", "linear_nofm", "mamba"])
+def test_device_agnostic_paths_decode_as_they_train(arch):
+    """In float64 a CPU runs the code a GPU runs (Mamba's parallel scan, not the float32 CPU kernel): cached decoding
+    a token at a time equals the full forward."""
+    model = tiny(arch).double()
+    x = torch.randint(0, 23, (3, 40))
+    cache = model.new_cache(3)
+    steps = [model(x[:, :9], cache)] + [model(x[:, t:t + 1], cache) for t in range(9, 40)]
+    torch.testing.assert_close(torch.cat(steps, 1), model(x), rtol=1e-9, atol=1e-9)
 
 
 def test_dss_kernel_without_pow_matches_the_powers_forward_and_gradients():
