@@ -32,12 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import models
 from benchmarks.repeats import ratios, side_by_side, spread
 from benchmarks.results import RESULTS, Results, figure, out_option, out_path
+from pipeline.training.batches import Batch
 from pipeline.training.train import SequenceModel, TrialSpec
 
 VOCAB = 64
@@ -280,7 +282,8 @@ def bench_lightning(q: bool, res: Results) -> None:
           f"between consecutive step starts (median over steps after the first 3) and fit time / steps, "
           f"{repeats} runs each of {steps} steps, alternating, after a warm-up fit of each")
     for width in ([32] if q else [64, 256]):
-        batch = (*batch_of(batch_size, length), torch.tensor(1.0))  # a trial's batch: inputs, targets, share
+        inputs, targets = batch_of(batch_size, length)
+        batch = Batch(inputs, targets, torch.tensor(1.0), np.full(batch_size, length))  # a trial's batch
 
         def measure(fit) -> tuple[float, float]:
             """Seconds per step: the median between consecutive step starts, and the fit's time over its steps."""

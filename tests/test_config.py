@@ -131,6 +131,9 @@ def test_params_overrides_win_over_the_profile(tmp_path):
                                                   "allowed: int >= 2"),
     ("sweep: {arch_options: {sinks: {sinks: 2.5}}}", "sweep.arch_options.sinks.sinks: 2.5 is not allowed for "
                                                      "'sinks'; allowed: int >= 0"),
+    # memory: micro-batches of at least one sample, a positive budget
+    ("sweep: {batch_size: 8, micro_batches: 9}", "sweep.micro_batches: 9 is more than the 8 samples of a worker's batch"),
+    ("sweep: {memory_gb_per_trial: 0}", "sweep.memory_gb_per_trial: Input should be greater than 0"),
     # no lax coercion: a bool is not an int, a string not a number, an int not a bool
     ("sweep: {heads: true}", "sweep.heads: Input should be a valid integer \\(got True\\)"),
     ("sweep: {eval_batch_size: true}", "sweep.eval_batch_size: Input should be a valid integer \\(got True\\)"),

@@ -1,5 +1,7 @@
 import dataclasses
+from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -7,9 +9,9 @@ import torch
 import models
 import tasks
 from pipeline.data.datasets import dataset_path, read_dataset
-from pipeline.training.batches import IGNORE, Collate, LengthBuckets, collate, collate_reference
+from pipeline.training.batches import IGNORE, Collate, LengthBuckets, collate, collate_reference, loader
 from pipeline.training.evaluation import final_answers, greedy_accuracy
-from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, TrialSpec, run_trial
+from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, SequenceModel, TrialSpec, run_trial
 
 EOS = tasks.EOS_ID
 
@@ -24,8 +26,9 @@ def test_final_answer_is_the_token_before_the_first_eos():
 
 def test_collate_trains_only_after_the_prompt(tiny_data):
     data = read_dataset(dataset_path(tiny_data, "lis", 3, "train"))
-    inputs, targets, share = Collate(data)([0, 1])
+    inputs, targets, share, lengths = Collate(data)([0, 1])
     assert share == 1  # one worker takes the whole batch
+    assert lengths.tolist() == [len(data.sequence(i)) - 1 for i in (0, 1)] == (inputs != tasks.PAD_ID).sum(1).tolist()
     seq, p = data.sequence(0).astype(np.int64), int(data.prompt_len[0])
     assert torch.equal(inputs[0, :len(seq) - 1], torch.from_numpy(seq[:-1]))
     assert (targets[0, :p - 1] == IGNORE).all() and torch.equal(targets[0, p - 1:len(seq) - 1], torch.from_numpy(seq[p:]))
@@ -144,3 +147,41 @@ def test_separations_families_train_and_score(separations_data, task, size, arch
                      vocab=tuple(meta["vocab"]))
     result = run_trial(spec)
     assert 0 <= result["final_accuracy"] <= 1 and result["train_steps"] == 4
+
+
+def test_micro_batches_add_up_to_the_whole_batch_gradient(spec):
+    """A batch in 3 micro-batches (each loss weighted by its share, divided by 3 as Lightning's accumulation does)
+    gives the gradient of the batch in one pass: the same pieces of the same batches, every sample once."""
+    data = read_dataset(Path(spec.train_path))
+    module = SequenceModel(dataclasses.replace(spec, dropout=0.0))
+
+    def gradient(batches) -> list[torch.Tensor]:
+        module.zero_grad()
+        for b in batches:
+            (module.training_loss(b) / len(batches)).backward()
+        return [p.grad.clone() for p in module.parameters()]
+
+    whole, parts = loader(data, 12, 0, True), loader(data, 12, 0, True, parts=3)
+    assert len(parts) == 3 * len(whole)
+    pieces = iter(parts)
+    for batch in list(whole)[:4]:
+        mine = [next(pieces) for _ in range(3)]
+        assert sum(len(p.inputs) for p in mine) == len(batch.inputs) and {len(p.inputs) for p in mine} == {4}
+        for g, g_parts in zip(gradient([batch]), gradient(mine)):
+            torch.testing.assert_close(g_parts, g, rtol=1e-5, atol=1e-7)
+
+
+def test_a_micro_batched_trial_steps_and_validates_as_one_pass(spec):
+    """``sweep.micro_batches``: the same optimiser steps and validations, and the same FLOPs trained."""
+    class Validations(L.Callback):
+        def __init__(self):
+            self.steps: list[int] = []
+
+        def on_validation_end(self, trainer, module):
+            self.steps.append(trainer.global_step)
+
+    seen = Validations(), Validations()
+    one = run_trial(dataclasses.replace(spec, max_steps=10, val_every_steps=5), callbacks=[seen[0]])
+    two = run_trial(dataclasses.replace(spec, max_steps=10, val_every_steps=5, micro_batches=2), callbacks=[seen[1]])
+    assert one["train_steps"] == two["train_steps"] == 10 and seen[0].steps == seen[1].steps == [5, 10]
+    assert one["train_pflops"] == two["train_pflops"]  # the same samples in the same steps

@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     FiniteFloat,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     model_validator,
@@ -237,6 +238,14 @@ class SweepConfig(Section):
     # resources per trial
     cpus_per_trial: PositiveInt = Field(1, le=1024)
     gpus_per_trial: float = Field(0, ge=0)
+    memory_gb_per_trial: PositiveFloat | None = Field(
+        None,
+        description="memory one worker of a trial may fill (weights, optimiser state, activations): its batch is "
+        "split into as many micro-batches as that needs; None: its share of its GPU, no limit on a CPU",
+    )
+    micro_batches: PositiveInt | None = Field(
+        None, description="micro-batches per batch and worker (gradients accumulated); None: as the memory needs"
+    )
     max_concurrent_trials: PositiveInt | None = None
     console: Literal["progress", "table"] = Field(
         "progress",
@@ -302,6 +311,11 @@ class SweepConfig(Section):
         if self.batch_size % self.workers() != 0:
             raise ConfigError(
                 f"sweep.batch_size: {self.batch_size} does not split evenly over {self.workers()} data-parallel workers"
+            )
+        if self.micro_batches is not None and self.micro_batches > self.batch_size // self.workers():
+            raise ConfigError(
+                f"sweep.micro_batches: {self.micro_batches} is more than the {self.batch_size // self.workers()} "
+                "samples of a worker's batch (sweep.batch_size over its data-parallel workers)"
             )
         return self
 

@@ -1,13 +1,16 @@
-"""Batches for training and validation: samples of similar length together, split among data-parallel workers.
+"""Batches for training and validation: samples of similar length together, split among data-parallel workers and
+into micro-batches.
 
-A batch is (inputs, targets, share): inputs = seq[:-1], targets = seq[1:] with the prompt and padding ignored
-(``IGNORE``), padded to the batch's longest sequence, not the dataset's. ``share`` weighs one worker's mean loss
-so that DDP's average over workers is the global batch's mean loss (``Collate``).
+A batch is ``Batch(inputs, targets, share, lengths)``: inputs = seq[:-1], targets = seq[1:] with the prompt and
+padding ignored (``IGNORE``), padded to the batch's longest sequence, not the dataset's. ``share`` weighs one piece's
+mean loss so that DDP's average over workers, and Lightning's over accumulated micro-batches, is the global batch's
+mean loss (``Collate``). ``lengths`` (host memory) are the sequences' real lengths, for the FLOP count: read on the
+host, they cost the GPU no synchronisation.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -19,17 +22,50 @@ from tasks import PAD_ID
 IGNORE = -100  # the target of positions that are not predicted (cross-entropy's ignore_index)
 
 
+class Batch(NamedTuple):
+    inputs: torch.Tensor  # (B, T)
+    targets: torch.Tensor  # (B, T)
+    share: torch.Tensor  # ()
+    lengths: np.ndarray  # (B,) real tokens of each input
+
+
+class Piece(list):
+    """The rows one loader step reads (a micro-batch), and the rows of the whole batch it is part of."""
+
+    def __init__(self, rows: np.ndarray, batch: np.ndarray):
+        super().__init__(rows.tolist())
+        self.batch = batch
+
+
+class Rows(torch.utils.data.Dataset):
+    """The dataset a loader sees: its indices are the samples, and a batch of them is handed to ``Collate`` whole
+    (``__getitems__``), so that a ``Piece`` arrives with its batch."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitems__(self, piece: list) -> list:
+        return piece
+
+
 class LengthBuckets(Sampler):
     """Batches of similar length (pad to the batch's longest, not the dataset's): shuffle, sort within chunks of
-    50 batches, then shuffle the batch order."""
+    50 batches, then shuffle the batch order; each batch in ``parts`` micro-batches (``Piece``) one after another."""
 
-    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True, min_batch: int = 1):
+    def __init__(
+        self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True, min_batch: int = 1, parts: int = 1
+    ):
         self.lengths, self.batch_size, self.seed, self.shuffle, self.epoch = lengths, batch_size, seed, shuffle, 0
-        self.min_batch = min_batch  # data-parallel workers: a last batch with fewer samples is dropped
-        self.skip = 0  # batches of the next epoch already trained on (a resumed trial)
+        self.parts = parts
+        # data-parallel workers x micro-batches: a last batch with fewer samples is dropped
+        self.min_batch = min_batch * parts
+        self.skip = 0  # pieces of the next epoch already trained on (a resumed trial)
 
     def resume(self, epoch: int, batches_done: int) -> None:
-        """The next ``iter`` continues epoch ``epoch`` after its first ``batches_done`` batches."""
+        """The next ``iter`` continues epoch ``epoch`` after its first ``batches_done`` pieces."""
         if batches_done >= len(self):  # that epoch was complete: the next one starts
             epoch, batches_done = epoch + 1, 0
         self.epoch, self.skip = epoch, batches_done
@@ -49,30 +85,39 @@ class LengthBuckets(Sampler):
                 for b in range(0, len(part), self.batch_size)
                 if len(part) - b >= self.min_batch
             ]
-        for b in list(rng.permutation(len(batches)) if self.shuffle else range(len(batches)))[skip:]:
-            yield batches[b].tolist()
+        pieces = [
+            Piece(rows, batches[b])
+            for b in (rng.permutation(len(batches)) if self.shuffle else range(len(batches)))
+            for rows in np.array_split(batches[b], self.parts)
+        ]
+        yield from pieces[skip:]
 
     def __len__(self) -> int:
         chunk = self.batch_size * 50
         sizes = [min(chunk, len(self.lengths) - c) for c in range(0, len(self.lengths), chunk)]
-        return sum(n // self.batch_size + (n % self.batch_size >= self.min_batch) for n in sizes)
+        return self.parts * sum(n // self.batch_size + (n % self.batch_size >= self.min_batch) for n in sizes)
 
 
 class Collate:
-    """Samples -> (inputs, targets, share): inputs = seq[:-1], targets = seq[1:], prompt targets and padding
-    ignored. With ``world`` data-parallel workers, worker ``rank`` takes every world-th sample of the global batch,
-    and share = world x its predicted tokens / the global batch's: its mean loss times share, averaged over the
-    workers by DDP, is the global batch's mean loss, as one worker computes it (share = 1)."""
+    """A piece of a global batch -> ``Batch``: inputs = seq[:-1], targets = seq[1:], prompt targets and padding
+    ignored. The batch is in ``parts`` micro-batches (``Piece``) and each is shared by ``world`` data-parallel workers:
+    worker ``rank`` takes every world-th sample of a piece, and share = world x parts x its predicted tokens / the
+    global batch's. Its mean loss times share, averaged over the workers by DDP and over the parts by Lightning's
+    gradient accumulation, is the global batch's mean loss, as one worker computes it in one pass (share = 1)."""
 
-    def __init__(self, data: Dataset, rank: int = 0, world: int = 1):
-        self.data, self.rank, self.world = data, rank, world
+    def __init__(self, data: Dataset, rank: int = 0, world: int = 1, parts: int = 1):
+        self.data, self.rank, self.world, self.parts = data, rank, world, parts
         self.predicted = data.lengths + 1 - data.prompt_len  # (N,) target tokens per sample, <eos> included
 
-    def __call__(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        mine = idx[self.rank :: self.world]
-        share = self.world * self.predicted[mine].sum() / self.predicted[idx].sum() if self.world > 1 else 1.0
-        inputs, targets = collate(self.data, np.asarray(mine))
-        return torch.from_numpy(inputs), torch.from_numpy(targets), torch.tensor(float(share))
+    def __call__(self, piece: list[int]) -> Batch:
+        mine = np.asarray(piece[self.rank :: self.world])
+        share = 1.0
+        if self.world * self.parts > 1:
+            assert isinstance(piece, Piece)  # the training loader's
+            share = self.world * self.parts * self.predicted[mine].sum() / self.predicted[piece.batch].sum()
+        inputs, targets = collate(self.data, mine)
+        lengths = self.data.offsets[mine + 1] - self.data.offsets[mine] - 1  # (B,) input tokens, <eos> included
+        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), torch.tensor(float(share)), lengths)
 
 
 def collate(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -105,10 +150,16 @@ def collate_reference(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.n
     return inputs, targets
 
 
-def loader(data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1) -> DataLoader:
-    """Batches of ``batch_size`` samples in all; worker ``rank`` of ``world`` gets its share of each."""
-    sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world)
-    # the indices are the samples (Collate reads them): any sequence is a map-style dataset, which DataLoader's
-    # annotation narrows to its Dataset class
-    indices = cast("torch.utils.data.Dataset[int]", list(range(len(data))))
-    return DataLoader(indices, batch_sampler=sampler, collate_fn=Collate(data, rank, world), num_workers=0)
+def loader(
+    data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1, parts: int = 1
+) -> DataLoader:
+    """Batches of ``batch_size`` samples in all, each in ``parts`` micro-batches; worker ``rank`` of ``world`` gets its
+    share of each. Pinned host memory where a GPU will read the batches (the copy then overlaps the step)."""
+    sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world, parts=parts)
+    return DataLoader(
+        Rows(len(data)),
+        batch_sampler=sampler,
+        collate_fn=Collate(data, rank, world, parts),
+        num_workers=0,
+        pin_memory=torch.cuda.is_available(),
+    )

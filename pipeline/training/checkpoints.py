@@ -3,9 +3,9 @@ as if it had never stopped.
 
 Trial side (``Resumable``, a Lightning callback): at every validation, Lightning's own checkpoint of the whole
 fit (weights, optimiser, learning-rate schedule, loop counters, the stopping callbacks' state) plus what
-Lightning leaves out: torch's RNG (dropout), the training sampler's place in its epoch, the compute and time
-spent so far. The sweep hands the directory to ``tune.report(..., checkpoint=...)``, which copies it to
-``cluster.storage_path`` and keeps the newest ``sweep.checkpoints_to_keep``. Resuming is Lightning's
+Lightning leaves out: torch's RNG, the CPU's and the GPU's (dropout), the training sampler's place in its epoch,
+the compute and time spent so far. The sweep hands the directory to ``tune.report(..., checkpoint=...)``, which
+copies it to ``cluster.storage_path`` and keeps the newest ``sweep.checkpoints_to_keep``. Resuming is Lightning's
 ``fit(ckpt_path=..., weights_only=True)``: the file holds tensors and plain values only.
 
 Driver side: ``latest`` finds checkpoints of earlier sweeps that died before their trials ended, by trial key
@@ -70,8 +70,13 @@ class Resumable(L.Callback):
         trainer = self.trainer
         assert trainer is not None  # Lightning calls setup before it saves a checkpoint
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # batches of this epoch trained
-        # every data-parallel worker's RNG (their dropout draws differ), gathered: only the first one writes
-        rng = trainer.strategy.all_gather(torch.get_rng_state().to(trainer.strategy.root_device))
+        # every data-parallel worker's RNG (their dropout draws differ), gathered: only the first one writes; on a
+        # GPU its generator too, which draws the dropout masks there
+        device = trainer.strategy.root_device
+        state = torch.get_rng_state()
+        if device.type == "cuda":
+            state = torch.cat([state, torch.cuda.get_rng_state(device)])
+        rng = trainer.strategy.all_gather(state.to(device))
         return {
             "rng": rng.reshape(trainer.world_size, -1).cpu(),
             "epoch": self.sampler.epoch - 1,
@@ -93,7 +98,10 @@ class Resumable(L.Callback):
         # after Lightning has opened the training loader (which draws a seed from torch's RNG): from here on the
         # resumed run draws exactly what the uninterrupted one drew
         if self.rng is not None:
-            torch.set_rng_state(self.rng)
+            cpu = torch.get_rng_state().numel()
+            torch.set_rng_state(self.rng[:cpu])
+            if len(self.rng) > cpu:
+                torch.cuda.set_rng_state(self.rng[cpu:], trainer.strategy.root_device)
             self.rng = None
         trainer.should_stop = trainer.should_stop or self.stop
         self.started = time.perf_counter()

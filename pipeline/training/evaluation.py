@@ -75,8 +75,8 @@ def all_prefixes_accuracy(module: SequenceModel, data: Dataset, batch_size: int,
     """ncp: fraction of sequences whose prediction is right at every prefix (teacher-forced, one pass)."""
     module.eval()
     correct = 0
-    for inputs, targets, _ in loader(data, batch_size, 0, False):
-        inputs, targets = inputs.to(device), targets.to(device)
+    for batch in loader(data, batch_size, 0, False):
+        inputs, targets = batch.inputs.to(device), batch.targets.to(device)
         ok = module.correct(module.model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
         correct += int(ok.all(1).sum())
     return correct / len(data)

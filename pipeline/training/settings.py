@@ -1,9 +1,9 @@
 """The training settings every trial of a sweep shares: one record, its fields named as in the ``sweep`` section.
 
 ``TrainSettings.of(cfg)`` reads them from the validated config; a field's default is ``SweepConfig``'s own, so the
-defaults live in one place (``pipeline/common/config.py``). The four derived fields say what the sweep decides
+defaults live in one place (``pipeline/common/config.py``). The five derived fields say what the sweep decides
 from other keys: the solving threshold (``report.accuracy_threshold``), the CPU threads and GPU use of a worker,
-and the data-parallel workers.
+the share of a GPU, and the data-parallel workers.
 """
 
 from __future__ import annotations
@@ -43,10 +43,13 @@ class TrainSettings:
     val_every_steps: int | None = default("val_every_steps")
     eval_samples: int | None = default("eval_samples")
     eval_batch_size: int = default("eval_batch_size")
+    memory_gb_per_trial: float | None = default("memory_gb_per_trial")
+    micro_batches: int | None = default("micro_batches")
     # derived by the sweep
     threshold: float = default("accuracy_threshold", ReportConfig)  # validation accuracy that counts as solved
     threads: int = default("cpus_per_trial")
     use_gpu: bool = False
+    gpu_share: float = 1.0  # of one GPU, per worker: gpus_per_trial below 1
     workers: int = 1  # data-parallel processes (pipeline/training/distributed.py), sharing each global batch
 
     @classmethod
@@ -56,6 +59,7 @@ class TrainSettings:
             "threshold": cfg.report.accuracy_threshold,
             "threads": s.cpus_per_trial,
             "use_gpu": s.gpus_per_trial > 0,
+            "gpu_share": min(1.0, s.gpus_per_trial) or 1.0,
             "workers": s.workers(),
         }
         return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name not in derived}, **derived)

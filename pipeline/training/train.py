@@ -18,6 +18,7 @@ the scores from ``pipeline/training/evaluation.py``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -28,6 +29,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.environments import LightningEnvironment
 
 import models
 from pipeline.common.cell import CellSpec
@@ -35,12 +37,12 @@ from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training import distributed
 from pipeline.training import verdict as verdict_mod
-from pipeline.training.batches import IGNORE, loader
+from pipeline.training.batches import IGNORE, Batch, loader
 from pipeline.training.checkpoints import Resumable
 from pipeline.training.evaluation import final_accuracy
+from pipeline.training.memory import budget_bytes, plan
 from pipeline.training.settings import TrainSettings
 from pipeline.training.status import Status
-from tasks import PAD_ID
 
 
 @dataclass(kw_only=True)
@@ -131,13 +133,11 @@ class SequenceModel(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.synced_flops, self.unsynced_flops = checkpoint["train_flops"], 0
 
-    def training_loss(self, batch) -> torch.Tensor:
+    def training_loss(self, batch: Batch) -> torch.Tensor:
         """The family's loss after the prompt; also adds the batch to the training-compute count."""
-        inputs, targets, share = batch
-        logits = self.model(inputs)  # (B, T, V)
-        lengths = (inputs != PAD_ID).sum(1).tolist()  # real tokens per sequence (pad id never occurs inside one)
-        self.unsynced_flops += 3 * sum(self.exact_flops(n) for n in lengths)
-        return self.loss(logits, inputs, targets) * share
+        logits = self.model(batch.inputs)  # (B, T, V)
+        self.unsynced_flops += 3 * sum(self.exact_flops(int(n)) for n in batch.lengths)
+        return self.loss(logits, batch.inputs, batch.targets) * batch.share
 
     def loss(self, logits, inputs, targets) -> torch.Tensor:
         if self.spec.family != "ncp":
@@ -154,10 +154,10 @@ class SequenceModel(L.LightningModule):
         assert self.ncp is not None  # made for the ncp family
         return ((logits > 0) == self.ncp.targets(inputs, targets).bool()).all(-1)
 
-    def training_step(self, batch, batch_idx):
+    def training_step(self, batch: Batch, batch_idx):
         loss = self.training_loss(batch)
         # data-parallel: the mean of the workers' weighted losses is the global batch's loss
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch[0]), sync_dist=self.spec.workers > 1)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch.inputs), sync_dist=self.spec.workers > 1)
         return loss
 
     def exact_flops(self, length: int) -> int:
@@ -165,8 +165,8 @@ class SequenceModel(L.LightningModule):
             self.flops_by_length[length] = self.model.exact_flops(length)
         return self.flops_by_length[length]
 
-    def validation_step(self, batch, batch_idx):
-        inputs, targets, _ = batch
+    def validation_step(self, batch: Batch, batch_idx):
+        inputs, targets = batch.inputs, batch.targets
         logits = self.model(inputs)
         mask = targets != IGNORE
         loss = self.loss(logits, inputs, targets)
@@ -257,12 +257,16 @@ def fit(
     rank: int = 0,
 ):
     torch.set_num_threads(spec.threads)
+    device = torch.device("cuda", rank) if spec.use_gpu else torch.device("cpu")
     if spec.use_gpu:
         torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls: Ampere and later, ~1e-3 relative
+        if spec.gpu_share < 1:  # a fractional GPU: its allocator capped to the trial's share
+            torch.cuda.set_per_process_memory_fraction(spec.gpu_share, device)
     L.seed_everything(spec.seed, workers=True, verbose=False)
     train, val = split_validation(read_dataset(Path(spec.train_path)), spec.val_samples)
     module = SequenceModel(spec, val_data=val)
-    train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers)
+    parts = micro_batches(spec, module.model, int(train.lengths.max()), device)
+    train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers, parts)
     convergence = verdict_mod.Convergence(
         spec.convergence_window, spec.convergence_tolerance, spec.convergence_min_steps, spec.min_delta
     )
@@ -278,12 +282,17 @@ def fit(
         resumable = Resumable(train_loader.batch_sampler, checkpoint, scratch, resumed)
         trainer = L.Trainer(
             accelerator="gpu" if spec.use_gpu else "cpu",
+            # the ranks this trial starts itself (LOCAL_RANK, distributed.py), never a SLURM or other scheduler's
+            # environment that the Ray worker happens to inherit
+            plugins=[LightningEnvironment()],
             precision=spec.precision,
             **parallel,
             max_epochs=spec.epochs,
             max_steps=spec.max_steps,
+            accumulate_grad_batches=parts,
             gradient_clip_val=spec.grad_clip,
-            val_check_interval=spec.val_every_steps,
+            # in loader batches, which are micro-batches: every val_every_steps optimiser steps
+            val_check_interval=spec.val_every_steps and spec.val_every_steps * parts,
             check_val_every_n_epoch=None if spec.val_every_steps else 1,
             num_sanity_val_steps=0,
             logger=False,
@@ -302,6 +311,26 @@ def fit(
             )
     module.sync_flops()  # the steps after the last validation
     return trainer, module, resumable, verdict
+
+
+def micro_batches(spec: TrialSpec, model: torch.nn.Module, length: int, device: torch.device) -> int:
+    """How many parts each worker's batch trains in: ``sweep.micro_batches``, else the fewest that fit the trial's
+    memory (``pipeline/training/memory.py``; raises ``DoesNotFit``), else 1. The measurement draws no random
+    numbers from the trial's generators."""
+    if spec.micro_batches is not None:
+        return spec.micro_batches
+    budget = budget_bytes(spec.memory_gb_per_trial, spec.gpu_share, device)
+    if budget is None:
+        return 1
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        fit = plan(model.to(device), length, spec.batch_size // spec.workers, budget, device, autocast(spec, device))
+    return fit.micro_batches
+
+
+def autocast(spec: TrialSpec, device: torch.device):
+    """The autocast Lightning's precision plugin trains under (``sweep.precision``)."""
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(spec.precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
 # What ``score`` returns besides status and reason: the metrics a cell's row shows (results/sweep.csv), then those

@@ -22,6 +22,8 @@ from ray import tune
 from pipeline.common.cell import CellSpec
 from pipeline.data.storage import fetch
 from pipeline.training.checkpoints import FILE, write_meta
+from pipeline.training.memory import DoesNotFit
+from pipeline.training.status import Status
 from pipeline.training.system import SystemSampler
 from pipeline.training.train import SequenceModel, TrialSpec, run_trial
 from pipeline.training.verdict import Verdict
@@ -69,5 +71,8 @@ def run_cell(config: dict) -> None:
     checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as directory:
         resume = Path(directory) / FILE if directory else None
-        result = run_trial(spec, checkpoint=save, resume=resume, resumed=resumed)
+        try:
+            result = run_trial(spec, checkpoint=save, resume=resume, resumed=resumed)
+        except DoesNotFit as err:  # recorded as failed with how much it needs: a retry would not fit either
+            result = {"status": Status.FAILED, "reason": f"does not fit: {err}", "train_steps": 0}
     tune.report(where | result | {"step": result["train_steps"], "final": True})

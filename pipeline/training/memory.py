@@ -1,0 +1,90 @@
+"""Cells that fit: how many micro-batches a trial splits its batch into so that it fits the memory it was given.
+
+A trial's memory = the static part (weights, gradients and AdamW's two moments: 16 bytes a parameter, float32 also
+under mixed precision, where Lightning keeps float32 weights) + the activations autograd keeps for the backward pass,
+which grow with the samples of one forward pass. Those are measured, not modelled: one forward pass of one sample at
+the dataset's longest length, on the trial's device under its precision, with autograd's saved-tensor hooks (each
+storage counted once), plus the logits and their gradient. The batch (``sweep.batch_size``, per data-parallel worker)
+then runs as ``micro_batches`` forward and backward passes whose gradients add up to the batch's
+(``pipeline/training/batches.py`` weighs each part's loss by its share of the batch's predicted tokens).
+
+The budget: ``sweep.memory_gb_per_trial``, else the trial's share of its GPU (``gpus_per_trial`` below 1, which the
+worker's allocator is also capped to), else none (a CPU trial runs its whole batch at once). A trial that does not fit
+even one sample per pass raises ``DoesNotFit``, which says how many GB it needs; the trainable records it as failed
+with that reason, without retrying it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+BYTES_PER_PARAMETER = 16  # float32 weight, gradient and AdamW's exp_avg and exp_avg_sq
+# the backward pass holds, besides what the forward saved, the gradients of the layer it is in and the allocator's
+# rounding: measured peaks on CUDA stay within this margin of saved bytes + static (bench_gpu prints both)
+HEADROOM = 1.25
+GB = 1e9
+
+
+class DoesNotFit(RuntimeError):
+    """Even one sample per forward pass needs more memory than the trial was given."""
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """A trial's measured memory and the micro-batches it trains in."""
+
+    budget: float | None  # bytes a worker may fill; None: no limit
+    static: int  # bytes: weights, gradients, optimiser state
+    per_sample: int  # bytes of activations one sample of the longest length keeps for backward
+    micro_batches: int
+
+    def needed(self, samples: int) -> float:
+        """Bytes a forward and backward pass of ``samples`` samples needs (with the headroom)."""
+        return HEADROOM * (self.static + samples * self.per_sample)
+
+
+def activation_bytes(model: torch.nn.Module, length: int, device: torch.device, context) -> int:
+    """Bytes of activations one sample of ``length`` tokens keeps for the backward pass, measured on ``device`` under
+    ``context`` (the trial's precision): each saved storage once, plus the logits and their gradient in float32."""
+    storages: dict[tuple, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        storages[(s.device, s.data_ptr())] = s.nbytes()
+        return t
+
+    tokens = torch.zeros(1, length, dtype=torch.long, device=device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), context:
+        logits = model(tokens)  # (1, length, V)
+    return sum(storages.values()) + 2 * logits.numel() * 4
+
+
+def plan(
+    model: torch.nn.Module, length: int, batch: int, budget: float | None, device: torch.device, context
+) -> MemoryFit:
+    """The fewest micro-batches whose forward and backward pass fits ``budget`` bytes (1 without a budget)."""
+    static = BYTES_PER_PARAMETER * sum(p.numel() for p in model.parameters())
+    per_sample = activation_bytes(model, length, device, context)
+    fit = MemoryFit(budget, static, per_sample, 1)
+    if budget is None:
+        return fit
+    room = budget / HEADROOM - static  # bytes left for activations
+    if room < per_sample:
+        raise DoesNotFit(
+            f"needs {fit.needed(1) / GB:.3g} GB at one sample per forward pass (weights and optimiser state "
+            f"{static / GB:.3g} GB, activations of one sample of {length} tokens {per_sample / GB:.3g} GB, "
+            f"x {HEADROOM} headroom), has {budget / GB:.3g} GB (sweep.memory_gb_per_trial, or the trial's GPU share)"
+        )
+    return MemoryFit(budget, static, per_sample, math.ceil(batch / math.floor(room / per_sample)))
+
+
+def budget_bytes(memory_gb: float | None, gpu_share: float, device: torch.device) -> float | None:
+    """The memory one worker may fill: the configured figure, else its share of the GPU, else no limit."""
+    if memory_gb is not None:
+        return memory_gb * GB
+    if device.type == "cuda":
+        return gpu_share * torch.cuda.get_device_properties(device).total_memory
+    return None
