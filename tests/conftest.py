@@ -15,6 +15,17 @@ from pipeline.generate import generate_task  # noqa: E402
 from tests.helpers import KILLABLE_SWEEP  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests need CUDA: skipped, and said so, where there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg() -> config_mod.Config:
     return config_mod.load(profile="tiny")

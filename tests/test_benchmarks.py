@@ -3,7 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from benchmarks import bench_models, results
+import models
+from benchmarks import bench_gpu, bench_models, results
 from tests.helpers.tables import recorded_grid
 
 SECTION_KEYS = {"command", "date", "commit", "dirty", "machine", "settings", "figures"}
@@ -42,6 +43,21 @@ def test_model_benchmark_quick_path_runs_every_section(capsys, tmp_path):
     assert all(f["same_tokens"] for f in sections["decoding"]["figures"].values() if "same_tokens" in f)
     assert is_figure(read_results(tmp_path / "bench_memory.json", "bench_memory")["trial"]["figures"]
                      ["training_peak_VmHWM"])
+
+
+def test_gpu_benchmark_quick_runs_every_architecture_on_this_device(capsys, tmp_path):
+    """bench_gpu --quick on a CPU (a GPU run is the same code): a row per architecture with tokens/s, utilisation
+    and the micro-batch, written with how it was measured; nothing fits in a budget below one sample."""
+    bench_gpu.main(["--quick", "--repeats", "1", "--out", str(tmp_path / "gpu.json")])
+    out = capsys.readouterr().out
+    figures = read_results(tmp_path / "gpu.json", "bench_gpu")["quick"]["figures"]
+    assert set(figures) == set(models.ARCHITECTURES)
+    for arch, row in figures.items():
+        assert is_figure(row["tokens_per_s"]) and row["tokens_per_s"]["median"] > 0 and 0 < row["mfu"]["median"] < 100
+        assert row["micro_batches"] == 1 and f"{arch} " in out
+    bench_gpu.main(["--quick", "--repeats", "1", "--archs", "standard", "--memory-gb", "0.1",
+                    "--out", str(tmp_path / "gpu.json")])
+    assert read_results(tmp_path / "gpu.json", "bench_gpu")["quick"]["figures"]["standard"]["micro_batches"] > 1
 
 
 def test_generator_benchmark_writes_its_figures(capsys, tmp_path):

@@ -1,0 +1,142 @@
+"""Training throughput of every architecture at paper shapes on this machine's accelerator: tokens per second, model
+FLOP utilisation against the device's peak, peak memory, and the micro-batch the trial would choose.
+
+    python -m benchmarks.bench_gpu                 # CUDA: width 512, depth 5, L = 500, batch 512, bf16 (minutes)
+    python -m benchmarks.bench_gpu --quick         # width 64, depth 2, L = 128, batch 32: seconds, a CPU too
+
+Per architecture, after 3 warm-up steps, ``--steps`` optimiser steps of AdamW on random tokens are timed (the
+device synchronised at both ends), ``--repeats`` times, alternating architectures. Tokens/s counts every position of
+the batch; utilisation = 3 x the model's exact forward FLOPs per token x tokens/s / peak (bf16 dense peak on a GPU,
+named with its device; on a CPU the float32 peak of ``bench_models.theoretical_peak``). The batch is the
+profile's global batch split into the micro-batches ``pipeline/training/memory.py`` chooses for the device's memory
+(``--memory-gb`` to plan for another card). Figures go to ``docs/benchmarks/bench_gpu.json`` (``--out``).
+The targets (issue: paper scale on GPUs): standard at width >= 512 above 40% of peak, every architecture within 2x
+of standard per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import torch
+import torch.nn.functional as F
+
+import models
+from benchmarks.bench_models import theoretical_peak
+from benchmarks.results import Results, figure, out_option, out_path
+from pipeline.training.memory import GB, budget_bytes, plan
+
+# dense bf16 peaks (NVIDIA's data sheets, without sparsity), by a part of the device's name
+PEAK_BF16 = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+VOCAB = 32
+
+
+def peak(device: torch.device, threads: int) -> tuple[float, str]:
+    if device.type != "cuda":
+        return theoretical_peak(threads)
+    name = torch.cuda.get_device_name(device)
+    for part, flops in PEAK_BF16.items():
+        if part in name:
+            return flops, f"{name}: bf16 dense {flops / 1e12:.0f} TFLOP/s"
+    raise SystemExit(f"bench_gpu: no bf16 peak known for {name!r}; add it to PEAK_BF16")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def steps_per_second(model, batches: list[torch.Tensor], steps: int, device: torch.device, autocast) -> float:
+    """Optimiser steps per second; each step accumulates the micro-batches ``batches`` (B_i, L + 1)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        for x in batches:
+            with autocast:
+                logits = model(x[:, :-1])  # (B_i, L, V)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten()) / len(batches)
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    return steps / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small shapes: checks the script runs (any device)")
+    ap.add_argument("--archs", nargs="+", default=sorted(models.ARCHITECTURES), choices=sorted(models.ARCHITECTURES))
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per repeat (default 10, --quick 2)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--memory-gb", type=float, default=None, help="plan micro-batches for this much (default: the "
+                                                                  "device's memory; none on a CPU)")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads (a CPU run)")
+    out_option(ap, "bench_gpu")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    width, depth, length, batch = (64, 2, 128, 32) if args.quick else (512, 5, 500, 512)
+    steps = args.steps or (2 if args.quick else 10)
+    top, how = peak(device, args.threads)
+    gpu = device.type == "cuda"
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if gpu else contextlib.nullcontext()
+    settings = {"device": torch.cuda.get_device_name(device) if gpu else "cpu", "peak": how, "width": width,
+                "depth": depth, "length": length, "batch": batch, "steps": steps, "repeats": args.repeats,
+                "precision": "bf16-mixed" if gpu else "32-true"}
+    print(f"bench_gpu on {settings['device']} ({how}): width {width}, depth {depth}, L {length}, batch {batch}")
+    res = Results("bench_gpu", argv)
+    figures = res.section("quick" if args.quick else "paper_shapes", settings)
+    built, rates, peaks = {}, {arch: [] for arch in args.archs}, {arch: 0.0 for arch in args.archs}
+    for arch in args.archs:
+        torch.manual_seed(0)
+        model = models.build_model(arch, vocab_size=VOCAB, width=width, depth=depth, heads=4, max_len=length + 1)
+        model = model.to(device)
+        budget = budget_bytes(args.memory_gb, 1.0, device)
+        with torch.random.fork_rng(devices=[device] if gpu else []):
+            fit = plan(model, length, batch, budget, device, autocast)
+        tokens = torch.randint(2, VOCAB, (batch, length + 1), device=device)
+        built[arch] = model, list(tokens.tensor_split(fit.micro_batches)), fit
+    for _ in range(args.repeats):  # alternating: the machine's drift falls on every architecture alike
+        for arch in args.archs:
+            model, micro, _ = built[arch]
+            if gpu:
+                torch.cuda.reset_peak_memory_stats(device)
+            rates[arch].append(steps_per_second(model, micro, steps, device, autocast))
+            if gpu:
+                peaks[arch] = max(peaks[arch], torch.cuda.max_memory_allocated(device) / GB)
+    standard = None
+    for arch in args.archs:
+        model, micro, fit = built[arch]
+        per_token = 3 * model.exact_flops(length) / length  # training FLOPs per token
+        tokens_per_s = [r * batch * length for r in rates[arch]]
+        row = {"tokens_per_s": figure(tokens_per_s, "tokens/s"),
+               "mfu": figure([100 * t * per_token / top for t in tokens_per_s], "%"),
+               "micro_batches": fit.micro_batches, "micro_batch": len(micro[0]),
+               "planned_gb": fit.needed(len(micro[0])) / GB}
+        if gpu:
+            row["peak_memory_gb"] = peaks[arch]
+        if arch == "standard":
+            standard = row["tokens_per_s"]["median"]
+        figures[arch] = row
+    for arch, row in figures.items():
+        versus = f"  {standard / row['tokens_per_s']['median']:.2f}x standard's time per token" if standard else ""
+        memory = f"  peak {row['peak_memory_gb']:.1f} GB" if "peak_memory_gb" in row else ""
+        print(f"{arch:15s} {row['tokens_per_s']['median']:12,.0f} tokens/s  MFU {row['mfu']['median']:5.1f}%"
+              f"  micro-batch {row['micro_batch']} x {row['micro_batches']}{memory}{versus}")
+    res.write(out_path(args, "bench_gpu"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""On a GPU (``gpu`` marker, skipped without CUDA): the paths a GPU runs agree with their CPU references, bf16 stays
+close to float32, a trial fits the memory it plans for, and cached decoding equals the full forward.
+
+    pytest -m gpu tests/test_gpu.py        # on a machine with CUDA
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import models
+from models.linear import chunked_scan, scan_reference
+from models.selective_scan import selective_scan, selective_scan_reference
+from pipeline.data.datasets import dataset_path, read_dataset
+from pipeline.training.memory import plan
+from pipeline.training.settings import TrainSettings
+from pipeline.training.train import TrialSpec, run_trial
+from tests.helpers import make_cell
+
+pytestmark = pytest.mark.gpu
+ARCHS = sorted(models.ARCHITECTURES)
+CUDA = torch.device("cuda")
+
+
+def test_chunked_scan_on_cuda_matches_the_cpu_recurrence():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 16, dtype=torch.float64) for _ in range(3))
+    gamma = 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64))
+    ref = scan_reference(q, k, v, {}, gamma, False)
+    ours = chunked_scan(*(t.to(CUDA) for t in (q, k, v)), {}, gamma.to(CUDA), False, chunk=64)
+    torch.testing.assert_close(ours.cpu(), ref, rtol=1e-9, atol=1e-9)
+
+
+def test_selective_scan_on_cuda_matches_the_cpu_loop_forward_and_gradients():
+    torch.manual_seed(0)
+    B, T, E, N = 2, 300, 8, 16
+    inputs = [torch.nn.functional.softplus(torch.randn(B, T, E) - 2), torch.randn(B, T, E),
+              -torch.arange(1.0, N + 1).repeat(E, 1), torch.randn(B, T, N), torch.randn(B, T, N), torch.randn(B, E, N)]
+    ref = [t.double().requires_grad_() for t in inputs]
+    ours = [t.to(CUDA).requires_grad_() for t in inputs]
+    y_ref, h_ref = selective_scan_reference(*ref)
+    y, h = selective_scan(*ours)
+    assert y.device.type == "cuda"
+    torch.testing.assert_close(y.cpu().double(), y_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(h.cpu().double(), h_ref, rtol=1e-4, atol=1e-4)
+    g_ref = torch.autograd.grad(y_ref.sum() + h_ref.sum(), ref)
+    g = torch.autograd.grad(y.sum() + h.sum(), ours)
+    for a, b in zip(g, g_ref):
+        assert (a.cpu().double() - b).abs().max() <= 1e-3 * b.abs().max()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_on_cuda_agrees_with_the_cpu_and_under_bf16(arch):
+    """float32 on CUDA (TF32 off) against the CPU; bf16 autocast on CUDA within the CPU test's tolerance."""
+    torch.manual_seed(0)
+    model = models.build_model(arch, vocab_size=16, width=64, depth=2, heads=4, max_len=800, dropout=0.0).eval()
+    tokens = torch.randint(0, 16, (2, 800))
+    with torch.no_grad():
+        cpu = model(tokens)
+        model.to(CUDA)
+        exact = model(tokens.to(CUDA)).float()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            low = model(tokens.to(CUDA)).float()
+    torch.testing.assert_close(exact.cpu(), cpu, rtol=1e-3, atol=1e-3)
+    assert torch.isfinite(low).all()
+    assert ((low - exact).norm() / exact.norm()).item() < 0.03
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_decoding_on_cuda_equals_the_full_forward(arch):
+    torch.manual_seed(0)
+    model = models.build_model(arch, vocab_size=23, width=32, depth=2, heads=4, max_len=48).eval().to(CUDA)
+    x = torch.randint(0, 23, (3, 40), device=CUDA)
+    with torch.no_grad():
+        cache = model.new_cache(3)
+        steps = [model(x[:, :9], cache)] + [model(x[:, t:t + 1], cache) for t in range(9, 40)]
+        torch.testing.assert_close(torch.cat(steps, 1), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["standard", "mamba", "linear"])
+def test_a_planned_step_stays_within_the_memory_it_planned(arch):
+    """The plan's bytes for a micro-batch (with its headroom) bound the measured peak of a real training step."""
+    model = models.build_model(arch, vocab_size=32, width=256, depth=4, heads=4, max_len=501).to(CUDA)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    with torch.random.fork_rng(devices=[CUDA]):
+        fit = plan(model, 500, 64, 2e9, CUDA, autocast)
+    opt = torch.optim.AdamW(model.parameters())
+    micro = torch.randint(0, 32, (64, 501), device=CUDA).tensor_split(fit.micro_batches)
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(2):
+        for x in micro:
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).float().flatten(0, 1), x[:, 1:].flatten())
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert torch.cuda.max_memory_allocated() <= fit.needed(len(micro[0])) <= 2e9
+
+
+def test_a_bf16_trial_trains_and_scores_on_cuda(tiny_cfg, tiny_data):
+    size = tiny_cfg.generate.datasets["lis"][0]
+    train, test = (dataset_path(tiny_data, "lis", size, s) for s in ("train", "test"))
+    meta = read_dataset(train).meta
+    cell = make_cell("lis", size, "standard", 32, 2, 0, train_path=str(train), test_path=str(test),
+                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]))
+    settings = asdict(TrainSettings.of(tiny_cfg)) | {"precision": "bf16-mixed", "max_steps": 20, "val_every_steps": 10,
+                                                     "use_gpu": True, "gpu_share": 0.5}
+    result = run_trial(TrialSpec.for_cell(cell, settings | {"lr": 3e-3}))
+    assert result["train_steps"] == 20 and 0 <= result["final_accuracy"] <= 1
