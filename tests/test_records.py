@@ -17,7 +17,7 @@ CELL = make_cell()
 
 
 def test_training_settings_are_the_sweep_sections_keys_with_its_defaults(tiny_cfg):
-    derived = {"threshold", "threads", "use_gpu", "workers"}
+    derived = {"threshold", "threads", "use_gpu", "gpu_share", "workers"}
     for f in fields(TrainSettings):
         if f.name not in derived:
             assert f.name in SweepConfig.model_fields and f.default == SweepConfig.model_fields[f.name].default
