@@ -10,6 +10,7 @@ host, they cost the GPU no synchronisation.
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -85,12 +86,9 @@ class LengthBuckets(Sampler):
                 for b in range(0, len(part), self.batch_size)
                 if len(part) - b >= self.min_batch
             ]
-        pieces = [
-            Piece(rows, batches[b])
-            for b in (rng.permutation(len(batches)) if self.shuffle else range(len(batches)))
-            for rows in np.array_split(batches[b], self.parts)
-        ]
-        yield from pieces[skip:]
+        turns = rng.permutation(len(batches)) if self.shuffle else np.arange(len(batches))  # the batches' order
+        pieces = (Piece(rows, batches[b]) for b in turns for rows in np.array_split(batches[b], self.parts))
+        yield from itertools.islice(pieces, skip, None)
 
     def __len__(self) -> int:
         chunk = self.batch_size * 50
@@ -107,7 +105,8 @@ class Collate:
 
     def __init__(self, data: Dataset, rank: int = 0, world: int = 1, parts: int = 1):
         self.data, self.rank, self.world, self.parts = data, rank, world, parts
-        self.predicted = data.lengths + 1 - data.prompt_len  # (N,) target tokens per sample, <eos> included
+        self.lengths = data.lengths  # (N,) input tokens per sample: the sequence without <eos>
+        self.predicted = self.lengths + 1 - data.prompt_len  # (N,) target tokens per sample, <eos> included
 
     def __call__(self, piece: list[int]) -> Batch:
         mine = np.asarray(piece[self.rank :: self.world])
@@ -115,9 +114,8 @@ class Collate:
         if self.world * self.parts > 1:
             assert isinstance(piece, Piece)  # the training loader's
             share = self.world * self.parts * self.predicted[mine].sum() / self.predicted[piece.batch].sum()
-        inputs, targets = collate(self.data, mine)
-        lengths = self.data.offsets[mine + 1] - self.data.offsets[mine] - 1  # (B,) input tokens, <eos> included
-        return Batch(torch.from_numpy(inputs), torch.from_numpy(targets), torch.tensor(float(share)), lengths)
+        inputs, targets = (torch.from_numpy(a) for a in collate(self.data, mine))
+        return Batch(inputs, targets, torch.tensor(float(share)), self.lengths[mine])
 
 
 def collate(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

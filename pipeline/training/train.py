@@ -30,6 +30,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 import models
 from pipeline.common.cell import CellSpec
@@ -328,9 +329,10 @@ def micro_batches(spec: TrialSpec, model: torch.nn.Module, length: int, device: 
 
 
 def autocast(spec: TrialSpec, device: torch.device):
-    """The autocast Lightning's precision plugin trains under (``sweep.precision``)."""
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(spec.precision)
-    return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    """The forward context Lightning's precision plugin trains under (``sweep.precision``)."""
+    if spec.precision == "32-true":
+        return contextlib.nullcontext()
+    return MixedPrecision(spec.precision, device.type).forward_context()
 
 
 # What ``score`` returns besides status and reason: the metrics a cell's row shows (results/sweep.csv), then those
