@@ -1,8 +1,9 @@
 """The cells of a sweep's grid: their ids, what makes a finished run reusable, and what each costs.
 
 A cell is (task, size, architecture, width, depth, seed) on one dataset; ``build_cells`` opens and hashes every
-dataset first, so a missing or corrupt file is named before anything starts. Every cell's model sizes and FLOPs
-are known without training (``model_costs``), so cells the frontier search infers have them too.
+dataset first, so a missing or corrupt file is named before anything starts; ``defined_cells`` is the same grid
+from the tasks' definitions, for a forecast before any data exists. Every cell's model sizes and FLOPs are known
+without training (``model_costs``), so cells the frontier search infers have them too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 import models
+import tasks
 from pipeline.common import config as config_mod
 from pipeline.common.cell import CellSpec, cell_id
 from pipeline.common.provenance import code_hash
@@ -68,6 +70,34 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, CellSpec]:
             "sha256": sha,
             "data_hash": hashlib.sha256((sha["train_path"] + sha["test_path"]).encode()).hexdigest()[:16],
         }
+    return grid_cells(cfg, datasets)
+
+
+def defined_cells(cfg: config_mod.Config) -> dict[Cell, CellSpec]:
+    """Every cell of the grid as its task defines its dataset, before any file exists (``pipeline/plan.py``
+    forecasts a profile whose data is not generated): its vocabulary, family and sample count, and as L the task's
+    longest sequence, which is the files' L for every task but arithmetic (a bound there). No paths or hashes."""
+    datasets = {}
+    for task, size in cfg.sweep_datasets():
+        gen = cfg.generate.for_task(task)
+        built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
+        datasets[task, size] = {
+            "train_path": "",
+            "test_path": "",
+            "vocab_size": built.vocab_size,
+            "family": built.family,
+            "vocab": tuple(built.tokens),
+            "train_samples": gen.train_samples,
+            "max_len": built.max_length(),
+            "sha256": {},
+            "data_hash": "",
+        }
+    return grid_cells(cfg, datasets)
+
+
+def grid_cells(cfg: config_mod.Config, datasets: dict[tuple[str, int], dict[str, Any]]) -> dict[Cell, CellSpec]:
+    """The grid over ``datasets`` ((task, size) -> its dataset's fields of ``CellSpec``): every architecture, width,
+    depth and seed the profile trains on each."""
     s = cfg.sweep
     cells = {}
     for (task, size), data in datasets.items():
@@ -109,8 +139,12 @@ def model_costs(cell: CellSpec, heads: int) -> dict[str, Any]:
     }
 
 
+def budget_steps(cell: CellSpec, s: config_mod.SweepConfig) -> int:
+    """A trial's first step budget: ``max_steps``, or ``epochs`` passes over its training samples."""
+    return s.max_steps if s.max_steps > 0 else s.epochs * -(-cell.train_samples // s.batch_size)
+
+
 def expected_cost(cell: CellSpec, s: config_mod.SweepConfig) -> float:
-    """Training FLOPs if the trial runs its whole budget: 3 x exact forward FLOPs at L x sequences."""
-    steps = s.max_steps if s.max_steps > 0 else s.epochs * -(-cell.train_samples // s.batch_size)
+    """Training GFLOPs if the trial runs its whole first budget: 3 x exact forward FLOPs at L x sequences."""
     assert cell.exact_gflops is not None, "model_costs first"
-    return 3 * cell.exact_gflops * steps * s.batch_size
+    return 3 * cell.exact_gflops * budget_steps(cell, s) * s.batch_size

@@ -20,6 +20,7 @@ sweep tags its MLflow run and deletes its checkpoints).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -88,8 +89,8 @@ class CellSearcher(Searcher):
                         self.enqueue(cell, lr, 0, self.resumable.get(trial_key(self.cells[cell], lr), {}))
 
     def enqueue(self, cell: Cell, lr: float, rung: int, checkpoint: dict) -> None:
-        self.queue.append((self.cost(self.cells[cell]), cell, lr, rung, checkpoint))
-        self.queue.sort(key=lambda item: -item[0])
+        # after those of equal cost, as a stable sort would: in place, not a sort of the whole queue per trial
+        bisect.insort(self.queue, (self.cost(self.cells[cell]), cell, lr, rung, checkpoint), key=lambda item: -item[0])
 
     def finish(self, cell: Cell, lr: float, run: dict) -> None:
         """One attempt of (cell, lr) ended (or was reused). Once every learning rate of the cell has paused or

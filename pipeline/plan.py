@@ -1,0 +1,302 @@
+"""A forecast before launch: what `dvc repro` on a profile will train, and for how long on a cluster.
+
+    python -m pipeline.plan --profile paper --nodes 4 --gpus-per-node 8 --gpu H100
+    python -m pipeline.plan --profile paper --save-throughput h100.json        # on a GPU node: measure, keep
+    python -m pipeline.plan --profile paper --throughput h100.json --nodes 4   # anywhere: plan from that file
+
+For the profile (params.yaml's, or --profile, with params.yaml's overrides) it prints the grid's cells (task x size
+x architecture x width x depth x seed), the learning rates and the trials, and the training FLOPs of every trial at
+its first step budget (sweep.max_steps, or epochs x training samples / batch) and at its extended one
+(sweep.max_budget_factor): the most the grid can train, since a trial stops once solved or converged. The FLOPs are
+3 x each model's exact forward FLOPs at the task's longest sequence x the sequences trained (shape-only models:
+nothing is allocated), the count the sweep orders its trials by.
+
+Their time comes from a measured training throughput, never an assumed one: model FLOP/s of real optimiser steps
+of the sweep's own Lightning module, in the micro-batches a trial would take, under the profile's precision,
+measured now for every architecture on this machine's device (cuda if there is one, else the CPU, with the CPU
+threads a trial gets; --warmup-steps, then --measure-steps timed), or read from a --throughput file measured
+elsewhere (--save-throughput writes one). The trials are handed to the cluster's slots (nodes x GPUs per node /
+sweep.gpus_per_trial; on a CPU profile, CPUs per node / the trial's CPUs) longest first, as the sweep's searcher
+hands them out, each on the first free slot (a list schedule, replayed by pipeline/search/replay.py); GPU-hours are
+the trials' hours x their GPUs. The hours are those of the device the throughput was measured on: the output says
+so when that is not the cluster's GPU kind (--gpu).
+
+What a search trains (sweep.search: frontier, sweep.lr_search: halving, sweep.predict) is not known before its
+trials end. For the paper and separations shapes the forecast divides the grid's FLOPs by the savings the replay
+benchmark measured for each strategy on a synthetic grid of that shape (pipeline/search/forecast.py, REPLAYED;
+`python -m benchmarks.bench_frontier --synthetic PROFILE --slots 64`, docs/benchmarks.md): a model of the papers'
+reported results, not a measurement of training, and marked so in the output. Its wall time is its device-hours
+over the slots: perfect packing, a lower bound (a frontier trains a chain's sizes in turn).
+
+Exit status 0; 2 for input that cannot give a forecast (an unknown profile or architecture, fewer than 1 node, a
+cluster node that holds no trial, a missing, malformed or incomplete --throughput file), named before any compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import get_args
+
+import torch
+
+from pipeline.common import config as config_mod
+from pipeline.search.cells import check_architectures, defined_cells, model_costs
+from pipeline.search.forecast import (
+    REPLAY_COMMAND,
+    Cluster,
+    Forecast,
+    PlanError,
+    Row,
+    Throughput,
+    forecast,
+    measure_all,
+)
+
+
+def number(x: float) -> str:
+    """A figure for people: thousands separated, two or three significant digits."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 1 else f"{x:.2g}"
+
+
+def flops(x: float) -> str:
+    for unit, scale in (("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if x >= scale:
+            return f"{number(x / scale)} {unit}"
+    return f"{number(x / 1e6)} MFLOP"
+
+
+def duration(hours: float) -> str:
+    if hours >= 2 * 8766:
+        return f"{number(hours / 8766)} years"
+    if hours >= 48:
+        return f"{number(hours / 24)} days"
+    return f"{number(hours)} h" if hours >= 1 else f"{number(hours * 60)} min" if hours >= 1 / 60 else "under a minute"
+
+
+def words(values) -> str:
+    return " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def render(
+    fc: Forecast, cfg: config_mod.Config, params: str, throughput: Throughput, cluster: Cluster, source: str
+) -> str:
+    """The forecast as it is printed: the grid, the throughput it rests on, the cluster, then the costs."""
+    s = cfg.sweep
+    tasks = dict.fromkeys(t for t, _ in cfg.sweep_datasets())
+    shapes: dict[str, list[str]] = {}  # what an architecture trains -> the architectures that train it
+    for arch, lrs in fc.lrs.items():
+        shape = f"widths {words(s.widths_for(arch))} · depths {words(s.depths_for(arch))} · learning rates {words(lrs)}"
+        shapes.setdefault(shape, []).append(arch)
+    budget = f"{' / '.join(f'{n:,}' for n in fc.steps)} steps of batch {s.batch_size}"
+    lines = [
+        f"Forecast for profile {fc.profile} (conf/{fc.profile}.yaml with {params}'s overrides), before launch",
+        "",
+        f"cells: {fc.cells:,} (task x size x architecture x width x depth x seed)",
+        *(f"  {t}: sizes {words(n for u, n in cfg.sweep_datasets() if u == t)}" for t in tasks),
+        *(f"  {', '.join(archs)}: {shape}" for shape, archs in shapes.items()),
+        f"  seeds: {words(s.seeds)}",
+        f"trials: {fc.trials:,} (cell, learning rate) runs in the full grid",
+        f"budget: {budget}"
+        + (f" ({s.epochs} epochs)" if s.max_steps <= 0 else "")
+        + (f", extended up to {fc.factor}x while a trial still improves" if fc.factor > 1 else ", never extended"),
+        f"search: sweep.search {s.search}, lr_search {s.lr_search}"
+        + (f", predict {words(s.predict)}" if s.predict else ""),
+        "",
+        f"throughput ({source}), model FLOP/s of training steps, on {throughput.device}:",
+    ]
+    if throughput.measured:
+        lines += [
+            f"  {m.arch:>14}  {flops(m.flops_per_s)}/s at width {m.width} (depth {m.depth}, L={m.length}, batch "
+            f"{m.batch} in {m.micro_batches}, {m.precision}; {m.steps} steps in {m.seconds:.3g} s)"
+            for m in throughput.measured
+            if m.arch in fc.lrs
+        ]
+    else:
+        for arch in fc.lrs:
+            rates = sorted(throughput.rates[arch].items())
+            lines.append(f"  {arch:>14}  " + ", ".join(f"{flops(r)}/s at " + (f"width {w}" if w else "every width")
+                                                       for w, r in rates))  # fmt: skip
+    kind = f"{cluster.gpus} GPUs" + (f" ({cluster.gpu})" if cluster.gpu else "") if fc.unit == "GPU" else ""
+    lines.append(
+        f"cluster: {cluster.nodes} node{'s' * (cluster.nodes > 1)} x {kind or f'{cluster.cpus} CPUs'} = "
+        f"{fc.slots} trial slots, {fc.per_trial:g} {fc.unit}{'s' * (fc.per_trial != 1)} a trial"
+    )
+    elsewhere = cluster.gpu and cluster.gpu.lower() not in throughput.device.lower()
+    if fc.unit == "GPU" and (throughput.device.startswith("cpu") or elsewhere):
+        lines.append(
+            f"  NOTE: throughput measured on {throughput.device}, not on the cluster's GPUs: the hours below are that "
+            "device's"
+        )
+    if fc.per_trial != 1:
+        lines.append(
+            f"  note: a trial on {fc.per_trial:g} devices is taken to train {fc.per_trial:g}x as fast as on one"
+        )
+    lines += [
+        "",
+        f"{'':26} {'trials':>7} {'training FLOPs':>16} {fc.unit + '-hours':>16}   wall",
+        row(fc.grid, fc.trials, "grid, first budget"),
+        row(fc.extended, fc.trials, f"grid, extended {fc.factor}x"),
+        "  wall: the trials on the slots longest first, as the sweep hands them out (a list schedule). The extended",
+        "  line is the most the grid trains: a trial stops once solved or converged, and how early is not forecast.",
+        "",
+        *search_lines(fc),
+    ]
+    return "\n".join(lines)
+
+
+def row(r: Row, trials: int, label: str) -> str:
+    return (
+        f"{label:26} {trials:>7,} {flops(r.pflops * 1e15):>16} {number(r.device_hours):>16}   {duration(r.wall_hours)}"
+    )
+
+
+def search_lines(fc: Forecast) -> list[str]:
+    configured = {f.strategy for f in fc.searches}
+    if fc.search == "grid":
+        last = ["the configured search is the grid: the lines above"]
+    elif fc.search in configured:
+        last = []
+    else:
+        last = [
+            f"the configured search, {fc.search}, has no replay on the {fc.profile} shape: the grid's lines bound it"
+        ]
+    if not fc.searches:
+        return last
+    lines = [
+        "What a search trains, MODELLED, not measured: the grid's FLOPs over the grid-over-search FLOP ratio that its",
+        f"replay through the sweep's searcher measured on a synthetic grid of the {fc.profile} shape (the papers'",
+        "reported frontiers with made-up curves, not training; a range where several draws were replayed):",
+        f"`{REPLAY_COMMAND.format(profile=fc.profile)}`, docs/benchmarks.md.",
+        "FLOPs and hours: first budget / the best ratio .. extended / the worst; wall at least: hours / slots (perfect",
+        "packing, a lower bound).",
+    ]
+    if fc.shape_differs:
+        lines.append(
+            f"  NOTE: this grid has {fc.cells:,} cells, not the replayed shape's: the ratios may not carry over"
+        )
+    lines.append(f"{'':26} {'grid / it':>13} {'training FLOPs':>24} {fc.unit + '-hours':>24}   wall at least")
+    for f in fc.searches:
+        span = f"{min(f.ratios):.2f}x" + (f"..{max(f.ratios):.2f}x" if len(set(f.ratios)) > 1 else "")
+        lines.append(
+            f"{f.strategy + ' *' * (f.strategy == fc.search):26} {span:>13} "
+            f"{flops(f.first.pflops * 1e15) + '..' + flops(f.extended.pflops * 1e15):>24} "
+            f"{number(f.first.device_hours) + '..' + number(f.extended.device_hours):>24}   "
+            f"{duration(f.first.wall_hours)}..{duration(f.extended.wall_hours)}"
+        )
+    if fc.search in configured:
+        lines.append("* the configured search")
+    return lines + last
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--params",
+        metavar="FILE",
+        default=str(config_mod.ROOT / "params.yaml"),
+        help="params file (default: %(default)s)",
+    )
+    ap.add_argument("--profile", metavar="NAME", help="profile in conf/ (default: the params file's)")
+    cluster = ap.add_argument_group("the cluster")
+    cluster.add_argument("--nodes", metavar="N", type=positive, default=1, help="nodes, all alike (default: 1)")
+    cluster.add_argument("--gpus-per-node", metavar="N", type=positive, default=8, help="GPUs a node (default: 8)")
+    cluster.add_argument(
+        "--gpu", metavar="KIND", help="the GPUs' kind (e.g. H100): printed, and checked against the device measured"
+    )
+    cluster.add_argument(
+        "--cpus-per-node",
+        metavar="N",
+        type=positive,
+        help="CPUs a node (default: on a CPU profile this machine's; on a GPU profile not limiting)",
+    )
+    tp = ap.add_argument_group("throughput: measured here, or read from a file")
+    either = tp.add_mutually_exclusive_group()
+    either.add_argument(
+        "--throughput",
+        metavar="FILE",
+        type=Path,
+        help='measured elsewhere, JSON: {"device": NAME, "flops_per_s": {ARCH: FLOP/s, or {WIDTH: FLOP/s, ...}}}; '
+        "a width between two measured ones takes the log-log interpolation of their rates",
+    )
+    either.add_argument("--save-throughput", metavar="FILE", type=Path, help="write what is measured here to FILE")
+    tp.add_argument("--device", choices=["cpu", "cuda"], help="where to measure (default: cuda if there is one)")
+    tp.add_argument(
+        "--precision", choices=get_args(config_mod.Precision), help="measured in (default: sweep.precision)"
+    )
+    tp.add_argument(
+        "--measure-widths",
+        metavar="W",
+        type=positive,
+        nargs="+",
+        help="widths (default: each architecture's narrowest)",
+    )
+    tp.add_argument("--measure-depth", metavar="N", type=positive, help="depth (default: each one's shallowest)")
+    tp.add_argument("--measure-length", metavar="L", type=positive, help="tokens (default: the median dataset's L)")
+    tp.add_argument(
+        "--measure-batch",
+        metavar="N",
+        type=positive,
+        help="sequences a step (default: sweep.batch_size; on a CPU a smaller one measures in seconds)",
+    )
+    tp.add_argument("--measure-steps", metavar="N", type=positive, default=3, help="timed steps (default: 3)")
+    tp.add_argument("--warmup-steps", metavar="N", type=positive, default=1, help="untimed steps first (default: 1)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = config_mod.load(args.params, profile=args.profile)
+        check_architectures(cfg)
+        s = cfg.sweep
+        archs = list(dict.fromkeys(a for task, _ in cfg.sweep_datasets() for a in s.architectures_for(task)))
+        given = Throughput.load(args.throughput, archs) if args.throughput else None
+        cpus = args.cpus_per_node or (None if s.gpus_per_trial else os.cpu_count() or 1)
+        where = Cluster(args.nodes, args.gpus_per_node, args.gpu, cpus)
+        where.slots(s)  # a node that holds no trial: named now, not after the measurements
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if given is None and device.type == "cuda" and not torch.cuda.is_available():
+            raise PlanError("--device cuda: no CUDA device here")
+        precision = args.precision or s.precision
+        if given is None and device.type == "cpu" and precision == "16-mixed":
+            raise PlanError("--precision 16-mixed needs a GPU: on a CPU measure in bf16-mixed or 32-true (--precision)")
+        cells = {at: replace(cell, **model_costs(cell, s.heads)) for at, cell in defined_cells(cfg).items()}
+        if given is None:
+            throughput = measure_all(
+                cfg,
+                cells,
+                widths=args.measure_widths,
+                depth=args.measure_depth,
+                length=args.measure_length,
+                batch=args.measure_batch,
+                steps=args.measure_steps,
+                warmup=args.warmup_steps,
+                device=device,
+                precision=precision,
+            )
+            source = "measured now"
+            if args.save_throughput:
+                throughput.dump(args.save_throughput)
+                source += f", saved to {args.save_throughput}"
+        else:
+            throughput, source = given, f"from {args.throughput}"
+        params = Path(args.params)
+        shown = params.name if params.resolve() == config_mod.ROOT / "params.yaml" else str(params)
+        print(render(forecast(cfg, cells, throughput, where), cfg, shown, throughput, where, source))
+    except (config_mod.ConfigError, PlanError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

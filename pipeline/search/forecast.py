@@ -1,0 +1,417 @@
+"""What a profile will cost before it runs (``python -m pipeline.plan``), from the code that will run it.
+
+- The grid's trials and their training FLOPs: every (cell, learning rate) at its first step budget and at its
+  extended one (``sweep.max_budget_factor``), 3 x the model's exact forward FLOPs at the task's L x sequences
+  (``cells.expected_cost``, on shape-only models: nothing is allocated).
+- Their time: those FLOPs over a training throughput measured on a real device (``measure``: real optimiser steps
+  of the sweep's Lightning module, in the micro-batches a trial would take, under the profile's precision) or read
+  from a file measured elsewhere (``Throughput.load``), never an assumed constant.
+- The wall time: the trials handed to the cluster's slots in the order the sweep's searcher hands them out (longest
+  first), replayed without training (``replay.replay``).
+- What a search trains (``sweep.search: frontier``, ``sweep.lr_search: halving``, ``sweep.predict``) is not known
+  before its trials end. ``REPLAYED`` holds the grid-over-search FLOP ratios that the replay of each strategy on a
+  synthetic grid of the ``paper`` and ``separations`` shapes measured (docs/benchmarks.md): a model of the papers'
+  reported frontiers, not a measurement of training, and the forecast says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import time
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.plugins.environments import LightningEnvironment
+
+from pipeline.common import config as config_mod
+from pipeline.common.cell import CellSpec
+from pipeline.data.datasets import Dataset
+from pipeline.search.cells import budget_steps, expected_cost
+from pipeline.search.frontier import Cell, GridPlan
+from pipeline.search.replay import Recording, replay
+from pipeline.training.batches import loader
+from pipeline.training.settings import TrainSettings
+from pipeline.training.status import Status
+from pipeline.training.train import SequenceModel, TrialSpec, micro_batches
+from tasks import EOS_ID
+
+
+class PlanError(ValueError):
+    """A cluster, throughput file or measurement that cannot give a forecast; the message names the input."""
+
+
+# ---- the search: savings replayed on synthetic grids ------------------------------------------------------------
+# grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
+# of the profile's shape (benchmarks/synthetic_grids.py: the papers' reported frontiers, made-up curves, exact FLOPs
+# of the real models), one value per draw of that grid: draw 0 is docs/benchmarks/bench_frontier.json's sections
+# "replay paper" and "replay separations" (25 November, at 8d64c2f); draws 1 and 2 (--seed 1, --seed 2) are quoted in
+# docs/benchmarks.md. On `paper` (one learning rate) halving changes nothing.
+REPLAY_COMMAND = "python -m benchmarks.bench_frontier --synthetic {profile} --slots 64"
+REPLAYED: dict[str, dict[str, tuple[float, ...]]] = {
+    "paper": {
+        "frontier": (4.82,),
+        "frontier+predict": (4.22,),
+        "frontier+halving": (4.82,),
+        "frontier+predict+halving": (4.22,),
+    },
+    "separations": {
+        "frontier": (3.88,),
+        "frontier+predict": (3.91,),
+        "frontier+halving": (10.21, 10.16, 9.82),
+        "frontier+predict+halving": (10.32, 10.14, 9.86),
+    },
+}
+REPLAYED_CELLS = {"paper": 576, "separations": 2392}  # the replayed grids' cells: another count is another shape
+
+
+def strategy(s: config_mod.SweepConfig) -> str:
+    """The search as the replay benchmark names it: grid or frontier, with predicted widths and halving."""
+    return s.search + ("+predict" if s.predict else "") + ("+halving" if s.lr_search == "halving" else "")
+
+
+# ---- throughput -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Measurement:
+    """One architecture's training throughput at one shape: model FLOP/s = 3 x exact forward FLOPs of every
+    sequence x sequences per second, over ``steps`` real optimiser steps (after warm-up ones)."""
+
+    arch: str
+    width: int
+    depth: int
+    length: int
+    batch: int
+    micro_batches: int
+    precision: str
+    steps: int
+    seconds: float
+    flops_per_s: float
+
+
+EVERY_WIDTH = 0  # the width key of a rate given for an architecture as one number
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Training FLOP/s per architecture and width on one device (``device``: its name, as measured). A width
+    between two measured ones takes the log-log interpolation of their rates; beyond them, the nearest one's."""
+
+    device: str
+    rates: dict[str, dict[int, float]]  # arch -> width (or EVERY_WIDTH) -> FLOP/s
+    measured: tuple[Measurement, ...] = ()
+
+    def rate(self, arch: str, width: int) -> float:
+        points = sorted(self.rates[arch].items())
+        below = [p for p in points if p[0] <= width] or points[:1]
+        above = [p for p in points if p[0] >= width] or points[-1:]
+        (w0, r0), (w1, r1) = below[-1], above[0]
+        if w0 == w1:
+            return r0
+        t = math.log(width / w0) / math.log(w1 / w0)
+        return math.exp(math.log(r0) + t * math.log(r1 / r0))
+
+    def dump(self, path: Path) -> None:
+        data = {
+            "device": self.device,
+            "flops_per_s": {arch: {str(w): r for w, r in widths.items()} for arch, widths in self.rates.items()},
+            "measured": [asdict(m) for m in self.measured],
+        }
+        path.write_text(json.dumps(data, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path, archs: list[str]) -> Throughput:
+        """A file written by ``dump`` or by hand: ``{"device": NAME, "flops_per_s": {ARCH: FLOP/s or {WIDTH:
+        FLOP/s}}}`` (and, from ``dump``, how each rate was measured); it must hold every architecture in ``archs``."""
+        if not path.is_file():
+            raise PlanError(f"--throughput {path}: no such file")
+        try:
+            data = json.loads(path.read_text())
+            device, given = data["device"], data["flops_per_s"]
+            rates = {
+                arch: {int(w): float(r) for w, r in v.items()} if isinstance(v, dict) else {EVERY_WIDTH: float(v)}
+                for arch, v in given.items()
+            }
+            measured = tuple(Measurement(**m) for m in data.get("measured", []))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise PlanError(
+                f'--throughput {path}: not a throughput file ({type(err).__name__}: {err}); expected {{"device": '
+                '"NAME", "flops_per_s": {"ARCH": FLOP/s, or {"WIDTH": FLOP/s, ...}}}'
+            ) from None
+        for arch, widths in rates.items():
+            if not widths or not all(0 < r < math.inf for r in widths.values()):
+                raise PlanError(f"--throughput {path}: {arch}: {given[arch]!r}: a rate is a positive, finite FLOP/s")
+            if isinstance(given[arch], dict) and min(widths) < 1:
+                raise PlanError(f"--throughput {path}: {arch}: {given[arch]!r}: a width is a positive whole number")
+        missing = [a for a in archs if a not in rates]
+        if missing:
+            raise PlanError(
+                f"--throughput {path} has no throughput for {', '.join(missing)} (it has {', '.join(sorted(rates))}); "
+                "the profile trains them: measure them (python -m pipeline.plan --save-throughput FILE) and add them"
+            )
+        return cls(str(device), rates, measured)
+
+
+def device_name(device: torch.device, threads: int) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return f"cpu ({names[0] if names else platform.processor() or 'unknown'}, {threads} thread{'s' * (threads > 1)})"
+
+
+class StepTimer(L.Callback):
+    """Seconds and training FLOPs (the module's own count, as a trial's ``train_pflops``) of the loader batches from
+    ``start`` on, the device synchronised at both ends."""
+
+    def __init__(self, start: int, device: torch.device):
+        self.first, self.device = start, device
+        self.start = self.seconds = 0.0
+        self.flops = 0
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if batch_idx == self.first:
+            self.start, self.flops = self.now(), -module.train_flops
+
+    def on_train_end(self, trainer, module) -> None:
+        self.seconds, self.flops = self.now() - self.start, self.flops + module.train_flops
+
+
+def random_sequences(count: int, length: int, vocab_size: int) -> Dataset:
+    """``count`` sequences of ``length`` random tokens (then <eos>), every one after the first predicted."""
+    tokens = np.random.default_rng(0).integers(EOS_ID + 1, vocab_size, (count, length + 1), dtype=np.uint16)
+    tokens[:, -1] = EOS_ID
+    offsets = np.arange(count + 1, dtype=np.int64) * (length + 1)
+    ones = np.ones(count, np.int32)
+    return Dataset(Path("random"), {}, tokens.ravel(), offsets, ones, ones)
+
+
+def measure(
+    cfg: config_mod.Config,
+    cell: CellSpec,
+    *,
+    length: int,
+    batch: int,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: config_mod.Precision,
+) -> Measurement:
+    """``cell``'s model (architecture, width, depth, options, vocabulary) trained as a trial trains it: the sweep's
+    Lightning module, optimiser, gradient clip, batches and the micro-batches that fit its memory, at the profile's
+    settings but ``precision``, for ``warmup`` + ``steps`` steps on ``device`` over random sequences of ``length``
+    tokens, ``batch`` a step, with the CPU threads a trial gets (at most this machine's)."""
+    settings = replace(
+        TrainSettings.of(cfg), batch_size=batch, max_steps=warmup + steps, precision=precision, workers=1
+    )
+    spec = TrialSpec.for_cell(replace(cell, max_len=length), asdict(settings) | {"lr": cell.lrs[0]})
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: ...", as a trial does
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(settings.threads, os.cpu_count() or 1))
+    try:
+        if device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # as a trial: TF32 for float32 products
+        torch.manual_seed(0)
+        module = SequenceModel(spec)
+        parts = micro_batches(spec, module.model, length, device)
+        timer = StepTimer(warmup * parts, device)
+        trainer = L.Trainer(
+            accelerator="gpu" if device.type == "cuda" else "cpu",
+            plugins=[LightningEnvironment()],
+            devices=1,
+            precision=precision,
+            max_steps=warmup + steps,
+            accumulate_grad_batches=parts,
+            gradient_clip_val=spec.grad_clip,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[timer],
+        )
+        data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
+            trainer.fit(module, loader(data, batch, spec.seed, False, parts=parts))
+    finally:
+        torch.set_num_threads(threads)
+    return Measurement(
+        cell.arch,
+        cell.width,
+        cell.depth,
+        length,
+        batch,
+        parts,
+        precision,
+        steps,
+        timer.seconds,
+        timer.flops / timer.seconds,
+    )
+
+
+def measure_all(
+    cfg: config_mod.Config,
+    cells: dict[Cell, CellSpec],
+    *,
+    widths: list[int] | None,
+    depth: int | None,
+    length: int | None,
+    batch: int | None,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: config_mod.Precision,
+) -> Throughput:
+    """Every architecture of the grid measured (``measure``) on the shape of one of its cells: at ``widths``
+    (default: its narrowest), ``depth`` (default: its shallowest), and the vocabulary and L (``length`` overrides it)
+    of the dataset of median L among those it trains on; ``batch`` default: the profile's."""
+    rates: dict[str, dict[int, float]] = {}
+    done = []
+    for arch in dict.fromkeys(c.arch for c in cells):
+        mine = [c for c in cells.values() if c.arch == arch]
+        datasets = sorted({(c.max_len, c.task, c.size): c for c in mine}.items())
+        base = datasets[(len(datasets) - 1) // 2][1]  # the dataset of median L
+        for width in widths or [min(c.width for c in mine)]:
+            cell = replace(base, width=width, depth=depth or min(c.depth for c in mine))
+            m = measure(
+                cfg,
+                cell,
+                length=length or cell.max_len,
+                batch=batch or cfg.sweep.batch_size,
+                steps=steps,
+                warmup=warmup,
+                device=device,
+                precision=precision,
+            )
+            rates.setdefault(arch, {})[width] = m.flops_per_s
+            done.append(m)
+    threads = min(cfg.sweep.cpus_per_trial, os.cpu_count() or 1)
+    return Throughput(device_name(device, threads), rates, tuple(done))
+
+
+# ---- the cluster and the forecast -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster a profile is planned for: ``nodes`` alike, each with ``gpus`` GPUs of kind ``gpu`` (None: not
+    said) and ``cpus`` CPUs (None: not limiting)."""
+
+    nodes: int
+    gpus: int
+    gpu: str | None
+    cpus: int | None
+
+    def slots(self, s: config_mod.SweepConfig) -> int:
+        """Trials at once: what a node holds of the trial's GPUs (on a GPU profile) and CPUs, times the nodes,
+        at most ``sweep.max_concurrent_trials``."""
+        need = s.trial_resources()
+        if not need["gpu"] and self.cpus is None:
+            raise PlanError("a CPU profile's slots are CPUs: give the CPUs a node has (--cpus-per-node)")
+        limits = [math.floor(self.gpus / need["gpu"])] if need["gpu"] else []
+        if self.cpus is not None:
+            limits.append(math.floor(self.cpus / need["cpu"]))
+        per_node = min(limits)
+        if per_node < 1:
+            raise PlanError(
+                f"a trial needs {need['gpu']:g} GPU(s) and {need['cpu']:g} CPU(s) (sweep.gpus_per_trial, "
+                f"cpus_per_trial, workers_per_trial): a node of {self.gpus} GPUs (--gpus-per-node) and "
+                f"{self.cpus} CPUs (--cpus-per-node) holds none"
+            )
+        return min(self.nodes * per_node, s.max_concurrent_trials or 1 << 30)
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a set of trials costs: training FLOPs, device-hours (GPU-hours on a GPU profile, CPU core-hours on a CPU
+    one) and hours of wall time on the cluster's slots."""
+
+    pflops: float
+    device_hours: float
+    wall_hours: float
+
+    def times(self, factor: float) -> Row:
+        return Row(self.pflops * factor, self.device_hours * factor, self.wall_hours * factor)
+
+
+@dataclass(frozen=True)
+class SearchForecast:
+    """A search strategy's training, modelled: the grid's over ``ratios``, its replayed savings (one per draw). Its
+    wall time is perfect packing of its device-hours on the slots, a lower bound."""
+
+    strategy: str
+    ratios: tuple[float, ...]
+    first: Row  # the grid at its first budget over the best ratio
+    extended: Row  # the grid at its extended budget over the worst ratio
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Everything the plan prints, in one record: the grid, the budget, the slots, the costs."""
+
+    profile: str
+    cells: int
+    trials: int
+    lrs: dict[str, list[float]]  # arch -> its learning rates
+    steps: list[int]  # the first step budgets, distinct (one per training-set size when budgeted in epochs)
+    factor: int  # the extended budget over the first (1 when trials are never extended)
+    slots: int
+    unit: str  # "GPU" or "CPU core": what a device-hour counts
+    per_trial: float  # devices one trial trains on
+    grid: Row  # every trial at its first budget, its wall a list schedule in the sweep's order
+    extended: Row  # every trial at its extended budget: the most the grid trains
+    search: str  # the configured strategy
+    searches: list[SearchForecast]  # the strategies replayed on this profile's shape
+    shape_differs: bool  # the grid is not the shape the replay was measured on
+
+
+def forecast(cfg: config_mod.Config, cells: dict[Cell, CellSpec], throughput: Throughput, cluster: Cluster) -> Forecast:
+    """The forecast of ``cells`` (with their model costs) on ``cluster`` at ``throughput``."""
+    s = cfg.sweep
+    need = s.trial_resources()
+    per_trial = need["gpu"] or s.workers()  # a trial on k devices is taken to train k times as fast as on one
+    unit, per_hour = ("GPU", need["gpu"]) if need["gpu"] else ("CPU core", need["cpu"])
+    slots = cluster.slots(s)
+    recorded: dict[Cell, dict[float, Recording]] = {}
+    for at, cell in cells.items():
+        gflops = expected_cost(cell, s)
+        seconds = gflops * 1e9 / (throughput.rate(cell.arch, cell.width) * per_trial)
+        # a trial run to its first budget, its expected cost the order the sweep's searcher starts it in
+        run = Recording(Status.UNDECIDED, 0.0, gflops / 1e6, seconds, budget_steps(cell, s), gflops)
+        recorded[at] = {lr: run for lr in cell.lrs}
+    schedule = replay(GridPlan(list(cells)), recorded, slots)
+    factor = s.max_budget_factor if s.stop_when_solved else 1
+    grid = Row(schedule.pflops, schedule.busy * per_hour / 3600, schedule.wall / 3600)
+    extended = grid.times(factor)  # every trial factor x as long: the same order, so the same schedule, stretched
+    searches = []
+    for name, ratios in REPLAYED.get(cfg.profile, {}).items():
+        first, most = grid.times(1 / max(ratios)), extended.times(1 / min(ratios))
+        packed = [replace(r, wall_hours=r.device_hours / per_hour / slots) for r in (first, most)]
+        searches.append(SearchForecast(name, ratios, *packed))
+    return Forecast(
+        profile=cfg.profile,
+        cells=len(cells),
+        trials=schedule.trials,
+        lrs={arch: s.learning_rates(arch) for arch in dict.fromkeys(c.arch for c in cells)},
+        steps=sorted({budget_steps(c, s) for c in cells.values()}),
+        factor=factor,
+        slots=slots,
+        unit=unit,
+        per_trial=per_trial,
+        grid=grid,
+        extended=extended,
+        search=strategy(s),
+        searches=searches,
+        shape_differs=len(cells) != REPLAYED_CELLS.get(cfg.profile, len(cells)),
+    )

@@ -1,0 +1,200 @@
+"""The forecast before launch (pipeline/plan.py, pipeline/search/forecast.py): the grid's FLOPs against a sum over its
+cells made here, the wall time a throughput file implies on a hand-checked case, the replayed savings against the
+benchmark's file, bad input named before any compute, one measured throughput, and the command end to end on `tiny`
+with its throughput measured on this CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import models
+import tasks
+from pipeline import plan
+from pipeline.common import config as config_mod
+from pipeline.search.cells import build_cells, defined_cells, model_costs
+from pipeline.search.forecast import REPLAYED, REPLAYED_CELLS, Cluster, Throughput, forecast, measure
+from tests.helpers import ROOT, write_params
+
+TASKS = "tasks: [arithmetic, ed, ed_local, lis, index_lookup, dyck, eq_random, eq_one, eq_ncp]\n"
+# 2 architectures x 2 widths on one dataset: 4 trials of 8 steps of 32 sequences, on a CPU profile
+FOUR = "sweep: {architectures: [standard, lstm], widths: [8, 16], datasets: {arithmetic: [2]}}\n"
+
+
+def load(tmp_path, profile: str, overrides: str = "") -> config_mod.Config:
+    return config_mod.load(write_params(tmp_path / "params.yaml", f"profile: {profile}\n{TASKS}{overrides}"))
+
+
+def costed(cfg: config_mod.Config) -> dict:
+    return {at: replace(c, **model_costs(c, cfg.sweep.heads)) for at, c in defined_cells(cfg).items()}
+
+
+def grid_flops(cfg: config_mod.Config) -> float:
+    """Training FLOPs of every (cell, learning rate) at its first budget, summed here from the config alone."""
+    s, total = cfg.sweep, 0.0
+    for task, size in cfg.sweep_datasets():
+        gen = cfg.generate.for_task(task)
+        built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
+        steps = s.max_steps if s.max_steps > 0 else s.epochs * math.ceil(gen.train_samples / s.batch_size)
+        for arch in s.architectures_for(task):
+            for width in s.widths_for(arch):
+                for depth in s.depths_for(arch):
+                    with torch.device("meta"):
+                        model = models.build_model(arch, vocab_size=built.vocab_size, width=width, depth=depth,
+                                                   heads=s.heads, max_len=built.max_length(),
+                                                   **s.arch_options.get(arch, {}))
+                    forward = model.exact_flops(built.max_length())
+                    total += 3 * forward * steps * s.batch_size * len(s.learning_rates(arch)) * len(s.seeds)
+    return total
+
+
+@pytest.mark.parametrize("profile, overrides", [
+    ("tiny", ""),  # a step budget
+    ("paper", "sweep: {datasets: {lis: [40], ed: [6]}, widths: [32, 64]}\n"),  # epochs of 1M samples, two tasks
+])
+def test_the_grids_flops_are_the_sum_over_its_cells(tmp_path, profile, overrides):
+    cfg = load(tmp_path, profile, overrides)
+    cells = costed(cfg)
+    archs = {c.arch for c in cells}
+    fc = forecast(cfg, cells, Throughput("test", {a: {0: 1e12} for a in archs}), Cluster(2, 8, "H100", 64))
+    assert fc.cells == len(cells) and fc.trials == len(cells)  # one learning rate each
+    assert fc.grid.pflops * 1e15 == pytest.approx(grid_flops(cfg), rel=1e-9)
+    assert fc.extended.pflops == pytest.approx(fc.grid.pflops * cfg.sweep.max_budget_factor)
+    # at 1 TFLOP/s a trial takes its FLOPs / 1e12 seconds, one GPU (or CPU) each
+    per_hour = cfg.sweep.gpus_per_trial or cfg.sweep.cpus_per_trial
+    assert fc.grid.device_hours == pytest.approx(grid_flops(cfg) / 1e12 / 3600 * per_hour)
+
+
+def test_the_cells_are_the_sweeps_before_any_data_exists(tiny_cfg, tiny_data):
+    """The cells a forecast counts are the ones the sweep builds from the files; L is the task's longest sequence,
+    the files' own but for arithmetic, where it is the bound the files stay within."""
+    built, defined = build_cells(tiny_cfg, tiny_data), defined_cells(tiny_cfg)
+    assert list(built) == list(defined)
+    for at, cell in built.items():
+        mine = defined[at]
+        assert (mine.vocab, mine.family, mine.train_samples, mine.lrs) == (cell.vocab, cell.family,
+                                                                          cell.train_samples, cell.lrs)
+        assert mine.max_len == cell.max_len if at.task != "arithmetic" else mine.max_len >= cell.max_len
+
+
+def test_a_throughput_file_gives_the_wall_time_it_implies(tmp_path, capsys):
+    """Rates set so that the four trials take 4, 3, 2 and 1 hours: on one CPU slot 10 h; on two, longest first,
+    4 + 1 and 3 + 2 = 5 h; on four, 4 h; 10 core-hours each time; extended 2x, all doubled."""
+    cfg = load(tmp_path, "tiny", FOUR)
+    cells = costed(cfg)
+    hours = {("standard", 16): 4, ("lstm", 16): 3, ("standard", 8): 2, ("lstm", 8): 1}
+    s = cfg.sweep
+    rates: dict = {}
+    for c in cells.values():
+        rates.setdefault(c.arch, {})[str(c.width)] = 3 * c.exact_gflops * 1e9 * s.max_steps * s.batch_size / (
+            hours[c.arch, c.width] * 3600)
+    path = tmp_path / "throughput.json"
+    path.write_text(json.dumps({"device": "made-up", "flops_per_s": rates}))
+    throughput = Throughput.load(path, ["standard", "lstm"])
+    for slots, wall in ((1, 10), (2, 5), (4, 4)):
+        fc = forecast(cfg, cells, throughput, Cluster(1, 0, None, slots))
+        assert (fc.slots, fc.grid.wall_hours, fc.grid.device_hours) == (slots, pytest.approx(wall), pytest.approx(10))
+        assert (fc.extended.wall_hours, fc.extended.device_hours) == (pytest.approx(2 * wall), pytest.approx(20))
+    params = tmp_path / "params.yaml"
+    assert plan.main(["--params", str(params), "--throughput", str(path), "--cpus-per-node", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "cells: 4 " in out and "throughput (from" in out and "1 node x 2 CPUs = 2 trial slots" in out
+    assert [line.split()[-2:] for line in out.splitlines() if line.startswith("grid, ")] == [["5.0", "h"],
+                                                                                           ["10.0", "h"]]
+
+
+def test_a_width_between_two_measured_takes_their_log_log_interpolation():
+    throughput = Throughput("made-up", {"standard": {32: 1e12, 128: 4e12}, "lstm": {0: 5e11}})
+    assert throughput.rate("standard", 64) == pytest.approx(2e12)  # halfway on log axes
+    assert throughput.rate("standard", 16) == 1e12 and throughput.rate("standard", 1024) == 4e12  # the nearest
+    assert throughput.rate("lstm", 64) == throughput.rate("lstm", 1024) == 5e11  # one number: every width
+
+
+def test_the_replayed_savings_are_the_benchmarks_file():
+    """The first draw of every ratio the forecast divides by is the one docs/benchmarks/bench_frontier.json holds,
+    replayed on a grid with the profile's number of cells."""
+    sections = json.loads((ROOT / "docs/benchmarks/bench_frontier.json").read_text())["sections"]
+    for profile, strategies in REPLAYED.items():
+        section = sections[f"replay {profile}"]
+        assert section["settings"]["cells"] == REPLAYED_CELLS[profile]
+        assert len(defined_cells(config_mod.load(profile=profile))) == REPLAYED_CELLS[profile]
+        for name, ratios in strategies.items():
+            assert ratios[0] == round(section["figures"][name]["grid_over_strategy"]["median"], 2), (profile, name)
+
+
+def test_a_search_is_forecast_as_the_grid_over_its_replayed_savings_and_says_it_is_modelled(tmp_path, capsys):
+    cfg = load(tmp_path, "paper", "sweep: {datasets: {lis: [40]}, widths: [32, 64], search: frontier}\n")
+    fc = forecast(cfg, costed(cfg), Throughput("made-up", {a: {0: 1e14} for a in cfg.sweep.architectures}),
+                  Cluster(1, 8, "H100", None))
+    frontier = next(f for f in fc.searches if f.strategy == "frontier")
+    assert frontier.first.pflops == pytest.approx(fc.grid.pflops / 4.82)
+    assert frontier.extended.pflops == pytest.approx(fc.extended.pflops / 4.82)
+    assert frontier.first.wall_hours == pytest.approx(frontier.first.device_hours / 8)  # perfect packing on 8 GPUs
+    assert fc.search == "frontier" and fc.shape_differs  # 12 cells, not the 576 replayed
+    path = tmp_path / "h100.json"
+    path.write_text(json.dumps({"device": "NVIDIA H100", "flops_per_s": {a: 1e14 for a in cfg.sweep.architectures}}))
+    assert plan.main(["--params", str(tmp_path / "params.yaml"), "--throughput", str(path), "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert "MODELLED, not measured" in out and "bench_frontier --synthetic paper" in out
+    assert "frontier *" in out and "NOTE: this grid has 12 cells" in out
+    assert "NOTE: throughput measured on" not in out  # it was the cluster's kind of GPU
+
+
+def test_bad_input_is_named_before_any_compute(tmp_path, capsys, monkeypatch):
+    def computed(*args, **kwargs):
+        raise AssertionError("computed before the input was checked")
+
+    monkeypatch.setattr(plan, "model_costs", computed)
+    monkeypatch.setattr(plan, "measure_all", computed)
+    lstm_only = tmp_path / "lstm.json"
+    lstm_only.write_text(json.dumps({"device": "x", "flops_per_s": {"lstm": 1e12}}))
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"device": "x", "flops_per_s": {"lstm": -1}}))
+    for argv, named in [
+        (["--profile", "nope"], "profile: 'nope' is not allowed; allowed values: cpu-repro, laptop, paper"),
+        (["--profile", "tiny", "--throughput", str(tmp_path / "missing.json")], "missing.json: no such file"),
+        (["--profile", "tiny", "--throughput", str(lstm_only)], "has no throughput for standard, sparse, linear"),
+        (["--profile", "tiny", "--throughput", str(broken)], "lstm: -1: a rate is a positive, finite FLOP/s"),
+        (["--profile", "paper", "--cpus-per-node", "2"], "a trial needs 1 GPU(s) and 4 CPU(s)"),
+        (["--profile", "paper", "--device", "cpu", "--precision", "16-mixed"], "16-mixed needs a GPU"),
+    ]:
+        assert plan.main(argv) == 2, argv
+        assert named in capsys.readouterr().err
+    for argv, named in [(["--nodes", "0"], "argument --nodes: 0 is below 1"),
+                        (["--measure-steps", "x"], "argument --measure-steps: invalid positive value: 'x'")]:
+        with pytest.raises(SystemExit) as stop:
+            plan.main(argv)
+        assert stop.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_measure_counts_the_model_flops_of_real_steps(tiny_cfg):
+    """One architecture's throughput: the FLOPs of its timed steps are 3 x its exact forward FLOPs x the sequences
+    (equal length, no padding), as a trial counts them."""
+    cell = next(c for c in costed(tiny_cfg).values() if c.arch == "standard")
+    m = measure(tiny_cfg, cell, length=12, batch=8, steps=2, warmup=1, device=torch.device("cpu"),
+                precision="32-true")
+    with torch.device("meta"):
+        model = models.build_model("standard", vocab_size=cell.vocab_size, width=cell.width, depth=cell.depth,
+                                   heads=tiny_cfg.sweep.heads, max_len=12)
+    assert m.micro_batches == 1 and m.seconds > 0  # no memory budget on a CPU: the whole batch at once
+    assert m.flops_per_s * m.seconds == pytest.approx(3 * model.exact_flops(12) * 8 * 2)
+
+
+def test_the_command_runs_on_tiny_with_its_throughput_measured_on_this_cpu(tmp_path, capsys):
+    saved = tmp_path / "cpu.json"
+    assert plan.main(["--profile", "tiny", "--measure-steps", "1", "--save-throughput", str(saved)]) == 0
+    measured = capsys.readouterr().out
+    assert "cells: 44 (task x size x architecture x width x depth x seed)" in measured
+    assert "trials: 44" in measured and "throughput (measured now, saved to" in measured and "on cpu (" in measured
+    assert "the configured search is the grid" in measured
+    grid = [line for line in measured.splitlines() if line.startswith("grid, first budget")]
+    assert len(grid) == 1 and "44" in grid[0]
+    assert plan.main(["--profile", "tiny", "--throughput", str(saved)]) == 0  # the same rates, read back
+    again = capsys.readouterr().out
+    assert [line for line in again.splitlines() if line.startswith("grid, ")] == [
+        line for line in measured.splitlines() if line.startswith("grid, ")]
+    assert "width 8 (depth 1, L=" in again  # how each rate was measured travels with the file
