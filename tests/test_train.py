@@ -12,6 +12,7 @@ from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training.batches import IGNORE, Collate, LengthBuckets, collate, collate_reference, loader
 from pipeline.training.evaluation import final_answers, greedy_accuracy
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, SequenceModel, TrialSpec, run_trial
+from tests.helpers import write_params
 
 EOS = tasks.EOS_ID
 
@@ -185,3 +186,42 @@ def test_a_micro_batched_trial_steps_and_validates_as_one_pass(spec):
     two = run_trial(dataclasses.replace(spec, max_steps=10, val_every_steps=5, micro_batches=2), callbacks=[seen[1]])
     assert one["train_steps"] == two["train_steps"] == 10 and seen[0].steps == seen[1].steps == [5, 10]
     assert one["train_pflops"] == two["train_pflops"]  # the same samples in the same steps
+
+
+def test_loader_processes_build_the_same_batches_and_train_the_same_trial(spec, tiny_data):
+    """``sweep.loader_workers``: batches built in other processes, ahead of the steps, are the same batches in the same
+    order (a resumed sampler's position included), so the trial trains to the same numbers."""
+    data = read_dataset(dataset_path(tiny_data, "lis", 3, "train"))
+    here, there = loader(data, 8, 3, True, parts=2), loader(data, 8, 3, True, parts=2, processes=2)
+    for sampler in (here.batch_sampler, there.batch_sampler):
+        sampler.resume(epoch=1, batches_done=5)
+    for epoch in range(2):
+        pairs = list(zip(here, there, strict=True))
+        assert len(pairs) == len(here) - 5 * (epoch == 0)
+        assert all(all(np.array_equal(a, b) for a, b in zip(x, y)) for x, y in pairs)
+    same = ("final_accuracy", "val_accuracy", "token_accuracy", "train_pflops", "train_steps", "solve_step")
+    one = run_trial(dataclasses.replace(spec, max_steps=6))
+    two = run_trial(dataclasses.replace(spec, max_steps=6, loader_workers=1))
+    assert [one[k] for k in same] == [two[k] for k in same]
+
+
+@pytest.mark.integration
+def test_a_sweeps_trial_trains_with_its_batches_built_in_a_loader_process(tmp_path, tiny_data):
+    """Ray Tune, Lightning and MLflow: a trial's loader process, forked inside its Ray worker, feeds every step."""
+    import pandas as pd
+
+    from pipeline.common import config as config_mod
+    from pipeline.sweep import sweep
+
+    store, db = tmp_path / "store", tmp_path / "mlflow.db"
+    p = write_params(tmp_path / "params.yaml", f"""
+profile: tiny
+tasks: [arithmetic, lis]
+sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, loader_workers: 1}}
+cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
+""")
+    cfg = config_mod.load(p)
+    sweep(cfg, tiny_data, tmp_path / "results")
+    trials = pd.read_csv(tmp_path / "results" / "trials.csv")
+    assert len(trials) == 1 and trials.status[0] != "failed", trials.reason[0]
+    assert trials.train_steps[0] >= cfg.sweep.max_steps  # its first budget at least (then extended while improving)

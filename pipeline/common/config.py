@@ -246,6 +246,11 @@ class SweepConfig(Section):
     micro_batches: PositiveInt | None = Field(
         None, description="micro-batches per batch and worker (gradients accumulated); None: as the memory needs"
     )
+    loader_workers: NonNegativeInt = Field(
+        0,
+        description="processes that build each worker's batches ahead of its steps (0: built in the step's own "
+        "process); they use the trial's CPUs, so on a CPU trial they compete with its threads",
+    )
     max_concurrent_trials: PositiveInt | None = None
     console: Literal["progress", "table"] = Field(
         "progress",

@@ -149,15 +149,25 @@ def collate_reference(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def loader(
-    data: Dataset, batch_size: int, seed: int, shuffle: bool, rank: int = 0, world: int = 1, parts: int = 1
+    data: Dataset,
+    batch_size: int,
+    seed: int,
+    shuffle: bool,
+    rank: int = 0,
+    world: int = 1,
+    parts: int = 1,
+    processes: int = 0,
 ) -> DataLoader:
     """Batches of ``batch_size`` samples in all, each in ``parts`` micro-batches; worker ``rank`` of ``world`` gets its
-    share of each. Pinned host memory where a GPU will read the batches (the copy then overlaps the step)."""
+    share of each. Pinned host memory where a GPU will read the batches (the copy then overlaps the step).
+    ``processes`` > 0 builds them in that many loader processes, ahead of the steps: the sampler stays in this
+    process (so a resumed trial's position is still its own), and each process reads the memory-mapped files."""
     sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world, parts=parts)
     return DataLoader(
         Rows(len(data)),
         batch_sampler=sampler,
         collate_fn=Collate(data, rank, world, parts),
-        num_workers=0,
+        num_workers=processes,
+        persistent_workers=processes > 0,  # not restarted every epoch (and every validation)
         pin_memory=torch.cuda.is_available(),
     )

@@ -45,6 +45,7 @@ class TrainSettings:
     eval_batch_size: int = default("eval_batch_size")
     memory_gb_per_trial: float | None = default("memory_gb_per_trial")
     micro_batches: int | None = default("micro_batches")
+    loader_workers: int = default("loader_workers")
     # derived by the sweep
     threshold: float = default("accuracy_threshold", ReportConfig)  # validation accuracy that counts as solved
     threads: int = default("cpus_per_trial")

@@ -267,7 +267,7 @@ def fit(
     train, val = split_validation(read_dataset(Path(spec.train_path)), spec.val_samples)
     module = SequenceModel(spec, val_data=val)
     parts = micro_batches(spec, module.model, int(train.lengths.max()), device)
-    train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers, parts)
+    train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers, parts, spec.loader_workers)
     convergence = verdict_mod.Convergence(
         spec.convergence_window, spec.convergence_tolerance, spec.convergence_min_steps, spec.min_delta
     )
