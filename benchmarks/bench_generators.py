@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -117,8 +118,8 @@ def bench_suite(paper: dict[str, list[int]], train_samples: int, rounds: int, re
     times = {name: ([], []) for name in [*paper, "all four"]}
     for r in range(rounds):
         for name, task_sizes in paper.items():
-            one, two = side_by_side(lambda: stage_seconds(name, task_sizes, train_samples, 1),
-                                    lambda: stage_seconds(name, task_sizes, train_samples, 2), 1, start=r)
+            one, two = side_by_side(partial(stage_seconds, name, task_sizes, train_samples, 1),
+                                    partial(stage_seconds, name, task_sizes, train_samples, 2), 1, start=r)
             times[name][0].extend(one)
             times[name][1].extend(two)
         for side in (0, 1):
@@ -172,18 +173,19 @@ def main(argv: list[str] | None = None) -> int:
             task = tasks.get_task(name, size)
             rnd, rng = random.Random(0), np.random.default_rng(0)
             task.sample_batch(rng, "train", 1)  # load (or compile) the kernel outside the timing
-            refs, ours = side_by_side(lambda: rate(lambda: reference_sample(task, rnd, "train") and 1, args.seconds),
-                                      lambda: rate(lambda: len(task.sample_batch(rng, "train", 4096)), args.seconds),
-                                      args.rounds)
+            refs, ours = side_by_side(
+                lambda task=task, rnd=rnd: rate(lambda: reference_sample(task, rnd, "train") and 1, args.seconds),
+                lambda task=task, rng=rng: rate(lambda: len(task.sample_batch(rng, "train", 4096)), args.seconds),
+                args.rounds)
             ref, our = statistics.median(refs), statistics.median(ours)
             line = f"{name:<13}{size:>5}{ref:>14,.0f}{our:>12,.0f}{spread(ratios(ours, refs), ',.0f', 'x'):>17}"
             row = figures[str(size)] = {"reference_per_s": figure(refs, "samples/s"),
                                         "ours_per_s": figure(ours, "samples/s"),
                                         "ratio": figure(ratios(ours, refs), "x")}
             if size in paper.get(name, []) and args.stage_samples:
-                ones, twos = side_by_side(lambda: samples / stage_seconds(name, [size], args.stage_samples, 1),
-                                          lambda: samples / stage_seconds(name, [size], args.stage_samples, 2),
-                                          args.rounds)
+                stage_s = side_by_side(partial(stage_seconds, name, [size], args.stage_samples, 1),
+                                       partial(stage_seconds, name, [size], args.stage_samples, 2), args.rounds)
+                ones, twos = ([samples / s for s in side] for side in stage_s)
                 one, two = statistics.median(ones), statistics.median(twos)
                 line += f"   {one:>12,.0f}{two:>13,.0f}{spread(ratios(twos, ones), '.2f', 'x'):>19}{two / our:>7.2f}x"
                 row |= {"stage_1_worker_per_s": figure(ones, "samples/s"),

@@ -185,7 +185,8 @@ def report(size: dict, data: Path, first: dict, again: dict, trained: dict) -> N
     mem = lambda m: f"{gb(m['VmRSS'])} (anon {gb(m['RssAnon'])}, file {gb(m['RssFile'])})"  # noqa: E731
     print(f"lis n={size['n']}: {size['train']:,} train + {size['test']:,} test samples, {first['tokens']:,} tokens "
           f"({gb(2 * first['tokens'])} as uint16), in {data}\n")
-    print("resident memory of a trial process (VmRSS; anon = private, file = mapped pages, shared by the node's trials)")
+    print("resident memory of a trial process "
+          "(VmRSS; anon = private, file = mapped pages, shared by the node's trials)")
     print(f"  after its imports (torch, Lightning, models)          {mem(first['imports'])}")
     print(f"  after reading train + test, first reader (builds the copy, {first['read_seconds']:.1f} s)  "
           f"{mem(first['read'])}")

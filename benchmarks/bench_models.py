@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -281,19 +282,20 @@ def bench_lightning(q: bool, res: Results) -> None:
     print(f"\n== Lightning vs a bare PyTorch loop, standard, L={length}, batch {batch_size}, depth 3: wall time "
           f"between consecutive step starts (median over steps after the first 3) and fit time / steps, "
           f"{repeats} runs each of {steps} steps, alternating, after a warm-up fit of each")
+
+    def measure(fit, width: int, batch: Batch) -> tuple[float, float]:
+        """Seconds per step: the median between consecutive step starts, and the fit's time over its steps."""
+        starts, total = fit(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
+        gaps = [b - a for a, b in zip(starts[3:], starts[4:])] or [starts[-1] - starts[0]]
+        return statistics.median(gaps), total / steps
+
     for width in ([32] if q else [64, 256]):
         inputs, targets = batch_of(batch_size, length)
         batch = Batch(inputs, targets, torch.tensor(1.0), np.full(batch_size, length))  # a trial's batch
-
-        def measure(fit) -> tuple[float, float]:
-            """Seconds per step: the median between consecutive step starts, and the fit's time over its steps."""
-            starts, total = fit(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
-            gaps = [b - a for a, b in zip(starts[3:], starts[4:])] or [starts[-1] - starts[0]]
-            return statistics.median(gaps), total / steps
-
         for fit in (bare_fit, lightning_fit):  # warm-up: the first large model in a process pays for the allocator
             fit(SequenceModel(spec_for("standard", width, 3, length)), batch, 4)
-        runs = side_by_side(lambda: measure(bare_fit), lambda: measure(lightning_fit), repeats)
+        runs = side_by_side(partial(measure, bare_fit, width, batch), partial(measure, lightning_fit, width, batch),
+                            repeats)
         cells = []
         for k, label in ((0, "step-to-step"), (1, "fit/steps")):
             bare, lit = ([r[k] for r in side] for side in runs)

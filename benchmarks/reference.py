@@ -54,10 +54,10 @@ def arithmetic(task: tasks.Task, rnd: random.Random, split: str) -> tuple[list[s
 
 
 def lis_dp(x: list[int]) -> list[int]:
-    """The spec's chain of thought, literally: cot_l = 1 + max{cot_i : i < l, x_i < x_l} (0 if none), O(n^2)."""
+    """The spec's chain of thought, literally: cot_j = 1 + max{cot_i : i < j, x_i < x_j} (0 if none), O(n^2)."""
     cot: list[int] = []
-    for l in range(len(x)):
-        cot.append(1 + max([cot[i] for i in range(l) if x[i] < x[l]], default=0))
+    for j in range(len(x)):
+        cot.append(1 + max([cot[i] for i in range(j) if x[i] < x[j]], default=0))
     return cot
 
 

@@ -41,7 +41,7 @@ def provenance(module: str, argv: list[str] | None) -> dict:
     commit = git_commit(ROOT)
     args = sys.argv[1:] if argv is None else argv
     return {"command": shlex.join(["python", "-m", module, *args]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "commit": commit.sha, "dirty": commit.dirty,
             "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                         "python": platform.python_version()}}

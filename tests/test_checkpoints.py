@@ -24,7 +24,8 @@ def test_resume_from_each_checkpoint_gives_the_uninterrupted_result(spec, tmp_pa
     assert full["budget_steps"] > 20 and full["train_steps"] > 20 and full["status"] in ("unsolved", "undecided")
     for step in sorted(saved):  # the last one too: killed while scoring the test set
         tail, heard = Curve(), []
-        resumed = run_trial(spec, callbacks=[tail], resume=saved[step] / FILE, resumed=lambda trainer, module, m:
+        resumed = run_trial(spec, callbacks=[tail], resume=saved[step] / FILE,
+                            resumed=lambda trainer, module, m, heard=heard:
                             heard.append((trainer.global_step, m["train_loss"], m["val_accuracy"])))
         assert resumed["resumed_step"] == step
         assert heard == [p for p in whole.points if p[0] == step]  # the checkpoint's own validation

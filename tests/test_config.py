@@ -67,7 +67,8 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {widths: []}", "sweep.widths is empty"),
     ("sweep: {depths: [0]}", "sweep.depths.0: Input should be greater than 0"),
     ("generate: {datasets: {lis: [-4]}}", "generate.datasets.lis.0: Input should be greater than 0"),
-    ("generate: {datasets: {sorting: [4]}}", "generate.datasets: 'sorting' is not allowed; allowed values: arithmetic, lis"),
+    ("generate: {datasets: {sorting: [4]}}",
+     "generate.datasets: 'sorting' is not allowed; allowed values: arithmetic, lis"),
     ("generate: {datasets: {lis: [2]}}", "generate.datasets.lis: lis size n must be >= 3"),
     ("generate: {task_params: {lis: {value_range: 5}}}", "value_range must be >= 2n \\+ 1"),
     ("generate: {per_task: {dyck: {unique: false}}}", "generate.per_task: 'dyck' is not allowed; allowed values: "
@@ -132,7 +133,8 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {arch_options: {sinks: {sinks: 2.5}}}", "sweep.arch_options.sinks.sinks: 2.5 is not allowed for "
                                                      "'sinks'; allowed: int >= 0"),
     # memory: micro-batches of at least one sample, a positive budget
-    ("sweep: {batch_size: 8, micro_batches: 9}", "sweep.micro_batches: 9 is more than the 8 samples of a worker's batch"),
+    ("sweep: {batch_size: 8, micro_batches: 9}",
+     "sweep.micro_batches: 9 is more than the 8 samples of a worker's batch"),
     ("sweep: {memory_gb_per_trial: 0}", "sweep.memory_gb_per_trial: Input should be greater than 0"),
     # no lax coercion: a bool is not an int, a string not a number, an int not a bool
     ("sweep: {heads: true}", "sweep.heads: Input should be a valid integer \\(got True\\)"),
@@ -293,7 +295,8 @@ def test_each_task_may_train_its_own_architectures(tmp_path, tiny_data):
 
 def test_datasets_overrides_replace_the_profiles_and_other_mappings_merge(tmp_path):
     p = write_params(tmp_path / "params.yaml", "profile: separations\ntasks: [index_lookup, dyck, eq_random, eq_one, "
-                     "eq_ncp]\ngenerate: {datasets: {index_lookup: [20, 50]}, per_task: {index_lookup: {test_samples: 100}}}\n"
+                     "eq_ncp]\ngenerate: {datasets: {index_lookup: [20, 50]}, "
+                     "per_task: {index_lookup: {test_samples: 100}}}\n"
                      "sweep: {arch_depths: {transformer: [1]}}\n")
     cfg = config_mod.load(p)
     assert cfg.generate.datasets == {"index_lookup": [20, 50]}  # replaced: the profile's 23 datasets are gone

@@ -8,8 +8,15 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.datasets import (MAPPED_DIR, DatasetError, ParquetSink, dataset_path, file_hash, read_dataset,
-                               read_metadata)
+from pipeline.data.datasets import (
+    MAPPED_DIR,
+    DatasetError,
+    ParquetSink,
+    dataset_path,
+    file_hash,
+    read_dataset,
+    read_metadata,
+)
 from tasks import Batch
 
 

@@ -8,18 +8,17 @@ import time
 from pathlib import Path
 
 import psutil
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import tasks
-from pipeline.common import config as config_mod
 from pipeline import generate as generate_mod
+from pipeline.common import config as config_mod
 from pipeline.data import validate as validate_mod
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
-from pipeline.generate import SPLITS, generate_task, seq_hash
 from pipeline.data.parallel import Pool
+from pipeline.generate import SPLITS, generate_task, seq_hash
 from tests.helpers import ROOT, SMALL_SIZES, write_params
 
 
@@ -171,8 +170,9 @@ def test_too_many_samples_for_the_space_fails_before_writing(tiny_cfg, tmp_path)
     assert not list(tmp_path.iterdir())
     params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n"
                                                     "generate: {train_samples: 1000000000000000}\n")
-    with pytest.raises(config_mod.ConfigError, match="generate.datasets.arithmetic: arithmetic size 2: 1000000000000040 "
-                                          "distinct test \\+ train samples asked, but the space of distinct"):
+    with pytest.raises(config_mod.ConfigError, match="generate.datasets.arithmetic: arithmetic size 2: "
+                                                     "1000000000000040 distinct test \\+ train samples asked, "
+                                                     "but the space of distinct"):
         config_mod.load(params)
 
 

@@ -31,7 +31,8 @@ def test_compare_finds_verdict_accuracy_width_and_throughput_changes():
     after = night({4: 32, 6: 32}, accuracy=0.2, seconds=2.0)  # n=4 D=16 no longer solves; everything slower
     result = compare(before, after, NightlyConfig())
     kinds = {(c["what"], c["where"]) for c in result["regressions"]}
-    assert ("verdict", "lis 4 standard D=16 d2 seed 0") in kinds and ("accuracy", "lis 4 standard D=16 d2 seed 0") in kinds
+    assert ("verdict", "lis 4 standard D=16 d2 seed 0") in kinds
+    assert ("accuracy", "lis 4 standard D=16 d2 seed 0") in kinds
     assert ("min_width", "lis 4 standard d2") in kinds
     assert sum(c["what"] == "throughput" for c in result["regressions"]) == len(after)  # 2x slower > 30%
     assert not result["improvements"] and not result["new"] and not result["missing"]

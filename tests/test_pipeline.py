@@ -15,8 +15,8 @@ import yaml
 
 import models
 from pipeline.common import config as config_mod
-from pipeline.search.cells import check_architectures
 from pipeline.data.datasets import dataset_path
+from pipeline.search.cells import check_architectures
 from tests.helpers import ROOT
 from tests.helpers.browser import report_problems, vega_plots
 from tests.helpers.repo import copy_repo, mlflow_runs, run
@@ -294,7 +294,8 @@ def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
     assert pd.read_csv(repo / "results" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
     ray_dirs = set((repo / "ray_results").iterdir())
     result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "again")], repo)
-    assert result.returncode == 0 and f"{len(first)} already finished" in result.stdout and "0 to train" in result.stdout
+    assert result.returncode == 0
+    assert f"{len(first)} already finished" in result.stdout and "0 to train" in result.stdout
     assert set((repo / "ray_results").iterdir()) == ray_dirs  # nothing to train: Ray never started
     assert pd.read_csv(repo / "again" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
 

@@ -9,8 +9,8 @@ import pytest
 from pipeline.common.config import SweepConfig
 from pipeline.reporting.claims import ClaimStatus
 from pipeline.training.settings import TrainSettings
-from pipeline.training.train import TrialSpec
 from pipeline.training.status import Status, best_run
+from pipeline.training.train import TrialSpec
 from tests.helpers import make_cell
 
 CELL = make_cell()

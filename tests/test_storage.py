@@ -3,9 +3,9 @@ a node that cannot read them is named."""
 
 import pytest
 
-from pipeline.tracking.cluster import probe
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash
 from pipeline.data.storage import DATASETS, fetch, publish
+from pipeline.tracking.cluster import probe
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""The habits that keep the code readable, run by the README's test command (and so by .ci/run): ruff's lint and
-format, and mypy, over pipeline/, tasks/ and models/, with the settings in pyproject.toml."""
+"""The habits that keep the code readable, run by the README's test command (and so by .ci/run), with the settings
+in pyproject.toml: ruff's lint over pipeline/, tasks/, models/, benchmarks/ and tests/; ruff's format and mypy over
+pipeline/, tasks/ and models/."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import pytest
 from tests.helpers import ROOT
 
 CODE = ["pipeline", "tasks", "models"]
+LINTED = [*CODE, "benchmarks", "tests"]
 BIN = Path(sys.executable).parent
 
 
 @pytest.mark.parametrize(
     "command",
-    [["ruff", "check", *CODE], ["ruff", "format", "--check", *CODE], ["mypy"]],
+    [["ruff", "check", *LINTED], ["ruff", "format", "--check", *CODE], ["mypy"]],
     ids=["ruff-check", "ruff-format", "mypy"],
 )
 def test_the_code_is_clean(command):

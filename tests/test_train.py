@@ -32,7 +32,8 @@ def test_collate_trains_only_after_the_prompt(tiny_data):
     assert lengths.tolist() == [len(data.sequence(i)) - 1 for i in (0, 1)] == (inputs != tasks.PAD_ID).sum(1).tolist()
     seq, p = data.sequence(0).astype(np.int64), int(data.prompt_len[0])
     assert torch.equal(inputs[0, :len(seq) - 1], torch.from_numpy(seq[:-1]))
-    assert (targets[0, :p - 1] == IGNORE).all() and torch.equal(targets[0, p - 1:len(seq) - 1], torch.from_numpy(seq[p:]))
+    assert (targets[0, :p - 1] == IGNORE).all()
+    assert torch.equal(targets[0, p - 1:len(seq) - 1], torch.from_numpy(seq[p:]))
 
 
 @pytest.mark.parametrize("task", ["lis", "arithmetic"])

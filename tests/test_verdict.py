@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.training import status, verdict
 from pipeline.data.datasets import dataset_path, read_dataset
+from pipeline.training import status, verdict
 from pipeline.training.train import TrialSpec, run_trial, split_validation
 
 

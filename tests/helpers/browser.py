@@ -154,7 +154,9 @@ class Page:
     # --- the protocol
     def _send(self, method: str, params: dict, session: str | None) -> int:
         self._next_id += 1
-        message = {"id": self._next_id, "method": method, "params": params} | ({"sessionId": session} if session else {})
+        message = {"id": self._next_id, "method": method, "params": params}
+        if session:
+            message["sessionId"] = session
         os.write(self._to_chrome, json.dumps(message).encode() + b"\0")
         return self._next_id
 
@@ -346,7 +348,8 @@ def main() -> None:
     index = Path(sys.argv[1])
     with Page(index.resolve().as_uri()) as page:
         for figure in page.figures():
-            print(f"{'ok    ' if figure.loaded else 'BROKEN'} {figure.kind} {figure.src} {figure.width}x{figure.height}")
+            status = "ok    " if figure.loaded else "BROKEN"
+            print(f"{status} {figure.kind} {figure.src} {figure.width}x{figure.height}")
         for url in page.failed_loads():
             print(f"FAILED {url}")
         if len(sys.argv) > 2:

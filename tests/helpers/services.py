@@ -327,7 +327,7 @@ def listening(pids: set[int]) -> list[tuple[int, str, int]]:
             tables = {v: Path(f"/proc/{pid}/net/{v}").read_text() for v in ("tcp", "tcp6")}
         except (FileNotFoundError, ProcessLookupError):
             continue  # a worker that exited meanwhile
-        for version, table in tables.items():
+        for table in tables.values():
             for line in table.splitlines()[1:]:
                 fields = line.split()
                 if fields[3] != "0A" or f"socket:[{fields[9]}]" not in inodes:  # 0A: TCP_LISTEN
