@@ -29,7 +29,6 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.plugins.environments import LightningEnvironment
 
 from pipeline.common import config as config_mod
 from pipeline.common.cell import CellSpec
@@ -40,7 +39,7 @@ from pipeline.search.replay import Recording, replay
 from pipeline.training.batches import loader
 from pipeline.training.settings import TrainSettings
 from pipeline.training.status import Status
-from pipeline.training.train import SequenceModel, TrialSpec, micro_batches
+from pipeline.training.train import SequenceModel, TrialSpec, micro_batches, trial_device, trial_trainer
 from tasks import EOS_ID
 
 
@@ -214,34 +213,24 @@ def measure(
     settings but ``precision``, for ``warmup`` + ``steps`` steps on ``device`` over random sequences of ``length``
     tokens, ``batch`` a step, with the CPU threads a trial gets (at most this machine's)."""
     settings = replace(
-        TrainSettings.of(cfg), batch_size=batch, max_steps=warmup + steps, precision=precision, workers=1
+        TrainSettings.of(cfg),
+        batch_size=batch,
+        max_steps=warmup + steps,
+        precision=precision,
+        threads=min(cfg.sweep.cpus_per_trial, os.cpu_count() or 1),
+        use_gpu=device.type == "cuda",
+        workers=1,
     )
     spec = TrialSpec.for_cell(replace(cell, max_len=length), asdict(settings) | {"lr": cell.lrs[0]})
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: ...", as a trial does
     threads = torch.get_num_threads()
-    torch.set_num_threads(min(settings.threads, os.cpu_count() or 1))
     try:
-        if device.type == "cuda":
-            torch.set_float32_matmul_precision("high")  # as a trial: TF32 for float32 products
+        device = trial_device(spec)
         torch.manual_seed(0)
         module = SequenceModel(spec)
         parts = micro_batches(spec, module.model, length, device)
         timer = StepTimer(warmup * parts, device)
-        trainer = L.Trainer(
-            accelerator="gpu" if device.type == "cuda" else "cpu",
-            plugins=[LightningEnvironment()],
-            devices=1,
-            precision=precision,
-            max_steps=warmup + steps,
-            accumulate_grad_batches=parts,
-            gradient_clip_val=spec.grad_clip,
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[timer],
-        )
+        trainer = trial_trainer(spec, parts, devices=1, limit_val_batches=0, callbacks=[timer])
         data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals

@@ -257,12 +257,7 @@ def fit(
     resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
     rank: int = 0,
 ):
-    torch.set_num_threads(spec.threads)
-    device = torch.device("cuda", rank) if spec.use_gpu else torch.device("cpu")
-    if spec.use_gpu:
-        torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls: Ampere and later, ~1e-3 relative
-        if spec.gpu_share < 1:  # a fractional GPU: its allocator capped to the trial's share
-            torch.cuda.set_per_process_memory_fraction(spec.gpu_share, device)
+    device = trial_device(spec, rank)
     L.seed_everything(spec.seed, workers=True, verbose=False)
     train, val = split_validation(read_dataset(Path(spec.train_path)), spec.val_samples)
     module = SequenceModel(spec, val_data=val)
@@ -281,25 +276,15 @@ def fit(
     )
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
         resumable = Resumable(train_loader.batch_sampler, checkpoint, scratch, resumed)
-        trainer = L.Trainer(
-            accelerator="gpu" if spec.use_gpu else "cpu",
-            # the ranks this trial starts itself (LOCAL_RANK, distributed.py), never a SLURM or other scheduler's
-            # environment that the Ray worker happens to inherit
-            plugins=[LightningEnvironment()],
-            precision=spec.precision,
+        trainer = trial_trainer(
+            spec,
+            parts,
             **parallel,
             max_epochs=spec.epochs,
-            max_steps=spec.max_steps,
-            accumulate_grad_batches=parts,
-            gradient_clip_val=spec.grad_clip,
             # in loader batches, which are micro-batches: every val_every_steps optimiser steps
             val_check_interval=spec.val_every_steps and spec.val_every_steps * parts,
             check_val_every_n_epoch=None if spec.val_every_steps else 1,
             num_sanity_val_steps=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             log_every_n_steps=log_every,
             callbacks=[verdict, *callbacks, resumable],
             deterministic=False,
@@ -312,6 +297,38 @@ def fit(
             )
     module.sync_flops()  # the steps after the last validation
     return trainer, module, resumable, verdict
+
+
+def trial_device(spec: TrialSpec, rank: int = 0) -> torch.device:
+    """The device of worker ``rank``, set up as a trial's: its CPU threads; on a GPU TF32 for float32 products and,
+    on a share of one, the allocator capped to that share."""
+    torch.set_num_threads(spec.threads)
+    device = torch.device("cuda", rank) if spec.use_gpu else torch.device("cpu")
+    if spec.use_gpu:
+        torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls: Ampere and later, ~1e-3 relative
+        if spec.gpu_share < 1:  # a fractional GPU: its allocator capped to the trial's share
+            torch.cuda.set_per_process_memory_fraction(spec.gpu_share, device)
+    return device
+
+
+def trial_trainer(spec: TrialSpec, parts: int, **options) -> L.Trainer:
+    """A Lightning Trainer as every fit of a trial's model has it (``options``: what this fit adds): its device
+    and precision, ``parts`` micro-batches a step, its step budget and gradient clip, nothing written."""
+    return L.Trainer(
+        accelerator="gpu" if spec.use_gpu else "cpu",
+        # the ranks this trial starts itself (LOCAL_RANK, distributed.py), never a SLURM or other scheduler's
+        # environment that the Ray worker happens to inherit
+        plugins=[LightningEnvironment()],
+        precision=spec.precision,
+        max_steps=spec.max_steps,
+        accumulate_grad_batches=parts,
+        gradient_clip_val=spec.grad_clip,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **options,
+    )
 
 
 def micro_batches(spec: TrialSpec, model: torch.nn.Module, length: int, device: torch.device) -> int:
