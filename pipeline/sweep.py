@@ -56,12 +56,13 @@ from pipeline.data.datasets import DatasetError
 from pipeline.search.cells import build_cells, check_architectures, expected_cost, model_costs, run_key
 from pipeline.search.frontier import Cell, make_plan
 from pipeline.search.halving import Halving
-from pipeline.search.searcher import CellSearcher, RungCheckpoints, trial_key
+from pipeline.search.searcher import trial_key
 from pipeline.tracking import cluster
 from pipeline.tracking.console import SweepProgress
 from pipeline.tracking.results import cell_table, curve_table, record, summarise, trial_table
 from pipeline.tracking.runs import ChildRuns, close_orphans, dataset_inputs, driver_tags, start_parent, ui_link
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
+from pipeline.tracking.tuning import DropFinished, RungCheckpoints, TuneSearcher
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
 from pipeline.training.trainable import run_cell
@@ -199,7 +200,7 @@ def open_parent_run(
 
 def plan_trials(
     cfg: config_mod.Config, client: MlflowClient, parent: str, cells: dict[Cell, CellSpec], train: dict, key: str
-) -> tuple[ChildRuns, CellSearcher, bool]:
+) -> tuple[ChildRuns, TuneSearcher, bool]:
     """The searcher over the plan, knowing which runs this experiment already finished (reused, not trained) and
     which a dead sweep left unfinished (continued from their checkpoints); the dead sweep's runs are closed.
     Also says whether anything needs training."""
@@ -220,7 +221,7 @@ def plan_trials(
         if not s.keep_checkpoints:
             checkpoints.drop_trial(run["checkpoint"])
 
-    searcher = CellSearcher(
+    searcher = TuneSearcher(
         make_plan(s.search, cells, s.predict),
         cells,
         train,
@@ -247,7 +248,7 @@ def train_trials(
     cfg: config_mod.Config,
     client: MlflowClient,
     parent: str,
-    searcher: CellSearcher,
+    searcher: TuneSearcher,
     children: ChildRuns,
     published: dict[str, str],
     local: bool,
@@ -281,7 +282,7 @@ def train_trials(
             storage_path=store,
             verbose=1 if s.console == "table" else 0,
             callbacks=[children, SweepProgress(searcher, children.writer, parent), RungCheckpoints(searcher, store)]
-            + ([] if s.keep_checkpoints else [checkpoints.DropFinished()]),
+            + ([] if s.keep_checkpoints else [DropFinished()]),
             progress_reporter=reporter() if s.console == "table" else None,
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep),

@@ -6,23 +6,31 @@ close to float32, a trial fits the memory it plans for, and cached decoding equa
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import pytest
 import torch
 
 import models
 from models.linear import chunked_scan, scan_reference
 from models.selective_scan import selective_scan, selective_scan_reference
-from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training.memory import plan
-from pipeline.training.settings import TrainSettings
-from pipeline.training.train import TrialSpec, run_trial
-from tests.helpers import make_cell
+from tests.helpers.training import short_trial
 
 pytestmark = pytest.mark.gpu
 ARCHS = sorted(models.ARCHITECTURES)
 CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def exact_float32():
+    """TF32 off for float32 products and cuDNN's convolutions and RNNs (cuDNN's is on by default): the parity
+    checks compare float32 on CUDA with the CPU at 1e-3, which TF32's 10-bit mantissa would not hold. Restored after
+    each test, since a trial turns TF32 on (``train.trial_device``)."""
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.set_float32_matmul_precision(before[0])
+    torch.backends.cudnn.allow_tf32 = before[1]
 
 
 def test_chunked_scan_on_cuda_matches_the_cpu_recurrence():
@@ -101,12 +109,5 @@ def test_a_planned_step_stays_within_the_memory_it_planned(arch):
 
 
 def test_a_bf16_trial_trains_and_scores_on_cuda(tiny_cfg, tiny_data):
-    size = tiny_cfg.generate.datasets["lis"][0]
-    train, test = (dataset_path(tiny_data, "lis", size, s) for s in ("train", "test"))
-    meta = read_dataset(train).meta
-    cell = make_cell("lis", size, "standard", 32, 2, 0, train_path=str(train), test_path=str(test),
-                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]))
-    settings = asdict(TrainSettings.of(tiny_cfg)) | {"precision": "bf16-mixed", "max_steps": 20, "val_every_steps": 10,
-                                                     "use_gpu": True, "gpu_share": 0.5}
-    result = run_trial(TrialSpec.for_cell(cell, settings | {"lr": 3e-3}))
+    result = short_trial(tiny_cfg, tiny_data, precision="bf16-mixed", use_gpu=True, gpu_share=0.5)
     assert result["train_steps"] == 20 and 0 <= result["final_accuracy"] <= 1

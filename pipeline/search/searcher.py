@@ -1,5 +1,6 @@
-"""A plan of cells (``pipeline/search/frontier.py``) driven as a Ray Tune ``Searcher``: one trial per (cell,
-learning rate).
+"""A plan of cells (``pipeline/search/frontier.py``) driven as Ray Tune drives a ``Searcher``: one trial per (cell,
+learning rate). Ray itself is not imported here (``pipeline.tracking.tuning.TuneSearcher`` gives it Tune's base
+class), so the forecast and the replay run where Ray is not installed.
 
 Tune asks ``suggest`` for a trial whenever a slot is free; the searcher takes the cells its plan proposes, turns
 each into one trial per learning rate, and hands them out longest-expected first (exact forward FLOPs at the
@@ -14,8 +15,8 @@ from its last checkpoint (``resumable``).
 Under successive halving (``pipeline/search/halving.py``) a cell's learning rates pause at each rung; once all of
 them have paused or ended, the leaders (and the learning rates that solved the nearest solved cells of the same
 chain, ``favoured``) are suggested again as trials that continue from their rung's checkpoint
-(``RungCheckpoints`` learns where Tune stored it) and the others are dropped (``dropped`` hears of each, so that the
-sweep tags its MLflow run and deletes its checkpoints).
+(``tuning.RungCheckpoints`` learns where Tune stored it) and the others are dropped (``dropped`` hears of each, so
+that the sweep tags its MLflow run and deletes its checkpoints).
 """
 
 from __future__ import annotations
@@ -27,15 +28,12 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict
 
-from ray import tune
-from ray.tune.search import Searcher
-
 from pipeline.common.cell import CellSpec
-from pipeline.data.storage import location_of
 from pipeline.search.frontier import Cell, Plan
 from pipeline.search.halving import Halving
 from pipeline.training.status import Status, best_run
 
+FINISHED = "FINISHED"  # what ``suggest`` returns once nothing is left: Tune's ``Searcher.FINISHED``
 Queued = tuple[float, Cell, float, int, dict]  # (expected cost, cell, lr, rung, checkpoint to continue from)
 
 
@@ -44,7 +42,7 @@ def trial_key(cell: CellSpec, lr: float) -> str:
     return hashlib.sha256(json.dumps([cell.cell_id, repr(float(lr))]).encode()).hexdigest()[:16]
 
 
-class CellSearcher(Searcher):
+class CellSearcher:
     def __init__(
         self,
         plan: Plan,
@@ -59,7 +57,7 @@ class CellSearcher(Searcher):
         """``cells``: every cell of the grid, each with its learning rates (``lrs``); ``resumable``: trial key
         -> the checkpoint (``path``, ``step``) an earlier, interrupted sweep left for it; ``halving``: the rungs of
         successive halving (none: every learning rate to its verdict); ``dropped(run)``: a run halving dropped."""
-        super().__init__()
+        super().__init__()  # Tune's Searcher, where ``TuneSearcher`` puts it in the class hierarchy
         self.plan, self.cells, self.train = plan, cells, train
         self.reusable, self.cost, self.resumable = reusable, cost, resumable or {}
         self.halving, self.dropped = halving or Halving(), dropped
@@ -131,8 +129,7 @@ class CellSearcher(Searcher):
         return bool(self.queue)
 
     # ---- Tune's side ----------------------------------------------------------------------------------------
-    # Ray's annotation leaves out Searcher.FINISHED, which its docstring and SearchGenerator accept
-    def suggest(self, trial_id: str) -> dict | str | None:  # type: ignore[override]
+    def suggest(self, trial_id: str) -> dict | str | None:
         self.settle_reused(spare=1)  # Tune asks when a slot is free
         if self.queue:
             _, cell, lr, rung, resume = self.queue.pop(0)
@@ -147,7 +144,7 @@ class CellSearcher(Searcher):
                 "rung": rung,
                 "pause_at": self.halving.pause_at(rung) if len(self.cells[cell].lrs) > 1 else None,
             }
-        return Searcher.FINISHED if not self.live and self.plan.done() else None
+        return FINISHED if not self.live and self.plan.done() else None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """Every validation, for the replay of other strategies (``results/curves.csv``)."""
@@ -177,15 +174,3 @@ class CellSearcher(Searcher):
     def best(self, cell: Cell) -> dict | None:
         runs = self.runs.get(cell)
         return best_run(list(runs.values())) if runs and len(runs) == len(self.cells[cell].lrs) else None
-
-
-class RungCheckpoints(tune.Callback):
-    """Tune callback: where a trial that paused at a rung left its checkpoint (the last one it reported, at the
-    rung's validation), for the searcher to continue it from; ``storage``: the sweep's storage path."""
-
-    def __init__(self, searcher: CellSearcher, storage: str):
-        self.searcher, self.storage = searcher, storage
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        if result.get("final") and result.get("status") == Status.PAUSED and trial.checkpoint is not None:
-            self.searcher.rung_checkpoints[trial.trial_id] = location_of(trial.checkpoint.path, self.storage)

@@ -10,7 +10,7 @@ copies it to ``cluster.storage_path`` and keeps the newest ``sweep.checkpoints_t
 
 Driver side: ``latest`` finds checkpoints of earlier sweeps that died before their trials ended, by trial key
 under the same run key (same data, settings and code), so a rerun continues them instead of starting over.
-``DropFinished`` deletes a trial's checkpoints once it has ended with its verdict recorded (unless
+``tuning.DropFinished`` deletes a trial's checkpoints once it has ended with its verdict recorded (unless
 ``sweep.keep_checkpoints``): a finished run is reused from MLflow by later sweeps, never resumed, and a
 checkpoint holds three floats a parameter (weights and AdamW's two moments), so at paper scale the finished
 trials' checkpoints would fill the storage (two of a width-1024, depth-5 model: about 1.5 GB).
@@ -26,10 +26,8 @@ from pathlib import Path
 import lightning as L
 import pyarrow.fs as pafs
 import torch
-from ray import tune
 
 from pipeline.data.storage import filesystem, location_of
-from pipeline.training.status import Status
 
 FILE = "trial.ckpt"  # Lightning's checkpoint of the fit
 META = "meta.json"  # trial key, run key, step: how a later sweep finds it
@@ -182,16 +180,3 @@ def drop_trial(checkpoint: str) -> None:
     """Deletes every checkpoint of the trial that saved ``checkpoint`` (a location under the storage path)."""
     fs, path = filesystem(checkpoint)
     drop_checkpoints(fs, path.rstrip("/").rsplit("/", 1)[0])
-
-
-class DropFinished(tune.Callback):
-    """Tune callback, listed after ``ChildRuns`` (which has then set the trial's MLflow run FINISHED, with its
-    verdict): a trial that ended deletes its checkpoints, and those of the dead sweep's trial it continued from.
-    A trial that failed keeps them (``on_trial_error``, not ``on_trial_complete``), one paused at a rung of
-    successive halving too: it may go on from them (the sweep deletes a dropped one's, ``drop_trial``)."""
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        if trial.last_result.get("status") != Status.PAUSED:
-            drop_checkpoints(trial.storage.storage_filesystem, trial.path)
-        if trial.config.get("resume"):  # <storage>/<dead sweep or the paused attempt>/<trial>/checkpoint_NNNNNN
-            drop_trial(trial.config["resume"])

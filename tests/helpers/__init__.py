@@ -7,7 +7,10 @@ What lives where:
   ``KILLABLE_SWEEP`` (the sweep of the kill and cluster tests) and ``SMALL_SIZES`` (each task's small sizes).
 - ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
   with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
-- ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve.
+- ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``short_trial``, a 20-step
+  trial on the tiny profile (the GPU tests and their CPU twin).
+- ``tests.helpers.without``: ``python -m tests.helpers.without ray,mlflow,dvc -m MODULE``, a module run with packages
+  blocked from import, as the lent GPU machine's image lacks them.
 - ``tests.helpers.tables``: ``rows``, synthetic sweep-table rows for the claim, report and nightly tests;
   ``recorded_grid``, a made-up grid sweep's trials.csv and curves.csv for the replay tests.
 - ``tests.helpers.browser``: headless Chromium over the DevTools protocol (``Page``, ``report_problems``,

@@ -1,4 +1,5 @@
-"""Training helpers: `Curve`, a trial's (step, training loss, validation accuracy) at each validation."""
+"""Training helpers: `Curve`, a trial's (step, training loss, validation accuracy) at each validation; `short_trial`,
+a 20-step trial on the tiny profile."""
 
 import lightning as L
 
@@ -12,3 +13,25 @@ class Curve(L.Callback):
     def on_validation_end(self, trainer, module):
         m = trainer.callback_metrics
         self.points.append((trainer.global_step, float(m["train_loss"]), float(m["val_accuracy"])))
+
+
+def short_trial(cfg, data, **settings) -> dict:
+    """A 20-step trial of the standard Transformer on the tiny profile's lis, validated every 10 steps (``settings``
+    override the profile's): its result, as ``run_trial`` returns it. The GPU tests run it on CUDA in bf16; the
+    kit's test runs it on the CPU without Ray, MLflow and DVC."""
+    from dataclasses import asdict
+
+    from pipeline.data.datasets import dataset_path, read_dataset
+    from pipeline.training.settings import TrainSettings
+    from pipeline.training.train import TrialSpec, run_trial
+    from tests.helpers import make_cell
+
+    size = cfg.generate.datasets["lis"][0]
+    train, test = (dataset_path(data, "lis", size, s) for s in ("train", "test"))
+    meta = read_dataset(train).meta
+    cell = make_cell("lis", size, "standard", 32, 2, 0, train_path=str(train), test_path=str(test),
+                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]))
+    # epochs enough that max_steps, not the tiny profile's one epoch of 9 steps, ends the budget, never extended
+    base = asdict(TrainSettings.of(cfg)) | {"max_steps": 20, "epochs": 10, "val_every_steps": 10,
+                                            "max_budget_factor": 1}
+    return run_trial(TrialSpec.for_cell(cell, base | settings | {"lr": 3e-3}))
