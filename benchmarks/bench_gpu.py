@@ -4,8 +4,10 @@ FLOP utilisation against the device's peak, peak memory, and the micro-batch the
     python -m benchmarks.bench_gpu                 # CUDA: width 512, depth 5, L = 500, batch 512, bf16 (minutes)
     python -m benchmarks.bench_gpu --quick         # width 64, depth 2, L = 128, batch 32: seconds, a CPU too
 
-Per architecture, after 3 warm-up steps, ``--steps`` optimiser steps of AdamW on random tokens are timed (the
-device synchronised at both ends), ``--repeats`` times, alternating architectures. Tokens/s counts every position of
+Per architecture, standard first, after 3 warm-up steps (the third timed), ``--repeats`` runs of as many optimiser
+steps of AdamW on random tokens as fit ``--budget-s`` (1 to 10; ``--steps`` fixes them) are timed, the device
+synchronised at both ends, and its row is printed and written at once: a run stopped by a time limit keeps every row
+it finished. An architecture that runs out of memory gets a row saying so. Tokens/s counts every position of
 the batch; utilisation = 3 x the model's exact forward FLOPs per token x tokens/s / peak (bf16 dense peak on a GPU,
 named with its device; on a CPU the float32 peak of ``bench_models.theoretical_peak``). The batch is the
 profile's global batch split into the micro-batches ``pipeline/training/memory.py`` chooses for the device's memory
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import time
 
 import torch
@@ -48,27 +51,55 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def steps_per_second(model, batches: list[torch.Tensor], steps: int, device: torch.device, autocast) -> float:
-    """Optimiser steps per second; each step accumulates the micro-batches ``batches`` (B_i, L + 1)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def training_step(model, batches: list[torch.Tensor], opt, autocast) -> None:
+    """One optimiser step accumulating the micro-batches ``batches`` (B_i, L + 1)."""
+    for x in batches:
+        with autocast:
+            logits = model(x[:, :-1])  # (B_i, L, V)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten()) / len(batches)
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
-    def step() -> None:
-        for x in batches:
-            with autocast:
-                logits = model(x[:, :-1])  # (B_i, L, V)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten()) / len(batches)
-            loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
-    for _ in range(3):
-        step()
+def timed(run, device: torch.device, times: int = 1) -> float:
+    """Seconds ``run()`` takes ``times`` times over, the device synchronised at both ends."""
     synchronize(device)
     start = time.perf_counter()
-    for _ in range(steps):
-        step()
+    for _ in range(times):
+        run()
     synchronize(device)
-    return steps / (time.perf_counter() - start)
+    return time.perf_counter() - start
+
+
+def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.device, autocast) -> dict:
+    """One architecture's row: built, planned into micro-batches, warmed up (3 steps), then ``args.repeats`` runs
+    of ``args.steps`` timed steps, or of as many as fit ``args.budget_s`` (at least 1, at most 10)."""
+    width, depth, length, batch = shape
+    gpu = device.type == "cuda"
+    torch.manual_seed(0)
+    model = models.build_model(arch, vocab_size=VOCAB, width=width, depth=depth, heads=4, max_len=length + 1)
+    model = model.to(device)
+    with torch.random.fork_rng(devices=[device] if gpu else []):
+        fit = plan(model, length, batch, budget_bytes(args.memory_gb, 1.0, device), device, autocast)
+    micro = list(torch.randint(2, VOCAB, (batch, length + 1), device=device).tensor_split(fit.micro_batches))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    step = functools.partial(training_step, model, micro, opt, autocast)
+    timed(step, device, 2)
+    one = timed(step, device)  # the third warm-up step, timed: how many steps the budget holds
+    steps = args.steps or max(1, min(10, int(args.budget_s / (args.repeats * one))))
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    rates = [steps / timed(step, device, steps) for _ in range(args.repeats)]
+    per_token = 3 * model.exact_flops(length) / length  # training FLOPs per token
+    tokens_per_s = [r * batch * length for r in rates]
+    row = {"tokens_per_s": figure(tokens_per_s, "tokens/s"),
+           "mfu": figure([100 * t * per_token / args.peak for t in tokens_per_s], "%"),
+           "steps": steps, "micro_batches": fit.micro_batches, "micro_batch": len(micro[0]),
+           "planned_gb": fit.needed(len(micro[0])) / GB}
+    if gpu:
+        row["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / GB
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,7 +107,10 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small shapes: checks the script runs (any device)")
     ap.add_argument("--archs", nargs="+", default=sorted(models.ARCHITECTURES), choices=sorted(models.ARCHITECTURES))
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per repeat (default 10, --quick 2)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per repeat (default: as many as fit "
+                                                            "--budget-s, 1 to 10)")
+    ap.add_argument("--budget-s", type=float, default=None, help="seconds of timed steps per architecture, all "
+                                                                 "repeats together (default 12, --quick 0.5)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory-gb", type=float, default=None, help="plan micro-batches for this much (default: the "
                                                                   "device's memory; none on a CPU)")
@@ -85,57 +119,42 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    width, depth, length, batch = (64, 2, 128, 32) if args.quick else (512, 5, 500, 512)
-    steps = args.steps or (2 if args.quick else 10)
-    top, how = peak(device, args.threads)
+    shape = (64, 2, 128, 32) if args.quick else (512, 5, 500, 512)
+    args.peak, how = peak(device, args.threads)
+    args.budget_s = args.budget_s or (0.5 if args.quick else 12.0)
     gpu = device.type == "cuda"
     if gpu:
         torch.backends.cuda.matmul.allow_tf32 = True
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if gpu else contextlib.nullcontext()
+    width, depth, length, batch = shape
     settings = {"device": torch.cuda.get_device_name(device) if gpu else "cpu", "peak": how, "width": width,
-                "depth": depth, "length": length, "batch": batch, "steps": steps, "repeats": args.repeats,
+                "depth": depth, "length": length, "batch": batch, "budget_s": args.budget_s, "repeats": args.repeats,
                 "precision": "bf16-mixed" if gpu else "32-true"}
-    print(f"bench_gpu on {settings['device']} ({how}): width {width}, depth {depth}, L {length}, batch {batch}")
+    print(f"bench_gpu on {settings['device']} ({how}): width {width}, depth {depth}, L {length}, batch {batch}",
+          flush=True)
     res = Results("bench_gpu", argv)
     figures = res.section("quick" if args.quick else "paper_shapes", settings)
-    built, rates, peaks = {}, {arch: [] for arch in args.archs}, {arch: 0.0 for arch in args.archs}
-    for arch in args.archs:
-        torch.manual_seed(0)
-        model = models.build_model(arch, vocab_size=VOCAB, width=width, depth=depth, heads=4, max_len=length + 1)
-        model = model.to(device)
-        budget = budget_bytes(args.memory_gb, 1.0, device)
-        with torch.random.fork_rng(devices=[device] if gpu else []):
-            fit = plan(model, length, batch, budget, device, autocast)
-        tokens = torch.randint(2, VOCAB, (batch, length + 1), device=device)
-        built[arch] = model, list(tokens.tensor_split(fit.micro_batches)), fit
-    for _ in range(args.repeats):  # alternating: the machine's drift falls on every architecture alike
-        for arch in args.archs:
-            model, micro, _ = built[arch]
-            if gpu:
-                torch.cuda.reset_peak_memory_stats(device)
-            rates[arch].append(steps_per_second(model, micro, steps, device, autocast))
-            if gpu:
-                peaks[arch] = max(peaks[arch], torch.cuda.max_memory_allocated(device) / GB)
     standard = None
-    for arch in args.archs:
-        model, micro, fit = built[arch]
-        per_token = 3 * model.exact_flops(length) / length  # training FLOPs per token
-        tokens_per_s = [r * batch * length for r in rates[arch]]
-        row = {"tokens_per_s": figure(tokens_per_s, "tokens/s"),
-               "mfu": figure([100 * t * per_token / top for t in tokens_per_s], "%"),
-               "micro_batches": fit.micro_batches, "micro_batch": len(micro[0]),
-               "planned_gb": fit.needed(len(micro[0])) / GB}
-        if gpu:
-            row["peak_memory_gb"] = peaks[arch]
-        if arch == "standard":
-            standard = row["tokens_per_s"]["median"]
+    # standard first, the yardstick of every other row; each row written as soon as it is measured
+    for arch in sorted(args.archs, key=lambda a: a != "standard"):
+        try:
+            row = measure(arch, args, shape, device, autocast)
+        except torch.OutOfMemoryError as e:  # a row, not the end of the benchmark
+            row = {"error": f"out of memory: {str(e).splitlines()[0]}"}
         figures[arch] = row
-    for arch, row in figures.items():
-        versus = f"  {standard / row['tokens_per_s']['median']:.2f}x standard's time per token" if standard else ""
-        memory = f"  peak {row['peak_memory_gb']:.1f} GB" if "peak_memory_gb" in row else ""
-        print(f"{arch:15s} {row['tokens_per_s']['median']:12,.0f} tokens/s  MFU {row['mfu']['median']:5.1f}%"
-              f"  micro-batch {row['micro_batch']} x {row['micro_batches']}{memory}{versus}")
-    res.write(out_path(args, "bench_gpu"))
+        if "error" in row:
+            print(f"{arch:15s} {row['error']}", flush=True)
+        else:
+            rate = row["tokens_per_s"]["median"]
+            standard = standard or (rate if arch == "standard" else None)
+            versus = f"  {standard / rate:.2f}x standard's time per token" if standard else ""
+            memory = f"  peak {row['peak_memory_gb']:.1f} GB" if "peak_memory_gb" in row else ""
+            print(f"{arch:15s} {rate:12,.0f} tokens/s  MFU {row['mfu']['median']:5.1f}%  {row['steps']} steps x "
+                  f"{args.repeats}  micro-batch {row['micro_batch']} x {row['micro_batches']}{memory}{versus}",
+                  flush=True)
+        res.write(out_path(args, "bench_gpu"))
+        if gpu:
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ replaces the sections it measured and keeps the others, so a partial run (``--tr
 updates its own part of the file only.
 
     python -m benchmarks.results docs/benchmarks/bench_models.json    # the file's figures as Markdown
+    python -m benchmarks.results --versions                           # what this machine's figures rest on
 """
 
 from __future__ import annotations
@@ -131,11 +132,37 @@ def markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
+VERSIONED = ("torch", "lightning", "triton", "numpy", "numba", "pyarrow", "pandas", "pydantic")
+
+
+def versions() -> list[str]:
+    """This interpreter's and the measured stack's versions, and the accelerator torch sees: what a figure rests on."""
+    import importlib.metadata
+
+    import torch
+
+    found = [f"python {platform.python_version()}"]
+    for name in VERSIONED:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} absent")
+    if torch.cuda.is_available():
+        found.append(f"cuda {torch.version.cuda}, {torch.cuda.get_device_name()}")
+    else:
+        found.append("no CUDA device")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.results", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="+", type=Path)
-    for path in ap.parse_args(argv).files:
+    ap.add_argument("files", nargs="*", type=Path)
+    ap.add_argument("--versions", action="store_true", help="print the versions a figure rests on, one a line")
+    args = ap.parse_args(argv)
+    if args.versions:
+        print("\n".join(versions()))
+    for path in args.files:
         print(markdown(json.loads(path.read_text())))
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ class Commit:
 
 
 def git_commit(repo: Path = ROOT) -> Commit:
-    """The commit of ``repo`` ("unknown" outside a git checkout), dirty when tracked files were changed."""
+    """The commit of ``repo``, dirty when tracked files were changed; outside a git checkout (the GPU proof's copy of
+    the tree) the commit ``CAPACITY_ATLAS_COMMIT`` names, else "unknown"."""
 
     def git(*args: str) -> str:
         try:
@@ -41,6 +43,9 @@ def git_commit(repo: Path = ROOT) -> Commit:
             return ""
 
     sha = git("rev-parse", "HEAD")
+    if not sha and os.environ.get("CAPACITY_ATLAS_COMMIT"):
+        recorded, _, dirty = os.environ["CAPACITY_ATLAS_COMMIT"].partition("+")
+        return Commit(recorded, dirty == "dirty")
     return Commit(sha or "unknown", bool(sha) and bool(git("status", "--porcelain", "--untracked-files=no")))
 
 
