@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import models
 from benchmarks.bench_models import theoretical_peak
 from benchmarks.results import Results, figure, out_option, out_path
-from pipeline.training.memory import GB, budget_bytes, plan
+from pipeline.training.memory import GB, budget_bytes, fit_memory
 
 # dense bf16 peaks (NVIDIA's data sheets, without sparsity), by a part of the device's name
 PEAK_BF16 = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
@@ -81,7 +81,7 @@ def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.dev
     model = models.build_model(arch, vocab_size=VOCAB, width=width, depth=depth, heads=4, max_len=length + 1)
     model = model.to(device)
     with torch.random.fork_rng(devices=[device] if gpu else []):
-        fit = plan(model, length, batch, budget_bytes(args.memory_gb, 1.0, device), device, autocast)
+        fit = fit_memory(model, length, batch, budget_bytes(args.memory_gb, 1.0, device), device, autocast)
     micro = list(torch.randint(2, VOCAB, (batch, length + 1), device=device).tensor_split(fit.micro_batches))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     step = functools.partial(training_step, model, micro, opt, autocast)

@@ -79,7 +79,7 @@ class Stream:
     hashed: bool  # whether the kept samples must be distinct
 
 
-def make_chunk(stream: Stream, index: int) -> tuple[tasks.Batch, np.ndarray | None]:
+def make_chunk(stream: Stream, index: int) -> tuple[tasks.Packed, np.ndarray | None]:
     """Chunk ``index`` of the stream, and its row hashes when samples must be distinct."""
     task = cached_task(stream.task, stream.size, stream.params)
     rng = rng_for(stream.seed, stream.task, stream.size, stream.split, index)

@@ -124,7 +124,7 @@ def run_sweep(
     client, parent = open_parent_run(cfg, cells, train, key)
     status = "FAILED"
     try:
-        children, searcher, to_train = plan_trials(cfg, client, parent, cells, train, key)
+        children, searcher, to_train = prepare_searcher(cfg, client, parent, cells, train, key)
         slots = train_trials(cfg, client, parent, searcher, children, published, local, started) if to_train else 0
         children.writer.flush()  # every child run's data is in MLflow before the tables name the runs
         trials = trial_table(searcher, cells, children).assign(parent_run_id=parent)
@@ -198,7 +198,7 @@ def open_parent_run(
     return client, parent
 
 
-def plan_trials(
+def prepare_searcher(
     cfg: config_mod.Config, client: MlflowClient, parent: str, cells: dict[Cell, CellSpec], train: dict, key: str
 ) -> tuple[ChildRuns, TuneSearcher, bool]:
     """The searcher over the plan, knowing which runs this experiment already finished (reused, not trained) and

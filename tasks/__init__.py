@@ -11,7 +11,7 @@ from tasks import (  # noqa: F401  (registration side effect)
     index_lookup,
     lis,
 )
-from tasks.base import EOS_ID, PAD_ID, SPLITS, Batch, Sample, Task, TaskError
+from tasks.base import EOS_ID, PAD_ID, SPLITS, Packed, Sample, Task, TaskError
 from tasks.registry import TASKS, get_task
 
-__all__ = ["EOS_ID", "PAD_ID", "SPLITS", "Batch", "Sample", "Task", "TaskError", "TASKS", "get_task"]
+__all__ = ["EOS_ID", "PAD_ID", "SPLITS", "Packed", "Sample", "Task", "TaskError", "TASKS", "get_task"]

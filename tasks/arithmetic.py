@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from tasks.base import Batch, Task, TaskError, check_answer, split_tokens
+from tasks.base import Packed, Task, TaskError, check_answer, split_tokens
 from tasks.kernels import kernel
 from tasks.registry import register
 
@@ -229,7 +229,7 @@ class Arithmetic(Task):
             return histories(self.size)
         return sum(histories(i) for i in range(1, self.size + 1))
 
-    def generate(self, rng, split, fill, out: Batch) -> None:
+    def generate(self, rng, split, fill, out: Packed) -> None:
         # "under" (the paper's train mixture): i operators with share i / (1 + ... + N); the draws that replace
         # duplicates beyond the planned count ("fill") have N operators, as in Feng et al.'s generator
         mixture = split == "train" and not fill and self.params["mixture"] == "under"

@@ -41,7 +41,7 @@ class Sample:
 
 
 @dataclass
-class Batch:
+class Packed:
     """Samples packed without padding: sample i is ``values[offsets[i]:offsets[i + 1]]`` (``<eos>`` included)."""
 
     values: np.ndarray  # (total tokens,) uint16
@@ -51,7 +51,7 @@ class Batch:
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (N,) int64, reduced to a max in stats
 
     @classmethod
-    def empty(cls, count: int, max_tokens: int, features: tuple[str, ...] = ()) -> Batch:
+    def empty(cls, count: int, max_tokens: int, features: tuple[str, ...] = ()) -> Packed:
         """Buffers for a kernel to fill: room for ``count`` sequences of up to ``max_tokens`` tokens each."""
         return cls(
             np.empty(count * max_tokens, np.uint16),
@@ -74,16 +74,16 @@ class Batch:
     def sample(self, i: int) -> Sample:
         return Sample(self.sequence(i).astype(np.int32), int(self.prompt_len[i]), int(self.answer[i]))
 
-    def trimmed(self) -> Batch:
+    def trimmed(self) -> Packed:
         """The filled part of the buffers only (a copy, so the oversized buffer can be freed)."""
-        return Batch(self.values[: self.offsets[-1]].copy(), self.offsets, self.prompt_len, self.answer, self.features)
+        return Packed(self.values[: self.offsets[-1]].copy(), self.offsets, self.prompt_len, self.answer, self.features)
 
-    def select(self, keep: np.ndarray) -> Batch:
+    def select(self, keep: np.ndarray) -> Packed:
         """The samples where the (N,) bool mask ``keep`` is set, in order."""
         if keep.all():
             return self
         sizes = np.diff(self.offsets)
-        return Batch(
+        return Packed(
             self.values[np.repeat(keep, sizes)],
             np.concatenate([[0], np.cumsum(sizes[keep])]),
             self.prompt_len[keep],
@@ -128,8 +128,8 @@ class Task(ABC):
         """
 
     @abstractmethod
-    def generate(self, rng: np.random.Generator, split: str, fill: bool, out: Batch) -> None:
-        """Fill ``out`` (from ``Batch.empty``) with ``len(out)`` samples, one compiled kernel call."""
+    def generate(self, rng: np.random.Generator, split: str, fill: bool, out: Packed) -> None:
+        """Fill ``out`` (from ``Packed.empty``) with ``len(out)`` samples, one compiled kernel call."""
 
     @abstractmethod
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
@@ -149,12 +149,12 @@ class Task(ABC):
                     f"exist): lower generate.{split}_samples, or set generate.unique: false"
                 )
 
-    def sample_batch(self, rng: np.random.Generator, split: str, count: int, fill: bool = False) -> Batch:
+    def sample_batch(self, rng: np.random.Generator, split: str, count: int, fill: bool = False) -> Packed:
         """``count`` samples of ``split`` ('train' or 'test'). ``fill`` marks draws that replace duplicates beyond
         the planned count (only arithmetic's train mixture treats them differently, as the spec says)."""
         if split not in SPLITS:
             raise TaskError(f"split must be one of {SPLITS}, got {split!r}")
-        out = Batch.empty(count, self.max_length() + 1, self.features)
+        out = Packed.empty(count, self.max_length() + 1, self.features)
         self.generate(rng, split, fill, out)
         if out.offsets[-1] > len(out.values):  # compiled kernels do not check bounds: max_length() was wrong
             raise AssertionError(

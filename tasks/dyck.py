@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.base import Batch, Task, TaskError, check_answer, split_tokens
+from tasks.base import Packed, Task, TaskError, check_answer, split_tokens
 from tasks.kernels import choose, kernel
 from tasks.registry import register
 
@@ -118,7 +118,7 @@ class Dyck(Task):
         # f(m) = sum_j 2^(j+1) f(m-1-j) = 2 * 4^(m-1) words of m pairs: the positives are the smaller class
         return 2 * (2 * 4 ** (self.size // 2 - 1))
 
-    def generate(self, rng, split, fill, out: Batch) -> None:
+    def generate(self, rng, split, fill, out: Packed) -> None:
         dyck_kernel(rng, self.size, out.values, out.offsets, out.prompt_len, out.answer)
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:

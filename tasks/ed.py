@@ -22,7 +22,7 @@ import string
 
 import numpy as np
 
-from tasks.base import Batch, Task, TaskError, check_answer, expect, split_tokens
+from tasks.base import Packed, Task, TaskError, check_answer, expect, split_tokens
 from tasks.kernels import choose, kernel
 from tasks.registry import register
 
@@ -166,7 +166,7 @@ class ED(Task):
     def space(self, split: str) -> int:
         return sum(len(LETTERS) ** (self.size + m) for m in range(self.size - 3, self.size + 3))
 
-    def generate(self, rng, split, fill, out: Batch) -> None:
+    def generate(self, rng, split, fill, out: Packed) -> None:
         ed_kernel(
             rng,
             self.size,

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from tasks.base import Batch, Task, TaskError, check_answer, split_tokens
+from tasks.base import Packed, Task, TaskError, check_answer, split_tokens
 from tasks.kernels import kernel
 
 SEP, NO, YES = "[sep]", "<no>", "<yes>"
@@ -93,7 +93,7 @@ class Equality(Task):
         # the positives (w2 = w1) are the smaller class, so balanced distinct samples number at most twice them
         return sum((1 if self.mode == NCP else 2) * self.positives(h) for h in self.halves(split))
 
-    def generate(self, rng, split, fill, out: Batch) -> None:
+    def generate(self, rng, split, fill, out: Packed) -> None:
         equality_kernel(
             rng,
             self.size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.base import Batch, Task, TaskError, check_answer, split_tokens
+from tasks.base import Packed, Task, TaskError, check_answer, split_tokens
 from tasks.kernels import kernel
 from tasks.registry import register
 
@@ -61,7 +61,7 @@ class IndexLookup(Task):
         lengths = [self.size] if split == "test" else range(self.params["min_length"], self.size + 1)
         return sum(self.params["symbols"] ** k * k for k in lengths)
 
-    def generate(self, rng, split, fill, out: Batch) -> None:
+    def generate(self, rng, split, fill, out: Packed) -> None:
         index_lookup_kernel(
             rng,
             self.size,

@@ -15,7 +15,7 @@ from bisect import bisect_left
 
 import numpy as np
 
-from tasks.base import Batch, Task, TaskError, check_answer, expect, split_tokens
+from tasks.base import Packed, Task, TaskError, check_answer, expect, split_tokens
 from tasks.kernels import choose, kernel
 from tasks.registry import register
 
@@ -118,7 +118,7 @@ class LIS(Task):
     def space(self, split: str) -> int:
         return (self.params["value_range"] - self.size - 1) ** self.size  # the input decides the rest
 
-    def generate(self, rng, split, fill, out: Batch) -> None:
+    def generate(self, rng, split, fill, out: Packed) -> None:
         lis_kernel(rng, self.size, self.params["value_range"], out.values, out.offsets, out.prompt_len, out.answer)
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:

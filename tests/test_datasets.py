@@ -17,7 +17,7 @@ from pipeline.data.datasets import (
     read_dataset,
     read_metadata,
 )
-from tasks import Batch
+from tasks import Packed
 
 
 def test_datasets_read_back_without_padding_and_in_pandas(tiny_cfg, tiny_data):
@@ -46,7 +46,7 @@ def test_missing_corrupt_and_foreign_files_are_named(tmp_path, tiny_data):
 def test_an_interrupted_write_leaves_no_file_that_looks_complete(tmp_path):
     path = tmp_path / "t.parquet"
     sink = ParquetSink(path, {"task": "x"}, row_group_size=2)
-    sample = Batch(np.array([3, 4, 1], np.uint16), np.array([0, 3]), np.array([1], np.int32), np.array([4], np.int32))
+    sample = Packed(np.array([3, 4, 1], np.uint16), np.array([0, 3]), np.array([1], np.int32), np.array([4], np.int32))
     for _ in range(5):  # two row groups already on disk, in the temporary file
         sink.add(sample)
     assert not path.exists() and sink.tmp.exists()

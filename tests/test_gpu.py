@@ -12,7 +12,7 @@ import torch
 import models
 from models.linear import chunked_scan, scan_reference
 from models.selective_scan import selective_scan, selective_scan_reference
-from pipeline.training.memory import plan
+from pipeline.training.memory import fit_memory
 from tests.helpers.training import short_trial
 
 pytestmark = pytest.mark.gpu
@@ -94,7 +94,7 @@ def test_a_planned_step_stays_within_the_memory_it_planned(arch):
     model = models.build_model(arch, vocab_size=32, width=256, depth=4, heads=4, max_len=501).to(CUDA)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16)
     with torch.random.fork_rng(devices=[CUDA]):
-        fit = plan(model, 500, 64, 2e9, CUDA, autocast)
+        fit = fit_memory(model, 500, 64, 2e9, CUDA, autocast)
     opt = torch.optim.AdamW(model.parameters())
     micro = torch.randint(0, 32, (64, 501), device=CUDA).tensor_split(fit.micro_batches)
     torch.cuda.reset_peak_memory_stats()

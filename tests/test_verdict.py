@@ -50,7 +50,7 @@ def train_to(cb, trainer, step):
 
 
 def checks(points):
-    return [verdict.Check(step, loss, acc) for step, loss, acc in points]
+    return [verdict.Validation(step, loss, acc) for step, loss, acc in points]
 
 
 def test_solved_needs_patience_consecutive_checks_at_the_threshold():

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.base import Batch
+from tasks.base import Packed
 
 META_KEY = b"capacity_atlas"
 MAPPED_DIR = ".mapped"  # beside the Parquet files, keyed by their content
@@ -55,7 +55,7 @@ class Stats:
         self.answers = np.zeros(0, np.int64)
         self.features: dict[str, int] = {}
 
-    def update(self, batch: Batch) -> None:
+    def update(self, batch: Packed) -> None:
         self.lengths = add_counts(self.lengths, np.bincount(batch.lengths))
         self.answers = add_counts(self.answers, np.bincount(batch.answer))
         for name, values in batch.features.items():
@@ -84,7 +84,7 @@ def nonzero_counts(counts: np.ndarray) -> dict[str, int]:
     return {str(i): int(counts[i]) for i in np.flatnonzero(counts)}
 
 
-def to_table(batch: Batch) -> pa.Table:
+def to_table(batch: Packed) -> pa.Table:
     offsets = pa.array(batch.offsets.astype(np.int32))
     return pa.table(
         {
@@ -112,7 +112,7 @@ class ParquetSink:
         self.stats = Stats()
         self.writer: pq.ParquetWriter | None = None
 
-    def add(self, batch: Batch) -> None:
+    def add(self, batch: Packed) -> None:
         if not len(batch):
             return
         self.stats.update(batch)

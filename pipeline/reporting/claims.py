@@ -1,8 +1,8 @@
 """The two papers' claims that a sweep can test, written once as data, and their evaluation on a results table.
 
 Each ``Claim`` names what it says, which results decide it and a rule. A rule reads the ``Evidence`` (the
-minimum-width table of ``pipeline/reporting/tables.py`` and the per-cell accuracies) and returns a ``Check``: the claim
-*holds*, *fails*, or is *not tested* at this scale, with the reason (e.g. "needs index_lookup lengths > 100").
+minimum-width table of ``pipeline/reporting/tables.py`` and the per-cell accuracies) and returns a ``ClaimCheck``: the
+claim *holds*, *fails*, or is *not tested* at this scale, with the reason (e.g. "needs index_lookup lengths > 100").
 A failed or diverged trial counts as unsolved, as in the tables; a check over tasks with failed trials says so.
 
 Claims rest on decided cells only. An undecided trial (its step budget ran out while it was still improving) is
@@ -50,18 +50,18 @@ INF = math.inf
 
 
 @dataclass(frozen=True)
-class Check:
+class ClaimCheck:
     status: ClaimStatus
     detail: str
 
 
-def holds_if(failures: list[str], passes: list[str], untested: str) -> Check:
+def holds_if(failures: list[str], passes: list[str], untested: str) -> ClaimCheck:
     """The usual verdict: fails if any case failed, holds if some case passed, else not tested."""
     if failures:
-        return Check(ClaimStatus.FAILS, "; ".join(failures))
+        return ClaimCheck(ClaimStatus.FAILS, "; ".join(failures))
     if passes:
-        return Check(ClaimStatus.HOLDS, "; ".join(passes))
-    return Check(ClaimStatus.NOT_TESTED, untested)
+        return ClaimCheck(ClaimStatus.HOLDS, "; ".join(passes))
+    return ClaimCheck(ClaimStatus.NOT_TESTED, untested)
 
 
 def select(frame: pd.DataFrame, task: str, size: int, arch: str, depths: Iterable[int] | None) -> pd.DataFrame:
@@ -174,12 +174,12 @@ def width_text(width: float) -> str:
 # ---- rules -------------------------------------------------------------------------------------------------
 
 
-def width_grows(min_depth: int) -> Callable[[Evidence], Check]:
+def width_grows(min_depth: int) -> Callable[[Evidence], ClaimCheck]:
     """Sparse and linear: on each general DP task and depth >= min_depth, the minimum width never shrinks with
     size and is larger at the largest size than at the smallest. A chain solved at its narrowest width at every
     size, or at no size, cannot tell and is skipped."""
 
-    def rule(ev: Evidence) -> Check:
+    def rule(ev: Evidence) -> ClaimCheck:
         failures: list[str] = []
         passes: list[str] = []
         for task in GENERAL_DP:
@@ -209,7 +209,7 @@ def width_grows(min_depth: int) -> Callable[[Evidence], Check]:
     return rule
 
 
-def no_savings_general(ev: Evidence) -> Check:
+def no_savings_general(ev: Evidence) -> ClaimCheck:
     """ed and lis: at the largest size the standard Transformer solved, sparse and linear need at least its
     paper-convention GFLOPs (or do not solve)."""
     failures: list[str] = []
@@ -234,7 +234,7 @@ def no_savings_general(ev: Evidence) -> Check:
     return holds_if(failures, passes, "needs ed or lis solved by the standard Transformer, with sparse or linear")
 
 
-def locality(ev: Evidence) -> Check:
+def locality(ev: Evidence) -> ClaimCheck:
     """Sparse and linear need no wider a model on ed_local than on ed at the same n and depth."""
     failures: list[str] = []
     passes: list[str] = []
@@ -249,7 +249,7 @@ def locality(ev: Evidence) -> Check:
     return holds_if(failures, passes, "needs ed and ed_local at a common n with sparse or linear, solved at one")
 
 
-def standard_first_on_arithmetic(ev: Evidence) -> Check:
+def standard_first_on_arithmetic(ev: Evidence) -> ClaimCheck:
     """On arithmetic the standard Transformer ranks first: its minimum width is no larger than sparse's and
     linear's; at the widths neither solves (all of them if neither does, else those below their common minimum),
     its best test accuracy is no lower. A difference below TIE is a tie: it holds where both solve at the same
@@ -281,10 +281,12 @@ def standard_first_on_arithmetic(ev: Evidence) -> Check:
     return holds_if(failures, passes, "needs arithmetic with standard and sparse or linear at one depth")
 
 
-def transformer_solves(task: str, depths: tuple[int, ...] | None, min_size: int = 0) -> Callable[[Evidence], Check]:
+def transformer_solves(
+    task: str, depths: tuple[int, ...] | None, min_size: int = 0
+) -> Callable[[Evidence], ClaimCheck]:
     """A Transformer (at ``depths``; None: any) solves ``task`` at every size >= min_size."""
 
-    def rule(ev: Evidence) -> Check:
+    def rule(ev: Evidence) -> ClaimCheck:
         failures: list[str] = []
         passes: list[str] = []
         for arch in TRANSFORMERS:
@@ -299,7 +301,7 @@ def transformer_solves(task: str, depths: tuple[int, ...] | None, min_size: int 
     return rule
 
 
-def index_lookup_separation(ev: Evidence) -> Check:
+def index_lookup_separation(ev: Evidence) -> ClaimCheck:
     """Some length N at which a one-layer Transformer solves index lookup and the LSTM stays near chance at
     every width and depth tried."""
     cases = []
@@ -316,20 +318,20 @@ def index_lookup_separation(ev: Evidence) -> Check:
                 )
             )
     if not cases:
-        return Check(ClaimStatus.NOT_TESTED, "needs index_lookup with a 1-layer transformer and an LSTM")
+        return ClaimCheck(ClaimStatus.NOT_TESTED, "needs index_lookup with a 1-layer transformer and an LSTM")
     separated = [text for ok, text in cases if ok]
     if separated:
-        return Check(ClaimStatus.HOLDS, "; ".join(separated))
-    return Check(ClaimStatus.FAILS, "; ".join(t for _, t in cases))
+        return ClaimCheck(ClaimStatus.HOLDS, "; ".join(separated))
+    return ClaimCheck(ClaimStatus.FAILS, "; ".join(t for _, t in cases))
 
 
 def fail_beyond(
     task: str, archs: tuple[str, ...], beyond: int, width: int | None = None, depths: tuple[int, ...] | None = None
-) -> Callable[[Evidence], Check]:
+) -> Callable[[Evidence], ClaimCheck]:
     """Each of ``archs`` present stays unsolved on ``task`` at every size > beyond (at ``width`` only, if
     given, else at any width; at ``depths`` only, if given)."""
 
-    def rule(ev: Evidence) -> Check:
+    def rule(ev: Evidence) -> ClaimCheck:
         failures: list[str] = []
         passes: list[str] = []
         for size in (s for s in ev.sizes(task) if s > beyond):
@@ -354,7 +356,7 @@ def fail_beyond(
     return rule
 
 
-def lstm_solves_dyck(ev: Evidence) -> Check:
+def lstm_solves_dyck(ev: Evidence) -> ClaimCheck:
     failures: list[str] = []
     passes: list[str] = []
     for size in ev.sizes("dyck"):
@@ -374,7 +376,7 @@ class Claim:
     text: str
     decided_by: str
     tasks: tuple[str, ...]
-    rule: Callable[[Evidence], Check]
+    rule: Callable[[Evidence], ClaimCheck]
 
 
 CLAIMS = (
@@ -493,20 +495,20 @@ CLAIMS = (
 )
 
 
-def merge_checks(checks: list[Check]) -> Check:
+def merge_checks(checks: list[ClaimCheck]) -> ClaimCheck:
     """A claim made of parts: fails if a part fails, holds if every part holds, else not tested."""
     for status in (ClaimStatus.FAILS, ClaimStatus.NOT_TESTED):
         hit = [c.detail for c in checks if c.status == status]
         if hit:
-            return Check(status, "; ".join(hit))
-    return Check(ClaimStatus.HOLDS, "; ".join(c.detail for c in checks))
+            return ClaimCheck(status, "; ".join(hit))
+    return ClaimCheck(ClaimStatus.HOLDS, "; ".join(c.detail for c in checks))
 
 
-def undecided_check(undecided: dict[str, str]) -> Check:
+def undecided_check(undecided: dict[str, str]) -> ClaimCheck:
     """Not tested: the check depends on these undecided cells (cell -> reason); the first few named."""
     named = [f"{cell} undecided ({reason})" for cell, reason in list(undecided.items())[:SHOWN_UNDECIDED]]
     more = len(undecided) - len(named)
-    return Check(ClaimStatus.NOT_TESTED, "; ".join(named) + (f"; and {more} more undecided cells" if more else ""))
+    return ClaimCheck(ClaimStatus.NOT_TESTED, "; ".join(named) + (f"; and {more} more undecided cells" if more else ""))
 
 
 def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS) -> list[dict]:

@@ -29,7 +29,7 @@ MAX_ENTITIES, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
 
 
 @dataclass
-class Batch:
+class Pending:
     """What is queued for one run and not sent yet."""
 
     metrics: list[Metric] = field(default_factory=list)
@@ -60,7 +60,7 @@ class RunWriter:
         stamp = int(time.time() * 1000)
         if isinstance(metrics, Mapping):
             metrics = [Metric(k, float(v), stamp, step) for k, v in metrics.items()]
-        batch = Batch(
+        batch = Pending(
             list(metrics),
             [Param(k, str(v)) for k, v in (params or {}).items()],
             [RunTag(k, str(v)) for k, v in (tags or {}).items()],
@@ -105,10 +105,10 @@ class RunWriter:
             self._send(items)
 
     def _send(self, items: Iterable[tuple]) -> None:
-        pending: dict[str, Batch] = {}
+        pending: dict[str, Pending] = {}
         for kind, run_id, payload in items:
             if kind == "log":
-                batch = pending.setdefault(run_id, Batch())
+                batch = pending.setdefault(run_id, Pending())
                 batch.metrics += payload.metrics
                 batch.params += payload.params
                 batch.tags += payload.tags
@@ -127,7 +127,7 @@ class RunWriter:
                 self._call(f"end of run {run_id}", self.client.set_terminated, run_id, payload)
         self._drain(pending)
 
-    def _drain(self, pending: dict[str, Batch]) -> None:
+    def _drain(self, pending: dict[str, Pending]) -> None:
         for run_id, b in pending.items():
             while b.metrics or b.params or b.tags:
                 params, tags = b.params[:MAX_PARAMS], b.tags[:MAX_TAGS]

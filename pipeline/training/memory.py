@@ -62,7 +62,7 @@ def activation_bytes(model: torch.nn.Module, length: int, device: torch.device, 
     return sum(storages.values()) + 2 * logits.numel() * 4
 
 
-def plan(
+def fit_memory(
     model: torch.nn.Module, length: int, batch: int, budget: float | None, device: torch.device, context
 ) -> MemoryFit:
     """The fewest micro-batches whose forward and backward pass fits ``budget`` bytes (1 without a budget)."""

@@ -41,7 +41,7 @@ from pipeline.training import verdict as verdict_mod
 from pipeline.training.batches import IGNORE, Batch, loader
 from pipeline.training.checkpoints import Resumable
 from pipeline.training.evaluation import final_accuracy
-from pipeline.training.memory import budget_bytes, plan
+from pipeline.training.memory import budget_bytes, fit_memory
 from pipeline.training.settings import TrainSettings
 from pipeline.training.status import Status
 
@@ -341,7 +341,9 @@ def micro_batches(spec: TrialSpec, model: torch.nn.Module, length: int, device: 
     if budget is None:
         return 1
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        fit = plan(model.to(device), length, spec.batch_size // spec.workers, budget, device, autocast(spec, device))
+        fit = fit_memory(
+            model.to(device), length, spec.batch_size // spec.workers, budget, device, autocast(spec, device)
+        )
     return fit.micro_batches
 
 

@@ -34,7 +34,7 @@ LOSS = "val_loss"  # teacher-forced loss on the validation split, logged by Sequ
 
 
 @dataclass(frozen=True)
-class Check:
+class Validation:
     """One validation's evidence."""
 
     step: int
@@ -64,7 +64,7 @@ class Convergence:
     min_steps: int
     min_delta: float
 
-    def evidence(self, checks: list[Check]) -> tuple[bool, str]:
+    def evidence(self, checks: list[Validation]) -> tuple[bool, str]:
         """(converged, the evidence in words) at the last check."""
         if not checks:
             return False, "no validation yet"
@@ -109,7 +109,7 @@ class Verdict(L.Callback):
         self.reason = ""
         self.solved_step: int | None = None
         self.solved_pflops = float("nan")  # training compute spent until solved
-        self.checks: list[Check] = []
+        self.checks: list[Validation] = []
         self.base = 0  # the first step budget, set at the start of training
         self.budget = 0  # the budget now (base doubled at each extension)
         self.trainer: L.Trainer | None = None
@@ -120,7 +120,7 @@ class Verdict(L.Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.__dict__.update({k: v for k, v in state.items() if k != "checks"})
-        self.checks = [Check(**c) for c in state["checks"]]
+        self.checks = [Validation(**c) for c in state["checks"]]
         if self.trainer is not None:  # before the fit loop decides whether the restored step ends training
             self.apply_budget(self.trainer)
 
@@ -164,7 +164,7 @@ class Verdict(L.Callback):
             self.status, self.reason = Status.DIVERGED, f"validation loss {loss} at step {trainer.global_step}"
             trainer.should_stop = True
             return
-        self.checks.append(Check(trainer.global_step, loss, accuracy))
+        self.checks.append(Validation(trainer.global_step, loss, accuracy))
         # logged metrics are float32: 0.9 arrives as 0.8999999761, and must still count as reaching 0.9
         self.streak = self.streak + 1 if accuracy >= self.threshold - 1e-6 else 0
         if self.streak >= self.patience:
