@@ -22,7 +22,7 @@ import yaml
 
 from benchmarks.repeats import ratios, side_by_side, spread
 from benchmarks.results import Results, figure, out_option, out_path
-from pipeline.common import config as config_mod
+from pipeline.common.config import load_config
 from pipeline.data.datasets import Dataset, dataset_path, read_dataset
 from pipeline.generate import generate_task
 from pipeline.training.batches import LengthBuckets, collate, collate_reference
@@ -32,7 +32,7 @@ def make_data(work: Path, n: int, samples: int) -> Dataset:
     params = {"profile": "tiny", "tasks": ["lis"], "generate": {"train_samples": samples, "test_samples": 16,
                                                                "datasets": {"lis": [n]}}}
     (work / "params.yaml").write_text(yaml.safe_dump(params))
-    generate_task(config_mod.load(work / "params.yaml"), "lis", work / "data", check=False)
+    generate_task(load_config(work / "params.yaml"), "lis", work / "data", check=False)
     return read_dataset(dataset_path(work / "data", "lis", n, "train"))
 
 

@@ -47,7 +47,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks import synthetic_grids  # noqa: E402
 from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
-from pipeline.common import config as config_mod  # noqa: E402
+from pipeline.common.config import ROOT, Config, load_config  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
 from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, Plan  # noqa: E402
@@ -80,13 +80,13 @@ MODES = {"grid": {"search": "grid", "lr_search": "all"},  # the reference: every
                                       "predict": PREDICT}}
 
 
-def load(work: Path, grid: dict, mode: dict) -> config_mod.Config:
+def load(work: Path, grid: dict, mode: dict) -> Config:
     params = {"profile": "tiny", "tasks": ["lis"], "generate": grid["generate"],
               "sweep": grid["sweep"] | {"stop_when_solved": True} | mode, "report": grid.get("report", {}),
               "cluster": {"mlflow_tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}}
     path = work / "params.yaml"
     path.write_text(yaml.safe_dump(params))
-    return config_mod.load(path)
+    return load_config(path)
 
 
 def run_modes(grid: dict, work: Path) -> dict[str, dict]:
@@ -198,7 +198,7 @@ def replayed(args: argparse.Namespace, argv: list[str] | None) -> int:
     """Every strategy over a recorded grid (a sweep's trials.csv and curves.csv, or a synthetic paper-shaped one),
     side by side; the grid's replay (every learning rate to its verdict) is the reference."""
     if args.synthetic:
-        cfg = config_mod.load(config_mod.ROOT / "params.yaml", profile=args.synthetic)
+        cfg = load_config(ROOT / "params.yaml", profile=args.synthetic)
         recorded = synthetic_grids.grid(args.synthetic, seed=args.seed, gpu_tflops=args.gpu_tflops)
         source = f"synthetic {args.synthetic} grid (draw {args.seed}, {args.gpu_tflops:g} TFLOP/s per slot)"
     else:

@@ -49,7 +49,7 @@ import tasks  # noqa: E402
 from benchmarks.reference import reference_sample  # noqa: E402
 from benchmarks.repeats import ratios, side_by_side, spread  # noqa: E402
 from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
-from pipeline.common import config as config_mod  # noqa: E402
+from pipeline.common.config import load_config  # noqa: E402
 
 SUITE_SAMPLES = 1_100_000  # 1M train + 100k test per dataset
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 1")
     if args.suite_only:
         args.tasks = []
-    paper = config_mod.load(profile="paper").sweep.datasets  # the DP paper's grid
-    sizes = {**paper, **config_mod.load(profile="separations").generate.datasets}
+    paper = load_config(profile="paper").sweep.datasets  # the DP paper's grid
+    sizes = {**paper, **load_config(profile="separations").generate.datasets}
     print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement; "
           f"rounds: {args.rounds}, the sides alternating which goes first: medians, and each ratio taken round by "
           f"round as 'median (min..max)'")

@@ -35,7 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pandas as pd  # noqa: E402
 
 from benchmarks.results import Results, out_option, out_path  # noqa: E402
-from pipeline.common import config as config_mod  # noqa: E402
+from pipeline.common.config import ROOT, Config, load_config  # noqa: E402
 from pipeline.search.cells import build_cells  # noqa: E402
 from pipeline.search.frontier import Cell  # noqa: E402
 from pipeline.training.settings import TrainSettings  # noqa: E402
@@ -62,7 +62,7 @@ def retrain(spec: TrialSpec) -> dict:
     return {k: result[k] for k in keys}
 
 
-def specs(cfg: config_mod.Config, data: Path, rows: pd.DataFrame, factor: int) -> list[TrialSpec]:
+def specs(cfg: Config, data: Path, rows: pd.DataFrame, factor: int) -> list[TrialSpec]:
     """The re-training of each row: its cell, seed and learning rate, ``factor`` x its steps, no early stop but
     the solve."""
     cells = build_cells(cfg, data)
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="append", metavar="LABEL=DIR[@PARAMS]",
                     help="a finished sweep's results directory (repeat: side by side); default: new=results")
-    ap.add_argument("--data", type=Path, default=config_mod.ROOT / "data", help="the datasets the sweeps trained on")
-    ap.add_argument("--params", type=Path, default=config_mod.ROOT / "params.yaml")
+    ap.add_argument("--data", type=Path, default=ROOT / "data", help="the datasets the sweeps trained on")
+    ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     ap.add_argument("--profile", default=None, help="the profile the sweeps ran (default: params.yaml's)")
     ap.add_argument("--factor", type=int, default=4, help="re-train with this many times the trial's steps")
     ap.add_argument("--slots", type=int, default=os.cpu_count() or 1, help="trials at once, one thread each")
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.factor < 1 or args.slots < 1:
         ap.error("--factor and --slots are at least 1")
     sweeps = {}
-    for item in args.sweep or [f"new={config_mod.ROOT / 'results'}"]:
+    for item in args.sweep or [f"new={ROOT / 'results'}"]:
         label, sep, where = item.partition("=")
         directory, _, params = where.partition("@")
         if not sep or not label or not directory:
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         table_path = Path(directory) / "sweep.csv"
         if not table_path.is_file():
             ap.error(f"--sweep {item!r}: no sweep.csv in {directory} (run the sweep first)")
-        sweeps[label] = (pd.read_csv(table_path), config_mod.load(params or args.params, profile=args.profile))
+        sweeps[label] = (pd.read_csv(table_path), load_config(params or args.params, profile=args.profile))
 
     res = Results("bench_verdicts", argv)
     tables = {}

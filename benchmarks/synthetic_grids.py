@@ -28,7 +28,7 @@ import torch
 
 import models
 import tasks
-from pipeline.common import config as config_mod
+from pipeline.common.config import ROOT, load_config
 from pipeline.search.frontier import Cell
 from pipeline.search.replay import Recorded, Recording
 from pipeline.training.status import Status
@@ -86,7 +86,7 @@ def forward_flops(task: str, size: int, arch: str, width: int, depth: int, heads
 
 def grid(profile: str, seed: int = 0, gpu_tflops: float = 100.0, seeds: int | None = None) -> Recorded:
     """The ``paper`` or ``separations`` profile's grid, its trials drawn (see the module docstring)."""
-    cfg = config_mod.load(config_mod.ROOT / "params.yaml", profile=profile)  # the profile's shape
+    cfg = load_config(ROOT / "params.yaml", profile=profile)  # the profile's shape
     s = cfg.sweep
     rng = random.Random(seed)
     steps_per_epoch = -(-1_000_000 // s.batch_size)

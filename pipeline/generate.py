@@ -38,10 +38,9 @@ from typing import Any
 import numpy as np
 
 import tasks
-from pipeline.common import config as config_mod
-from pipeline.common import progress as progress_mod
+from pipeline.common.config import MAX_WORKERS, ROOT, Config, ConfigError, GenerateConfig, load_config, one_of
 from pipeline.common.locks import remove_if_dead, try_lock
-from pipeline.common.progress import progress
+from pipeline.common.progress import hide_bars, progress
 from pipeline.data.datasets import DatasetError, ParquetSink, dataset_path
 from pipeline.data.dedup import SeenSet, row_hashes
 from pipeline.data.parallel import Pool
@@ -91,7 +90,7 @@ def write_split(
     task: tasks.Task,
     split: str,
     count: int,
-    gen: config_mod.GenerateConfig,
+    gen: GenerateConfig,
     seen: SeenSet | None,
     path: Path,
     pool: Pool,
@@ -133,9 +132,7 @@ def write_split(
     return stats, checker.checked if checker else 0
 
 
-def generate_task(
-    cfg: config_mod.Config, name: str, out_dir: Path, check: bool = True, workers: int | None = None
-) -> dict:
+def generate_task(cfg: Config, name: str, out_dir: Path, check: bool = True, workers: int | None = None) -> dict:
     """Write every size of task ``name`` under ``out_dir/name`` (``workers``: default generate.workers)."""
     gen = cfg.generate.for_task(name)
     params = gen.task_params.get(name, {})
@@ -182,7 +179,7 @@ def by_dataset(built: list[tasks.Task], workers: int) -> bool:
     return workers > 1 and len(built) >= workers and max(map(cost, built)) <= sum(map(cost, built)) / workers
 
 
-def write_dataset(task: tasks.Task, gen: config_mod.GenerateConfig, staging: Path, check: bool, pool: Pool) -> list:
+def write_dataset(task: tasks.Task, gen: GenerateConfig, staging: Path, check: bool, pool: Pool) -> list:
     """The test file, then the train file, of one size of a task (train unique and disjoint from test with
     ``gen.unique``), each checked while written unless ``check`` is false; their manifest entries."""
     seen = SeenSet(gen.test_samples + gen.train_samples) if gen.unique else None
@@ -205,9 +202,9 @@ def write_dataset(task: tasks.Task, gen: config_mod.GenerateConfig, staging: Pat
     return entries
 
 
-def make_dataset(name: str, size: int, params: str, gen: config_mod.GenerateConfig, staging: Path, check: bool) -> list:
+def make_dataset(name: str, size: int, params: str, gen: GenerateConfig, staging: Path, check: bool) -> list:
     """``write_dataset`` alone in a worker process, beside the other workers' datasets."""
-    progress_mod.SHOWN = False  # the parent shows one bar for all the workers
+    hide_bars()  # the parent shows one bar for all the workers
     return write_dataset(cached_task(name, size, params), gen, staging, check, Pool(1))
 
 
@@ -273,22 +270,22 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipeline.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--task", required=True, help="registered task name (see params.yaml `tasks`)")
-    ap.add_argument("--params", default=str(config_mod.ROOT / "params.yaml"), help="params file (default: %(default)s)")
-    ap.add_argument("--out", default=str(config_mod.ROOT / "data"), help="data directory (default: %(default)s)")
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"), help="params file (default: %(default)s)")
+    ap.add_argument("--out", default=str(ROOT / "data"), help="data directory (default: %(default)s)")
     ap.add_argument("--workers", type=int, help="generator processes (default: generate.workers); same output")
     ap.add_argument("--no-check", action="store_true", help="skip checking the samples as they are written")
     args = ap.parse_args(argv)
-    if args.workers is not None and not 1 <= args.workers <= config_mod.MAX_WORKERS:
-        ap.error(f"--workers {args.workers}: allowed 1 to {config_mod.MAX_WORKERS} (generate.workers' range)")
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        ap.error(f"--workers {args.workers}: allowed 1 to {MAX_WORKERS} (generate.workers' range)")
     try:
         # validates the whole config before any work, sweep included, but the architecture names (torch's
         # import alone costs more than small datasets: the sweep stage checks them)
-        cfg = config_mod.load(args.params)
+        cfg = load_config(args.params)
         if args.task not in cfg.tasks:
-            raise config_mod.one_of("--task", args.task, cfg.tasks)
+            raise one_of("--task", args.task, cfg.tasks)
         with exit_on_signals():
             manifest = generate_task(cfg, args.task, Path(args.out), check=not args.no_check, workers=args.workers)
-    except (config_mod.ConfigError, tasks.TaskError, DatasetError) as err:
+    except (ConfigError, tasks.TaskError, DatasetError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for d in manifest["datasets"]:

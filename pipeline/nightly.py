@@ -31,18 +31,17 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common import config as config_mod
+from pipeline.common.config import ROOT, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
 from pipeline.report import NIGHTLY_MARKER, figures_html
-from pipeline.reporting import comparison
-from pipeline.reporting import history as history_mod
+from pipeline.reporting import comparison, history
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
 
 
-def previous_night(history: Path, profile: str, current: Path) -> Path | None:
-    nights = [d for d in history_mod.nights(history, profile) if d.name < current.name]
+def previous_night(nights_dir: Path, profile: str, current: Path) -> Path | None:
+    nights = [d for d in history.nights(nights_dir, profile) if d.name < current.name]
     return nights[-1] if nights else None
 
 
@@ -62,9 +61,9 @@ def tag_runs(uri: str, parent: str, tags: dict) -> None:
 
 
 def nightly(repo: Path, profile: str | None, wait: bool) -> int:
-    cfg = config_mod.load(repo / "params.yaml", profile=profile)
-    history = repo / cfg.nightly.history
-    lock = history / ".lock"
+    cfg = load_config(repo / "params.yaml", profile=profile)
+    nights_dir = repo / cfg.nightly.history
+    lock = nights_dir / ".lock"
     busy = f"another nightly run holds {lock} ({{holder}}); this one stops. Rerun with --wait to queue behind it"
     with owned(lock, busy, wait):
         date, commit = time.strftime("%Y-%m-%dT%H%M%S"), str(git_commit(repo))
@@ -73,7 +72,7 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
         if subprocess.run(cmd, cwd=repo).returncode != 0:
             print(f"error: `{' '.join(cmd[2:])}` failed (its output is above)", file=sys.stderr)
             return 2
-        night = history / f"{date}_{commit}"
+        night = nights_dir / f"{date}_{commit}"
         night.mkdir(parents=True)
         for name in SNAPSHOT:
             shutil.copy2(repo / name, night / Path(name).name)
@@ -81,7 +80,7 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
         meta = {"date": date, "commit": commit, "profile": cfg.profile, "mlflow_parent_run": parent}
         (night / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         tag_runs(cfg.cluster.mlflow(), parent, {"nightly.date": date, "nightly.commit": commit})
-        before = previous_night(history, cfg.profile, night)
+        before = previous_night(nights_dir, cfg.profile, night)
         title = f"Nightly {date}, commit {commit}, profile {cfg.profile}"
         if before is None:
             result: dict[str, list] = {key: [] for key in comparison.LISTS}
@@ -94,20 +93,18 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
             text = comparison.markdown(result, f"{title}, against {before.name}")
         (night / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
         report_dir = repo / "report"
-        for stale in report_dir.glob(f"{history_mod.PREFIX}*.png"):  # an earlier night's, if DVC restored report/
+        for stale in report_dir.glob(f"{history.PREFIX}*.png"):  # an earlier night's, if DVC restored report/
             stale.unlink()
-        drawn = history_mod.draw(
-            history_mod.load(history, cfg.profile), result, cfg.report.accuracy_threshold, report_dir
-        )
+        drawn = history.draw(history.load(nights_dir, cfg.profile), result, cfg.report.accuracy_threshold, report_dir)
         for name in (f.name for f in drawn if f.name):
             shutil.copy2(report_dir / name, night / name)
-        text += "\n" + history_mod.markdown(drawn)
+        text += "\n" + history.markdown(drawn)
         for path in (night / "nightly.md", report_dir / "nightly.md"):
             path.write_text(text)
         page = report_dir / "index.html"
         html_section = (
             f"<h2>Nightly comparison</h2><p>{title}, against {before.name if before else 'nothing (first night)'}"
-            f".</p>" + comparison.html(result) + figures_html(drawn) + f"<p>{html.escape(history_mod.NOTE)}</p>"
+            f".</p>" + comparison.html(result) + figures_html(drawn) + f"<p>{html.escape(history.NOTE)}</p>"
         )
         page.write_text(page.read_text().replace(NIGHTLY_MARKER, html_section, 1))
         print(text)
@@ -119,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipeline.nightly", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--profile", help="profile in conf/ to run (default: params.yaml's)")
-    ap.add_argument("--repo", default=str(config_mod.ROOT), help="the checkout to run in (default: %(default)s)")
+    ap.add_argument("--repo", default=str(ROOT), help="the checkout to run in (default: %(default)s)")
     ap.add_argument("--wait", action="store_true", help="wait for a nightly run in progress instead of stopping")
     args = ap.parse_args(argv)
     try:
@@ -127,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except LockBusy as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
-    except config_mod.ConfigError as err:
+    except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -43,7 +43,7 @@ from typing import get_args
 
 import torch
 
-from pipeline.common import config as config_mod
+from pipeline.common.config import ROOT, Config, ConfigError, Precision, load_config
 from pipeline.search.cells import check_architectures, defined_cells, model_costs
 from pipeline.search.forecast import (
     REPLAY_COMMAND,
@@ -81,9 +81,7 @@ def words(values) -> str:
     return " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
 
-def render(
-    fc: Forecast, cfg: config_mod.Config, params: str, throughput: Throughput, cluster: Cluster, source: str
-) -> str:
+def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, cluster: Cluster, source: str) -> str:
     """The forecast as it is printed: the grid, the throughput it rests on, the cluster, then the costs."""
     s = cfg.sweep
     tasks = dict.fromkeys(t for t, _ in cfg.sweep_datasets())
@@ -206,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--params",
         metavar="FILE",
-        default=str(config_mod.ROOT / "params.yaml"),
+        default=str(ROOT / "params.yaml"),
         help="params file (default: %(default)s)",
     )
     ap.add_argument("--profile", metavar="NAME", help="profile in conf/ (default: the params file's)")
@@ -233,9 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     either.add_argument("--save-throughput", metavar="FILE", type=Path, help="write what is measured here to FILE")
     tp.add_argument("--device", choices=["cpu", "cuda"], help="where to measure (default: cuda if there is one)")
-    tp.add_argument(
-        "--precision", choices=get_args(config_mod.Precision), help="measured in (default: sweep.precision)"
-    )
+    tp.add_argument("--precision", choices=get_args(Precision), help="measured in (default: sweep.precision)")
     tp.add_argument(
         "--measure-widths",
         metavar="W",
@@ -255,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--warmup-steps", metavar="N", type=positive, default=1, help="untimed steps first (default: 1)")
     args = ap.parse_args(argv)
     try:
-        cfg = config_mod.load(args.params, profile=args.profile)
+        cfg = load_config(args.params, profile=args.profile)
         check_architectures(cfg)
         s = cfg.sweep
         archs = list(dict.fromkeys(a for task, _ in cfg.sweep_datasets() for a in s.architectures_for(task)))
@@ -290,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             throughput, source = given, f"from {args.throughput}"
         params = Path(args.params)
-        shown = params.name if params.resolve() == config_mod.ROOT / "params.yaml" else str(params)
+        shown = params.name if params.resolve() == ROOT / "params.yaml" else str(params)
         print(render(forecast(cfg, cells, throughput, where), cfg, shown, throughput, where, source))
-    except (config_mod.ConfigError, PlanError) as err:
+    except (ConfigError, PlanError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -32,11 +32,11 @@ from typing import Any
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common import config as config_mod
-from pipeline.reporting import claims as claims_mod
-from pipeline.reporting import figures as figures_mod
-from pipeline.reporting import plots as plots_mod
+from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.reporting import tables
+from pipeline.reporting.claims import evaluate
+from pipeline.reporting.figures import Figure, draw_all, load_histories
+from pipeline.reporting.plots import write
 from pipeline.tracking.services import ServiceError, check_mlflow
 
 REQUIRED = (
@@ -97,7 +97,7 @@ def claims_html(checks: list[dict]) -> str:
     )
 
 
-def figures_html(figures: list[figures_mod.Figure]) -> str:
+def figures_html(figures: list[Figure]) -> str:
     parts, section = [], None
     for fig in figures:
         if fig.section != section:
@@ -139,9 +139,7 @@ loss not finite; <b>failed</b> = the trial raised. <b>Borderline</b> (&asymp;) =
 accuracy contains the threshold. A cell is its best learning rate, chosen on validation.</li></ul>"""
 
 
-def page(
-    cfg: config_mod.Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict
-) -> str:
+def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict) -> str:
     counts = ", ".join(
         f"{summary[f'claims_{k}']} {label}"
         for k, label in (("hold", "hold"), ("fail", "fail"), ("not_tested", "not tested"))
@@ -186,7 +184,7 @@ def page(
 
 
 def report(
-    cfg: config_mod.Config,
+    cfg: Config,
     results: Path,
     out_dir: Path,
     metrics_path: Path,
@@ -196,7 +194,7 @@ def report(
     table = load_results(results)
     threshold = cfg.report.accuracy_threshold
     best = tables.min_gflops(table)
-    checks = claims_mod.evaluate(table)
+    checks = evaluate(table)
     client = None
     if log_mlflow:
         uri = cfg.cluster.mlflow()
@@ -205,11 +203,11 @@ def report(
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    histories = figures_mod.load_histories(client, table) if client else None
-    figures = figures_mod.draw_all(table, tmp, histories)
+    histories = load_histories(client, table) if client else None
+    figures = draw_all(table, tmp, histories)
     plots_tmp = plots_dir.with_name(plots_dir.name + ".tmp")
     shutil.rmtree(plots_tmp, ignore_errors=True)
-    plots_mod.write(table, best, histories, plots_tmp)
+    write(table, best, histories, plots_tmp)
     best.to_csv(tmp / "min_gflops.csv", index=False)
     (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, threshold))
     (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")
@@ -262,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m pipeline.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    root = config_mod.ROOT
+    root = ROOT
     ap.add_argument("--params", default=str(root / "params.yaml"), help="params file (default: %(default)s)")
     ap.add_argument("--results", default=str(root / "results" / "sweep.csv"), help="sweep table (default: %(default)s)")
     ap.add_argument("--out", default=str(root / "report"), help="report directory (default: %(default)s)")
@@ -278,14 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         summary = report(
-            config_mod.load(args.params),
+            load_config(args.params),
             Path(args.results),
             Path(args.out),
             Path(args.metrics),
             Path(args.plots),
             log_mlflow=not args.no_mlflow,
         )
-    except (config_mod.ConfigError, ReportError, ServiceError) as err:
+    except (ConfigError, ReportError, ServiceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(

@@ -43,12 +43,13 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import ray
+import yaml
 from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune import CLIReporter
 
-from pipeline.common import config as config_mod
 from pipeline.common.cell import CellSpec
+from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
 from pipeline.data import storage
@@ -67,7 +68,7 @@ from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
 from pipeline.training.trainable import run_cell
 
-RESULTS = config_mod.ROOT / "results"
+RESULTS = ROOT / "results"
 
 
 def trial_name(trial) -> str:
@@ -86,7 +87,7 @@ def reporter() -> CLIReporter:
     )
 
 
-def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
+def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
     """The stage: cells built from the datasets, MLflow and Ray checked, a local Ray started (a cluster is joined
     later, only if something needs training), then ``run_sweep``; Ray is left when it ends, however it ends."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic trial table, not a box per trial and result
@@ -108,9 +109,7 @@ def sweep(cfg: config_mod.Config, data_dir: Path, out_dir: Path) -> pd.DataFrame
         ray.shutdown()
 
 
-def run_sweep(
-    cfg: config_mod.Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_start: float, local: bool
-) -> pd.DataFrame:
+def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_start: float, local: bool) -> pd.DataFrame:
     """The sweep once its cells are built (and a local Ray is up): MLflow runs, the plan, Tune, the outputs."""
     s = cfg.sweep
     train = asdict(TrainSettings.of(cfg))
@@ -157,9 +156,7 @@ def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str)
     return published
 
 
-def open_parent_run(
-    cfg: config_mod.Config, cells: dict[Cell, CellSpec], train: dict, key: str
-) -> tuple[MlflowClient, str]:
+def open_parent_run(cfg: Config, cells: dict[Cell, CellSpec], train: dict, key: str) -> tuple[MlflowClient, str]:
     """The sweep's MLflow parent run, with the grid, the training settings and where the code came from."""
     s = cfg.sweep
     commit = git_commit()
@@ -193,13 +190,13 @@ def open_parent_run(
         params=params,
         tags=tags,
     )
-    client.log_text(parent, config_mod.yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
+    client.log_text(parent, yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
     client.log_inputs(parent, dataset_inputs(list(cells.values()), cfg.profile))
     return client, parent
 
 
 def prepare_searcher(
-    cfg: config_mod.Config, client: MlflowClient, parent: str, cells: dict[Cell, CellSpec], train: dict, key: str
+    cfg: Config, client: MlflowClient, parent: str, cells: dict[Cell, CellSpec], train: dict, key: str
 ) -> tuple[ChildRuns, TuneSearcher, bool]:
     """The searcher over the plan, knowing which runs this experiment already finished (reused, not trained) and
     which a dead sweep left unfinished (continued from their checkpoints); the dead sweep's runs are closed.
@@ -245,7 +242,7 @@ def prepare_searcher(
 
 
 def train_trials(
-    cfg: config_mod.Config,
+    cfg: Config,
     client: MlflowClient,
     parent: str,
     searcher: TuneSearcher,
@@ -296,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m pipeline.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--params", default=str(config_mod.ROOT / "params.yaml"), help="params file (default: %(default)s)")
-    ap.add_argument("--data", default=str(config_mod.ROOT / "data"), help="data directory (default: %(default)s)")
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"), help="params file (default: %(default)s)")
+    ap.add_argument("--data", default=str(ROOT / "data"), help="data directory (default: %(default)s)")
     ap.add_argument("--out", default=str(RESULTS), help="results directory (default: %(default)s)")
     args = ap.parse_args(argv)
     try:
@@ -309,10 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             "(its finished trials are kept)"
         )
         with owned(out / ".sweep.lock", busy):
-            cfg = config_mod.load(args.params)
+            cfg = load_config(args.params)
             check_architectures(cfg)
             sweep(cfg, Path(args.data), out)
-    except (config_mod.ConfigError, DatasetError, ServiceError, LockBusy) as err:
+    except (ConfigError, DatasetError, ServiceError, LockBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except RuntimeError as err:

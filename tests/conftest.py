@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline.common import config as config_mod  # noqa: E402
+from pipeline.common.config import Config, load_config  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from tests.helpers import KILLABLE_SWEEP  # noqa: E402
 
@@ -27,8 +27,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def tiny_cfg() -> config_mod.Config:
-    return config_mod.load(profile="tiny")
+def tiny_cfg() -> Config:
+    return load_config(profile="tiny")
 
 
 @pytest.fixture(scope="session")

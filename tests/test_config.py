@@ -3,14 +3,14 @@ import yaml
 
 import models
 import tasks
-from pipeline.common import config as config_mod
+from pipeline.common import config
 from pipeline.search.cells import check_architectures
 from tests.helpers import ROOT, write_params
 
 
-@pytest.mark.parametrize("profile", config_mod.profiles())
+@pytest.mark.parametrize("profile", config.profiles())
 def test_every_profile_validates_and_builds_every_model_of_its_grid(profile):
-    cfg = config_mod.load(profile=profile)
+    cfg = config.load_config(profile=profile)
     assert cfg.profile == profile and cfg.sweep_datasets()
     for task, size in cfg.sweep_datasets():
         task_obj = tasks.get_task(task, size, **cfg.generate.task_params.get(task, {}))
@@ -23,12 +23,12 @@ def test_every_profile_validates_and_builds_every_model_of_its_grid(profile):
 def test_params_yaml_gives_every_registered_task_a_generate_stage():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert sorted(params["tasks"]) == sorted(tasks.TASKS)
-    assert params["profile"] in config_mod.profiles()
+    assert params["profile"] in config.profiles()
 
 
 def test_paper_profile_declares_both_papers_data_and_the_dp_papers_grid():
-    cfg = config_mod.load(profile="paper")
-    separations = config_mod.load(profile="separations")
+    cfg = config.load_config(profile="paper")
+    separations = config.load_config(profile="separations")
     dp = {"arithmetic": [6, 10, 13, 16], "ed": [6, 12, 16, 20], "ed_local": [6, 12, 16, 20], "lis": [40, 110, 175, 250]}
     assert cfg.generate.datasets == dp | separations.generate.datasets
     for task in dp:
@@ -44,7 +44,7 @@ def test_paper_profile_declares_both_papers_data_and_the_dp_papers_grid():
 
 
 def test_separations_profile_declares_the_separations_papers_grid():
-    cfg = config_mod.load(profile="separations")
+    cfg = config.load_config(profile="separations")
     lengths = [20, 50, 100, 200, 400]
     assert cfg.generate.datasets == {"index_lookup": lengths, "dyck": lengths, "eq_random": lengths,
                                      "eq_one": lengths, "eq_ncp": lengths + [800]}
@@ -55,8 +55,8 @@ def test_separations_profile_declares_the_separations_papers_grid():
 
 def test_params_overrides_win_over_the_profile(tmp_path):
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {seeds: [0, 1, 2]}\n")
-    cfg = config_mod.load(p)
-    assert cfg.sweep.seeds == [0, 1, 2] and cfg.sweep.widths == config_mod.load(profile="tiny").sweep.widths
+    cfg = config.load_config(p)
+    assert cfg.sweep.seeds == [0, 1, 2] and cfg.sweep.widths == config.load_config(profile="tiny").sweep.widths
 
 
 @pytest.mark.parametrize("override, message", [
@@ -193,8 +193,8 @@ def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, overr
     base = {"profile": "tiny", "tasks": ["arithmetic", "lis"]}
     base.update(yaml.safe_load(override))
     p = write_params(tmp_path / "params.yaml", yaml.safe_dump(base))
-    with pytest.raises(config_mod.ConfigError, match=message):
-        check_architectures(config_mod.load(p))  # as the sweep stage checks it
+    with pytest.raises(config.ConfigError, match=message):
+        check_architectures(config.load_config(p))  # as the sweep stage checks it
 
 
 @pytest.mark.parametrize("text, line", [
@@ -204,8 +204,8 @@ def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, overr
 ])
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, text, line):
     p = write_params(tmp_path / "params.yaml", text)
-    with pytest.raises(config_mod.ConfigError, match=f"params.yaml: not valid YAML at {line}"):
-        config_mod.load(p)
+    with pytest.raises(config.ConfigError, match=f"params.yaml: not valid YAML at {line}"):
+        config.load_config(p)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -214,17 +214,17 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, text, line):
 ])
 def test_a_broken_profile_names_its_file(tmp_path, monkeypatch, text, message):
     (tmp_path / "broken.yaml").write_text(text)
-    monkeypatch.setattr(config_mod, "CONF_DIR", tmp_path)
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
     p = write_params(tmp_path / "params.yaml", "profile: broken\ntasks: [arithmetic, lis]\n")
-    with pytest.raises(config_mod.ConfigError, match=message):
-        config_mod.load(p)
+    with pytest.raises(config.ConfigError, match=message):
+        config.load_config(p)
 
 
 def test_yaml_ints_still_validate_where_numbers_are_expected(tmp_path):
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {dropout: 0, "
                      "gpus_per_trial: 0, weight_decay: 1, lr: 1, seeds: [0, 4294967295]}\nnightly: {accuracy_drop: 1}\n"
                      "generate: {seed: 0, workers: 64}\n")
-    cfg = config_mod.load(p)
+    cfg = config.load_config(p)
     assert (cfg.sweep.dropout, cfg.sweep.lr, cfg.nightly.accuracy_drop, cfg.generate.workers) == (0.0, 1.0, 1.0, 64)
 
 
@@ -235,7 +235,7 @@ def test_yaml_ints_still_validate_where_numbers_are_expected(tmp_path):
     ({"workers_per_trial": 2}, {"cpu": 2, "gpu": 0}),  # the CPU twin: DDP over gloo
 ])
 def test_a_trial_takes_every_workers_cpus_and_gpus_from_one_node(resources, trial):
-    sweep = config_mod.load(profile="tiny").sweep.model_copy(update=resources)
+    sweep = config.load_config(profile="tiny").sweep.model_copy(update=resources)
     assert sweep.trial_resources() == trial
 
 
@@ -243,7 +243,7 @@ def test_cluster_settings_come_from_params_then_environment(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("CAPACITY_ATLAS_STORAGE", raising=False)
-    default = config_mod.ClusterConfig()
+    default = config.ClusterConfig()
     assert default.ray() is None and default.mlflow() == f"sqlite:///{ROOT / 'mlflow.db'}"
     assert default.storage() == str(ROOT / "ray_results")
     monkeypatch.setenv("CAPACITY_ATLAS_STORAGE", "s3://bucket/atlas")
@@ -251,7 +251,7 @@ def test_cluster_settings_come_from_params_then_environment(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
     assert default.ray() == "10.0.0.1:6379" and default.mlflow() == "http://mlflow:5000"
-    explicit = config_mod.ClusterConfig(ray_address="head:6379", mlflow_tracking_uri="sqlite:////x.db")
+    explicit = config.ClusterConfig(ray_address="head:6379", mlflow_tracking_uri="sqlite:////x.db")
     assert explicit.ray() == "head:6379" and explicit.mlflow() == "sqlite:////x.db"
 
 
@@ -260,7 +260,7 @@ def test_an_architecture_may_have_its_own_depths(tmp_path, tiny_data):
 
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, ed, ed_local, lis, index_lookup, "
                      "dyck, eq_random, eq_one, eq_ncp]\nsweep: {depths: [1, 2], arch_depths: {lstm: [3]}}\n")
-    cfg = config_mod.load(p)
+    cfg = config.load_config(p)
     cells = build_cells(cfg, tiny_data)
     assert {c.depth for c in cells if c.arch == "lstm"} == {3}
     assert {c.depth for c in cells if c.arch == "standard"} == {1, 2}
@@ -275,7 +275,7 @@ def test_an_architecture_may_have_its_own_widths_and_learning_rates(tmp_path, ti
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {architectures: "
                      "[transformer, lstm], widths: [64], depths: [1], lrs: [0.001, 0.0003], "
                      "arch_widths: {lstm: [64, 128, 256]}, arch_lrs: {lstm: [0.01]}}\n")
-    cells = build_cells(config_mod.load(p), tiny_data)
+    cells = build_cells(config.load_config(p), tiny_data)
     assert {c.width for c in cells if c.arch == "transformer"} == {64}
     assert {c.width for c in cells if c.arch == "lstm"} == {64, 128, 256}
     assert {v.lrs for c, v in cells.items() if c.arch == "lstm"} == {(0.01,)}
@@ -288,7 +288,7 @@ def test_each_task_may_train_its_own_architectures(tmp_path, tiny_data):
 
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {architectures: "
                      "[standard, sparse, lstm], task_architectures: {lis: [lstm]}}\n")
-    cells = build_cells(config_mod.load(p), tiny_data)
+    cells = build_cells(config.load_config(p), tiny_data)
     assert {c.arch for c in cells if c.task == "lis"} == {"lstm"}
     assert {c.arch for c in cells if c.task == "arithmetic"} == {"standard", "sparse", "lstm"}
 
@@ -298,7 +298,7 @@ def test_datasets_overrides_replace_the_profiles_and_other_mappings_merge(tmp_pa
                      "eq_ncp]\ngenerate: {datasets: {index_lookup: [20, 50]}, "
                      "per_task: {index_lookup: {test_samples: 100}}}\n"
                      "sweep: {arch_depths: {transformer: [1]}}\n")
-    cfg = config_mod.load(p)
+    cfg = config.load_config(p)
     assert cfg.generate.datasets == {"index_lookup": [20, 50]}  # replaced: the profile's 23 datasets are gone
     assert cfg.sweep.arch_depths == {"lstm": [1, 2, 3], "transformer": [1]}  # merged key by key
     assert cfg.generate.for_task("index_lookup").test_samples == 100
@@ -313,13 +313,13 @@ def test_an_override_that_narrows_what_to_run_keeps_the_profiles_other_settings_
     tasks_line = "tasks: [" + ", ".join(tasks.TASKS) + "]\n"
     narrowed = yaml.safe_load(override)
     params = f"profile: {profile}\n{tasks_line}{yaml.safe_dump(narrowed)}"
-    cfg = config_mod.load(write_params(tmp_path / "params.yaml", params))
+    cfg = config.load_config(write_params(tmp_path / "params.yaml", params))
     assert {k: getattr(getattr(cfg, section), k) for section, keys in narrowed.items() for k in keys} \
         == {k: v for keys in narrowed.values() for k, v in keys.items()}
 
 
 def test_an_override_of_lr_replaces_the_profiles_lrs_and_back(tmp_path):
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {lrs: [0.1, 0.01]}\n")
-    assert config_mod.load(p).sweep.learning_rates() == [0.1, 0.01]
+    assert config.load_config(p).sweep.learning_rates() == [0.1, 0.01]
     p.write_text("profile: tiny\ntasks: [arithmetic, lis]\nsweep: {lr: 0.05}\n")
-    assert config_mod.load(p).sweep.learning_rates() == [0.05]
+    assert config.load_config(p).sweep.learning_rates() == [0.05]

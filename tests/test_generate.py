@@ -13,20 +13,20 @@ import pyarrow.parquet as pq
 import pytest
 
 import tasks
-from pipeline import generate as generate_mod
-from pipeline.common import config as config_mod
-from pipeline.data import validate as validate_mod
+from pipeline import generate
+from pipeline.common.config import ConfigError, load_config
+from pipeline.data import validate
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
 from pipeline.data.parallel import Pool
 from pipeline.generate import SPLITS, generate_task, seq_hash
 from tests.helpers import ROOT, SMALL_SIZES, write_params
 
 
-def small_config(tiny_cfg, datasets: dict, train: int = 300, test: int = 60, **generate):
+def small_config(tiny_cfg, datasets: dict, train: int = 300, test: int = 60, **settings):
     cfg = tiny_cfg.model_copy(deep=True)
     cfg.tasks = sorted(tasks.TASKS)
     cfg.generate.datasets, cfg.generate.train_samples, cfg.generate.test_samples = datasets, train, test
-    for key, value in generate.items():
+    for key, value in settings.items():
         setattr(cfg.generate, key, value)
     return cfg
 
@@ -56,7 +56,7 @@ def test_generated_files_are_unique_disjoint_checked_and_documented(tiny_cfg, ti
                 assert meta["stats"]["max_length"] == int(data.lengths.max())
                 assert meta["stats"]["samples"] == sum(meta["stats"]["length_counts"].values()) == len(data)
                 assert (meta["task"], meta["size"]) == (task_name, size)
-                assert validate_mod.validate_file(path) == len(data)
+                assert validate.validate_file(path) == len(data)
             assert not hashes["train"] & hashes["test"]
 
 
@@ -67,7 +67,7 @@ def test_validate_rederives_every_sample_of_every_size(small_data, name):
             path = dataset_path(small_data, name, size, split)
             meta = read_metadata(path)
             assert meta["task"] == name and meta["family"] == tasks.TASKS[name].family
-            assert validate_mod.validate_file(path) == meta["stats"]["samples"] == (300 if split == "train" else 60)
+            assert validate.validate_file(path) == meta["stats"]["samples"] == (300 if split == "train" else 60)
     manifest = json.loads((small_data / name / "manifest.json").read_text())
     assert all(d["checked"] == d["samples"] for d in manifest["datasets"])
 
@@ -91,14 +91,14 @@ def test_validate_catches_a_corrupted_sample_and_wrong_stats(small_data, tmp_pat
 
     write(rows, meta)
     with pytest.raises(tasks.TaskError, match=f"{bad} sample 123: lis chain of thought: token 20"):
-        validate_mod.validate_file(bad)
-    assert validate_mod.validate_file(bad, samples=50, seed=1) == 50  # a subset may miss it
+        validate.validate_file(bad)
+    assert validate.validate_file(bad, samples=50, seed=1) == 50  # a subset may miss it
     meta["stats"]["max_length"] += 1
     write(table.column("tokens").to_pylist(), meta)
     with pytest.raises(DatasetError, match="stats say"):
-        validate_mod.validate_file(bad)
-    assert validate_mod.main([str(bad)]) == 1
-    assert validate_mod.main(["--task", "lis", "--data", str(small_data), "--samples", "20"]) == 0
+        validate.validate_file(bad)
+    assert validate.main([str(bad)]) == 1
+    assert validate.main(["--task", "lis", "--data", str(small_data), "--samples", "20"]) == 0
 
 
 def test_same_seed_gives_identical_files(tiny_cfg, tiny_data, tmp_path):
@@ -117,7 +117,7 @@ def test_worker_count_does_not_change_a_byte(tiny_cfg, tmp_path, datasets, by_da
     """Many chunks, duplicates dropped, arithmetic's fill draws: 1 process and 2 workers write the same files."""
     cfg = small_config(tiny_cfg, datasets, train=3000, test=300, chunk_size=256, row_group_size=1000)
     (name, sizes), = datasets.items()
-    assert generate_mod.by_dataset([tasks.get_task(name, size) for size in sizes], 2) == by_dataset
+    assert generate.by_dataset([tasks.get_task(name, size) for size in sizes], 2) == by_dataset
     manifests = [generate_task(cfg, name, tmp_path / str(workers), workers=workers) for workers in (1, 2)]
     assert manifests[0] == manifests[1]
     for size in sizes:
@@ -130,7 +130,7 @@ def test_worker_count_does_not_change_a_byte(tiny_cfg, tmp_path, datasets, by_da
 def test_a_failing_dataset_fails_the_task_and_leaves_no_file_nor_worker(tiny_cfg, tmp_path):
     """A whole dataset per worker: a worker's error is the task's, named, and the clean-up leaves nothing."""
     cfg = small_config(tiny_cfg, {"arithmetic": [1, 2, 3, 4]}, train=500, test=20)  # size 1: 473 distinct, 520 asked
-    assert generate_mod.by_dataset([tasks.get_task("arithmetic", n) for n in (1, 2, 3, 4)], 2)
+    assert generate.by_dataset([tasks.get_task("arithmetic", n) for n in (1, 2, 3, 4)], 2)
     with pytest.raises(tasks.TaskError, match="arithmetic size 1: only [0-9]+ distinct train samples after"):
         generate_task(cfg, "arithmetic", tmp_path, workers=2)
     assert not [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]  # workers gone
@@ -157,7 +157,7 @@ def test_workers_exit_at_once_and_leave_nothing_behind(tmp_path):
                                                     "generate: {datasets: {lis: [5, 6, 7]}, train_samples: 300}\n")
     run = subprocess.run([sys.executable, "-m", "pipeline.generate", "--task", "lis", "--params", str(params), "--out",
                           str(tmp_path / "data"), "--workers", "2"], capture_output=True, text=True,
-                         cwd=config_mod.ROOT, env={**os.environ, "PYTHONPATH": str(config_mod.ROOT)})
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
     assert "resource_tracker" not in run.stderr and "Traceback" not in run.stderr
     assert dataset_path(tmp_path / "data", "lis", 7, "train").exists()
@@ -170,10 +170,10 @@ def test_too_many_samples_for_the_space_fails_before_writing(tiny_cfg, tmp_path)
     assert not list(tmp_path.iterdir())
     params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n"
                                                     "generate: {train_samples: 1000000000000000}\n")
-    with pytest.raises(config_mod.ConfigError, match="generate.datasets.arithmetic: arithmetic size 2: "
+    with pytest.raises(ConfigError, match="generate.datasets.arithmetic: arithmetic size 2: "
                                                      "1000000000000040 distinct test \\+ train samples asked, "
                                                      "but the space of distinct"):
-        config_mod.load(params)
+        load_config(params)
 
 
 def test_an_interrupted_run_leaves_no_file_that_looks_complete(tiny_cfg, tmp_path, monkeypatch):
@@ -181,14 +181,14 @@ def test_an_interrupted_run_leaves_no_file_that_looks_complete(tiny_cfg, tmp_pat
     with pytest.raises(tasks.TaskError, match="only [0-9]+ distinct train samples after"):
         generate_task(cfg, "arithmetic", tmp_path)
     assert not files_under(tmp_path)  # not even the finished test file
-    make_chunk = generate_mod.make_chunk
+    make_chunk = generate.make_chunk
 
     def interrupted(stream, index):
         if stream.split == "train" and index == 2:
             raise KeyboardInterrupt
         return make_chunk(stream, index)
 
-    monkeypatch.setattr(generate_mod, "make_chunk", interrupted)
+    monkeypatch.setattr(generate, "make_chunk", interrupted)
     cfg = small_config(tiny_cfg, {"lis": [5, 6]}, train=1000, chunk_size=100)
     with pytest.raises(KeyboardInterrupt):
         generate_task(cfg, "lis", tmp_path)
@@ -196,7 +196,7 @@ def test_an_interrupted_run_leaves_no_file_that_looks_complete(tiny_cfg, tmp_pat
 
 
 def test_the_checker_fails_the_stage_on_a_wrong_sample_as_it_is_written(tiny_cfg, tmp_path, monkeypatch):
-    make_chunk = generate_mod.make_chunk
+    make_chunk = generate.make_chunk
 
     def wrong(stream, index):  # a generator bug in one sample of the second train chunk
         batch, hashes = make_chunk(stream, index)
@@ -204,7 +204,7 @@ def test_the_checker_fails_the_stage_on_a_wrong_sample_as_it_is_written(tiny_cfg
             batch.values[batch.offsets[7] + batch.prompt_len[7] + 2] += 1
         return batch, hashes
 
-    monkeypatch.setattr(generate_mod, "make_chunk", wrong)
+    monkeypatch.setattr(generate, "make_chunk", wrong)
     cfg = small_config(tiny_cfg, {"lis": [6]}, train=1000, chunk_size=100, row_group_size=64)  # several writes
     with pytest.raises(tasks.TaskError, match=r"lis_6_train\.parquet sample 1[0-9][0-9]: lis chain of thought"):
         generate_task(cfg, "lis", tmp_path)
@@ -216,7 +216,7 @@ def test_the_checker_fails_the_stage_on_a_wrong_sample_as_it_is_written(tiny_cfg
 
 def files_under(path: Path) -> list[str]:
     """Every file under ``path`` but the staging directory's (empty) lock files."""
-    locks = set((path / generate_mod.STAGING_DIR).glob("*.lock"))
+    locks = set((path / generate.STAGING_DIR).glob("*.lock"))
     assert all(lock.stat().st_size == 0 for lock in locks)
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir() and p not in locks)
 
@@ -239,7 +239,7 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
     big = write_params(tmp_path / "big.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n"
                                               "generate: {train_samples: 2000000, datasets: {lis: [5, 6, 7]}}\n")
     data = tmp_path / "data"
-    assert generate_mod.main(["--task", "arithmetic", "--params", str(small), "--out", str(data)]) == 0
+    assert generate.main(["--task", "arithmetic", "--params", str(small), "--out", str(data)]) == 0
     if sig == signal.SIGKILL:
         # dvc.lock records data/'s hash
         assert subprocess.run([sys.executable, "-m", "dvc", "repro", "-q"], cwd=tmp_path).returncode == 0
@@ -248,7 +248,7 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
                             str(data), "--no-check", "--workers", "2"], cwd=ROOT, stderr=subprocess.DEVNULL,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     request.addfinalizer(run.kill)  # a failing test leaves no run behind (its workers exit with it)
-    staging = data / generate_mod.STAGING_DIR / "lis"
+    staging = data / generate.STAGING_DIR / "lis"
     partial = staging / "lis_6_train.parquet.tmp"
     while not partial.exists():
         assert run.poll() is None
@@ -257,8 +257,8 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
     workers = psutil.Process(run.pid).children()
     assert partial.exists() and len(workers) >= 2
     with pytest.raises(DatasetError, match=f"another generate of task lis is writing {staging}"):
-        generate_task(config_mod.load(big), "lis", data)
-    generate_task(config_mod.load(small), "arithmetic", data)  # another task meanwhile: fine, and spares lis
+        generate_task(load_config(big), "lis", data)
+    generate_task(load_config(small), "arithmetic", data)  # another task meanwhile: fine, and spares lis
     assert partial.exists() and (data / "arithmetic" / "manifest.json").exists()
 
     os.kill(run.pid, sig)
@@ -273,11 +273,11 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
     assert files_under(data) == sorted(left + ["arithmetic/arithmetic_2_test.parquet",
                                                "arithmetic/arithmetic_2_train.parquet", "arithmetic/manifest.json"])
 
-    assert generate_mod.main(["--task", "lis", "--params", str(small), "--out", str(data), "--no-check"]) == 0
+    assert generate.main(["--task", "lis", "--params", str(small), "--out", str(data), "--no-check"]) == 0
     assert not staging.exists() and (data / "lis" / "manifest.json").exists()
 
 
-def test_the_generate_stage_does_not_import_torch(tmp_path):
+def test_the_generate_does_not_import_torch(tmp_path):
     """torch costs seconds and ~0.3 GB to import: the generate stage checks everything but the architectures."""
     params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n")
     argv = ["generate", "--task", "lis", "--params", str(params), "--out", str(tmp_path), "--no-check"]
@@ -285,8 +285,8 @@ def test_the_generate_stage_does_not_import_torch(tmp_path):
             "try:\n    runpy.run_module('pipeline.generate', run_name='__main__')\nexcept SystemExit as e:\n"
             "    assert e.code == 0, e.code\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'models', 'lightning')))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=config_mod.ROOT,
-                         env={**os.environ, "PYTHONPATH": str(config_mod.ROOT)}, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
     assert out.splitlines()[-1] == "[]" and dataset_path(tmp_path, "lis", 3, "train").exists()
 
 

@@ -115,7 +115,7 @@ def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_d
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from pipeline.common import config as config_mod
+    from pipeline.common.config import load_config
     from pipeline.sweep import sweep
 
     store, db = tmp_path / "store", tmp_path / "mlflow.db"
@@ -126,7 +126,7 @@ sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, lrs: [0
          lr_search: halving, halving_rungs: [4], halving_keep: 0.3, halving_unguided: rank}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
-    sweep(config_mod.load(p), tiny_data, tmp_path / "results")
+    sweep(load_config(p), tiny_data, tmp_path / "results")
     trials = pd.read_csv(tmp_path / "results" / "trials.csv")
     assert sorted(trials.status) [:2] == ["dropped", "dropped"] and len(trials) == 3
     leader = trials[trials.status != "dropped"].iloc[0]

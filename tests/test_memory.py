@@ -36,7 +36,7 @@ def test_a_trial_that_cannot_fit_is_recorded_failed_with_what_it_needs_and_not_r
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from pipeline.common import config as config_mod
+    from pipeline.common.config import load_config
     from pipeline.sweep import sweep
 
     store, db = tmp_path / "store", tmp_path / "mlflow.db"
@@ -49,7 +49,7 @@ sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, memory_
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """,
     )
-    sweep(config_mod.load(p), tiny_data, tmp_path / "results")
+    sweep(load_config(p), tiny_data, tmp_path / "results")
     trials = pd.read_csv(tmp_path / "results" / "trials.csv")
     assert len(trials) == 1 and trials.status[0] == "failed"
     assert trials.reason[0].startswith("does not fit: needs ")

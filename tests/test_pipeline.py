@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import models
-from pipeline.common import config as config_mod
+from pipeline.common.config import ConfigError, load_config
 from pipeline.data.datasets import dataset_path
 from pipeline.search.cells import check_architectures
 from tests.helpers import ROOT
@@ -44,7 +44,7 @@ def no_outputs(out: Path) -> bool:
 
 
 def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
-    cfg = config_mod.load(repo / "params.yaml")
+    cfg = load_config(repo / "params.yaml")
     grid = len(cfg.sweep.architectures) * len(cfg.sweep.widths) * len(cfg.sweep.depths) * len(cfg.sweep.seeds) \
         * len(cfg.sweep_datasets())
     for task, size in cfg.sweep_datasets():
@@ -102,7 +102,7 @@ def test_dvc_plots_show_and_diff_draw_every_plot_in_chromium_and_exp_show_the_cl
     a panel per (task, architecture, depth) of a rect per cell. Chromium draws each, with DVC's scripts from the CDN,
     without a script error or warning. `dvc plots diff` against a commit of these outputs draws everything once per
     revision, the lines told apart by the revision's name. `dvc exp show` lists the headline metrics and claims."""
-    cfg = config_mod.load(repo / "params.yaml")
+    cfg = load_config(repo / "params.yaml")
     sweep, datasets = cfg.sweep, cfg.sweep_datasets()
     lines = {f"{a} D={w} d{d}" for a in sweep.architectures for w in sweep.widths for d in sweep.depths}
     series = {f"{a} d{d}" for a in sweep.architectures for d in sweep.depths}
@@ -146,7 +146,7 @@ def test_second_repro_does_no_work(repo):
     before = (repo / "results" / "sweep.csv").stat().st_mtime_ns
     result = run(["dvc", "repro"], repo)
     assert result.returncode == 0
-    stages = len(config_mod.load(repo / "params.yaml").tasks) + 2  # a generate per task, sweep, report
+    stages = len(load_config(repo / "params.yaml").tasks) + 2  # a generate per task, sweep, report
     assert result.stdout.count("didn't change, skipping") == stages and "Running stage" not in result.stdout
     assert (repo / "results" / "sweep.csv").stat().st_mtime_ns == before
     assert len(mlflow_runs(repo)[1]) == 1
@@ -202,7 +202,7 @@ def test_unreachable_ray_fails_fast_and_before_any_compute(repo):
 
 
 def test_corrupt_dataset_is_named_before_any_compute(repo):
-    cfg = config_mod.load(repo / "params.yaml")
+    cfg = load_config(repo / "params.yaml")
     task, size = cfg.sweep_datasets()[0]
     path = dataset_path(repo / "data", task, size, "test")
     saved = path.read_bytes()
@@ -254,9 +254,9 @@ def test_every_documented_exp_run_override_works_as_written(tmp_path):
         params = tmp_path / f"doc-{i}.yaml"
         params.write_text(yaml.safe_dump(queued[f"doc-{i}"]))
         try:
-            cfg = config_mod.load(params)
+            cfg = load_config(params)
             check_architectures(cfg)
-        except config_mod.ConfigError as err:
+        except ConfigError as err:
             pytest.fail(f"{source}: dvc exp run {shlex.join(args)}: {err}")
         for key, value in (arg.lstrip("+").split("=", 1) for arg in args[1::2]):
             assert functools.reduce(getattr, key.split("."), cfg) == yaml.safe_load(value), (source, key)

@@ -15,7 +15,7 @@ import torch
 import models
 import tasks
 from pipeline import plan
-from pipeline.common import config as config_mod
+from pipeline.common.config import Config, load_config
 from pipeline.search.cells import build_cells, defined_cells, model_costs
 from pipeline.search.forecast import REPLAYED, REPLAYED_CELLS, Cluster, Throughput, forecast, measure
 from tests.helpers import ROOT, write_params
@@ -25,15 +25,15 @@ TASKS = "tasks: [arithmetic, ed, ed_local, lis, index_lookup, dyck, eq_random, e
 FOUR = "sweep: {architectures: [standard, lstm], widths: [8, 16], datasets: {arithmetic: [2]}}\n"
 
 
-def load(tmp_path, profile: str, overrides: str = "") -> config_mod.Config:
-    return config_mod.load(write_params(tmp_path / "params.yaml", f"profile: {profile}\n{TASKS}{overrides}"))
+def load(tmp_path, profile: str, overrides: str = "") -> Config:
+    return load_config(write_params(tmp_path / "params.yaml", f"profile: {profile}\n{TASKS}{overrides}"))
 
 
-def costed(cfg: config_mod.Config) -> dict:
+def costed(cfg: Config) -> dict:
     return {at: replace(c, **model_costs(c, cfg.sweep.heads)) for at, c in defined_cells(cfg).items()}
 
 
-def grid_flops(cfg: config_mod.Config) -> float:
+def grid_flops(cfg: Config) -> float:
     """Training FLOPs of every (cell, learning rate) at its first budget, summed here from the config alone."""
     s, total = cfg.sweep, 0.0
     for task, size in cfg.sweep_datasets():
@@ -121,7 +121,7 @@ def test_the_replayed_savings_are_the_benchmarks_file():
     for profile, strategies in REPLAYED.items():
         section = sections[f"replay {profile}"]
         assert section["settings"]["cells"] == REPLAYED_CELLS[profile]
-        assert len(defined_cells(config_mod.load(profile=profile))) == REPLAYED_CELLS[profile]
+        assert len(defined_cells(load_config(profile=profile))) == REPLAYED_CELLS[profile]
         for name, ratios in strategies.items():
             assert ratios[0] == round(section["figures"][name]["grid_over_strategy"]["median"], 2), (profile, name)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline.common import config as config_mod
+from pipeline.common.config import load_config
 from pipeline.report import report
 from pipeline.reporting.figures import cell_label
 from pipeline.reporting.plots import FRONTIER_KINDS
@@ -37,7 +37,7 @@ def synthetic(tmp_path_factory) -> tuple[Path, dict]:
     results = tmp / "sweep.csv"
     table.to_csv(results, index=False)
     out = tmp / "report"
-    return out, report(config_mod.load(profile="tiny"), results, out, tmp / "report.json", tmp / "plots",
+    return out, report(load_config(profile="tiny"), results, out, tmp / "report.json", tmp / "plots",
                        log_mlflow=False)
 
 

@@ -211,7 +211,7 @@ def test_a_sweeps_trial_trains_with_its_batches_built_in_a_loader_process(tmp_pa
     """Ray Tune, Lightning and MLflow: a trial's loader process, forked inside its Ray worker, feeds every step."""
     import pandas as pd
 
-    from pipeline.common import config as config_mod
+    from pipeline.common.config import load_config
     from pipeline.sweep import sweep
 
     store, db = tmp_path / "store", tmp_path / "mlflow.db"
@@ -221,7 +221,7 @@ tasks: [arithmetic, lis]
 sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, loader_workers: 1}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
-    cfg = config_mod.load(p)
+    cfg = load_config(p)
     sweep(cfg, tiny_data, tmp_path / "results")
     trials = pd.read_csv(tmp_path / "results" / "trials.csv")
     assert len(trials) == 1 and trials.status[0] != "failed", trials.reason[0]

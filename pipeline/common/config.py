@@ -604,7 +604,7 @@ def profiles() -> list[str]:
     return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
 
 
-def load(params_path: Path | str = ROOT / "params.yaml", profile: str | None = None) -> Config:
+def load_config(params_path: Path | str = ROOT / "params.yaml", profile: str | None = None) -> Config:
     """The effective, validated config. ``profile`` overrides ``params.yaml``'s choice (used by tests). The
     architecture names and options are checked against the model registry by the sweep stage, which imports it
     (``pipeline/search/cells.py``): the other stages never load torch or the models."""

@@ -9,6 +9,12 @@ from tqdm import tqdm
 SHOWN = True  # False in worker processes that run whole jobs side by side: their bars would overwrite each other
 
 
+def hide_bars() -> None:
+    """No progress bars from this process (a worker beside others: one bar for all of them is the parent's)."""
+    global SHOWN
+    SHOWN = False
+
+
 def progress(total: int, desc: str, unit: str = "it") -> tqdm:
     live = sys.stderr.isatty()
     hidden = {} if SHOWN else {"disable": True}  # never disable=False: it would override $TQDM_DISABLE

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import tasks
-from pipeline.common import config as config_mod
+from pipeline.common.config import ROOT
 from pipeline.common.progress import progress
 from pipeline.data.datasets import DatasetError, read_metadata
 from pipeline.data.parallel import Pool
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("files", nargs="*", type=Path, help="Parquet files to check (or use --task)")
     ap.add_argument("--task", help="check every file in DATA/<task>/")
-    ap.add_argument("--data", type=Path, default=config_mod.ROOT / "data", help="data directory (default: %(default)s)")
+    ap.add_argument("--data", type=Path, default=ROOT / "data", help="data directory (default: %(default)s)")
     ap.add_argument("--samples", type=int, help="random samples per file (default: every sample)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random subset (default: %(default)s)")
     ap.add_argument("--workers", type=int, default=1, help="checker processes (default: %(default)s)")

@@ -20,9 +20,9 @@ A flip to or from diverged or failed stays a regression or improvement. Cells on
 
 from __future__ import annotations
 
-import html as html_mod
 import math
 from dataclasses import asdict, dataclass
+from html import escape
 
 import pandas as pd
 
@@ -192,11 +192,11 @@ def html(result: dict) -> str:
     for kind, heading in TITLES.items():
         if result[kind]:
             parts += [
-                f"<h3>{html_mod.escape(heading)}</h3>",
+                f"<h3>{escape(heading)}</h3>",
                 pd.DataFrame(result[kind]).drop(columns="kind").to_html(index=False),
             ]
     for kind in ("new", "missing"):
         if result[kind]:
-            items = "".join(f"<li>{html_mod.escape(name)}</li>" for name in result[kind])
+            items = "".join(f"<li>{escape(name)}</li>" for name in result[kind])
             parts.append(f"<h3>{kind.capitalize()} cells</h3><ul>{items}</ul>")
     return "".join(parts)

@@ -17,8 +17,8 @@ import torch
 
 import models
 import tasks
-from pipeline.common import config as config_mod
 from pipeline.common.cell import CellSpec, cell_id
+from pipeline.common.config import Config, ConfigError, SweepConfig, one_of
 from pipeline.common.provenance import code_hash
 from pipeline.data.datasets import dataset_path, file_hash, read_metadata
 from pipeline.search.frontier import Cell
@@ -26,21 +26,21 @@ from pipeline.search.frontier import Cell
 TRAINABLE = "pipeline.training.trainable"  # the module a trial runs: its imports are the training code
 
 
-def check_architectures(cfg: config_mod.Config) -> None:
-    """Architecture names and options exist in the model registry (``config.load`` checks everything else): the
+def check_architectures(cfg: Config) -> None:
+    """Architecture names and options exist in the model registry (``load_config`` checks everything else): the
     sweep stage checks them before any compute; the stages that never build a model do not import the registry."""
     for arch in cfg.sweep.architectures:
         if arch not in models.ARCHITECTURES:
-            raise config_mod.one_of("sweep.architectures", arch, models.ARCHITECTURES)
+            raise one_of("sweep.architectures", arch, models.ARCHITECTURES)
     for key in ("arch_depths", "arch_widths", "arch_lrs", "arch_options"):
         for arch in getattr(cfg.sweep, key):
             if arch not in models.ARCHITECTURES:
-                raise config_mod.one_of(f"sweep.{key}", arch, models.ARCHITECTURES)
+                raise one_of(f"sweep.{key}", arch, models.ARCHITECTURES)
     for arch, options in cfg.sweep.arch_options.items():
         try:
             models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
         except models.ArchitectureError as err:
-            raise config_mod.ConfigError(str(err)) from None
+            raise ConfigError(str(err)) from None
 
 
 def run_key(train: dict) -> str:
@@ -52,7 +52,7 @@ def run_key(train: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, CellSpec]:
+def build_cells(cfg: Config, data_dir: Path) -> dict[Cell, CellSpec]:
     """Every cell of the grid, with its dataset checked and hashed (raises DatasetError first)."""
     datasets = {}
     for task, size in cfg.sweep_datasets():
@@ -73,7 +73,7 @@ def build_cells(cfg: config_mod.Config, data_dir: Path) -> dict[Cell, CellSpec]:
     return grid_cells(cfg, datasets)
 
 
-def defined_cells(cfg: config_mod.Config) -> dict[Cell, CellSpec]:
+def defined_cells(cfg: Config) -> dict[Cell, CellSpec]:
     """Every cell of the grid as its task defines its dataset, before any file exists (``pipeline/plan.py``
     forecasts a profile whose data is not generated): its vocabulary, family and sample count, and as L the task's
     longest sequence, which is the files' L for every task but arithmetic (a bound there). No paths or hashes."""
@@ -95,7 +95,7 @@ def defined_cells(cfg: config_mod.Config) -> dict[Cell, CellSpec]:
     return grid_cells(cfg, datasets)
 
 
-def grid_cells(cfg: config_mod.Config, datasets: dict[tuple[str, int], dict[str, Any]]) -> dict[Cell, CellSpec]:
+def grid_cells(cfg: Config, datasets: dict[tuple[str, int], dict[str, Any]]) -> dict[Cell, CellSpec]:
     """The grid over ``datasets`` ((task, size) -> its dataset's fields of ``CellSpec``): every architecture, width,
     depth and seed the profile trains on each."""
     s = cfg.sweep
@@ -139,12 +139,12 @@ def model_costs(cell: CellSpec, heads: int) -> dict[str, Any]:
     }
 
 
-def budget_steps(cell: CellSpec, s: config_mod.SweepConfig) -> int:
+def budget_steps(cell: CellSpec, s: SweepConfig) -> int:
     """A trial's first step budget: ``max_steps``, or ``epochs`` passes over its training samples."""
     return s.max_steps if s.max_steps > 0 else s.epochs * -(-cell.train_samples // s.batch_size)
 
 
-def expected_cost(cell: CellSpec, s: config_mod.SweepConfig) -> float:
+def expected_cost(cell: CellSpec, s: SweepConfig) -> float:
     """Training GFLOPs if the trial runs its whole first budget: 3 x exact forward FLOPs at L x sequences."""
     assert cell.exact_gflops is not None, "model_costs first"
     return 3 * cell.exact_gflops * budget_steps(cell, s) * s.batch_size

@@ -30,8 +30,8 @@ import lightning as L
 import numpy as np
 import torch
 
-from pipeline.common import config as config_mod
 from pipeline.common.cell import CellSpec
+from pipeline.common.config import Config, Precision, SweepConfig
 from pipeline.data.datasets import Dataset
 from pipeline.search.cells import budget_steps, expected_cost
 from pipeline.search.frontier import Cell, GridPlan
@@ -71,7 +71,7 @@ REPLAYED: dict[str, dict[str, tuple[float, ...]]] = {
 REPLAYED_CELLS = {"paper": 576, "separations": 2392}  # the replayed grids' cells: another count is another shape
 
 
-def strategy(s: config_mod.SweepConfig) -> str:
+def strategy(s: SweepConfig) -> str:
     """The search as the replay benchmark names it: grid or frontier, with predicted widths and halving."""
     return s.search + ("+predict" if s.predict else "") + ("+halving" if s.lr_search == "halving" else "")
 
@@ -198,7 +198,7 @@ def random_sequences(count: int, length: int, vocab_size: int) -> Dataset:
 
 
 def measure(
-    cfg: config_mod.Config,
+    cfg: Config,
     cell: CellSpec,
     *,
     length: int,
@@ -206,7 +206,7 @@ def measure(
     steps: int,
     warmup: int,
     device: torch.device,
-    precision: config_mod.Precision,
+    precision: Precision,
 ) -> Measurement:
     """``cell``'s model (architecture, width, depth, options, vocabulary) trained as a trial trains it: the sweep's
     Lightning module, optimiser, gradient clip, batches and the micro-batches that fit its memory, at the profile's
@@ -252,7 +252,7 @@ def measure(
 
 
 def measure_all(
-    cfg: config_mod.Config,
+    cfg: Config,
     cells: dict[Cell, CellSpec],
     *,
     widths: list[int] | None,
@@ -262,7 +262,7 @@ def measure_all(
     steps: int,
     warmup: int,
     device: torch.device,
-    precision: config_mod.Precision,
+    precision: Precision,
 ) -> Throughput:
     """Every architecture of the grid measured (``measure``) on the shape of one of its cells: at ``widths``
     (default: its narrowest), ``depth`` (default: its shallowest), and the vocabulary and L (``length`` overrides it)
@@ -302,7 +302,7 @@ class Cluster:
     gpu: str | None
     cpus: int | None
 
-    def slots(self, s: config_mod.SweepConfig) -> int:
+    def slots(self, s: SweepConfig) -> int:
         """Trials at once: what a node holds of the trial's GPUs (on a GPU profile) and CPUs, times the nodes,
         at most ``sweep.max_concurrent_trials``."""
         need = s.trial_resources()
@@ -365,7 +365,7 @@ class Forecast:
     shape_differs: bool  # the grid is not the shape the replay was measured on
 
 
-def forecast(cfg: config_mod.Config, cells: dict[Cell, CellSpec], throughput: Throughput, cluster: Cluster) -> Forecast:
+def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, cluster: Cluster) -> Forecast:
     """The forecast of ``cells`` (with their model costs) on ``cluster`` at ``throughput``."""
     s = cfg.sweep
     need = s.trial_resources()

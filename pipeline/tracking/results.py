@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common import config as config_mod
 from pipeline.common.cell import CellSpec
+from pipeline.common.config import Config
 from pipeline.search.frontier import Outcome, Plan
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.runs import ChildRuns
@@ -106,7 +106,7 @@ def cell_table(searcher: CellSearcher, cells: dict, threshold: float) -> pd.Data
 
 
 def summarise(
-    cfg: config_mod.Config,
+    cfg: Config,
     table: pd.DataFrame,
     trials: pd.DataFrame,
     plan: Plan,

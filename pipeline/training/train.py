@@ -37,13 +37,13 @@ from pipeline.common.cell import CellSpec
 from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training import distributed
-from pipeline.training import verdict as verdict_mod
 from pipeline.training.batches import IGNORE, Batch, loader
 from pipeline.training.checkpoints import Resumable
 from pipeline.training.evaluation import final_accuracy
 from pipeline.training.memory import budget_bytes, fit_memory
 from pipeline.training.settings import TrainSettings
 from pipeline.training.status import Status
+from pipeline.training.verdict import Convergence, Verdict
 
 
 @dataclass(kw_only=True)
@@ -263,10 +263,10 @@ def fit(
     module = SequenceModel(spec, val_data=val)
     parts = micro_batches(spec, module.model, int(train.lengths.max()), device)
     train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers, parts, spec.loader_workers)
-    convergence = verdict_mod.Convergence(
+    convergence = Convergence(
         spec.convergence_window, spec.convergence_tolerance, spec.convergence_min_steps, spec.min_delta
     )
-    verdict = verdict_mod.Verdict(
+    verdict = Verdict(
         spec.threshold, spec.patience, convergence, spec.max_budget_factor, spec.stop_when_solved, spec.pause_at
     )
     parallel = (
@@ -364,9 +364,7 @@ CELL_METRICS = (
 TRIAL_METRICS = ("resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")
 
 
-def score(
-    spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: verdict_mod.Verdict
-) -> dict:
+def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: Verdict) -> dict:
     """The verdict and the test set's score of a fitted trial (rank 0 only), with its costs."""
     test = read_dataset(Path(spec.test_path)).head(spec.eval_samples)
     train_seconds = resumable.elapsed()

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.common import config as config_mod
 from pipeline.common.cell import CellSpec, cell_id
+from pipeline.common.config import ROOT
 
-ROOT = config_mod.ROOT
+__all__ = ["KILLABLE_SWEEP", "ROOT", "SMALL_SIZES", "make_cell", "write_params"]
 
 
 def make_cell(task: str = "lis", size: int = 4, arch: str = "standard", width: int = 16, depth: int = 1,

@@ -15,7 +15,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from models.selective_scan import selective_scan
-from pipeline.common import config as config_mod
+from pipeline.common.config import load_config
 from pipeline.generate import generate_task
 from tests.helpers import ROOT
 
@@ -53,7 +53,7 @@ def compiled_kernels() -> list[Path]:
     stages run: its generators and deduplication, and Mamba's scan. A copy given them loads these kernels instead of
     compiling them again in each stage's process and each Ray worker (about 20 s a `dvc repro` on 2 cores); the
     stages' own compiling from nothing is what this checkout's first generate and training do."""
-    cfg = config_mod.load(profile="tiny")
+    cfg = load_config(profile="tiny")
     with tempfile.TemporaryDirectory() as tmp:
         for name in cfg.generate.datasets:
             generate_task(cfg, name, Path(tmp), check=False)
