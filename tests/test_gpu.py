@@ -27,12 +27,46 @@ CUDA = torch.device("cuda")
 
 
 def test_chunked_scan_on_cuda_matches_the_cpu_recurrence():
+    """The torch form: float64 never runs the Triton kernel (``kernels.triton_ready``)."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 300, 16, dtype=torch.float64) for _ in range(3))
     gamma = 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64))
     ref = scan_reference(q, k, v, {}, gamma, False)
     ours = chunked_scan(*(t.to(CUDA) for t in (q, k, v)), {}, gamma.to(CUDA), False, chunk=64)
     torch.testing.assert_close(ours.cpu(), ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.fixture
+def exact_float32():
+    """TF32 off for float32 products (a trial run in this process turns it on), as it was afterwards."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_linear_triton_kernel_on_cuda_matches_the_cpu_recurrence_forward_state_and_gradients(exact_float32):
+    """The Triton kernel (retention's decays, a carried state) at a training shape: out, S_T and the gradients of
+    q, k, v and S_0."""
+    pytest.importorskip("triton")
+    torch.manual_seed(0)
+    B, H, T, d = 4, 8, 512, 64
+    q, k = (torch.nn.functional.elu(torch.randn(B, H, T, d)) + 1 for _ in range(2))
+    inputs = [q, k, torch.randn(B, H, T, d), torch.randn(B, H, d, d)]
+    gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float32))
+    results = []
+    for device, dtype in [(CUDA, torch.float32), (torch.device("cpu"), torch.float64)]:
+        leaves = [t.to(device, dtype).requires_grad_() for t in inputs]
+        state = {"S": leaves[3]}
+        scan = chunked_scan if device == CUDA else lambda *a, chunk: scan_reference(*a)
+        out = scan(*leaves[:3], state, gamma.to(device, dtype), False, chunk=64)
+        assert device != CUDA or type(out.grad_fn).__name__ == "_LinearScanBackward"
+        torch.manual_seed(1)
+        up = [torch.randn(t.shape, dtype=torch.float64).to(device, dtype) for t in (out, state["S"])]
+        grads = torch.autograd.grad((out * up[0]).sum() + (state["S"] * up[1]).sum(), leaves)
+        results.append([t.cpu().double() for t in (out, state["S"], *grads)])
+    for a, b in zip(*results):
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max()
 
 
 def mamba_inputs(B: int, T: int, E: int, N: int) -> list[torch.Tensor]:

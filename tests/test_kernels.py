@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from models import kernels
+from models.linear import chunked_scan, scan_reference
 from models.selective_scan import CHECKPOINT, selective_scan, selective_scan_reference
 
 tl = pytest.importorskip("triton.language")
@@ -32,6 +33,7 @@ def interpreted(module: str):
 
 
 selective_scan_triton = interpreted("models.selective_scan_triton").selective_scan_triton
+linear_triton = interpreted("models.linear_triton")
 
 
 @pytest.fixture(autouse=True)
@@ -87,16 +89,74 @@ def test_mamba_kernel_in_bf16_accumulates_in_float32():
         assert (ours.double() - ref_).abs().max() <= 1e-2 * ref_.abs().max()
 
 
+def linear_inputs(T: int, dk: int, dv: int, dtype=torch.float32, B: int = 2, H: int = 3):
+    """q, k, v, S_0 (normal; q and k through elu + 1, as linear attention's phi)."""
+    torch.manual_seed(0)
+    q, k = (torch.nn.functional.elu(torch.randn(B, H, T, dk)) + 1 for _ in range(2))
+    return [t.to(dtype) for t in (q, k, torch.randn(B, H, T, dv), torch.randn(B, H, dk, dv))]
+
+
+def scan_outputs_and_grads(scan, q, k, v, S0, gamma, normalize=False):
+    """out and the final state (S, then z if normalised), and the gradients of q, k, v and S_0 (and z_0)."""
+    leaves = [q, k, v, S0] = [t.detach().clone().requires_grad_() for t in (q, k, v, S0)]
+    state = {"S": S0} | ({"z": S0[..., 0].detach().abs().requires_grad_()} if normalize else {})
+    leaves += [state["z"]] if normalize else []
+    outputs = [scan(q, k, v, state, gamma, normalize), *state.values()]
+    torch.manual_seed(1)  # the same upstream gradients whatever the dtype
+    loss = sum((t * torch.randn(t.shape, dtype=torch.float64).to(t.dtype)).sum() for t in outputs)
+    return [*outputs, *torch.autograd.grad(loss, leaves)]
+
+
+GAMMAS = {"linear attention": [1.0, 1.0, 1.0], "retention": [1 - 2**-5, 1 - 2**-6, 0.8]}
+
+
+@pytest.mark.parametrize("gamma", GAMMAS.values(), ids=GAMMAS.keys())
+@pytest.mark.parametrize("T, dk, dv", [(1, 4, 4), (37, 4, 8), (70, 20, 70)])
+def test_linear_kernel_matches_the_recurrence_forward_state_and_gradients(gamma, T, dk, dv):
+    """float32 against one token at a time in float64, from a carried state: out, S_T and the gradients of q, k, v
+    and S_0, over an uneven last chunk (T = 37, 70 against BLOCK_T = 32), d padded to 16 and 32, and two blocks of
+    value columns (dv = 70 against BLOCK_V = 64)."""
+    inputs, g = linear_inputs(T, dk, dv), torch.tensor(gamma)
+    ref = scan_outputs_and_grads(scan_reference, *(t.double() for t in inputs), g.double())
+    ours = scan_outputs_and_grads(lambda *a: chunked_scan(*a, chunk=64), *inputs, g)
+    assert type(ours[0].grad_fn).__name__ == "_LinearScanBackward"
+    for a, b in zip(ours, ref):
+        assert a.dtype == torch.float32 and a.shape == b.shape
+        assert (a.double() - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+def test_normalised_linear_attention_runs_the_kernel_through_normalized():
+    inputs, g = linear_inputs(37, 4, 4), torch.ones(3)
+    ref = scan_outputs_and_grads(scan_reference, *(t.double() for t in inputs), g.double(), normalize=True)
+    ours = scan_outputs_and_grads(lambda *a: chunked_scan(*a, chunk=64), *inputs, g, normalize=True)
+    for a, b in zip(ours, ref):
+        assert (a.double() - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+def test_linear_kernel_in_bf16_accumulates_in_float32():
+    """out and S_T in the inputs' dtype, within bf16's rounding of the recurrence on the same rounded inputs."""
+    inputs, g = linear_inputs(37, 4, 8, torch.bfloat16), torch.tensor(GAMMAS["retention"])
+    ref = scan_outputs_and_grads(scan_reference, *(t.double() for t in inputs), g.double())
+    for ours, ref_ in zip(scan_outputs_and_grads(lambda *a: chunked_scan(*a, chunk=64), *inputs, g), ref):
+        assert ours.dtype == torch.bfloat16
+        assert (ours.double() - ref_).abs().max() <= 1e-2 * ref_.abs().max()
+
+
 def test_the_scans_run_triton_under_the_interpreter_and_torch_otherwise(monkeypatch):
     inputs = mamba_inputs(1, 3, 2, 4)
+    q, k, v, _ = (t.requires_grad_() for t in linear_inputs(3, 4, 4))
+    linear = lambda: type(chunked_scan(q, k, v, {}, torch.ones(3), False, 64).grad_fn).__name__  # noqa: E731
     assert kernels.triton_ready(*inputs)
     assert type(selective_scan(*inputs)[0].grad_fn).__name__ == "_SelectiveScanTritonBackward"
+    assert linear() == "_LinearScanBackward"
     with kernels.use("torch"):
         assert not kernels.triton_ready(*inputs)
         assert type(selective_scan(*inputs)[0].grad_fn).__name__ == "_SelectiveScanBackward"  # numba
+        assert linear() != "_LinearScanBackward"
     assert not kernels.triton_ready(*(t.double() for t in inputs))  # float64 checks the torch forms
     monkeypatch.delenv("TRITON_INTERPRET")
     assert not kernels.triton_ready(*inputs)
     assert type(selective_scan(*inputs)[0].grad_fn).__name__ == "_SelectiveScanBackward"
+    assert linear() != "_LinearScanBackward"
     with pytest.raises(ValueError, match="backend"), kernels.use("cuda"):
         pass
