@@ -10,8 +10,9 @@ Per head, with S_t = gamma S_{t-1} + k_t v_t^T (dk x dv) and z_t = gamma z_{t-1}
 flash-linear-attention and of RetNet's paper, in plain torch ops, so it runs on any device): inside a chunk the
 masked quadratic form (q k^T * Gamma) v with Gamma[t, s] = gamma^(t-s) for s <= t; across chunks the state each
 chunk starts from, a decayed sum of the earlier chunks' contributions (one (n, n) product over the n chunks).
-Decoding is the same code on one token. ``scan_reference`` is the recurrence a token at a time, which both are
-tested against.
+Decoding is the same code on one token. On CUDA the unnormalised scan runs as a Triton kernel instead
+(``models/linear_triton.py``, where triton is installed; ``models/kernels.py`` chooses), the normalised one through
+it. ``scan_reference`` is the recurrence a token at a time, which all are tested against.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models import kernels
 from models.backbone import BlockStack, Cache, Mixer, heads_view, merge_heads
 from models.registry import Option, register
 
@@ -35,6 +37,11 @@ def chunked_scan(q, k, v, state: dict, gamma: torch.Tensor, normalize: bool, chu
     """
     if normalize:
         return normalized(chunked_scan, q, k, v, state, gamma, chunk=chunk, eps=eps)
+    if kernels.triton_ready(q, k, v, gamma, *state.values()):
+        from models.linear_triton import linear_scan  # imports triton: only where it runs
+
+        out, state["S"] = linear_scan(q, k, v, state.get("S"), gamma)  # its own chunks of BLOCK_T tokens
+        return out
     B, H, T, dk = q.shape
     dv = v.shape[-1]
     n = -(-T // chunk)

@@ -1,5 +1,5 @@
-"""Mamba's selective scan (Gu & Dao 2023, Alg. 2): a plain PyTorch loop, a fused CPU kernel, and a parallel form for
-every other device.
+"""Mamba's selective scan (Gu & Dao 2023, Alg. 2): a plain PyTorch loop, a fused CPU kernel (its Triton twin for
+CUDA beside it), and a parallel form for every other device.
 
 Per batch row b, channel e and state n, with dt > 0 and A < 0:
 
@@ -14,7 +14,9 @@ intra-chunk form materialises a (B, T, E, N, chunk) tensor, chunk times the loop
 registers, and never writes the (B, T, E, N) states: the backward pass recomputes them a chunk at a time
 from the states saved at chunk starts.
 
-Off the CPU (or off float32) the parallel form runs (``selective_scan_parallel``): the recurrence unrolled as
+On CUDA the same kernel's algorithm runs in Triton (``models/selective_scan_triton.py``, where triton is installed;
+``models/kernels.py`` chooses). Elsewhere off the CPU (or off float32) the parallel form runs
+(``selective_scan_parallel``): the recurrence unrolled as
     h_t = exp(L_t) h_0 + sum_(s <= t) exp(L_t - L_s) u_s,      L_t = sum_(r <= t) dt_r A,  u_s = dt_s x_s B_s
 with the sums in log space (``torch.logcumsumexp``, a scan in one kernel), positive and negative u apart, in
 chunks (float32 keeps exp(L) to |L| x 6e-8, so L must not grow over all of T), in float32 whatever the autocast
@@ -30,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from numba import prange
 from torch.utils.checkpoint import checkpoint
+
+from models import kernels
 
 CHECKPOINT = 32  # tokens between saved states: the backward pass recomputes one chunk of states at a time
 
@@ -235,8 +239,12 @@ def selective_scan_parallel(dt, x, A, Bm, Cm, h0):
 
 
 def selective_scan(dt, x, A, Bm, Cm, h0):
-    """Same contract as ``selective_scan_reference``: the fused kernel for float32 CPU tensors, else the parallel
-    form."""
+    """Same contract as ``selective_scan_reference``: the Triton kernel where it runs (CUDA, ``kernels.triton_ready``),
+    else the fused numba kernel for float32 CPU tensors, else the parallel form."""
+    if kernels.triton_ready(dt, x, A, Bm, Cm, h0):
+        from models.selective_scan_triton import selective_scan_triton  # imports triton: only where it runs
+
+        return selective_scan_triton(dt, x, A, Bm, Cm, h0)
     if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (dt, x, A, Bm, Cm, h0)):
         return _SelectiveScan.apply(dt, x, A, Bm, Cm, h0)
     return selective_scan_parallel(dt, x, A, Bm, Cm, h0)

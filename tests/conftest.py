@@ -10,6 +10,26 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def _interpreted_triton() -> None:
+    """Without CUDA, triton.language imported under TRITON_INTERPRET=1, so that tests/test_kernels.py can run the
+    Triton kernels on the CPU. Triton fixes whether a ``@triton.jit`` function is interpreted when it is defined, its
+    own library's (``tl.sum``) at triton's first import, which Lightning's import makes (through torch._dynamo) before
+    test_kernels.py is collected. The variable is put back at once: the scans dispatch to Triton on the CPU only
+    where a test sets it again (``models.kernels.triton_ready``)."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("triton") is None or torch.cuda.is_available():
+        return
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TRITON_INTERPRET", "1")
+        import triton.language  # noqa: F401
+
+
+_interpreted_triton()
+
 from pipeline.common.config import Config, load_config  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from tests.helpers import KILLABLE_SWEEP  # noqa: E402

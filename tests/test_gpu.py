@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import models
+from models import kernels
 from models.linear import chunked_scan, scan_reference
 from models.selective_scan import selective_scan, selective_scan_reference
 from pipeline.training.memory import fit_memory
@@ -34,6 +35,7 @@ def exact_float32():
 
 
 def test_chunked_scan_on_cuda_matches_the_cpu_recurrence():
+    """The torch form: float64 never runs the Triton kernel (``kernels.triton_ready``)."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 300, 16, dtype=torch.float64) for _ in range(3))
     gamma = 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64))
@@ -42,15 +44,44 @@ def test_chunked_scan_on_cuda_matches_the_cpu_recurrence():
     torch.testing.assert_close(ours.cpu(), ref, rtol=1e-9, atol=1e-9)
 
 
-def test_selective_scan_on_cuda_matches_the_cpu_loop_forward_and_gradients():
+def test_linear_triton_kernel_on_cuda_matches_the_cpu_recurrence_forward_state_and_gradients():
+    """The Triton kernel (retention's decays, a carried state) at a training shape: out, S_T and the gradients of
+    q, k, v and S_0."""
+    pytest.importorskip("triton")
     torch.manual_seed(0)
-    B, T, E, N = 2, 300, 8, 16
-    inputs = [torch.nn.functional.softplus(torch.randn(B, T, E) - 2), torch.randn(B, T, E),
-              -torch.arange(1.0, N + 1).repeat(E, 1), torch.randn(B, T, N), torch.randn(B, T, N), torch.randn(B, E, N)]
+    B, H, T, d = 4, 8, 512, 64
+    q, k = (torch.nn.functional.elu(torch.randn(B, H, T, d)) + 1 for _ in range(2))
+    inputs = [q, k, torch.randn(B, H, T, d), torch.randn(B, H, d, d)]
+    gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float32))
+    results = []
+    for device, dtype in [(CUDA, torch.float32), (torch.device("cpu"), torch.float64)]:
+        leaves = [t.to(device, dtype).requires_grad_() for t in inputs]
+        state = {"S": leaves[3]}
+        scan = chunked_scan if device == CUDA else lambda *a, chunk: scan_reference(*a)
+        out = scan(*leaves[:3], state, gamma.to(device, dtype), False, chunk=64)
+        assert device != CUDA or type(out.grad_fn).__name__ == "_LinearScanBackward"
+        torch.manual_seed(1)
+        up = [torch.randn(t.shape, dtype=torch.float64).to(device, dtype) for t in (out, state["S"])]
+        grads = torch.autograd.grad((out * up[0]).sum() + (state["S"] * up[1]).sum(), leaves)
+        results.append([t.cpu().double() for t in (out, state["S"], *grads)])
+    for a, b in zip(*results):
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+
+
+def mamba_inputs(B: int, T: int, E: int, N: int) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.nn.functional.softplus(torch.randn(B, T, E) - 2), torch.randn(B, T, E),
+            -torch.arange(1.0, N + 1).repeat(E, 1), torch.randn(B, T, N), torch.randn(B, T, N), torch.randn(B, E, N)]
+
+
+def test_selective_scan_on_cuda_matches_the_cpu_loop_forward_and_gradients():
+    """The torch form (the fallback without triton)."""
+    inputs = mamba_inputs(2, 300, 8, 16)
     ref = [t.double().requires_grad_() for t in inputs]
     ours = [t.to(CUDA).requires_grad_() for t in inputs]
     y_ref, h_ref = selective_scan_reference(*ref)
-    y, h = selective_scan(*ours)
+    with kernels.use("torch"):
+        y, h = selective_scan(*ours)
     assert y.device.type == "cuda"
     torch.testing.assert_close(y.cpu().double(), y_ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(h.cpu().double(), h_ref, rtol=1e-4, atol=1e-4)
@@ -58,6 +89,23 @@ def test_selective_scan_on_cuda_matches_the_cpu_loop_forward_and_gradients():
     g = torch.autograd.grad(y.sum() + h.sum(), ours)
     for a, b in zip(g, g_ref):
         assert (a.cpu().double() - b).abs().max() <= 1e-3 * b.abs().max()
+
+
+def test_mamba_triton_kernel_on_cuda_matches_the_cpu_loop_forward_and_gradients():
+    """The Triton kernel, the default on CUDA where triton is installed, at a training shape."""
+    pytest.importorskip("triton")
+    inputs = mamba_inputs(4, 512, 256, 16)
+    ref = [t.double().requires_grad_() for t in inputs]
+    ours = [t.to(CUDA).requires_grad_() for t in inputs]
+    assert kernels.triton_ready(*ours)
+    y, h = selective_scan(*ours)
+    assert type(y.grad_fn).__name__ == "_SelectiveScanTritonBackward"
+    y_ref, h_ref = selective_scan_reference(*ref)
+    gy, gh = torch.randn_like(y_ref), torch.randn_like(h_ref)
+    g = torch.autograd.grad((y * gy.to(CUDA)).sum() + (h * gh.to(CUDA)).sum(), ours)
+    g_ref = torch.autograd.grad((y_ref * gy).sum() + (h_ref * gh).sum(), ref)
+    for a, b in zip([y, h, *g], [y_ref, h_ref, *g_ref]):
+        assert (a.cpu().double() - b).abs().max() <= 1e-4 * b.abs().max()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
