@@ -29,11 +29,13 @@ import torch.nn.functional as F
 import models
 from benchmarks.bench_models import theoretical_peak
 from benchmarks.results import Results, figure, out_option, out_path
+from models import kernels
 from pipeline.training.memory import GB, budget_bytes, fit_memory
 
 # dense bf16 peaks (NVIDIA's data sheets, without sparsity), by a part of the device's name
 PEAK_BF16 = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 VOCAB = 32
+WITH_KERNEL = ("linear", "linear_nofm", "mamba", "retnet")  # their scans have a Triton kernel and a torch form
 
 
 def peak(device: torch.device, threads: int) -> tuple[float, str]:
@@ -102,6 +104,28 @@ def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.dev
     return row
 
 
+def kernels_run_on(device: torch.device) -> bool:
+    """Whether the scans' Triton kernels run on ``device`` (CUDA with triton installed)."""
+    return kernels.triton_ready(torch.zeros(1, device=device))
+
+
+def line(name: str, row: dict, standard: float | None, kernel_row: dict | None) -> str:
+    """A row as printed: tokens/s, MFU, steps, micro-batches, peak memory, its time per token against standard's and,
+    for a torch form measured beside its kernel, the kernel's speed-up over it."""
+    if "error" in row:
+        return f"{name:15s} {row['error']}"
+    rate = row["tokens_per_s"]["median"]
+    text = (f"{name:15s} {rate:12,.0f} tokens/s  MFU {row['mfu']['median']:5.1f}%  {row['steps']} steps x "
+            f"{len(row['tokens_per_s']['values'])}  micro-batch {row['micro_batch']} x {row['micro_batches']}")
+    if "peak_memory_gb" in row:
+        text += f"  peak {row['peak_memory_gb']:.1f} GB"
+    if standard:
+        text += f"  {standard / rate:.2f}x standard's time per token"
+    if name.endswith("@torch") and kernel_row and "error" not in kernel_row:
+        text += f"  (the Triton kernel: {kernel_row['tokens_per_s']['median'] / rate:.2f}x this)"
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -134,27 +158,26 @@ def main(argv: list[str] | None = None) -> None:
           flush=True)
     res = Results("bench_gpu", argv)
     figures = res.section("quick" if args.quick else "paper_shapes", settings)
+    # where the Triton kernels run, each scan's torch form is measured beside its kernel: row "<arch>@torch"
+    side_by_side = kernels_run_on(device)
+    settings["kernels"] = "triton, and the torch forms beside them" if side_by_side else "torch forms only"
     standard = None
     # standard first, the yardstick of every other row; each row written as soon as it is measured
     for arch in sorted(args.archs, key=lambda a: a != "standard"):
-        try:
-            row = measure(arch, args, shape, device, autocast)
-        except torch.OutOfMemoryError as e:  # a row, not the end of the benchmark
-            row = {"error": f"out of memory: {str(e).splitlines()[0]}"}
-        figures[arch] = row
-        if "error" in row:
-            print(f"{arch:15s} {row['error']}", flush=True)
-        else:
-            rate = row["tokens_per_s"]["median"]
-            standard = standard or (rate if arch == "standard" else None)
-            versus = f"  {standard / rate:.2f}x standard's time per token" if standard else ""
-            memory = f"  peak {row['peak_memory_gb']:.1f} GB" if "peak_memory_gb" in row else ""
-            print(f"{arch:15s} {rate:12,.0f} tokens/s  MFU {row['mfu']['median']:5.1f}%  {row['steps']} steps x "
-                  f"{args.repeats}  micro-batch {row['micro_batch']} x {row['micro_batches']}{memory}{versus}",
-                  flush=True)
-        res.write(out_path(args, "bench_gpu"))
-        if gpu:
-            torch.cuda.empty_cache()
+        for backend in ("triton", "torch") if side_by_side and arch in WITH_KERNEL else ("triton",):
+            name = arch if backend == "triton" else f"{arch}@torch"
+            try:
+                with kernels.use(backend):
+                    row = measure(arch, args, shape, device, autocast)
+            except torch.OutOfMemoryError as e:  # a row, not the end of the benchmark
+                row = {"error": f"out of memory: {str(e).splitlines()[0]}"}
+            figures[name] = row
+            if name == "standard" and "error" not in row:
+                standard = row["tokens_per_s"]["median"]
+            print(line(name, row, standard, figures.get(arch)), flush=True)
+            res.write(out_path(args, "bench_gpu"))
+            if gpu:
+                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

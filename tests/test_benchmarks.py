@@ -60,6 +60,21 @@ def test_gpu_benchmark_quick_runs_every_architecture_on_this_device(capsys, tmp_
     assert read_results(tmp_path / "gpu.json", "bench_gpu")["quick"]["figures"]["standard"]["micro_batches"] > 1
 
 
+def test_gpu_benchmark_measures_each_kernel_beside_its_torch_form_and_writes_row_by_row(capsys, tmp_path, monkeypatch):
+    """Where the Triton kernels run, a scan's torch form gets its own row beside the kernel's, with the kernel's
+    speed-up printed (the loop checked on the CPU with the torch form in both rows); the file holds every row
+    measured so far after each one."""
+    monkeypatch.setattr(bench_gpu, "kernels_run_on", lambda device: True)
+    written = []
+    monkeypatch.setattr(bench_gpu.Results, "write", lambda self, path: written.append(set(self.sections["quick"]
+                                                                                              ["figures"])))
+    bench_gpu.main(["--quick", "--repeats", "1", "--steps", "1", "--archs", "retnet", "standard", "lstm"])
+    out = capsys.readouterr().out
+    assert written == [{"standard"}, {"standard", "retnet"}, {"standard", "retnet", "retnet@torch"},
+                       {"standard", "retnet", "retnet@torch", "lstm"}]
+    assert "retnet@torch" in out and "(the Triton kernel:" in out and "lstm@torch" not in out
+
+
 def test_generator_benchmark_writes_its_figures(capsys, tmp_path):
     """The generator benchmark's kernel table at tiny settings (a few seconds): every lis size prints a row and is
     written with its figures; a second run of another task adds its section and keeps the first."""
