@@ -88,3 +88,14 @@ def test_bad_input_is_named_before_anything_runs(tmp_path):
     assert not out.exists() or not any(out.iterdir())  # nothing ran
     usage = proof("run")
     assert usage.returncode == 2 and "name the output folder" in usage.stderr
+
+
+def test_outside_a_git_checkout_the_commit_is_the_one_the_proof_prepared(tmp_path, monkeypatch):
+    """The lent machine's copy of the tree has no .git: its figures carry the commit ``prepare`` recorded."""
+    from pipeline.common.provenance import git_commit
+
+    monkeypatch.delenv("CAPACITY_ATLAS_COMMIT", raising=False)
+    assert git_commit(tmp_path).sha == "unknown"
+    monkeypatch.setenv("CAPACITY_ATLAS_COMMIT", "0123abc+dirty")
+    assert (git_commit(tmp_path).sha, git_commit(tmp_path).dirty) == ("0123abc", True)
+    assert git_commit(ROOT).sha != "0123abc"  # a checkout's own commit wins
