@@ -103,6 +103,23 @@ class LanguageModel(nn.Module):
         """Bytes of decoding state needed to produce token ``length + 1``."""
         return sum(m.state_bytes(length, bytes_per_value) for m in self.modules() if isinstance(m, Mixer))
 
+    @torch.no_grad()
+    def greedy(self, prompts: torch.Tensor, stop: int) -> torch.Tensor:
+        """(B, P) prompts -> (B, <= max_len + 1): the greedy continuation with the cache (the prefix is never
+        recomputed), until every row has produced the token ``stop`` or the cache is full."""
+        B, P = prompts.shape
+        cache = self.new_cache(B)
+        logits = self(prompts, cache)[:, -1]  # (B, V)
+        out, done = [prompts], torch.zeros(B, dtype=torch.bool, device=prompts.device)
+        while True:
+            nxt = logits.argmax(-1)  # (B,)
+            out.append(nxt[:, None])
+            done |= nxt == stop
+            if done.all() or cache.pos >= self.max_len:
+                break
+            logits = self(nxt[:, None], cache)[:, -1]
+        return torch.cat(out, 1)
+
 
 def sinusoids(max_len: int, width: int) -> torch.Tensor:
     """PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(...)  (Vaswani et al. 2017, sec. 3.5)."""

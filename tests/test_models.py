@@ -16,7 +16,7 @@ from models.sinks import Sinks
 from models.sliding_window import Window
 from models.sparse import BlockSparse, block_size
 from models.standard import Causal
-from pipeline.training.evaluation import decode
+from tasks import EOS_ID
 
 ARCHS = sorted(models.ARCHITECTURES)
 
@@ -85,7 +85,7 @@ def test_limited_patterns_drop_what_no_later_token_can_attend(arch, options, kep
 def test_cached_greedy_decoding_equals_recomputing_the_prefix(arch):
     model = tiny(arch)
     prompts = torch.randint(2, 23, (4, 6))
-    out = decode(model, prompts)
+    out = model.greedy(prompts, EOS_ID)
     seq = prompts
     with torch.no_grad():
         while seq.shape[1] < out.shape[1]:

@@ -12,8 +12,7 @@ Validation: the last ``val_samples`` training samples are held out (never traine
 when the data is generated with ``unique``). Every validation logs the teacher-forced loss and token accuracy and
 the final-answer accuracy (``val_accuracy``, scored as the test set is), which decides when the trial is solved
 (``pipeline/training/verdict.py``). The test set is scored once, at the end. Batches come from
-``pipeline/training/batches.py``,
-the scores from ``pipeline/training/evaluation.py``.
+``pipeline/training/batches.py``, greedy final answers from ``pipeline/training/evaluation.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training import distributed
 from pipeline.training.batches import IGNORE, Batch, loader
 from pipeline.training.checkpoints import Resumable
-from pipeline.training.evaluation import final_accuracy
+from pipeline.training.evaluation import greedy_accuracy
 from pipeline.training.memory import budget_bytes, fit_memory
 from pipeline.training.settings import TrainSettings
 from pipeline.training.status import Status
@@ -155,6 +154,20 @@ class SequenceModel(L.LightningModule):
         assert self.ncp is not None  # made for the ncp family
         return ((logits > 0) == self.ncp.targets(inputs, targets).bool()).all(-1)
 
+    def final_accuracy(self, data: Dataset, batch_size: int, device) -> float:
+        """The family's final score, as the papers score it: greedy final answers (cot, classify) or, for ncp, the
+        fraction of sequences right at every prefix (teacher-forced, one pass)."""
+        if self.spec.family != "ncp":
+            return greedy_accuracy(self.model, data, batch_size, device)
+        self.eval()
+        right = 0
+        with torch.no_grad():
+            for batch in loader(data, batch_size, 0, False):
+                inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+                ok = self.correct(self.model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
+                right += int(ok.all(1).sum())
+        return right / len(data)
+
     def training_step(self, batch: Batch, batch_idx):
         loss = self.training_loss(batch)
         # data-parallel: the mean of the workers' weighted losses is the global batch's loss
@@ -179,7 +192,7 @@ class SequenceModel(L.LightningModule):
         self.sync_flops()
         if self.val_data is not None:
             with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
-                accuracy = final_accuracy(self, self.val_data, self.spec.eval_batch_size, self.device)
+                accuracy = self.final_accuracy(self.val_data, self.spec.eval_batch_size, self.device)
             self.log("val_accuracy", accuracy)
 
     def configure_optimizers(self):
@@ -377,7 +390,7 @@ def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable:
     accuracy = math.nan
     if status not in (Status.DIVERGED, Status.PAUSED):
         with trainer.precision_plugin.forward_context():  # the test set under the policy validation used
-            accuracy = final_accuracy(module, test, spec.eval_batch_size, device)
+            accuracy = module.final_accuracy(test, spec.eval_batch_size, device)
     model = module.model
     metric = resumable.last_metrics()
     return {
