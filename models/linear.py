@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models import kernels
 from models.backbone import BlockStack, Cache, Mixer, heads_view, merge_heads
+from models.kernels import triton_ready
 from models.registry import Option, register
 
 
@@ -37,7 +37,7 @@ def chunked_scan(q, k, v, state: dict, gamma: torch.Tensor, normalize: bool, chu
     """
     if normalize:
         return normalized(chunked_scan, q, k, v, state, gamma, chunk=chunk, eps=eps)
-    if kernels.triton_ready(q, k, v, gamma, *state.values()):
+    if triton_ready(q, k, v, gamma, *state.values()):
         from models.linear_triton import linear_scan  # imports triton: only where it runs
 
         out, state["S"] = linear_scan(q, k, v, state.get("S"), gamma)  # its own chunks of BLOCK_T tokens

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from numba import prange
 from torch.utils.checkpoint import checkpoint
 
-from models import kernels
+from models.kernels import triton_ready
 
 CHECKPOINT = 32  # tokens between saved states: the backward pass recomputes one chunk of states at a time
 
@@ -241,7 +241,7 @@ def selective_scan_parallel(dt, x, A, Bm, Cm, h0):
 def selective_scan(dt, x, A, Bm, Cm, h0):
     """Same contract as ``selective_scan_reference``: the Triton kernel where it runs (CUDA, ``kernels.triton_ready``),
     else the fused numba kernel for float32 CPU tensors, else the parallel form."""
-    if kernels.triton_ready(dt, x, A, Bm, Cm, h0):
+    if triton_ready(dt, x, A, Bm, Cm, h0):
         from models.selective_scan_triton import selective_scan_triton  # imports triton: only where it runs
 
         return selective_scan_triton(dt, x, A, Bm, Cm, h0)

@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from models.selective_scan import CHECKPOINT
+CHECKPOINT = 32  # tokens between saved states, as the CPU kernel's: the backward recomputes one chunk at a time
+
 
 # channels per program: small, so that B E / BLOCK_E programs fill the GPU's SMs (each one walks all of T in turn);
 # one warp each, so the per-token sums over channels and states are warp shuffles, not shared-memory round trips
