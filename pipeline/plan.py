@@ -17,13 +17,13 @@ measured now for every architecture on this machine's device (cuda if there is o
 threads a trial gets; --warmup-steps, then --measure-steps timed), or read from a --throughput file measured
 elsewhere (--save-throughput writes one). The trials are handed to the cluster's slots (nodes x GPUs per node /
 sweep.gpus_per_trial; on a CPU profile, CPUs per node / the trial's CPUs) longest first, as the sweep's searcher
-hands them out, each on the first free slot (a list schedule, replayed by pipeline/search/replay.py); GPU-hours are
+hands them out, each on the first free slot (a list schedule, ``pipeline.costs.schedule``); GPU-hours are
 the trials' hours x their GPUs. The hours are those of the device the throughput was measured on: the output says
 so when that is not the cluster's GPU kind (--gpu).
 
 What a search trains (sweep.search: frontier, sweep.lr_search: halving, sweep.predict) is not known before its
 trials end. For the paper and separations shapes the forecast divides the grid's FLOPs by the savings the replay
-benchmark measured for each strategy on a synthetic grid of that shape (pipeline/search/forecast.py, REPLAYED;
+benchmark measured for each strategy on a synthetic grid of that shape (``pipeline.costs.forecast.REPLAYED``;
 `python -m benchmarks.bench_frontier --synthetic PROFILE --slots 64`, docs/benchmarks.md): a model of the papers'
 reported results, not a measurement of training, and marked so in the output. Its wall time is its device-hours
 over the slots: perfect packing, a lower bound (a frontier trains a chain's sizes in turn).
@@ -44,17 +44,9 @@ from typing import get_args
 import torch
 
 from pipeline.common.config import ROOT, Config, ConfigError, Precision, load_config
+from pipeline.costs.forecast import REPLAY_COMMAND, Cluster, Forecast, Row, forecast
+from pipeline.costs.throughput import PlanError, Throughput, measure_all
 from pipeline.search.cells import check_architectures, defined_cells, model_costs
-from pipeline.search.forecast import (
-    REPLAY_COMMAND,
-    Cluster,
-    Forecast,
-    PlanError,
-    Row,
-    Throughput,
-    forecast,
-    measure_all,
-)
 
 
 def number(x: float) -> str:

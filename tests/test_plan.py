@@ -1,4 +1,4 @@
-"""The forecast before launch (pipeline/plan.py, pipeline/search/forecast.py): the grid's FLOPs against a sum over its
+"""The forecast before launch (pipeline.plan, pipeline.costs): the grid's FLOPs against a sum over its
 cells made here, the wall time a throughput file implies on a hand-checked case, the replayed savings against the
 benchmark's file, bad input named before any compute, one measured throughput, and the command end to end on `tiny`
 with its throughput measured on this CPU."""
@@ -16,8 +16,9 @@ import models
 import tasks
 from pipeline import plan
 from pipeline.common.config import Config, load_config
+from pipeline.costs.forecast import REPLAYED, REPLAYED_CELLS, Cluster, forecast
+from pipeline.costs.throughput import Throughput, measure
 from pipeline.search.cells import build_cells, defined_cells, model_costs
-from pipeline.search.forecast import REPLAYED, REPLAYED_CELLS, Cluster, Throughput, forecast, measure
 from tests.helpers import ROOT, write_params
 
 TASKS = "tasks: [arithmetic, ed, ed_local, lis, index_lookup, dyck, eq_random, eq_one, eq_ncp]\n"

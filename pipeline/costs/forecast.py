@@ -1,0 +1,157 @@
+"""The forecast of a profile (``python -m pipeline.plan``): the grid's trials and their training FLOPs at the first
+and the extended step budget (3 x the model's exact forward FLOPs at the task's L x sequences, on shape-only
+models), their time at a measured ``Throughput``, handed to the cluster's slots in the sweep's order
+(``list_schedule``). What a search trains (frontier, predicted widths, halving) is not known before its trials end:
+``REPLAYED`` models it by the savings the replay of each strategy measured on synthetic grids of the ``paper`` and
+``separations`` shapes, and the forecast says so."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from pipeline.common.cell import CellSpec
+from pipeline.common.config import Config, SweepConfig
+from pipeline.costs.schedule import Trial, list_schedule
+from pipeline.costs.throughput import PlanError, Throughput
+from pipeline.search.cells import budget_steps, expected_cost
+from pipeline.search.frontier import Cell
+
+# grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
+# of the profile's shape (the papers' reported frontiers, made-up curves, exact FLOPs of the real models), one value
+# per draw of that grid: draw 0 is docs/benchmarks/bench_frontier.json's sections "replay paper" and "replay
+# separations" (tests/test_plan.py holds them equal), draws 1 and 2 (--seed 1, --seed 2) are in docs/benchmarks.md.
+# On `paper` (one learning rate) halving changes nothing.
+REPLAY_COMMAND = "python -m benchmarks.bench_frontier --synthetic {profile} --slots 64"
+REPLAYED: dict[str, dict[str, tuple[float, ...]]] = {
+    "paper": {
+        "frontier": (4.82,),
+        "frontier+predict": (4.22,),
+        "frontier+halving": (4.82,),
+        "frontier+predict+halving": (4.22,),
+    },
+    "separations": {
+        "frontier": (3.88,),
+        "frontier+predict": (3.91,),
+        "frontier+halving": (10.21, 10.16, 9.82),
+        "frontier+predict+halving": (10.32, 10.14, 9.86),
+    },
+}
+REPLAYED_CELLS = {"paper": 576, "separations": 2392}  # the replayed grids' cells: another count is another shape
+
+
+def strategy(s: SweepConfig) -> str:
+    """The search as the replay benchmark names it: grid or frontier, with predicted widths and halving."""
+    return s.search + ("+predict" if s.predict else "") + ("+halving" if s.lr_search == "halving" else "")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster a profile is planned for: ``nodes`` alike, each with ``gpus`` GPUs of kind ``gpu`` (None: not
+    said) and ``cpus`` CPUs (None: not limiting)."""
+
+    nodes: int
+    gpus: int
+    gpu: str | None
+    cpus: int | None
+
+    def slots(self, s: SweepConfig) -> int:
+        """Trials at once: what a node holds of the trial's GPUs (on a GPU profile) and CPUs, times the nodes,
+        at most ``sweep.max_concurrent_trials``."""
+        need = s.trial_resources()
+        if not need["gpu"] and self.cpus is None:
+            raise PlanError("a CPU profile's slots are CPUs: give the CPUs a node has (--cpus-per-node)")
+        limits = [math.floor(self.gpus / need["gpu"])] if need["gpu"] else []
+        if self.cpus is not None:
+            limits.append(math.floor(self.cpus / need["cpu"]))
+        per_node = min(limits)
+        if per_node < 1:
+            raise PlanError(
+                f"a trial needs {need['gpu']:g} GPU(s) and {need['cpu']:g} CPU(s) (sweep.gpus_per_trial, "
+                f"cpus_per_trial, workers_per_trial): a node of {self.gpus} GPUs (--gpus-per-node) and "
+                f"{self.cpus} CPUs (--cpus-per-node) holds none"
+            )
+        return min(self.nodes * per_node, s.max_concurrent_trials or 1 << 30)
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a set of trials costs: training FLOPs, device-hours (GPU-hours on a GPU profile, CPU core-hours on a CPU
+    one) and hours of wall time on the cluster's slots."""
+
+    pflops: float
+    device_hours: float
+    wall_hours: float
+
+    def times(self, factor: float) -> Row:
+        return Row(self.pflops * factor, self.device_hours * factor, self.wall_hours * factor)
+
+
+@dataclass(frozen=True)
+class SearchForecast:
+    """A search strategy's training, modelled: the grid's over ``ratios``, its replayed savings (one per draw). Its
+    wall time is perfect packing of its device-hours on the slots, a lower bound."""
+
+    strategy: str
+    ratios: tuple[float, ...]
+    first: Row  # the grid at its first budget over the best ratio
+    extended: Row  # the grid at its extended budget over the worst ratio
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Everything the plan prints, in one record: the grid, the budget, the slots, the costs."""
+
+    profile: str
+    cells: int
+    trials: int
+    lrs: dict[str, list[float]]  # arch -> its learning rates
+    steps: list[int]  # the first step budgets, distinct (one per training-set size when budgeted in epochs)
+    factor: int  # the extended budget over the first (1 when trials are never extended)
+    slots: int
+    unit: str  # "GPU" or "CPU core": what a device-hour counts
+    per_trial: float  # devices one trial trains on
+    grid: Row  # every trial at its first budget, its wall a list schedule in the sweep's order
+    extended: Row  # every trial at its extended budget: the most the grid trains
+    search: str  # the configured strategy
+    searches: list[SearchForecast]  # the strategies replayed on this profile's shape
+    shape_differs: bool  # the grid is not the shape the replay was measured on
+
+
+def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, cluster: Cluster) -> Forecast:
+    """The forecast of ``cells`` (with their model costs) on ``cluster`` at ``throughput``."""
+    s = cfg.sweep
+    need = s.trial_resources()
+    per_trial = need["gpu"] or s.workers()  # a trial on k devices is taken to train k times as fast as on one
+    unit, per_hour = ("GPU", need["gpu"]) if need["gpu"] else ("CPU core", need["cpu"])
+    slots = cluster.slots(s)
+    trials = []
+    for cell in cells.values():
+        gflops = expected_cost(cell, s)  # a trial run to its first budget, the order the searcher starts it in
+        seconds = gflops * 1e9 / (throughput.rate(cell.arch, cell.width) * per_trial)
+        trials += [Trial(gflops, seconds, gflops / 1e6)] * len(cell.lrs)
+    schedule = list_schedule(trials, slots)
+    factor = s.max_budget_factor if s.stop_when_solved else 1
+    grid = Row(schedule.pflops, schedule.busy * per_hour / 3600, schedule.wall / 3600)
+    extended = grid.times(factor)  # every trial factor x as long: the same order, so the same schedule, stretched
+    searches = []
+    for name, ratios in REPLAYED.get(cfg.profile, {}).items():
+        first, most = grid.times(1 / max(ratios)), extended.times(1 / min(ratios))
+        packed = [replace(r, wall_hours=r.device_hours / per_hour / slots) for r in (first, most)]
+        searches.append(SearchForecast(name, ratios, *packed))
+    return Forecast(
+        profile=cfg.profile,
+        cells=len(cells),
+        trials=schedule.trials,
+        lrs={arch: s.learning_rates(arch) for arch in dict.fromkeys(c.arch for c in cells)},
+        steps=sorted({budget_steps(c, s) for c in cells.values()}),
+        factor=factor,
+        slots=slots,
+        unit=unit,
+        per_trial=per_trial,
+        grid=grid,
+        extended=extended,
+        search=strategy(s),
+        searches=searches,
+        shape_differs=len(cells) != REPLAYED_CELLS.get(cfg.profile, len(cells)),
+    )
