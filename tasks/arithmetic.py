@@ -200,6 +200,11 @@ class Arithmetic(Task):
     """``size`` = number of operators N. Train mixes 1..N operators with shares i / (1 + ... + N)."""
 
     name = "arithmetic"
+    paper = "dp"
+    test_sizes = (1, 3, 6)
+    # L as the DP paper's Table 2 states it, by number of operators (as quoted in issue 11; docs/datasets.md's
+    # table quotes 85 for 6 operators)
+    paper_lengths = {6: 87, 10: 221, 13: 355, 16: 505}
 
     @classmethod
     def validate(cls, size: int, **params) -> dict:

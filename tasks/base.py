@@ -14,6 +14,7 @@ spec without the generator's code, so a bug in one is caught by the other.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 PAD, EOS = "<pad>", "<eos>"
 PAD_ID, EOS_ID = 0, 1
 SPLITS = ("test", "train")  # test first: train samples are then drawn distinct from it
+PAPERS = ("dp", "separations")  # the DP paper (Feng et al. 2023) and the separations paper
 
 
 class TaskError(ValueError):
@@ -93,9 +95,16 @@ class Packed:
 
 
 class Task(ABC):
-    """A task at one size. Subclasses set ``name`` (and ``family``) and implement the abstract methods."""
+    """A task at one size. Subclasses set ``name``, ``paper`` and ``test_sizes`` (and ``family``, ``paper_lengths``
+    where they differ from the defaults) and implement the abstract methods; ``@register`` checks the class
+    attributes, so what the report and the tests need to know of a task lives in its own module.
+    """
 
     name: str
+    paper: str  # which paper's task it is: one of PAPERS (the report groups its figures by it)
+    test_sizes: tuple[int, ...]  # a few small sizes the tests generate and check every sample of (quick to run)
+    paper_lengths: Mapping[int, int] = {}  # size -> the sequence length L the paper states for it (the report
+    # gives the paper-convention cost at that L too); empty where the paper states none
     family: str = "cot"  # cot | classify | ncp (see the module docstring)
     version: str = "2"  # bump when the generator's output for a given seed changes
     features: tuple[str, ...] = ()  # per-sample statistics the kernel reports (their maximum goes in the stats)

@@ -97,6 +97,8 @@ class Dyck(Task):
     """``size`` = N, the (even) length of every word."""
 
     name = "dyck"
+    paper = "separations"
+    test_sizes = (10, 12, 20)
     family = "classify"
 
     @classmethod

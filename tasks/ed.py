@@ -137,6 +137,8 @@ class ED(Task):
     """``size`` = n, the length of A; B has n-3..n+2 letters, so n >= 4."""
 
     name = "ed"
+    paper = "dp"
+    test_sizes = (4, 5, 8)
     local = False  # ed_local re-emits the letters each cell compares
     features = ("locality_window", "cell_locality_window")
 

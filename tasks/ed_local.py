@@ -16,4 +16,6 @@ from tasks.registry import register
 @register
 class EDLocal(ED):
     name = "ed_local"
+    paper = "dp"
+    test_sizes = (4, 5, 8)
     local = True

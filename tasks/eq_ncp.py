@@ -14,6 +14,8 @@ from tasks.registry import register
 @register
 class EqNCP(Equality):
     name = "eq_ncp"
+    paper = "separations"
+    test_sizes = (2, 10, 20)
     family = "ncp"
     mode = NCP
     default_alphabet = 1024

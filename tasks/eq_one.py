@@ -12,6 +12,8 @@ from tasks.registry import register
 @register
 class EqOne(Equality):
     name = "eq_one"
+    paper = "separations"
+    test_sizes = (2, 10, 20)
     family = "classify"
     mode = ONE
     default_alphabet = 1024

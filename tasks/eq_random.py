@@ -12,6 +12,8 @@ from tasks.registry import register
 @register
 class EqRandom(Equality):
     name = "eq_random"
+    paper = "separations"
+    test_sizes = (2, 10, 20)
     family = "classify"
     mode = RANDOM
     default_alphabet = 2

@@ -37,6 +37,8 @@ class IndexLookup(Task):
     """``size`` = N, the longest input (every test input)."""
 
     name = "index_lookup"
+    paper = "separations"
+    test_sizes = (10, 12, 20)
     family = "classify"
 
     @classmethod

@@ -97,6 +97,8 @@ class LIS(Task):
     """``size`` = n, the input length. ``value_range`` R defaults to max(n + 150, 2n + 50) (spec's choice)."""
 
     name = "lis"
+    paper = "dp"
+    test_sizes = (3, 5, 12)
 
     @classmethod
     def validate(cls, size: int, **params) -> dict:

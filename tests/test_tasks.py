@@ -1,4 +1,5 @@
 import random
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -7,12 +8,37 @@ import tasks
 from benchmarks.reference import lis_dp, reference_sample
 from pipeline.generate import SPLITS
 from tasks.arithmetic import DIV, MINUS, PLUS, TIMES, Parser, needs_brackets
+from tasks.base import PAPERS
 from tasks.lis import lis_values
+from tasks.registry import declaration_errors, register
 from tests.helpers import SMALL_SIZES
 
 
 def test_every_registered_task_has_small_sizes_here():
     assert set(SMALL_SIZES) == set(tasks.TASKS)
+
+
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
+def test_every_task_declares_its_paper_the_papers_lengths_and_its_test_sizes(name):
+    task = tasks.TASKS[name]
+    assert task.name == name and declaration_errors(task) == []
+    assert task.paper in PAPERS and task.test_sizes and isinstance(task.paper_lengths, Mapping)
+    for size in (*task.test_sizes, *task.paper_lengths):
+        tasks.get_task(name, size)  # a size the task accepts
+
+
+def test_a_task_lacking_its_declarations_is_refused_at_registration():
+    class Bare(tasks.Task):  # abstract: registered, never built
+        name = "bare"
+
+    class Elsewhere(Bare):
+        paper, test_sizes, paper_lengths = "neither", [3], {6: "87"}
+
+    with pytest.raises(tasks.TaskError, match="Bare: no paper; no test_sizes"):
+        register(Bare)
+    with pytest.raises(tasks.TaskError, match="paper 'neither' is none of .* test_sizes .* paper_lengths"):
+        register(Elsewhere)
+    assert "bare" not in tasks.TASKS
 
 
 @pytest.mark.parametrize("name", sorted(tasks.TASKS))

@@ -9,9 +9,9 @@ solved by every seed, and what it costs in three conventions.
 An undecided trial (its budget ran out while it was still improving) is no verdict: a minimum width with undecided
 cells below it is an upper bound, and a row no width solved with undecided cells is undecided, never unsolved.
 
-For arithmetic the paper states its lengths (``PAPER_LENGTHS``); our data's longest sequence differs (random
-expressions), so the paper-convention count is also given at the paper's L. The count is 2 (L+2) x (per-token
-MACs), linear in L + 2, so  paper_gflops(L') = paper_gflops(L) (L'+2) / (L+2)  exactly.
+For arithmetic the paper states its lengths (``PAPER_LENGTHS``, from each task's ``paper_lengths``); our data's
+longest sequence differs (random expressions), so the paper-convention count is also given at the paper's L. The
+count is 2 (L+2) x (per-token MACs), linear in L + 2, so  paper_gflops(L') = paper_gflops(L) (L'+2) / (L+2)  exactly.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pandas as pd
 
 from pipeline.search.frontier import Cell, Outcome, min_widths, searched
 from pipeline.training.status import Status
+from tasks import TASKS
 
-# The lengths L the DP paper's Table 2 states for arithmetic, by number of operators (as quoted in issue 11;
-# docs/datasets.md's table quotes 85 for 6 operators).
-PAPER_LENGTHS = {"arithmetic": {6: 87, 10: 221, 13: 355, 16: 505}}
+# The lengths L a paper states, per task and size: each task's own ``paper_lengths`` (today arithmetic's only)
+PAPER_LENGTHS = {name: dict(task.paper_lengths) for name, task in TASKS.items() if task.paper_lengths}
 BASELINE = "standard"  # the ratio column: cost of the cheapest architecture over the standard Transformer's
 CONVENTIONS = {
     "min_paper_gflops": "paper-convention forward GFLOPs",

@@ -4,7 +4,8 @@ test module or from conftest (tests/test_test_helpers.py checks).
 What lives where:
 
 - ``tests.helpers`` (here): ``ROOT`` (this checkout), ``write_params``, ``make_cell`` (a synthetic cell record),
-  ``KILLABLE_SWEEP`` (the sweep of the kill and cluster tests) and ``SMALL_SIZES`` (each task's small sizes).
+  ``KILLABLE_SWEEP`` (the sweep of the kill and cluster tests) and ``SMALL_SIZES`` (each task's small sizes,
+  its ``test_sizes``).
 - ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
   with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``short_trial``, a 20-step
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from pipeline.common.cell import CellSpec, cell_id
 from pipeline.common.config import ROOT
+from tasks import TASKS
 
 __all__ = ["KILLABLE_SWEEP", "ROOT", "SMALL_SIZES", "make_cell", "write_params"]
 
@@ -59,6 +61,5 @@ KILLABLE_SWEEP = """sweep:
   val_every_steps: 20
   stop_when_solved: false"""
 
-SMALL_SIZES = {"arithmetic": [1, 3, 6], "lis": [3, 5, 12], "ed": [4, 5, 8], "ed_local": [4, 5, 8],
-               "index_lookup": [10, 12, 20], "dyck": [10, 12, 20], "eq_random": [2, 10, 20], "eq_one": [2, 10, 20],
-               "eq_ncp": [2, 10, 20]}
+# Each task's small sizes, as the task declares them (``Task.test_sizes``)
+SMALL_SIZES = {name: list(task.test_sizes) for name, task in TASKS.items()}
