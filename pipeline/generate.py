@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -52,11 +51,6 @@ MAX_DRAWS_PER_SAMPLE = 20  # give up when unique samples are this rare: the spac
 # sibling of data/ need not be: data/ may be a mount), and .dvcignore hides it from DVC, which hashes data/ as the
 # sweep's dependency: a run killed by SIGKILL leaves nothing DVC sees.
 STAGING_DIR = ".staging"
-
-
-def seq_hash(tokens: np.ndarray) -> int:
-    """64-bit digest of a whole sequence, independent of the generator's own hashes (for tests and checks)."""
-    return int.from_bytes(hashlib.blake2b(tokens.astype(np.int32).tobytes(), digest_size=8).digest(), "little")
 
 
 def rng_for(seed: int, task: str, size: int, split: str, chunk: int) -> np.random.Generator:

@@ -1,3 +1,4 @@
+import hashlib
 import json
 import os
 import shutil
@@ -7,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,8 +20,13 @@ from pipeline.common.config import ConfigError, load_config
 from pipeline.data import validate
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
 from pipeline.data.parallel import Pool
-from pipeline.generate import SPLITS, generate_task, seq_hash
+from pipeline.generate import SPLITS, generate_task
 from tests.helpers import ROOT, SMALL_SIZES, write_params
+
+
+def seq_hash(tokens: np.ndarray) -> int:
+    """64-bit digest of a whole sequence, independent of the generator's own hashes."""
+    return int.from_bytes(hashlib.blake2b(tokens.astype(np.int32).tobytes(), digest_size=8).digest(), "little")
 
 
 def small_config(tiny_cfg, datasets: dict, train: int = 300, test: int = 60, **settings):

@@ -441,14 +441,9 @@ def searched(status: Status) -> Status:
     return status if status in (Status.SOLVED, Status.UNDECIDED) else Status.UNSOLVED
 
 
-PLANS: dict[str, Callable[..., Plan]] = {
-    "grid": GridPlan,
-    "frontier": FrontierPlan,
-}  # sweep.search: the plan it names
-
-
 def make_plan(search: str, cells: Iterable[Cell], predict: Sequence[str] = ()) -> Plan:
-    return FrontierPlan(cells, predict) if search == "frontier" else PLANS[search](cells)
+    """The plan ``sweep.search`` names (grid or frontier; the config allows no other)."""
+    return FrontierPlan(cells, predict) if search == "frontier" else GridPlan(cells)
 
 
 def min_widths(outcomes: dict[Cell, Outcome]) -> dict[tuple, MinWidth]:
