@@ -189,7 +189,7 @@ def positive(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m pipeline.plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -241,7 +241,43 @@ def main(argv: list[str] | None = None) -> int:
     )
     tp.add_argument("--measure-steps", metavar="N", type=positive, default=3, help="timed steps (default: 3)")
     tp.add_argument("--warmup-steps", metavar="N", type=positive, default=1, help="untimed steps first (default: 1)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def measuring_on(args: argparse.Namespace, cfg: Config) -> tuple[torch.device, Precision]:
+    """Where and in what precision to measure; a device or precision this machine lacks is an error."""
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PlanError("--device cuda: no CUDA device here")
+    precision = args.precision or cfg.sweep.precision
+    if device.type == "cpu" and precision == "16-mixed":
+        raise PlanError("--precision 16-mixed needs a GPU: on a CPU measure in bf16-mixed or 32-true (--precision)")
+    return device, precision
+
+
+def measured(args: argparse.Namespace, cfg: Config, cells: dict) -> tuple[Throughput, str]:
+    """The throughput measured here (kept with --save-throughput), with where it came from in words."""
+    device, precision = measuring_on(args, cfg)
+    throughput = measure_all(
+        cfg,
+        cells,
+        widths=args.measure_widths,
+        depth=args.measure_depth,
+        length=args.measure_length,
+        batch=args.measure_batch,
+        steps=args.measure_steps,
+        warmup=args.warmup_steps,
+        device=device,
+        precision=precision,
+    )
+    if not args.save_throughput:
+        return throughput, "measured now"
+    throughput.dump(args.save_throughput)
+    return throughput, f"measured now, saved to {args.save_throughput}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         cfg = load_config(args.params, profile=args.profile)
         check_architectures(cfg)
@@ -251,32 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         cpus = args.cpus_per_node or (None if s.gpus_per_trial else os.cpu_count() or 1)
         where = Cluster(args.nodes, args.gpus_per_node, args.gpu, cpus)
         where.slots(s)  # a node that holds no trial: named now, not after the measurements
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if given is None and device.type == "cuda" and not torch.cuda.is_available():
-            raise PlanError("--device cuda: no CUDA device here")
-        precision = args.precision or s.precision
-        if given is None and device.type == "cpu" and precision == "16-mixed":
-            raise PlanError("--precision 16-mixed needs a GPU: on a CPU measure in bf16-mixed or 32-true (--precision)")
-        cells = {at: replace(cell, **model_costs(cell, s.heads)) for at, cell in defined_cells(cfg).items()}
         if given is None:
-            throughput = measure_all(
-                cfg,
-                cells,
-                widths=args.measure_widths,
-                depth=args.measure_depth,
-                length=args.measure_length,
-                batch=args.measure_batch,
-                steps=args.measure_steps,
-                warmup=args.warmup_steps,
-                device=device,
-                precision=precision,
-            )
-            source = "measured now"
-            if args.save_throughput:
-                throughput.dump(args.save_throughput)
-                source += f", saved to {args.save_throughput}"
-        else:
-            throughput, source = given, f"from {args.throughput}"
+            measuring_on(args, cfg)  # named before any model is built
+        cells = {at: replace(cell, **model_costs(cell, s.heads)) for at, cell in defined_cells(cfg).items()}
+        throughput, source = (given, f"from {args.throughput}") if given else measured(args, cfg, cells)
         params = Path(args.params)
         shown = params.name if params.resolve() == ROOT / "params.yaml" else str(params)
         print(render(forecast(cfg, cells, throughput, where), cfg, shown, throughput, where, source))
