@@ -183,39 +183,13 @@ def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, ch
     return "\n".join(parts)
 
 
-def report(
-    cfg: Config,
-    results: Path,
-    out_dir: Path,
-    metrics_path: Path,
-    plots_dir: Path,
-    log_mlflow: bool = True,
-) -> dict:
-    table = load_results(results)
+def headline(cfg: Config, table: pd.DataFrame, best: pd.DataFrame, checks: list[dict]) -> dict[str, Any]:
+    """The report's metrics (``results/report.json``, ``dvc metrics show``): the cells by verdict, the claims by
+    status, each (task, size, arch, depth)'s minimum paper-convention GFLOPs."""
     threshold = cfg.report.accuracy_threshold
-    best = tables.min_gflops(table)
-    checks = evaluate(table)
-    client = None
-    if log_mlflow:
-        uri = cfg.cluster.mlflow()
-        check_mlflow(uri)
-        client = MlflowClient(uri)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    histories = load_histories(client, table) if client else None
-    figures = draw_all(table, tmp, histories)
-    plots_tmp = plots_dir.with_name(plots_dir.name + ".tmp")
-    shutil.rmtree(plots_tmp, ignore_errors=True)
-    write(table, best, histories, plots_tmp)
-    best.to_csv(tmp / "min_gflops.csv", index=False)
-    (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, threshold))
-    (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")
-    table.to_csv(tmp / "results.csv", index=False)
     measured = table[table.measured]
-    parent = str(table.parent_run_id.iloc[0])
     statuses = [c["status"] for c in checks]
-    summary: dict[str, Any] = {
+    return {
         "profile": cfg.profile,
         "cells": len(table),
         "measured": len(measured),
@@ -227,7 +201,7 @@ def report(
         "verdicts": ", ".join(f"{n} {status}" for status, n in measured.status.value_counts().items()),
         "cells_at_threshold": int((measured.final_accuracy >= threshold).sum()),
         "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
-        "mlflow_parent_run": parent,
+        "mlflow_parent_run": str(table.parent_run_id.iloc[0]),
         "claims_hold": statuses.count("holds"),
         "claims_fail": statuses.count("fails"),
         "claims_not_tested": statuses.count("not tested"),
@@ -239,6 +213,52 @@ def report(
             for r in best.itertuples()
         },
     }
+
+
+def fresh(path: Path) -> Path:
+    """``path``'s sibling ``<name>.tmp``, empty: where a new version is written before it replaces the old."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def log_report(client: MlflowClient, parent: str, out_dir: Path, checks: list[dict], summary: dict) -> None:
+    """The report into the sweep's parent run: the page's files, the claim table, the headline counts, a tag per
+    claim."""
+    client.log_artifacts(parent, str(out_dir), "report")
+    client.log_table(parent, pd.DataFrame(checks), CLAIMS_TABLE)  # the UI shows it as a table
+    for key in ("solved_cells", "claims_hold", "claims_fail", "claims_not_tested"):
+        client.log_metric(parent, key, summary[key])
+    for check in checks:
+        client.set_tag(parent, f"claim.{check['id']}", check["status"])
+
+
+def report(
+    cfg: Config,
+    results: Path,
+    out_dir: Path,
+    metrics_path: Path,
+    plots_dir: Path,
+    log_mlflow: bool = True,
+) -> dict:
+    table = load_results(results)
+    best = tables.min_gflops(table)
+    checks = evaluate(table)
+    client = None
+    if log_mlflow:
+        uri = cfg.cluster.mlflow()
+        check_mlflow(uri)
+        client = MlflowClient(uri)
+    tmp, plots_tmp = fresh(out_dir), fresh(plots_dir)
+    histories = load_histories(client, table) if client else None
+    figures = draw_all(table, tmp, histories)
+    write(table, best, histories, plots_tmp)
+    best.to_csv(tmp / "min_gflops.csv", index=False)
+    (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, cfg.report.accuracy_threshold))
+    (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")
+    table.to_csv(tmp / "results.csv", index=False)
+    summary = headline(cfg, table, best, checks)
     (tmp / "index.html").write_text(page(cfg, table, figures, best, checks, summary))
     # the report and the plot data DVC draws appear whole or not at all, both written before either replaces its old
     for new, old in ((plots_tmp, plots_dir), (tmp, out_dir)):
@@ -247,12 +267,7 @@ def report(
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     metrics_path.write_text(json.dumps(summary, indent=2) + "\n")
     if client is not None:
-        client.log_artifacts(parent, str(out_dir), "report")
-        client.log_table(parent, pd.DataFrame(checks), CLAIMS_TABLE)  # the UI shows it as a table
-        for key in ("solved_cells", "claims_hold", "claims_fail", "claims_not_tested"):
-            client.log_metric(parent, key, summary[key])
-        for check in checks:
-            client.set_tag(parent, f"claim.{check['id']}", check["status"])
+        log_report(client, summary["mlflow_parent_run"], out_dir, checks, summary)
     return summary
 
 

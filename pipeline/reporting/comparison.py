@@ -100,6 +100,61 @@ def width_shown(width: float, undecided: str) -> str:
     return f"{BOUND} {width:.0f}" if undecided else f"{width:.0f}"
 
 
+def cell_changes(old: pd.DataFrame, new: pd.DataFrame, tol: NightlyConfig) -> list[Change]:
+    """Per cell in both nights (indexed by cell id): a changed verdict, an accuracy or a throughput moved past its
+    tolerance."""
+    changes: list[Change] = []
+    for cell_id in old.index.intersection(new.index):
+        a, b = old.loc[cell_id], new.loc[cell_id]
+        where = cell_name(b)
+        if a.status != b.status:
+            changes.append(Change(verdict_change(a, b), "verdict", where, a.status, f"{b.status} ({b.reason})"))
+        if a.measured and b.measured and pd.notna(a.final_accuracy) and pd.notna(b.final_accuracy):
+            delta = b.final_accuracy - a.final_accuracy
+            if abs(delta) > tol.accuracy_drop:
+                kind = "regression" if delta < 0 else "improvement"
+                changes.append(Change(kind, "accuracy", where, f"{a.final_accuracy:.3f}", f"{b.final_accuracy:.3f}"))
+        speed_a, speed_b = throughput(a), throughput(b)
+        if speed_a > 0 and speed_b > 0:
+            ratio = speed_b / speed_a
+            if abs(ratio - 1) > tol.throughput_drop:
+                shown = f"{speed_a * 1e3:.3g} TFLOP/s", f"{speed_b * 1e3:.3g} TFLOP/s ({ratio:.2f}x)"
+                changes.append(Change("regression" if ratio < 1 else "improvement", "throughput", where, *shown))
+    return changes
+
+
+def width_changes(before: pd.DataFrame, after: pd.DataFrame, old: pd.DataFrame, new: pd.DataFrame) -> list[Change]:
+    """Per (task, size, arch, depth): a changed minimum width, told apart by whether undecided cells or borderline
+    cells (``old``, ``new``: the nights with their ``borderline`` column) explain it."""
+    keys = ["task", "size", "arch", "depth"]
+    widths = (
+        min_gflops(before)
+        .set_index(keys)[["width", "undecided"]]
+        .join(min_gflops(after).set_index(keys)[["width", "undecided"]], how="inner", lsuffix="_a", rsuffix="_b")
+    )
+    near = {(r.task, r.size, r.arch, r.depth, r.width) for t in (old, new) for r in t[t.borderline].itertuples()}
+    changes = []
+    for (task, size, arch, depth), w in widths.iterrows():
+        a, b = (math.inf if pd.isna(v) else v for v in (w.width_a, w.width_b))
+        if a != b:
+            crossed = any(k[:4] == (task, size, arch, depth) and min(a, b) <= k[4] < max(a, b) for k in near)
+            kind = width_change(a, b, bool(w.undecided_a or w.undecided_b), crossed)
+            shown = width_shown(a, w.undecided_a), width_shown(b, w.undecided_b)
+            changes.append(Change(kind, "min_width", row_name(task, size, arch, depth), *shown))
+    return changes
+
+
+def claim_changes(before: dict, after: dict) -> list[Change]:
+    """Claims (id -> status) whose status moved: toward *fails* is a regression."""
+    changes = []
+    for claim in sorted(before.keys() & after.keys()):
+        a, b = before[claim], after[claim]
+        if a != b:
+            worse = ClaimStatus(b).rank > ClaimStatus(a).rank
+            changes.append(Change("regression" if worse else "improvement", "claim", claim, a, b))
+    return changes
+
+
 def compare(
     before: pd.DataFrame,
     after: pd.DataFrame,
@@ -110,57 +165,11 @@ def compare(
     """{'regressions', 'improvements', 'undecided', 'borderline': [Change as dict], 'new', 'missing': [cell
     names]}; ``claims_*``: claim id -> status, as ``results/report.json`` holds them."""
     old, new = (t.assign(borderline=borderline_cells(t)).set_index("cell_id") for t in (before, after))
-    changes: list[Change] = []
-    for cell_id in old.index.intersection(new.index):
-        a, b = old.loc[cell_id], new.loc[cell_id]
-        where = cell_name(b)
-        if a.status != b.status:
-            changes.append(Change(verdict_change(a, b), "verdict", where, a.status, f"{b.status} ({b.reason})"))
-        if a.measured and b.measured and pd.notna(a.final_accuracy) and pd.notna(b.final_accuracy):
-            delta = b.final_accuracy - a.final_accuracy
-            if abs(delta) > tol.accuracy_drop:
-                changes.append(
-                    Change(
-                        "regression" if delta < 0 else "improvement",
-                        "accuracy",
-                        where,
-                        f"{a.final_accuracy:.3f}",
-                        f"{b.final_accuracy:.3f}",
-                    )
-                )
-        speed_a, speed_b = throughput(a), throughput(b)
-        if speed_a > 0 and speed_b > 0:
-            ratio = speed_b / speed_a
-            if abs(ratio - 1) > tol.throughput_drop:
-                changes.append(
-                    Change(
-                        "regression" if ratio < 1 else "improvement",
-                        "throughput",
-                        where,
-                        f"{speed_a * 1e3:.3g} TFLOP/s",
-                        f"{speed_b * 1e3:.3g} TFLOP/s ({ratio:.2f}x)",
-                    )
-                )
-    keys = ["task", "size", "arch", "depth"]
-    widths = (
-        min_gflops(before)
-        .set_index(keys)[["width", "undecided"]]
-        .join(min_gflops(after).set_index(keys)[["width", "undecided"]], how="inner", lsuffix="_a", rsuffix="_b")
-    )
-    near = {(r.task, r.size, r.arch, r.depth, r.width) for t in (old, new) for r in t[t.borderline].itertuples()}
-    for (task, size, arch, depth), w in widths.iterrows():
-        a, b = (math.inf if pd.isna(v) else v for v in (w.width_a, w.width_b))
-        if a != b:
-            crossed = any(k[:4] == (task, size, arch, depth) and min(a, b) <= k[4] < max(a, b) for k in near)
-            kind = width_change(a, b, bool(w.undecided_a or w.undecided_b), crossed)
-            shown = width_shown(a, w.undecided_a), width_shown(b, w.undecided_b)
-            changes.append(Change(kind, "min_width", row_name(task, size, arch, depth), *shown))
-    claims_before, claims_after = claims_before or {}, claims_after or {}
-    for claim in sorted(claims_before.keys() & claims_after.keys()):
-        a, b = claims_before[claim], claims_after[claim]
-        if a != b:
-            worse = ClaimStatus(b).rank > ClaimStatus(a).rank
-            changes.append(Change("regression" if worse else "improvement", "claim", claim, a, b))
+    changes = [
+        *cell_changes(old, new, tol),
+        *width_changes(before, after, old, new),
+        *claim_changes(claims_before or {}, claims_after or {}),
+    ]
     return {key: [asdict(c) for c in changes if c.kind == kind] for key, kind in KINDS.items()} | {
         "new": sorted(cell_name(r) for r in after[~after.cell_id.isin(before.cell_id)].itertuples()),
         "missing": sorted(cell_name(r) for r in before[~before.cell_id.isin(after.cell_id)].itertuples()),
