@@ -23,6 +23,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -35,6 +36,16 @@ CONF_DIR = ROOT / "conf"
 
 class ConfigError(ValueError):
     """A profile or parameter that cannot work; the message names the key and the allowed values."""
+
+
+def one_of(key: str, value: Any, allowed) -> ConfigError:
+    return ConfigError(f"{key}: {value!r} is not allowed; allowed values: {', '.join(map(str, sorted(allowed)))}")
+
+
+def distinct(key: str, values: list[Any]) -> None:
+    """A repeat names one trial (or dataset) twice: it runs once, and the grid is smaller than it reads."""
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{key}: {values} has repeats; allowed: distinct values")
 
 
 class Section(BaseModel):
@@ -97,6 +108,14 @@ class GenerateConfig(Section):
     per_task: dict[str, TaskGenerate] = Field(
         default_factory=dict, description="task name -> train_samples, test_samples or unique for that task only"
     )
+
+    @field_validator("datasets")
+    @classmethod
+    def distinct_sizes(cls, datasets: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Each task's sizes named once."""
+        for task, sizes in datasets.items():
+            distinct(f"generate.datasets.{task}", sizes)
+        return datasets
 
     @model_validator(mode="after")
     def few_enough_workers(self) -> GenerateConfig:
@@ -413,6 +432,16 @@ class Config(Section):
     nightly: NightlyConfig = NightlyConfig()
     cluster: ClusterConfig = ClusterConfig()
 
+    @field_validator("tasks")
+    @classmethod
+    def registered_tasks(cls, names: list[str]) -> list[str]:
+        """Every task is registered, and named once."""
+        for name in names:
+            if name not in tasks.TASKS:
+                raise one_of("tasks", name, tasks.TASKS)
+        distinct("tasks", names)
+        return names
+
     @model_validator(mode="after")
     def check(self) -> Config:
         check_semantics(self)  # architectures are checked by the sweep (search/cells.check_architectures)
@@ -423,15 +452,8 @@ class Config(Section):
         return [(task, size) for task, sizes in chosen.items() for size in sizes]
 
 
-def one_of(key: str, value: Any, allowed) -> ConfigError:
-    return ConfigError(f"{key}: {value!r} is not allowed; allowed values: {', '.join(map(str, sorted(allowed)))}")
-
-
 def check_semantics(cfg: Config) -> None:
     """Cross-field checks: task names exist, sizes are possible, the grid is not empty."""
-    for name in cfg.tasks:
-        if name not in tasks.TASKS:
-            raise one_of("tasks", name, tasks.TASKS)
     for task, sizes in cfg.generate.datasets.items():
         if task not in cfg.tasks:
             raise one_of("generate.datasets", task, cfg.tasks)
@@ -471,11 +493,9 @@ def check_semantics(cfg: Config) -> None:
             raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
     # a repeat names one trial (or dataset) twice: it runs once, and the grid is smaller than it reads
     lists: dict[str, list[Any]] = {
-        "tasks": cfg.tasks,
         "sweep.architectures": cfg.sweep.architectures,
         "sweep.depths": cfg.sweep.depths,
         "sweep.seeds": cfg.sweep.seeds,
-        **{f"generate.datasets.{t}": sizes for t, sizes in cfg.generate.datasets.items()},
         **{f"sweep.datasets.{t}": sizes for t, sizes in (cfg.sweep.datasets or {}).items()},
         **{f"sweep.arch_depths.{a}": depths for a, depths in cfg.sweep.arch_depths.items()},
         **{f"sweep.task_architectures.{t}": archs for t, archs in cfg.sweep.task_architectures.items()},
