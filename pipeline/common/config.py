@@ -591,45 +591,45 @@ class Config(Section):
         return names
 
     @model_validator(mode="after")
-    def check(self) -> Config:
-        check_semantics(self)  # architectures are checked by the sweep (search/cells.check_architectures)
+    def check_across_sections(self) -> Config:
+        """What spans sections: each task a section names is in tasks, at sizes it allows; the grid is not empty."""
+        # each section checks its own keys; the sweep stage checks the architectures against the model registry
+        # (search/cells.check_architectures): the other stages never import torch or the models
+        for task, sizes in self.generate.datasets.items():
+            if task not in self.tasks:
+                raise one_of("generate.datasets", task, self.tasks)
+            gen = self.generate.for_task(task)
+            for size in sizes:
+                try:
+                    built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
+                    if gen.unique:
+                        built.check_space(gen.test_samples, gen.train_samples)
+                except tasks.TaskError as err:
+                    raise ConfigError(f"generate.datasets.{task}: {err}") from None
+        # settings keyed by task or architecture need only name a registered one: an override that narrows what to
+        # run (generate.datasets, sweep.datasets, sweep.architectures) leaves the profile's settings of the rest unused
+        for key in ("task_params", "per_task"):
+            for task in getattr(self.generate, key):
+                if task not in self.tasks:
+                    raise one_of(f"generate.{key}", task, self.tasks)
+        for task, sizes in (self.sweep.datasets or {}).items():
+            for size in sizes:
+                if size not in self.generate.datasets.get(task, []):
+                    raise one_of(
+                        f"sweep.datasets.{task}",
+                        size,
+                        [f"{t}={s}" for t, ss in self.generate.datasets.items() for s in ss],
+                    )
+        for task in self.sweep.task_architectures:
+            if task not in self.tasks:
+                raise one_of("sweep.task_architectures", task, self.tasks)
+        if not self.sweep_datasets():
+            raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
         return self
 
     def sweep_datasets(self) -> list[tuple[str, int]]:
         chosen = self.sweep.datasets if self.sweep.datasets is not None else self.generate.datasets
         return [(task, size) for task, sizes in chosen.items() for size in sizes]
-
-
-def check_semantics(cfg: Config) -> None:
-    """Cross-field checks: task names exist, sizes are possible, the grid is not empty."""
-    for task, sizes in cfg.generate.datasets.items():
-        if task not in cfg.tasks:
-            raise one_of("generate.datasets", task, cfg.tasks)
-        gen = cfg.generate.for_task(task)
-        for size in sizes:
-            try:
-                built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
-                if gen.unique:
-                    built.check_space(gen.test_samples, gen.train_samples)
-            except tasks.TaskError as err:
-                raise ConfigError(f"generate.datasets.{task}: {err}") from None
-    # settings keyed by task or architecture need only name a registered one: an override that narrows what to
-    # run (generate.datasets, sweep.datasets, sweep.architectures) leaves the profile's settings of the rest unused
-    for key in ("task_params", "per_task"):
-        for task in getattr(cfg.generate, key):
-            if task not in cfg.tasks:
-                raise one_of(f"generate.{key}", task, cfg.tasks)
-    for task, sizes in (cfg.sweep.datasets or {}).items():
-        for size in sizes:
-            if size not in cfg.generate.datasets.get(task, []):
-                raise one_of(
-                    f"sweep.datasets.{task}", size, [f"{t}={s}" for t, ss in cfg.generate.datasets.items() for s in ss]
-                )
-    for task in cfg.sweep.task_architectures:
-        if task not in cfg.tasks:
-            raise one_of("sweep.task_architectures", task, cfg.tasks)
-    if not cfg.sweep_datasets():
-        raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
 
 
 SECTIONS = [
