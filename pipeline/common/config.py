@@ -120,6 +120,7 @@ class GenerateConfig(Section):
 
     @model_validator(mode="after")
     def few_enough_workers(self) -> GenerateConfig:
+        """At most MAX_WORKERS processes: more only cost memory and start-up."""
         if self.workers > MAX_WORKERS:
             raise ConfigError(
                 f"generate.workers: {self.workers} is more than {MAX_WORKERS} processes; allowed: 1 to "
@@ -372,6 +373,7 @@ class SweepConfig(Section):
 
     @model_validator(mode="after")
     def one_lr_form(self) -> SweepConfig:
+        """One file gives sweep.lr or sweep.lrs, not both."""
         if {"lr", "lrs"} <= self.model_fields_set:
             raise ConfigError(
                 "sweep.lr and sweep.lrs are both set in one file: give one learning rate as sweep.lr "
@@ -381,6 +383,7 @@ class SweepConfig(Section):
 
     @model_validator(mode="after")
     def one_gpu_per_worker(self) -> SweepConfig:
+        """GPUs and data-parallel workers agree, and the batch splits over the workers."""
         g, w = self.gpus_per_trial, self.workers_per_trial
         if g > 1 and g != int(g):
             raise ConfigError(
