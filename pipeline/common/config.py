@@ -23,6 +23,8 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -35,6 +37,16 @@ CONF_DIR = ROOT / "conf"
 
 class ConfigError(ValueError):
     """A profile or parameter that cannot work; the message names the key and the allowed values."""
+
+
+def one_of(key: str, value: Any, allowed) -> ConfigError:
+    return ConfigError(f"{key}: {value!r} is not allowed; allowed values: {', '.join(map(str, sorted(allowed)))}")
+
+
+def distinct(key: str, values: list[Any]) -> None:
+    """A repeat names one trial (or dataset) twice: it runs once, and the grid is smaller than it reads."""
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{key}: {values} has repeats; allowed: distinct values")
 
 
 class Section(BaseModel):
@@ -98,8 +110,17 @@ class GenerateConfig(Section):
         default_factory=dict, description="task name -> train_samples, test_samples or unique for that task only"
     )
 
+    @field_validator("datasets")
+    @classmethod
+    def distinct_sizes(cls, datasets: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Each task's sizes named once."""
+        for task, sizes in datasets.items():
+            distinct(f"generate.datasets.{task}", sizes)
+        return datasets
+
     @model_validator(mode="after")
     def few_enough_workers(self) -> GenerateConfig:
+        """At most MAX_WORKERS processes: more only cost memory and start-up."""
         if self.workers > MAX_WORKERS:
             raise ConfigError(
                 f"generate.workers: {self.workers} is more than {MAX_WORKERS} processes; allowed: 1 to "
@@ -112,6 +133,27 @@ class GenerateConfig(Section):
         """This section as it applies to ``task``: its per_task entry, if any, wins."""
         over = self.per_task.get(task)
         return self if over is None else self.model_copy(update=over.model_dump(exclude_none=True))
+
+
+def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
+    """One list of widths: some, multiples of the heads, increasing, and two or more for the frontier search."""
+    if not widths:
+        raise ConfigError(f"{key} is empty: the grid would have no trials")
+    for width in widths:
+        if width % heads:
+            raise ConfigError(
+                f"{key}: {width} is not divisible by sweep.heads = {heads}; allowed widths are multiples of {heads}"
+            )
+    if widths != sorted(set(widths)):
+        raise ConfigError(
+            f"{key}: {widths} must be strictly increasing (sorted, no repeats): the frontier and the "
+            "heatmaps read widths in order"
+        )
+    if search == "frontier" and len(widths) < 2:
+        raise ConfigError(
+            f"{key}: {widths} is a single width; sweep.search: frontier needs at least two widths "
+            "to search (use sweep.search: grid)"
+        )
 
 
 class SweepConfig(Section):
@@ -286,8 +328,52 @@ class SweepConfig(Section):
         "training settings and training code, instead of training them again",
     )
 
+    @field_validator("architectures", "widths", "depths", "seeds")
+    @classmethod
+    def axis_not_empty(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
+        """An axis of the grid with no value leaves it with no trials."""
+        if not values:
+            raise ConfigError(f"sweep.{info.field_name} is empty: the grid would have no trials")
+        return values
+
+    @field_validator("architectures", "depths", "seeds")
+    @classmethod
+    def axis_distinct(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
+        """Each value of an axis named once (the widths: in widths_fit)."""
+        distinct(f"sweep.{info.field_name}", values)
+        return values
+
+    @field_validator("datasets")
+    @classmethod
+    def distinct_sizes(cls, datasets: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
+        """Each task's sizes named once."""
+        for task, sizes in (datasets or {}).items():
+            distinct(f"sweep.datasets.{task}", sizes)
+        return datasets
+
+    @field_validator("arch_depths")
+    @classmethod
+    def own_depths(cls, arch_depths: dict[str, list[int]]) -> dict[str, list[int]]:
+        """An architecture's own depths: at least one, each once."""
+        for arch, depths in arch_depths.items():
+            if not depths:
+                raise ConfigError(f"sweep.arch_depths.{arch} is empty: {arch} would have no trials")
+            distinct(f"sweep.arch_depths.{arch}", depths)
+        return arch_depths
+
+    @field_validator("max_steps")
+    @classmethod
+    def trains_something(cls, steps: int) -> int:
+        """A step budget that trains: positive, or -1 for all epochs."""
+        if steps == 0 or steps < -1:
+            raise ConfigError(
+                f"sweep.max_steps: {steps} trains nothing; allowed: a positive step budget, or -1 for all epochs"
+            )
+        return steps
+
     @model_validator(mode="after")
     def one_lr_form(self) -> SweepConfig:
+        """One file gives sweep.lr or sweep.lrs, not both."""
         if {"lr", "lrs"} <= self.model_fields_set:
             raise ConfigError(
                 "sweep.lr and sweep.lrs are both set in one file: give one learning rate as sweep.lr "
@@ -297,6 +383,7 @@ class SweepConfig(Section):
 
     @model_validator(mode="after")
     def one_gpu_per_worker(self) -> SweepConfig:
+        """GPUs and data-parallel workers agree, and the batch splits over the workers."""
         g, w = self.gpus_per_trial, self.workers_per_trial
         if g > 1 and g != int(g):
             raise ConfigError(
@@ -322,6 +409,89 @@ class SweepConfig(Section):
                 f"sweep.micro_batches: {self.micro_batches} is more than the {self.batch_size // self.workers()} "
                 "samples of a worker's batch (sweep.batch_size over its data-parallel workers)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def task_architectures_swept(self) -> SweepConfig:
+        """A task's own architectures: at least one, each of sweep.architectures, each once."""
+        for task, archs in self.task_architectures.items():
+            key = f"sweep.task_architectures.{task}"
+            if not archs:
+                raise ConfigError(f"{key} is empty: {task} would have no trials")
+            for arch in archs:
+                if arch not in self.architectures:
+                    raise one_of(key, arch, self.architectures)
+            distinct(key, archs)
+        return self
+
+    @model_validator(mode="after")
+    def widths_fit(self) -> SweepConfig:
+        """Every architecture's widths fit the heads and the search."""
+        for arch in dict.fromkeys([*self.architectures, *self.arch_widths]):
+            key = f"sweep.arch_widths.{arch}" if arch in self.arch_widths else "sweep.widths"
+            check_widths(key, self.widths_for(arch), self.heads, self.search)
+        return self
+
+    @model_validator(mode="after")
+    def learning_rates_valid(self) -> SweepConfig:
+        """Every architecture has learning rates, positive and distinct."""
+        for arch in dict.fromkeys([*self.architectures, *self.arch_lrs]):
+            key = f"sweep.arch_lrs.{arch}" if arch in self.arch_lrs else "sweep.lrs"
+            lrs = self.learning_rates(arch)
+            if not lrs:
+                raise ConfigError(f"{key} is empty: every cell needs at least one learning rate")
+            if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
+                raise ConfigError(f"{key}: {lrs} must be positive and distinct")
+        return self
+
+    @model_validator(mode="after")
+    def validates_within_budget(self) -> SweepConfig:
+        """A trial validates before its step budget runs out."""
+        every, budget = self.val_every_steps, self.max_steps
+        if every is not None and budget > 0 and every > budget:
+            raise ConfigError(
+                f"sweep.val_every_steps: {every} is more than sweep.max_steps = {budget}: a trial would "
+                f"never validate (no early stop, no checkpoint); allowed: 1 to {budget}, or null for every "
+                "epoch"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def predict_fits(self) -> SweepConfig:
+        """The sources a width is predicted from: for the frontier search only, each once."""
+        if self.predict and self.search != "frontier":
+            raise ConfigError(f"sweep.predict: {self.predict} needs sweep.search: frontier (a grid trains every width)")
+        distinct("sweep.predict", self.predict)
+        return self
+
+    @model_validator(mode="after")
+    def halving_fits(self) -> SweepConfig:
+        """Successive halving's rungs fit the validations and the step budget."""
+        if self.lr_search == "all":  # the rungs are left unused: one profile compares both with `-S sweep.lr_search=`
+            return self
+        rungs, every = self.halving_rungs, self.val_every_steps
+        if not rungs:
+            raise ConfigError("sweep.halving_rungs is empty: lr_search: halving needs the steps to compare at")
+        if any(b <= a for a, b in zip(rungs, rungs[1:])):
+            raise ConfigError(f"sweep.halving_rungs: {rungs} must increase")
+        if every is None:
+            raise ConfigError("sweep.lr_search: halving compares at validations: set sweep.val_every_steps")
+        if any(r % every for r in rungs):
+            raise ConfigError(f"sweep.halving_rungs: {rungs} must be multiples of sweep.val_every_steps = {every}")
+        if self.max_steps <= 0 or rungs[-1] >= self.max_steps:
+            raise ConfigError(
+                f"sweep.halving_rungs: {rungs} must end below the first step budget sweep.max_steps = "
+                f"{self.max_steps} (a rung at or past it compares finished runs)"
+            )
+        if self.stop_when_solved is False:
+            raise ConfigError("sweep.lr_search: halving stops runs early: it needs sweep.stop_when_solved: true")
+        return self
+
+    @model_validator(mode="after")
+    def precision_fits_device(self) -> SweepConfig:
+        """16-mixed precision only on GPUs."""
+        if self.gpus_per_trial == 0 and self.precision == "16-mixed":
+            raise ConfigError("sweep.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
         return self
 
     def workers(self) -> int:
@@ -413,149 +583,56 @@ class Config(Section):
     nightly: NightlyConfig = NightlyConfig()
     cluster: ClusterConfig = ClusterConfig()
 
+    @field_validator("tasks")
+    @classmethod
+    def registered_tasks(cls, names: list[str]) -> list[str]:
+        """Every task is registered, and named once."""
+        for name in names:
+            if name not in tasks.TASKS:
+                raise one_of("tasks", name, tasks.TASKS)
+        distinct("tasks", names)
+        return names
+
     @model_validator(mode="after")
-    def check(self) -> Config:
-        check_semantics(self)  # architectures are checked by the sweep (search/cells.check_architectures)
+    def check_across_sections(self) -> Config:
+        """What spans sections: each task a section names is in tasks, at sizes it allows; the grid is not empty."""
+        # each section checks its own keys; the sweep stage checks the architectures against the model registry
+        # (search/cells.check_architectures): the other stages never import torch or the models
+        for task, sizes in self.generate.datasets.items():
+            if task not in self.tasks:
+                raise one_of("generate.datasets", task, self.tasks)
+            gen = self.generate.for_task(task)
+            for size in sizes:
+                try:
+                    built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
+                    if gen.unique:
+                        built.check_space(gen.test_samples, gen.train_samples)
+                except tasks.TaskError as err:
+                    raise ConfigError(f"generate.datasets.{task}: {err}") from None
+        # settings keyed by task or architecture need only name a registered one: an override that narrows what to
+        # run (generate.datasets, sweep.datasets, sweep.architectures) leaves the profile's settings of the rest unused
+        for key in ("task_params", "per_task"):
+            for task in getattr(self.generate, key):
+                if task not in self.tasks:
+                    raise one_of(f"generate.{key}", task, self.tasks)
+        for task, sizes in (self.sweep.datasets or {}).items():
+            for size in sizes:
+                if size not in self.generate.datasets.get(task, []):
+                    raise one_of(
+                        f"sweep.datasets.{task}",
+                        size,
+                        [f"{t}={s}" for t, ss in self.generate.datasets.items() for s in ss],
+                    )
+        for task in self.sweep.task_architectures:
+            if task not in self.tasks:
+                raise one_of("sweep.task_architectures", task, self.tasks)
+        if not self.sweep_datasets():
+            raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
         return self
 
     def sweep_datasets(self) -> list[tuple[str, int]]:
         chosen = self.sweep.datasets if self.sweep.datasets is not None else self.generate.datasets
         return [(task, size) for task, sizes in chosen.items() for size in sizes]
-
-
-def one_of(key: str, value: Any, allowed) -> ConfigError:
-    return ConfigError(f"{key}: {value!r} is not allowed; allowed values: {', '.join(map(str, sorted(allowed)))}")
-
-
-def check_semantics(cfg: Config) -> None:
-    """Cross-field checks: task names exist, sizes are possible, the grid is not empty."""
-    for name in cfg.tasks:
-        if name not in tasks.TASKS:
-            raise one_of("tasks", name, tasks.TASKS)
-    for task, sizes in cfg.generate.datasets.items():
-        if task not in cfg.tasks:
-            raise one_of("generate.datasets", task, cfg.tasks)
-        gen = cfg.generate.for_task(task)
-        for size in sizes:
-            try:
-                built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
-                if gen.unique:
-                    built.check_space(gen.test_samples, gen.train_samples)
-            except tasks.TaskError as err:
-                raise ConfigError(f"generate.datasets.{task}: {err}") from None
-    # settings keyed by task or architecture need only name a registered one: an override that narrows what to
-    # run (generate.datasets, sweep.datasets, sweep.architectures) leaves the profile's settings of the rest unused
-    for key in ("task_params", "per_task"):
-        for task in getattr(cfg.generate, key):
-            if task not in cfg.tasks:
-                raise one_of(f"generate.{key}", task, cfg.tasks)
-    for task, sizes in (cfg.sweep.datasets or {}).items():
-        for size in sizes:
-            if size not in cfg.generate.datasets.get(task, []):
-                raise one_of(
-                    f"sweep.datasets.{task}", size, [f"{t}={s}" for t, ss in cfg.generate.datasets.items() for s in ss]
-                )
-    for arch, depths in cfg.sweep.arch_depths.items():
-        if not depths:
-            raise ConfigError(f"sweep.arch_depths.{arch} is empty: {arch} would have no trials")
-    for task, archs in cfg.sweep.task_architectures.items():
-        if task not in cfg.tasks:
-            raise one_of("sweep.task_architectures", task, cfg.tasks)
-        if not archs:
-            raise ConfigError(f"sweep.task_architectures.{task} is empty: {task} would have no trials")
-        for arch in archs:
-            if arch not in cfg.sweep.architectures:
-                raise one_of(f"sweep.task_architectures.{task}", arch, cfg.sweep.architectures)
-    for key in ("architectures", "widths", "depths", "seeds"):
-        if not getattr(cfg.sweep, key):
-            raise ConfigError(f"sweep.{key} is empty: the grid would have no trials")
-    # a repeat names one trial (or dataset) twice: it runs once, and the grid is smaller than it reads
-    lists: dict[str, list[Any]] = {
-        "tasks": cfg.tasks,
-        "sweep.architectures": cfg.sweep.architectures,
-        "sweep.depths": cfg.sweep.depths,
-        "sweep.seeds": cfg.sweep.seeds,
-        **{f"generate.datasets.{t}": sizes for t, sizes in cfg.generate.datasets.items()},
-        **{f"sweep.datasets.{t}": sizes for t, sizes in (cfg.sweep.datasets or {}).items()},
-        **{f"sweep.arch_depths.{a}": depths for a, depths in cfg.sweep.arch_depths.items()},
-        **{f"sweep.task_architectures.{t}": archs for t, archs in cfg.sweep.task_architectures.items()},
-    }
-    for key, values in lists.items():
-        if len(set(values)) != len(values):
-            raise ConfigError(f"{key}: {values} has repeats; allowed: distinct values")
-    for arch in dict.fromkeys([*cfg.sweep.architectures, *cfg.sweep.arch_widths]):
-        key = f"sweep.arch_widths.{arch}" if arch in cfg.sweep.arch_widths else "sweep.widths"
-        check_widths(key, cfg.sweep.widths_for(arch), cfg.sweep.heads, cfg.sweep.search)
-    for arch in dict.fromkeys([*cfg.sweep.architectures, *cfg.sweep.arch_lrs]):
-        key = f"sweep.arch_lrs.{arch}" if arch in cfg.sweep.arch_lrs else "sweep.lrs"
-        lrs = cfg.sweep.learning_rates(arch)
-        if not lrs:
-            raise ConfigError(f"{key} is empty: every cell needs at least one learning rate")
-        if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
-            raise ConfigError(f"{key}: {lrs} must be positive and distinct")
-    if cfg.sweep.max_steps == 0 or cfg.sweep.max_steps < -1:
-        raise ConfigError(
-            f"sweep.max_steps: {cfg.sweep.max_steps} trains nothing; allowed: a positive step budget, "
-            "or -1 for all epochs"
-        )
-    every, budget = cfg.sweep.val_every_steps, cfg.sweep.max_steps
-    if every is not None and budget > 0 and every > budget:
-        raise ConfigError(
-            f"sweep.val_every_steps: {every} is more than sweep.max_steps = {budget}: a trial would "
-            f"never validate (no early stop, no checkpoint); allowed: 1 to {budget}, or null for every "
-            "epoch"
-        )
-    if not cfg.sweep_datasets():
-        raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
-    check_search(cfg.sweep)
-    if cfg.sweep.gpus_per_trial == 0 and cfg.sweep.precision == "16-mixed":
-        raise ConfigError("sweep.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
-
-
-def check_search(s: SweepConfig) -> None:
-    """The prediction sources and the successive-halving rungs fit the search and the step budget."""
-    if s.predict and s.search != "frontier":
-        raise ConfigError(f"sweep.predict: {s.predict} needs sweep.search: frontier (a grid trains every width)")
-    if len(set(s.predict)) != len(s.predict):
-        raise ConfigError(f"sweep.predict: {s.predict} has repeats; allowed: distinct values")
-    if s.lr_search == "all":  # the rungs are left unused: one profile compares both with `-S sweep.lr_search=`
-        return
-    rungs, every = s.halving_rungs, s.val_every_steps
-    if not rungs:
-        raise ConfigError("sweep.halving_rungs is empty: lr_search: halving needs the steps to compare at")
-    if any(b <= a for a, b in zip(rungs, rungs[1:])):
-        raise ConfigError(f"sweep.halving_rungs: {rungs} must increase")
-    if every is None:
-        raise ConfigError("sweep.lr_search: halving compares at validations: set sweep.val_every_steps")
-    if any(r % every for r in rungs):
-        raise ConfigError(f"sweep.halving_rungs: {rungs} must be multiples of sweep.val_every_steps = {every}")
-    if s.max_steps <= 0 or rungs[-1] >= s.max_steps:
-        raise ConfigError(
-            f"sweep.halving_rungs: {rungs} must end below the first step budget sweep.max_steps = {s.max_steps} "
-            "(a rung at or past it compares finished runs)"
-        )
-    if s.stop_when_solved is False:
-        raise ConfigError("sweep.lr_search: halving stops runs early: it needs sweep.stop_when_solved: true")
-
-
-def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
-    if not widths:
-        raise ConfigError(f"{key} is empty: the grid would have no trials")
-    for width in widths:
-        if width % heads:
-            raise ConfigError(
-                f"{key}: {width} is not divisible by sweep.heads = {heads}; allowed widths are multiples of {heads}"
-            )
-    if widths != sorted(set(widths)):
-        raise ConfigError(
-            f"{key}: {widths} must be strictly increasing (sorted, no repeats): the frontier and the "
-            "heatmaps read widths in order"
-        )
-    if search == "frontier" and len(widths) < 2:
-        raise ConfigError(
-            f"{key}: {widths} is a single width; sweep.search: frontier needs at least two widths "
-            "to search (use sweep.search: grid)"
-        )
 
 
 SECTIONS = [
