@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common.config import ROOT, ConfigError, load_config
+from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
 from pipeline.report import NIGHTLY_MARKER, figures_html
@@ -60,6 +60,52 @@ def tag_runs(uri: str, parent: str, tags: dict) -> None:
             client.set_tag(run_id, key, value)
 
 
+def keep_night(repo: Path, night: Path, cfg: Config, date: str, commit: str) -> None:
+    """The night's tables and report into ``night``, with where it came from; its MLflow runs tagged with it."""
+    night.mkdir(parents=True)
+    for name in SNAPSHOT:
+        shutil.copy2(repo / name, night / Path(name).name)
+    parent = json.loads((repo / "results" / "report.json").read_text())["mlflow_parent_run"]
+    meta = {"date": date, "commit": commit, "profile": cfg.profile, "mlflow_parent_run": parent}
+    (night / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    tag_runs(cfg.cluster.mlflow(), parent, {"nightly.date": date, "nightly.commit": commit})
+
+
+def against(before: Path | None, night: Path, cfg: Config, title: str) -> tuple[dict, str]:
+    """The night compared with the one ``before`` (none: the first night), as data and as Markdown."""
+    if before is None:
+        empty: dict[str, list] = {key: [] for key in comparison.LISTS}
+        return empty, f"# {title}\n\nFirst night of profile {cfg.profile}: nothing to compare with.\n"
+    claims = [json.loads((d / "report.json").read_text()).get("claims", {}) for d in (before, night)]
+    result = comparison.compare(
+        pd.read_csv(before / "sweep.csv"), pd.read_csv(night / "sweep.csv"), cfg.nightly, *claims
+    )
+    return result, comparison.markdown(result, f"{title}, against {before.name}")
+
+
+def publish(repo: Path, nights_dir: Path, night: Path, cfg: Config, result: dict, text: str, heading: str) -> str:
+    """Each cell's history drawn into the report and the night, the comparison written beside them and into the
+    report's page (``heading`` above it); returns the whole Markdown."""
+    report_dir = repo / "report"
+    for stale in report_dir.glob(f"{history.PREFIX}*.png"):  # an earlier night's, if DVC restored report/
+        stale.unlink()
+    drawn = history.draw(history.load(nights_dir, cfg.profile), result, cfg.report.accuracy_threshold, report_dir)
+    for name in (f.name for f in drawn if f.name):
+        shutil.copy2(report_dir / name, night / name)
+    text += "\n" + history.markdown(drawn)
+    for path in (night / "nightly.md", report_dir / "nightly.md"):
+        path.write_text(text)
+    page = report_dir / "index.html"
+    section = (
+        f"<h2>Nightly comparison</h2><p>{heading}.</p>"
+        + comparison.html(result)
+        + figures_html(drawn)
+        + f"<p>{html.escape(history.NOTE)}</p>"
+    )
+    page.write_text(page.read_text().replace(NIGHTLY_MARKER, section, 1))
+    return text
+
+
 def nightly(repo: Path, profile: str | None, wait: bool) -> int:
     cfg = load_config(repo / "params.yaml", profile=profile)
     nights_dir = repo / cfg.nightly.history
@@ -73,41 +119,13 @@ def nightly(repo: Path, profile: str | None, wait: bool) -> int:
             print(f"error: `{' '.join(cmd[2:])}` failed (its output is above)", file=sys.stderr)
             return 2
         night = nights_dir / f"{date}_{commit}"
-        night.mkdir(parents=True)
-        for name in SNAPSHOT:
-            shutil.copy2(repo / name, night / Path(name).name)
-        parent = json.loads((repo / "results" / "report.json").read_text())["mlflow_parent_run"]
-        meta = {"date": date, "commit": commit, "profile": cfg.profile, "mlflow_parent_run": parent}
-        (night / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        tag_runs(cfg.cluster.mlflow(), parent, {"nightly.date": date, "nightly.commit": commit})
+        keep_night(repo, night, cfg, date, commit)
         before = previous_night(nights_dir, cfg.profile, night)
         title = f"Nightly {date}, commit {commit}, profile {cfg.profile}"
-        if before is None:
-            result: dict[str, list] = {key: [] for key in comparison.LISTS}
-            text = f"# {title}\n\nFirst night of profile {cfg.profile}: nothing to compare with.\n"
-        else:
-            claims = [json.loads((d / "report.json").read_text()).get("claims", {}) for d in (before, night)]
-            result = comparison.compare(
-                pd.read_csv(before / "sweep.csv"), pd.read_csv(night / "sweep.csv"), cfg.nightly, *claims
-            )
-            text = comparison.markdown(result, f"{title}, against {before.name}")
+        result, text = against(before, night, cfg, title)
         (night / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
-        report_dir = repo / "report"
-        for stale in report_dir.glob(f"{history.PREFIX}*.png"):  # an earlier night's, if DVC restored report/
-            stale.unlink()
-        drawn = history.draw(history.load(nights_dir, cfg.profile), result, cfg.report.accuracy_threshold, report_dir)
-        for name in (f.name for f in drawn if f.name):
-            shutil.copy2(report_dir / name, night / name)
-        text += "\n" + history.markdown(drawn)
-        for path in (night / "nightly.md", report_dir / "nightly.md"):
-            path.write_text(text)
-        page = report_dir / "index.html"
-        html_section = (
-            f"<h2>Nightly comparison</h2><p>{title}, against {before.name if before else 'nothing (first night)'}"
-            f".</p>" + comparison.html(result) + figures_html(drawn) + f"<p>{html.escape(history.NOTE)}</p>"
-        )
-        page.write_text(page.read_text().replace(NIGHTLY_MARKER, html_section, 1))
-        print(text)
+        heading = f"{title}, against {before.name if before else 'nothing (first night)'}"
+        print(publish(repo, nights_dir, night, cfg, result, text, heading))
         return 1 if result["regressions"] else 0
 
 
