@@ -1,4 +1,4 @@
-"""What the sweep's driver spends on each trial result: the real Tune callbacks of ``pipeline/sweep.py`` (the
+"""What the sweep's driver spends on each trial result: the real Tune callbacks of ``pipeline.sweep`` (the
 MLflow child runs and the progress line, over a real ``CellSearcher``) fed the reports of N simulated trials,
 logging to a real MLflow server on 127.0.0.1 (or a SQLite store).
 
@@ -75,7 +75,7 @@ def cells(n: int) -> dict[Cell, CellSpec]:
 
 
 def validation(step: int, k: int) -> dict:
-    """A validation's report, as ``pipeline/training/trainable.py`` sends it (Tune adds its own fields)."""
+    """A validation's report, as ``pipeline.training.trainable`` sends it (Tune adds its own fields)."""
     return {
         "node": "127.0.0.1", "step": step, "train_pflops": 1e-6 * step, "lr": 1e-3, "train_loss": 1.0 / k,
         "val_loss": 1.1 / k, "val_token_accuracy": 1 - 0.5 / k, "val_accuracy": 1 - 0.6 / k,

@@ -17,17 +17,17 @@ of one never paused), and each rule reads only the trial's own curve.
 
 ``--replay TRIALS`` trains nothing: it replays every strategy (the grid, the frontier, the frontier with predicted
 widths, each with and without successive halving of the learning rates) over the trials a grid sweep recorded
-(its ``results/trials.csv`` and ``results/curves.csv``, ``pipeline/search/replay.py``), scheduled on ``--slots``
+(its ``results/trials.csv`` and ``results/curves.csv``, ``pipeline.search.replay``), scheduled on ``--slots``
 slots, and prints for each: trials, training PFLOPs, wall and slot hours, the slot hours saved against the grid,
 prediction misses, dropped learning rates, and whether its table equals the full grid's; and what an oracle that
 knows every answer would still train to verify it (``replay.verified``). ``--synthetic paper``
-(or ``separations``) replays them on a synthetic grid of that profile's shape (``benchmarks/synthetic_grids.py``:
+(or ``separations``) replays them on a synthetic grid of that profile's shape (``benchmarks.synthetic_grids``:
 the papers' frontiers drawn with noise, made-up curves; not a measurement of any model).
 
     python -m benchmarks.bench_frontier --synthetic separations --slots 64      (about 30 s)
 
 The figures go to ``docs/benchmarks/bench_frontier.json`` (``--out``; a ``--quick`` run writes none unless given),
-with the command line, date and commit (``benchmarks/results.py``). Each is one run: the FLOPs are exact counts, the
+with the command line, date and commit (``benchmarks.results``). Each is one run: the FLOPs are exact counts, the
 wall seconds a single timing.
 """
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a toy grid, to check the wiring in seconds")
     ap.add_argument("--replay", type=Path, metavar="TRIALS", help="a grid sweep's trials.csv to replay, untrained")
     ap.add_argument("--synthetic", choices=("paper", "separations"),
-                    help="replay on a synthetic grid of this profile's shape (benchmarks/synthetic_grids.py)")
+                    help="replay on a synthetic grid of this profile's shape (benchmarks.synthetic_grids)")
     ap.add_argument("--seed", type=int, default=0, help="the synthetic grid's draw (default: %(default)s)")
     ap.add_argument("--gpu-tflops", type=float, default=100.0,
                     help="a synthetic slot's sustained TFLOP/s, for its hours (default: %(default)s)")

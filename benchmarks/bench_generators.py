@@ -1,6 +1,6 @@
 """Generator speed, measured side by side in one run on this machine: our compiled batch generators
 (Task.sample_batch, one process) against plain per-sample reference generators written from the spec
-(benchmarks/reference.py), for every task and size of both papers, on the train split (what most of a dataset is);
+(benchmarks.reference), for every task and size of both papers, on the train split (what most of a dataset is);
 and beside them, for the DP paper's datasets, the whole generate stage end to end: a fresh
 ``python -m pipeline.generate`` with 1 and with 2 workers (start-up, deduplication, Parquet writing and the
 re-check of 2,000 samples per file, as the ``paper`` profile runs it), at ``--stage-samples`` train samples plus a
@@ -24,7 +24,7 @@ which goes first; each ratio is taken round by round, both sides measured in the
 
 The figures go to ``docs/benchmarks/bench_generators.json`` (``--out``): one section per task's kernel rows
 (``kernel/<task>``), the suite estimate and the suite table, each with its command line, date and commit
-(``benchmarks/results.py``); a run replaces only the sections it measured.
+(``benchmarks.results``); a run replaces only the sections it measured.
 """
 
 from __future__ import annotations

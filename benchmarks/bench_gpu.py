@@ -10,7 +10,7 @@ synchronised at both ends, and its row is printed and written at once: a run sto
 it finished. An architecture that runs out of memory gets a row saying so. Tokens/s counts every position of
 the batch; utilisation = 3 x the model's exact forward FLOPs per token x tokens/s / peak (bf16 dense peak on a GPU,
 named with its device; on a CPU the float32 peak of ``bench_models.theoretical_peak``). The batch is the
-profile's global batch split into the micro-batches ``pipeline/training/memory.py`` chooses for the device's memory
+profile's global batch split into the micro-batches ``pipeline.training.memory`` chooses for the device's memory
 (``--memory-gb`` to plan for another card). Figures go to ``docs/benchmarks/bench_gpu.json`` (``--out``).
 The targets (issue: paper scale on GPUs): standard at width >= 512 above 40% of peak, every architecture within 2x
 of standard per token.

@@ -1,5 +1,5 @@
 """Memory of one trial on the largest DP dataset, lis n = 250 with 1.1M samples (1M train + 100k test), read through
-its memory-mapped copies (pipeline/data/datasets.py), then a few training steps of the standard Transformer at the
+its memory-mapped copies (pipeline.data.datasets), then a few training steps of the standard Transformer at the
 DP paper's D = 256, M = 5, batch 32.
 
     python -m benchmarks.bench_memory            # generates the data once into a scratch directory (named), ~1 min
@@ -7,7 +7,7 @@ DP paper's D = 256, M = 5, batch 32.
     python -m benchmarks.bench_memory --json     # the raw measurements as one JSON object on stdout
 
 The figures go to ``docs/benchmarks/bench_memory.json`` (``--out``; a ``--quick`` run writes none unless given),
-with the command line, date and commit (``benchmarks/results.py``). Each is one measurement.
+with the command line, date and commit (``benchmarks.results``). Each is one measurement.
 
 Every measurement runs in a fresh child process, so its resident memory (``/proc/self/status``) holds nothing from
 an earlier one: VmRSS = RssAnon (private to the process) + RssFile (pages of mapped files, shared through the page

@@ -9,14 +9,14 @@ printed the same way:
    does), checked to produce the same tokens, and the per-token cost early vs late in the sequence;
 3. Lightning vs a bare PyTorch loop on the same model and batch, the same window on both sides;
 4. this CPU's peak (best torch.mm over several sizes) beside its theoretical figure, and training FLOP/s against it;
-5. resident memory (``benchmarks/bench_memory.py``, run as a subprocess when present).
+5. resident memory (``benchmarks.bench_memory``, run as a subprocess when present).
 
     python -m benchmarks.bench_models                 # every section (about 15 minutes on 2 cores)
     python -m benchmarks.bench_models --quick         # a smoke run in seconds: checks the script, measures nothing
     python -m benchmarks.bench_models --training-only # section 1 alone (about 3 minutes)
 
 The figures go to ``docs/benchmarks/bench_models.json`` (``--out``; a ``--quick`` run writes none unless given),
-one section per part measured, each with its command line, date and commit (``benchmarks/results.py``); the
+one section per part measured, each with its command line, date and commit (``benchmarks.results``); the
 memory section goes to ``bench_memory.json`` beside it.
 """
 
@@ -386,11 +386,11 @@ def bench_utilisation(q: bool, peak: float, res: Results) -> None:
 
 # ---- 5. memory --------------------------------------------------------------------------------------------------
 def bench_memory(q: bool, out: Path | None) -> None:
-    """``benchmarks/bench_memory.py`` in its own process; its figures go to ``bench_memory.json`` beside ``out``."""
+    """``benchmarks.bench_memory`` in its own process; its figures go to ``bench_memory.json`` beside ``out``."""
     script = Path(__file__).with_name("bench_memory.py")
-    print("\n== memory (benchmarks/bench_memory.py)")
+    print("\n== memory (benchmarks.bench_memory)")
     if not script.exists():
-        print("skipped: benchmarks/bench_memory.py is not in this checkout")
+        print("skipped: benchmarks.bench_memory is not in this checkout")
         return
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}

@@ -1,6 +1,6 @@
 """Plain per-sample reference generators, written from the task specifications (each task module's docstring in
 ``tasks/``) like the papers' original scripts: Python lists and ``random.Random``, one sample at a time. They are
-the baseline of benchmarks/bench_generators.py and, in the tests, an independent second reading of the spec: their
+the baseline of benchmarks.bench_generators and, in the tests, an independent second reading of the spec: their
 samples must pass the checkers and follow the same length distributions as the compiled generators.
 
 Each returns ``(words, prompt_len)``: the sequence without ``<eos>``, as token strings. The chain-of-thought values

@@ -72,7 +72,7 @@ class Pattern:
         return extra.to(device), mask.to(device)
 
 
-# blockwise only where a block reads at most 1/this of the keys: measured on 2 CPU cores (benchmarks/bench_models.py)
+# blockwise only where a block reads at most 1/this of the keys: measured on 2 CPU cores (benchmarks.bench_models)
 BLOCKWISE_SAVING = 4
 BLOCK_QUERIES = 64  # smaller blocks make too many small attention products
 

@@ -1,5 +1,5 @@
-"""Which implementation the scans run: the Triton kernels (``models/selective_scan_triton.py``,
-``models/linear_triton.py``) or the torch forms beside them. The switch lets a benchmark or a test run both side by
+"""Which implementation the scans run: the Triton kernels (``models.selective_scan_triton``,
+``models.linear_triton``) or the torch forms beside them. The switch lets a benchmark or a test run both side by
 side:
 
     with kernels.use("torch"):      # the torch forms even on CUDA

@@ -11,7 +11,7 @@ flash-linear-attention and of RetNet's paper, in plain torch ops, so it runs on 
 masked quadratic form (q k^T * Gamma) v with Gamma[t, s] = gamma^(t-s) for s <= t; across chunks the state each
 chunk starts from, a decayed sum of the earlier chunks' contributions (one (n, n) product over the n chunks).
 Decoding is the same code on one token. On CUDA the unnormalised scan runs as a Triton kernel instead
-(``models/linear_triton.py``, where triton is installed; ``models/kernels.py`` chooses), the normalised one through
+(``models.linear_triton``, where triton is installed; ``models.kernels`` chooses), the normalised one through
 it. ``scan_reference`` is the recurrence a token at a time, which all are tested against.
 """
 

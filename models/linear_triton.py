@@ -1,4 +1,4 @@
-"""The unnormalised chunked scan of ``models/linear.py`` as a Triton kernel, for CUDA tensors (retnet, linear_nofm,
+"""The unnormalised chunked scan of ``models.linear`` as a Triton kernel, for CUDA tensors (retnet, linear_nofm,
 and linear through ``normalized``). Tested on the CPU under Triton's interpreter.
 
 Per batch row and head, with S_t = gamma S_{t-1} + k_t v_t^T (dk x dv) from S_0:

@@ -6,7 +6,7 @@
     h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t           A = -exp(A_log), (E, N) diagonal   (Alg. 2, selective scan)
     y_t = C_t . h_t + D x_t,   out = out_proj(y * SiLU(z))
 
-The scan (``models/selective_scan.py``) is a fused CPU kernel for float32 on the CPU, its Triton twin on CUDA, and a
+The scan (``models.selective_scan``) is a fused CPU kernel for float32 on the CPU, its Triton twin on CUDA, and a
 parallel (chunked, log-space) torch form on any other device or dtype (or on CUDA without triton), in training,
 prefill and decoding alike, all tested against the plain per-token loop. The block is Mamba's own:
 x += Mamba(LN(x)), no FFN.

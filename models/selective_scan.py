@@ -14,8 +14,8 @@ intra-chunk form materialises a (B, T, E, N, chunk) tensor, chunk times the loop
 registers, and never writes the (B, T, E, N) states: the backward pass recomputes them a chunk at a time
 from the states saved at chunk starts.
 
-On CUDA the same kernel's algorithm runs in Triton (``models/selective_scan_triton.py``, where triton is installed;
-``models/kernels.py`` chooses). Elsewhere off the CPU (or off float32) the parallel form runs
+On CUDA the same kernel's algorithm runs in Triton (``models.selective_scan_triton``, where triton is installed;
+``models.kernels`` chooses). Elsewhere off the CPU (or off float32) the parallel form runs
 (``selective_scan_parallel``): the recurrence unrolled as
     h_t = exp(L_t) h_0 + sum_(s <= t) exp(L_t - L_s) u_s,      L_t = sum_(r <= t) dt_r A,  u_s = dt_s x_s B_s
 with the sums in log space (``torch.logcumsumexp``, a scan in one kernel), positive and negative u apart, in

@@ -1,5 +1,5 @@
 """Mamba's selective scan as Triton kernels, for CUDA tensors: the numba CPU kernel's algorithm
-(``models/selective_scan.py``, ``_forward`` and ``_backward``) on a GPU. Tested on the CPU under Triton's interpreter.
+(``models.selective_scan``, ``_forward`` and ``_backward``) on a GPU. Tested on the CPU under Triton's interpreter.
 
 Per batch row b, channel e and state n (the recurrence of ``selective_scan_reference``):
 

@@ -6,10 +6,10 @@
 Each night is kept in ``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the
 metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged
 ``nightly.date`` / ``nightly.commit``). The comparison with the latest earlier night of the same profile
-(``pipeline/reporting/comparison.py``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
+(``pipeline.reporting.comparison``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
 goes to ``report/nightly.md``, into the night's directory and into a section of ``report/index.html``. Changes to
 or from undecided and borderline verdict flips are listed apart, and are not regressions. With it, the atlas over
-time (``pipeline/reporting/history.py``): per (task, size), every recorded night's minimum width and test accuracy,
+time (``pipeline.reporting.history``): per (task, size), every recorded night's minimum width and test accuracy,
 the last night's regressions ringed in red.
 
 Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params

@@ -3,15 +3,15 @@
     python -m pipeline.report
 
 Writes ``report/``: ``index.html`` (the page to open): the claim checks of both papers at the top
-(``pipeline/reporting/claims.py``), the DP paper's Table 2 in three cost conventions per depth
-(``pipeline/reporting/tables.py``), and
-the figures (``pipeline/reporting/figures.py``: heatmaps, ed_local against ed, accuracy against length, width scans,
+(``pipeline.reporting.claims``), the DP paper's Table 2 in three cost conventions per depth
+(``pipeline.reporting.tables``), and
+the figures (``pipeline.reporting.figures``: heatmaps, ed_local against ed, accuracy against length, width scans,
 learning curves from the MLflow histories); ``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json``, and
 ``results.csv``. Headline numbers and every claim's status go to ``results/report.json`` (a DVC metrics file), the
 data `dvc plots show` draws (learning curves, frontier, accuracies) to ``results/plots/`` (``reporting/plots.py``);
 the directory is logged to the sweep's MLflow parent run, the claims as its tags. A cell is solved when its
 validation accuracy reached the threshold, unsolved when it converged below it, undecided when its budget ran out
-while it was still improving (``pipeline/training/verdict.py``): undecided cells are shown as such and never
+while it was still improving (``pipeline.training.verdict``): undecided cells are shown as such and never
 counted as unsolved. Accuracies shown are test-set final-answer accuracies, the mean over seeds. Failed trials
 appear everywhere, marked as failed.
 """
@@ -126,7 +126,7 @@ architecture's real pattern. Training PFLOPs: 3 x exact forward FLOPs over every
 trial was solved.</li>
 <li>Our choices where the papers are silent: lis value range R = max(n+150, 2n+50); sparse local window k = 1
 block; see conf/ for the grid and optimiser.</li>
-<li>Verdicts (<code>pipeline/training/verdict.py</code>), decided on the validation split (held out from train,
+<li>Verdicts (<code>pipeline.training.verdict</code>), decided on the validation split (held out from train,
 never the test set): <b>solved</b> = final-answer accuracy at or above the threshold at <code>sweep.patience</code>
 consecutive checks; <b>unsolved</b> = converged below the threshold: over the last
 <code>sweep.convergence_window</code> of the steps trained (after at least <code>sweep.convergence_min_steps</code>),
@@ -159,7 +159,7 @@ def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, ch
         f"MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
         f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
         f"<h2>Claim checks</h2><p>The papers' claims that a sweep can test ({counts}), each decided by the "
-        "rule in <code>pipeline/reporting/claims.py</code> on this sweep's results.</p>",
+        "rule in <code>pipeline.reporting.claims</code> on this sweep's results.</p>",
         claims_html(checks),
         NIGHTLY_MARKER,
         "<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>",

@@ -6,27 +6,27 @@ recorded in MLflow.
 Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
 (and its auth token) are checked, the datasets are published to ``cluster.storage_path``, some node must hold a
 trial's CPUs and GPUs, and on a cluster every Ray node is probed: it must import the code and read the data
-(``pipeline/tracking/cluster.py``). ``sweep.search`` picks the plan (``pipeline/search/frontier.py``): ``grid``
+(``pipeline.tracking.cluster``). ``sweep.search`` picks the plan (``pipeline.search.frontier``): ``grid``
 trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
-rest. The plan runs as a Ray Tune searcher (``pipeline/search/searcher.py``): one trial per (cell, learning rate)
-(``pipeline/training/trainable.py``), each training with Lightning until its verdict
-(``pipeline/training/verdict.py``: solved,
+rest. The plan runs as a Ray Tune searcher (``pipeline.search.searcher``): one trial per (cell, learning rate)
+(``pipeline.training.trainable``), each training with Lightning until its verdict
+(``pipeline.training.verdict``: solved,
 unsolved (converged below the threshold), undecided (still improving when its extended budget ran out),
 diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate;
-``sweep.lr_search: halving`` trains its learning rates by successive halving (``pipeline/search/halving.py``).
+``sweep.lr_search: halving`` trains its learning rates by successive halving (``pipeline.search.halving``).
 Runs this MLflow experiment already finished with the same data, training settings and training code are reused
 (``sweep.reuse: false`` retrains them).
-Trials checkpoint at every validation into the storage path (``pipeline/training/checkpoints.py``); a trial whose worker
+Trials checkpoint at every validation into the storage path (``pipeline.training.checkpoints``); a trial whose worker
 died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
 from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
-results directory. ``sweep.workers_per_trial`` trains a trial data-parallel (``pipeline/training/distributed.py``).
-Outputs (DVC's, ``pipeline/tracking/results.py``): ``results/sweep.csv`` (one row per cell: measured or inferred,
+results directory. ``sweep.workers_per_trial`` trains a trial data-parallel (``pipeline.training.distributed``).
+Outputs (DVC's, ``pipeline.tracking.results``): ``results/sweep.csv`` (one row per cell: measured or inferred,
 verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run), ``results/curves.csv``
 (every validation of every run) and ``results/sweep.json`` (headline metrics). MLflow gets a parent run per sweep
 (the sweep's datasets as inputs, its settings, progress counts and in the end the per-cell table as an MLflow
 table) and a child run per (cell, learning rate) (its datasets, curves, system metrics and verdict:
-``pipeline/tracking/runs.py``).
+``pipeline.tracking.runs``).
 MLflow's store, the storage path (checkpoints, published datasets) and Ray's trial directories are not DVC
 outputs.
 """
@@ -76,7 +76,7 @@ def trial_name(trial) -> str:
 
 
 def reporter() -> CLIReporter:
-    """Ray's trial table, with ``sweep.console: table`` (the progress line of ``pipeline/tracking/console.py``
+    """Ray's trial table, with ``sweep.console: table`` (the progress line of ``pipeline.tracking.console``
     comes either way), compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
     accuracies; refreshed every 30 s in logs."""
     return CLIReporter(

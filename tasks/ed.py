@@ -10,7 +10,7 @@ n-3..n+2, else A after ``diff`` (uniform 1..n, drawn once per sample) random edi
 |B| <= 2), a substitution or an insert with probability 1/3; redo while A == B or |B| leaves n-3..n+2; the
 shorter string first.
 
-The ``ed_local`` variant (tasks/ed_local.py) re-emits the letters inside the chain. Both report the locality
+The ``ed_local`` variant (tasks.ed_local) re-emits the letters inside the chain. Both report the locality
 window m per sample: the largest distance from a generated value (a DP cell, a copied letter, the answer) back to
 the nearest earlier token holding a value it depends on (the letters it compares, its three DP neighbours, the
 letter it copies).

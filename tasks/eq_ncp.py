@@ -1,4 +1,4 @@
-"""eq_ncp: next-character prediction on ``w1 [sep] w1`` (alphabet 1024; see tasks/equality.py).
+"""eq_ncp: next-character prediction on ``w1 [sep] w1`` (alphabet 1024; see tasks.equality).
 
 ``ncp`` family: ``prompt_len = 1`` and no label; the trainer derives the target of every prefix from the sequence
 (any symbol or ``[sep]`` before the separator, exactly the copied symbol after it). Shortcut-free, unlike

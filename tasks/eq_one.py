@@ -1,4 +1,4 @@
-"""eq_one: is ``w2`` equal to ``w1``? Alphabet of 1024; negatives differ in exactly one position (tasks/equality.py).
+"""eq_one: is ``w2`` equal to ``w1``? Alphabet of 1024; negatives differ in exactly one position (tasks.equality).
 
 Shortcut (the report should note it): the symbol counts of w1 and w2 differ exactly for the negatives.
 """

@@ -1,4 +1,4 @@
-"""eq_random: is ``w2`` equal to ``w1``? Binary alphabet; negatives are uniform strings (see tasks/equality.py).
+"""eq_random: is ``w2`` equal to ``w1``? Binary alphabet; negatives are uniform strings (see tasks.equality).
 
 Shortcut (the report should note it): comparing a prefix, or counting symbols, already separates most negatives.
 """

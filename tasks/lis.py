@@ -78,7 +78,7 @@ def lis_kernel(rng, n, r, values, offsets, prompt_len, answer):
 def lis_values(x: list[int]) -> list[int]:
     """The chain of thought, cot_l = length of the longest strictly increasing subsequence ending at x_l, by patience
     sorting in O(n log n) (the checker's own derivation: neither the kernel's Fenwick tree nor the spec's O(n^2) DP,
-    which benchmarks/reference.py writes out and the tests compare with this).
+    which benchmarks.reference writes out and the tests compare with this).
 
     tails[k] = the smallest last value of an increasing subsequence of length k + 1 seen so far, increasing in k;
     x_l extends exactly the lengths whose tail is < x_l, so cot_l = bisect_left(tails, x_l) + 1.

@@ -1,7 +1,7 @@
 """Tasks by name: the one place a task is registered (``@register`` in its own module).
 
-A task is its module plus its line in ``tasks/__init__.py`` (and ``params.yaml``'s ``tasks``, DVC's list of
-generate stages, which tests/test_config.py checks against ``TASKS``): the report reads its paper and the paper's
+A task is its module plus its line in ``tasks`` (and ``params.yaml``'s ``tasks``, DVC's list of
+generate stages, which tests.test_config checks against ``TASKS``): the report reads its paper and the paper's
 lengths, and the tests its small sizes, from the class.
 """
 
@@ -32,7 +32,7 @@ def declaration_errors(cls: type[Task]) -> list[str]:
 def register(cls: type[Task]) -> type[Task]:
     """Register ``cls`` under its name, failing at import when it lacks what the report and the tests read."""
     if errors := declaration_errors(cls):
-        raise TaskError(f"task class {cls.__qualname__}: {'; '.join(errors)} (see tasks/base.py's Task)")
+        raise TaskError(f"task class {cls.__qualname__}: {'; '.join(errors)} (see tasks.base's Task)")
     TASKS[cls.name] = cls
     return cls
 

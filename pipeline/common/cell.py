@@ -1,6 +1,6 @@
 """The cell record: one cell of a sweep's grid with its data, learning rates and costs.
 
-Built by the sweep (``pipeline/search/cells.py``), read by the searcher, the MLflow runs and the trial itself.
+Built by the sweep (``pipeline.search.cells``), read by the searcher, the MLflow runs and the trial itself.
 """
 
 from __future__ import annotations

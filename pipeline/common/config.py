@@ -191,11 +191,11 @@ class SweepConfig(Section):
     predict: list[Literal["sizes", "seeds", "neighbours"]] = Field(
         default_factory=list,
         description="what the frontier search predicts a size's minimum width from, before training it "
-        "(pipeline/search/frontier.py): sizes (the chain's earlier sizes, log-log), seeds (other seeds' answer at "
+        "(pipeline.search.frontier): sizes (the chain's earlier sizes, log-log), seeds (other seeds' answer at "
         "this size), neighbours (the other depths and architectures' answers at this size); empty: start from "
         "the last size's answer",
     )
-    # learning rates: every one to its verdict, or successive halving (pipeline/search/searcher.py)
+    # learning rates: every one to its verdict, or successive halving (pipeline.search.searcher)
     lr_search: Literal["all", "halving"] = Field(
         "all",
         description="all: every learning rate of a cell trains to its verdict; halving: they train to "
@@ -236,7 +236,7 @@ class SweepConfig(Section):
     grad_clip: FiniteFloat | None = Field(1.0, gt=0, description="gradient-norm clip; null: none")
     precision: Precision = "32-true"
     # verdicts: a trial ends solved, converged below the threshold (unsolved), diverged, or undecided when its
-    # budget, doubled while it still improves, runs out (pipeline/training/verdict.py)
+    # budget, doubled while it still improves, runs out (pipeline.training.verdict)
     patience: PositiveInt = Field(
         2, description="consecutive validations at or above report.accuracy_threshold that make a trial solved"
     )
@@ -296,7 +296,7 @@ class SweepConfig(Section):
     max_concurrent_trials: PositiveInt | None = None
     console: Literal["progress", "table"] = Field(
         "progress",
-        description="progress: one line that says how far the sweep is (pipeline/tracking/console.py); "
+        description="progress: one line that says how far the sweep is (pipeline.tracking.console); "
         "table: that line and Ray Tune's table of trials every 30 s",
     )
     workers_per_trial: PositiveInt = Field(
@@ -684,7 +684,7 @@ def profiles() -> list[str]:
 def load_config(params_path: Path | str = ROOT / "params.yaml", profile: str | None = None) -> Config:
     """The effective, validated config. ``profile`` overrides ``params.yaml``'s choice (used by tests). The
     architecture names and options are checked against the model registry by the sweep stage, which imports it
-    (``pipeline/search/cells.py``): the other stages never load torch or the models."""
+    (``pipeline.search.cells``): the other stages never load torch or the models."""
     params = read_yaml(Path(params_path))
     name = profile or params.get("profile")
     if name not in profiles():

@@ -2,7 +2,7 @@
 
 ``code_files`` is what DVC's ``deps`` and the sweep's reuse key (``run_key``) must cover: the project modules a
 stage's entry point can import, followed statically through every ``import`` statement (top-level or inside a
-function) from the entry module down to ``tasks`` and ``models``. ``tests/test_layout.py`` checks dvc.yaml
+function) from the entry module down to ``tasks`` and ``models``. ``tests.test_layout`` checks dvc.yaml
 against it, and against what a real import loads.
 """
 

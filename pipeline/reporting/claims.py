@@ -1,7 +1,7 @@
 """The two papers' claims that a sweep can test, written once as data, and their evaluation on a results table.
 
 Each ``Claim`` names what it says, which results decide it and a rule. A rule reads the ``Evidence`` (the
-minimum-width table of ``pipeline/reporting/tables.py`` and the per-cell accuracies) and returns a ``ClaimCheck``: the
+minimum-width table of ``pipeline.reporting.tables`` and the per-cell accuracies) and returns a ``ClaimCheck``: the
 claim *holds*, *fails*, or is *not tested* at this scale, with the reason (e.g. "needs index_lookup lengths > 100").
 A failed or diverged trial counts as unsolved, as in the tables; a check over tasks with failed trials says so.
 

@@ -6,7 +6,7 @@ A change is a *regression* when
 - test accuracy drops by more than ``nightly.accuracy_drop``,
 - the minimum width every seed solves grows (or no width solves any more), per (task, size, arch, depth),
 - training throughput (training PFLOPs per second of training) drops by more than ``nightly.throughput_drop``,
-- a claim check of the papers (``pipeline/reporting/claims.py``) falls (holds > not tested > fails);
+- a claim check of the papers (``pipeline.reporting.claims``) falls (holds > not tested > fails);
 the same moves the other way are *improvements*. Two kinds of change are neither, each listed apart:
 - *undecided*: a verdict that moves between undecided and solved or unsolved, or a minimum width that moves
   while either night's is undecided (an upper bound, or none solved yet). An undecided trial ran out of steps
@@ -15,7 +15,7 @@ the same moves the other way are *improvements*. Two kinds of change are neither
   interval contains the threshold): within noise, another draw of the test set could flip it back; and so a
   minimum width that moves across a cell borderline on either night.
 A flip to or from diverged or failed stays a regression or improvement. Cells only one night has are *new* or
-*missing*. ``pipeline/nightly.py`` fails the night on regressions only.
+*missing*. ``pipeline.nightly`` fails the night on regressions only.
 """
 
 from __future__ import annotations

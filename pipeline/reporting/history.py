@@ -64,7 +64,7 @@ def nights(history: Path, profile: str) -> list[Path]:
 
 
 def when(date: str) -> str:
-    """A night's date as ``pipeline/nightly.py`` writes it, ``2026-05-09T073500``, as "2026-05-09 07:35"."""
+    """A night's date as ``pipeline.nightly`` writes it, ``2026-05-09T073500``, as "2026-05-09 07:35"."""
     return f"{date[:10]} {date[11:13]}:{date[13:15]}"
 
 

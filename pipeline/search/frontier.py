@@ -3,7 +3,7 @@
 A *plan* hands out cells to train (``propose``), takes each one's verdict (``record``: solved, unsolved or
 undecided; a diverged or failed cell counts as unsolved), and in the end says for every cell of the grid how it
 ended and whether that was measured or inferred (``outcomes``).
-The plans know nothing of Ray or training: ``pipeline/search/searcher.py`` drives one as a Ray Tune ``Searcher``, and
+The plans know nothing of Ray or training: ``pipeline.search.searcher`` drives one as a Ray Tune ``Searcher``, and
 the tests drive them with synthetic accuracy oracles.
 
 ``GridPlan`` proposes every cell at once.
@@ -90,7 +90,7 @@ class MinWidth:
 
 
 class Plan(Protocol):
-    """What the searcher drives (``pipeline/search/searcher.py``) and the tests drive with synthetic oracles."""
+    """What the searcher drives (``pipeline.search.searcher``) and the tests drive with synthetic oracles."""
 
     contradictions: list[str]  # results that broke the plan's monotonicity assumptions, in words
 

@@ -3,7 +3,7 @@
 Every learning rate of a cell trains to the first rung (``sweep.halving_rungs[0]`` steps) and pauses there at a
 validation, with its checkpoint; when all of them have paused or ended, the best ``sweep.halving_keep`` of them go
 on to the next rung from their checkpoints, as if they had never stopped, and the rest are *dropped*. After the last
-rung the leaders train to their verdicts under the usual rules (``pipeline/training/verdict.py``). A learning rate
+rung the leaders train to their verdicts under the usual rules (``pipeline.training.verdict``). A learning rate
 that solves the cell ends the halving: the paused ones are dropped, since the cell's result is its best run and
 nothing ranks above solved.
 
@@ -16,8 +16,8 @@ this cell too; and until a chain has a solved cell, nothing tells the two kinds 
 A dropped run is recorded as dropped with its reason, never as unsolved: it says which learning rate lost, not what
 the model cannot do.
 
-The same decision drives the sweep (``pipeline/search/searcher.py``) and the replay of recorded curves
-(``pipeline/search/replay.py``). With no rungs (``lr_search: all``) nothing pauses and every run ends by its verdict.
+The same decision drives the sweep (``pipeline.search.searcher``) and the replay of recorded curves
+(``pipeline.search.replay``). With no rungs (``lr_search: all``) nothing pauses and every run ends by its verdict.
 """
 
 from __future__ import annotations

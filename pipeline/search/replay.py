@@ -4,12 +4,12 @@ time on N slots, without training anything.
 A sweep that trained every (cell, learning rate) to its verdict (``sweep.search: grid``, ``lr_search: all``)
 recorded each trial's verdict, training FLOPs and seconds (``results/trials.csv``) and its validations
 (``results/curves.csv``: step, validation accuracy, training PFLOPs so far). ``replay`` drives the sweep's own
-``CellSearcher`` over a plan (``pipeline/search/frontier.py``) and a successive halving (``pipeline/search/halving.py``)
+``CellSearcher`` over a plan (``pipeline.search.frontier``) and a successive halving (``pipeline.search.halving``)
 as Ray Tune does: whenever a slot is free it asks for a trial; a trial's outcome is read off its recording: the
 verdict where it ended, or, if the trial is to pause at a rung before that, its validation accuracy there, and it
 costs the FLOPs (and, in proportion, the seconds) between the step it starts from and the step it ends at. This is
 exact because a trial continued from a checkpoint follows the same steps as one never stopped
-(``pipeline/training/checkpoints.py``). The minimum-width table is ``min_widths`` of the plan's outcomes, as the
+(``pipeline.training.checkpoints``). The minimum-width table is ``min_widths`` of the plan's outcomes, as the
 sweep's is.
 """
 

@@ -1,4 +1,4 @@
-"""A plan of cells (``pipeline/search/frontier.py``) driven as Ray Tune drives a ``Searcher``: one trial per (cell,
+"""A plan of cells (``pipeline.search.frontier``) driven as Ray Tune drives a ``Searcher``: one trial per (cell,
 learning rate). Ray itself is not imported here (``pipeline.tracking.tuning.TuneSearcher`` gives it Tune's base
 class), so the forecast and the replay run where Ray is not installed.
 
@@ -12,7 +12,7 @@ this MLflow experiment already finished with the same data, settings and code is
 nothing left to train never starts Ray (``settle_reused``). A run an interrupted sweep left unfinished continues
 from its last checkpoint (``resumable``).
 
-Under successive halving (``pipeline/search/halving.py``) a cell's learning rates pause at each rung; once all of
+Under successive halving (``pipeline.search.halving``) a cell's learning rates pause at each rung; once all of
 them have paused or ended, the leaders (and the learning rates that solved the nearest solved cells of the same
 chain, ``favoured``) are suggested again as trials that continue from their rung's checkpoint
 (``tuning.RungCheckpoints`` learns where Tune stored it) and the others are dropped (``dropped`` hears of each, so

@@ -3,7 +3,7 @@
 Trials never talk to MLflow: they report to Ray Tune, and ``ChildRuns`` (a Tune callback, so it runs in the
 driver) turns each report into metrics of that trial's child run. One writer means no SQLite lock contention and
 no half-created experiments when many trials start at once; it writes from a thread of its own
-(``pipeline/tracking/writer.py``), so Tune's loop never waits on MLflow.
+(``pipeline.tracking.writer``), so Tune's loop never waits on MLflow.
 
 Every child run records its cell's train and test files as MLflow dataset inputs (``dataset_inputs``: named
 task-size-split, the file's hash as digest, its task, size, split and the profile in its profile), and the resource

@@ -6,7 +6,7 @@ which grow with the samples of one forward pass. Those are measured, not modelle
 the dataset's longest length, on the trial's device under its precision, with autograd's saved-tensor hooks (each
 storage counted once), plus the logits and their gradient. The batch (``sweep.batch_size``, per data-parallel worker)
 then runs as ``micro_batches`` forward and backward passes whose gradients add up to the batch's
-(``pipeline/training/batches.py`` weighs each part's loss by its share of the batch's predicted tokens).
+(``pipeline.training.batches`` weighs each part's loss by its share of the batch's predicted tokens).
 
 The budget: ``sweep.memory_gb_per_trial``, else the trial's share of its GPU (``gpus_per_trial`` below 1, which the
 worker's allocator is also capped to), else none (a CPU trial runs its whole batch at once). A trial that does not fit

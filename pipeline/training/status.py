@@ -1,5 +1,5 @@
 """How a trial ended, as the search, the sweep and the report read it: plain Python, so that those read it without
-loading Lightning (``pipeline/training/verdict.py`` decides it, inside the trial).
+loading Lightning (``pipeline.training.verdict`` decides it, inside the trial).
 
 - ``Status``: the verdicts, best first, with their order;
 - ``best_run``: which of a cell's learning-rate runs is the cell's result;

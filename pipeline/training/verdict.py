@@ -14,7 +14,7 @@ A trial ends at the first of:
 A trial that raised is **failed** (set by the sweep, which sees the error). Under successive halving a trial may
 also be **paused** at a rung (``pause_at``: its step budget ends there, at a validation, with no verdict yet): the
 sweep compares the cell's learning rates there and continues the leaders from that checkpoint, as if they had never
-stopped, or **drops** the others (``pipeline/search/searcher.py``). These run inside the trial, in
+stopped, or **drops** the others (``pipeline.search.searcher``). These run inside the trial, in
 Lightning, rather than as a Ray Tune stopper: a Tune stop kills the trial before it scores the test set, and the
 test set is what the tables show. An extension continues the same fit (the same optimiser, schedule and data
 order), so the trial's MLflow run holds one whole curve.
@@ -45,7 +45,7 @@ class Validation:
 @dataclass(frozen=True)
 class Convergence:
     """When a trial below the threshold has converged: the same rule for every architecture, its parameters the
-    ``sweep.convergence_*`` keys and ``sweep.min_delta`` (defaults in ``pipeline/common/config.py``).
+    ``sweep.convergence_*`` keys and ``sweep.min_delta`` (defaults in ``pipeline.common.config``).
 
     At step s (at least ``min_steps``), the window is the validations after step (1 - window) s, the reference
     those at or before it. Training has converged when, over the window,
