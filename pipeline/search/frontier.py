@@ -1,43 +1,17 @@
-"""Which cells to train: the whole grid, or a width-frontier search that trains as few cells as it can.
+"""Which cells to train: the whole grid (``GridPlan``), or a width-frontier search that trains as few cells as it
+can (``FrontierPlan``, ``sweep.search: frontier``).
 
-A *plan* hands out cells to train (``propose``), takes each one's verdict (``record``: solved, unsolved or
-undecided; a diverged or failed cell counts as unsolved), and in the end says for every cell of the grid how it
-ended and whether that was measured or inferred (``outcomes``).
-The plans know nothing of Ray or training: ``pipeline.search.searcher`` drives one as a Ray Tune ``Searcher``, and
-the tests drive them with synthetic accuracy oracles.
+A *plan* hands out cells (``propose``), takes each one's verdict (``record``: solved, unsolved or undecided; a
+diverged or failed cell counts as unsolved) and in the end says how every cell of the grid ended, measured or
+inferred (``outcomes``). Plans know nothing of Ray or training: ``pipeline.search.searcher`` drives one, the tests
+drive them with synthetic accuracy oracles.
 
-``GridPlan`` proposes every cell at once.
-
-``FrontierPlan`` finds, for every chain (task, architecture, depth, seed), the smallest solved width at each size
-(``sweep.search: frontier``). It takes the minimum width m(size) as non-decreasing in width (a solved width means
-every wider one solves) and in size (a longer input never needs a narrower model):
-- the smallest size: bisection over the width list;
-- each next size starts from the last size's answer a: it trains a and the width just below it, side by side.
-  a solved and a-1 not: m = a, two trials. a unsolved: bisection above a. a-1 solved too: the size assumption is
-  contradicted, the search says so and bisects below a-1 to settle it;
-- a size no width solves: every larger size is inferred unsolved.
-An undecided cell (its budget ran out while it was still improving) is never taken as unsolved: it bounds
-nothing, the bisection goes on around it, and a size whose boundary it sits on is settled with the smallest
-width that solved as an upper bound and the undecided cells named (``MinWidth``). Only a size every width is
-decided unsolved at makes the larger sizes unsolved.
-Every answer rests on measured trials at its boundary (m solved and, below m, a measured failure at this size or,
-at the first size of a chain, the bisection's), so a contradiction at the boundary is seen, reported and
-settled by training more; a cell the search never trained is marked ``inferred``.
-
-With ``sweep.predict``, a size's first trials are the two ends of a *predicted* interval [lo, hi] of its minimum
-width instead of the last answer and the width below it: hi should solve and the width below lo should not. The
-prediction comes from, in this order of trust: ``seeds`` (the other seeds' answers at this size: a later seed waits
-for the first one's answer while slots are busy), ``sizes`` (the chain's earlier answers, a straight line on log
-axes, never below the last answer) and ``neighbours`` (the same task and seed at this size: the other depths of the
-architecture and the other architectures at this depth). A probe that lands outside the prediction is a *miss*: it
-is reported (``misses``) and the size is settled by bisection from what was measured, as without a prediction.
-A prediction never decides anything by itself: every answer rests on measured trials at its boundary.
-
-Many chains run side by side: every chain with a trial to propose proposes it at once, so Ray's slots stay busy
-while there are more open chains than slots. When a slot would otherwise idle (``propose(spare=n)``), a chain
-waiting for a sibling's answer starts without it, and a chain in the middle of a bisection trains the narrower
-half's next width beside its running one. The plans are plain state machines rather than Ray Tune
-``BasicVariantGenerator`` waves: a chain moves on as soon as its own trial ends, not when a whole wave does.
+The frontier finds each chain's (task, architecture, depth, seed) smallest solved width per size, taking it as
+non-decreasing in width and in size: bisection at the smallest size, then each next size starts from the last
+answer and the width below it (or, with ``sweep.predict``, from a predicted interval). An undecided cell bounds
+nothing; a contradiction of the assumptions is reported and settled by training more; every answer rests on
+measured trials at its boundary. Chains move on as their own trials end, not in waves. The rules in full, with
+the predictions and the spare-slot proposals: docs/verdicts-and-search.md.
 """
 
 from __future__ import annotations
