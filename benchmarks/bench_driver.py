@@ -33,8 +33,8 @@ from mlflow.tracking import MlflowClient
 
 from benchmarks.repeats import spread
 from benchmarks.results import Results, figure, out_option, out_path
-from pipeline.common.cell import CellSpec
-from pipeline.search.frontier import Cell, GridPlan
+from pipeline.common.cell import Cell, CellSpec
+from pipeline.search.frontier import GridPlan
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.console import SweepProgress
 from pipeline.tracking.runs import ChildRuns, start_parent
@@ -65,7 +65,7 @@ def cells(n: int) -> dict[Cell, CellSpec]:
     for i in range(n):
         at = Cell("lis", 4, "standard", 16 * (1 + i % 8), 2, i // 8)
         out[at] = CellSpec(
-            **at._asdict(), arch_options={}, lrs=(1e-3,), train_path="/data/lis/4/train.parquet",
+            cell=at, arch_options={}, lrs=(1e-3,), train_path="/data/lis/4/train.parquet",
             test_path="/data/lis/4/test.parquet", sha256={"train_path": "a" * 64, "test_path": "b" * 64},
             data_hash="c" * 16, vocab_size=32, family="dp", vocab=("0",), train_samples=20000, max_len=40,
             cell_id=f"{i:016x}", name=f"lis4-standard-w{at.width}-d2-s{at.seed}", run_key="bench", params=1000,

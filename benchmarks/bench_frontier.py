@@ -47,10 +47,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from benchmarks import synthetic_grids  # noqa: E402
 from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
+from pipeline.common.cell import Cell  # noqa: E402
 from pipeline.common.config import ROOT, Config, load_config  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
-from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, Plan  # noqa: E402
+from pipeline.search.frontier import FrontierPlan, GridPlan, Plan  # noqa: E402
 from pipeline.search.halving import Halving  # noqa: E402
 from pipeline.search.replay import load_trials, replay, verified  # noqa: E402
 from pipeline.sweep import sweep  # noqa: E402

@@ -35,9 +35,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pandas as pd  # noqa: E402
 
 from benchmarks.results import Results, out_option, out_path  # noqa: E402
+from pipeline.common.cell import Cell  # noqa: E402
 from pipeline.common.config import ROOT, Config, load_config  # noqa: E402
 from pipeline.search.cells import build_cells  # noqa: E402
-from pipeline.search.frontier import Cell  # noqa: E402
 from pipeline.training.settings import TrainSettings  # noqa: E402
 from pipeline.training.train import TrialSpec, run_trial  # noqa: E402
 

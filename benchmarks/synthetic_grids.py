@@ -28,8 +28,8 @@ import torch
 
 import models
 import tasks
+from pipeline.common.cell import Cell
 from pipeline.common.config import ROOT, load_config
-from pipeline.search.frontier import Cell
 from pipeline.search.replay import Recorded, Recording
 from pipeline.training.status import Status
 

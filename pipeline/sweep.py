@@ -48,14 +48,14 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune import CLIReporter
 
-from pipeline.common.cell import CellSpec
+from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
 from pipeline.search.cells import build_cells, check_architectures, expected_cost, model_costs, run_key
-from pipeline.search.frontier import Cell, make_plan
+from pipeline.search.frontier import make_plan
 from pipeline.search.halving import Halving
 from pipeline.search.searcher import trial_key
 from pipeline.tracking import cluster

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, MinWidth, min_widths
+from pipeline.common.cell import Cell
+from pipeline.search.frontier import FrontierPlan, GridPlan, MinWidth, min_widths
 from pipeline.training.status import Status
 from tests.helpers import make_cell
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from ray.tune.search import Searcher
 
-from pipeline.search.frontier import Cell, GridPlan
+from pipeline.common.cell import Cell
+from pipeline.search.frontier import GridPlan
 from pipeline.search.halving import Halving
 from pipeline.search.searcher import CellSearcher
 from pipeline.training.status import Status

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipeline.search.frontier import Cell, FrontierPlan, GridPlan, MinWidth
+from pipeline.common.cell import Cell
+from pipeline.search.frontier import FrontierPlan, GridPlan, MinWidth
 from pipeline.search.halving import Halving
 from pipeline.search.replay import ReplayError, load_trials, replay, verified
 from pipeline.training.status import Status

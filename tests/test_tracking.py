@@ -165,7 +165,8 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
     follow every change; in a log the line is printed every ``every`` seconds and at the end."""
     import io
 
-    from pipeline.search.frontier import Cell, GridPlan
+    from pipeline.common.cell import Cell
+    from pipeline.search.frontier import GridPlan
     from pipeline.search.searcher import CellSearcher
     from pipeline.tracking.console import Counts, SweepProgress, line
     from pipeline.tracking.writer import RunWriter

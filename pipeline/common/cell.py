@@ -1,6 +1,6 @@
-"""The cell record: one cell of a sweep's grid with its data, learning rates and costs.
-
-Built by the sweep (``pipeline.search.cells``), read by the searcher, the MLflow runs and the trial itself.
+"""A cell of the grid: its coordinates (``Cell``, the key of every table of cells) and its record (``CellSpec``: the
+cell with its data, learning rates and costs), built by the sweep (``pipeline.search.cells``), read by the searcher,
+the MLflow runs and the trial itself.
 """
 
 from __future__ import annotations
@@ -8,14 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, kw_only=True)
-class CellSpec:
-    """A cell of the grid (task, size, architecture, width, depth, seed) with its dataset, learning rates and
-    costs: everything a trial of it needs, and every column the results tables take from it. Crosses to Ray as a
-    dict (``dataclasses.asdict``) and comes back through ``CellSpec(**d)``, which refuses a key it does not know."""
+class Cell(NamedTuple):
+    """One cell of the grid."""
 
     task: str
     size: int
@@ -23,6 +20,20 @@ class CellSpec:
     width: int
     depth: int
     seed: int
+
+    @property
+    def chain(self) -> tuple:
+        """The cells a width-frontier search walks together: one task, architecture, depth and seed."""
+        return self.task, self.arch, self.depth, self.seed
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellSpec:
+    """A cell of the grid with its dataset, learning rates and costs: everything a trial of it needs, and every
+    column the results tables take from it. Crosses to Ray as a dict (``dataclasses.asdict``; the cell stays a
+    ``Cell``) and comes back through ``CellSpec(**d)``, which refuses a key it does not know."""
+
+    cell: Cell
     arch_options: dict[str, Any]
     lrs: tuple[float, ...]
     # its dataset: the files (local, then as published to the storage every node reads) and their hashes
@@ -43,6 +54,31 @@ class CellSpec:
     paper_gflops: float | None = None
     exact_gflops: float | None = None
     state_bytes: int | None = None
+
+    # the coordinates, read as the cell's
+    @property
+    def task(self) -> str:
+        return self.cell.task
+
+    @property
+    def size(self) -> int:
+        return self.cell.size
+
+    @property
+    def arch(self) -> str:
+        return self.cell.arch
+
+    @property
+    def width(self) -> int:
+        return self.cell.width
+
+    @property
+    def depth(self) -> int:
+        return self.cell.depth
+
+    @property
+    def seed(self) -> int:
+        return self.cell.seed
 
 
 def cell_id(task: str, size: int, arch: str, width: int, depth: int, seed: int, data_hash: str) -> str:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from pipeline.common.cell import CellSpec
+from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import Config, SweepConfig
 from pipeline.costs.schedule import Trial, list_schedule
 from pipeline.costs.throughput import PlanError, Throughput
 from pipeline.search.cells import budget_steps, expected_cost
-from pipeline.search.frontier import Cell
 
 # grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
 # of the profile's shape (the papers' reported frontiers, made-up curves, exact FLOPs of the real models), one value

@@ -18,10 +18,9 @@ import lightning as L
 import numpy as np
 import torch
 
-from pipeline.common.cell import CellSpec
+from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import Config, Precision
 from pipeline.data.datasets import Dataset
-from pipeline.search.frontier import Cell
 from pipeline.training.batches import loader
 from pipeline.training.settings import TrainSettings
 from pipeline.training.train import SequenceModel, TrialSpec, micro_batches, trial_device, trial_trainer
@@ -229,7 +228,7 @@ def measure_all(
         datasets = sorted({(c.max_len, c.task, c.size): c for c in mine}.items())
         base = datasets[(len(datasets) - 1) // 2][1]  # the dataset of median L
         for width in widths or [min(c.width for c in mine)]:
-            cell = replace(base, width=width, depth=depth or min(c.depth for c in mine))
+            cell = replace(base, cell=base.cell._replace(width=width, depth=depth or min(c.depth for c in mine)))
             m = measure(
                 cfg,
                 cell,

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.search.frontier import Cell, Outcome, min_widths, searched
+from pipeline.common.cell import Cell
+from pipeline.search.frontier import Outcome, min_widths, searched
 from pipeline.training.status import Status
 from tasks import TASKS
 

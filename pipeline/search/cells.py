@@ -17,11 +17,10 @@ import torch
 
 import models
 import tasks
-from pipeline.common.cell import CellSpec, cell_id
+from pipeline.common.cell import Cell, CellSpec, cell_id
 from pipeline.common.config import Config, ConfigError, SweepConfig, one_of
 from pipeline.common.provenance import code_hash
 from pipeline.data.datasets import dataset_path, file_hash, read_metadata
-from pipeline.search.frontier import Cell
 
 TRAINABLE = "pipeline.training.trainable"  # the module a trial runs: its imports are the training code
 
@@ -107,7 +106,7 @@ def grid_cells(cfg: Config, datasets: dict[tuple[str, int], dict[str, Any]]) -> 
                     for seed in s.seeds:
                         at = Cell(task, size, arch, width, depth, seed)
                         cells[at] = CellSpec(
-                            **at._asdict(),
+                            cell=at,
                             arch_options=s.arch_options.get(arch, {}),
                             lrs=tuple(s.learning_rates(arch)),
                             cell_id=cell_id(*at, data_hash=data["data_hash"]),

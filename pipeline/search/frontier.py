@@ -19,24 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
+from pipeline.common.cell import Cell
 from pipeline.training.status import Status
-
-
-class Cell(NamedTuple):
-    """One cell of the grid."""
-
-    task: str
-    size: int
-    arch: str
-    width: int
-    depth: int
-    seed: int
-
-    @property
-    def chain(self) -> tuple:
-        return self.task, self.arch, self.depth, self.seed
 
 
 @dataclass

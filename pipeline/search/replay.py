@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.common.cell import CellSpec
-from pipeline.search.frontier import Cell, MinWidth, Plan, min_widths
+from pipeline.common.cell import Cell, CellSpec
+from pipeline.search.frontier import MinWidth, Plan, min_widths
 from pipeline.search.halving import Halving
 from pipeline.search.searcher import CellSearcher
 from pipeline.training.status import Status
@@ -116,7 +116,7 @@ def spec(cell: Cell, lrs: tuple[float, ...]) -> CellSpec:
     """The cell record the searcher needs: the cell and its learning rates (no data behind it)."""
     name = f"{cell.task}{cell.size}-{cell.arch}-w{cell.width}-d{cell.depth}-s{cell.seed}"
     return CellSpec(
-        **cell._asdict(),
+        cell=cell,
         arch_options={},
         lrs=lrs,
         train_path="",

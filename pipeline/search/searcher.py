@@ -28,8 +28,8 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict
 
-from pipeline.common.cell import CellSpec
-from pipeline.search.frontier import Cell, Plan
+from pipeline.common.cell import Cell, CellSpec
+from pipeline.search.frontier import Plan
 from pipeline.search.halving import Halving
 from pipeline.training.status import Status, best_run
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.common.cell import CellSpec, cell_id
+from pipeline.common.cell import Cell, CellSpec, cell_id
 from pipeline.common.config import ROOT
 from tasks import TASKS
 
@@ -41,7 +41,7 @@ def make_cell(task: str = "lis", size: int = 4, arch: str = "standard", width: i
                 "vocab": (), "train_samples": 100, "max_len": 10,
                 "cell_id": cell_id(task, size, arch, width, depth, seed, "h"),
                 "name": f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}"}
-    return CellSpec(task=task, size=size, arch=arch, width=width, depth=depth, seed=seed, **(defaults | fields))
+    return CellSpec(cell=Cell(task, size, arch, width, depth, seed), **(defaults | fields))
 
 
 def write_params(path: Path, text: str) -> Path:
