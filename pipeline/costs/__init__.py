@@ -1,2 +1,2 @@
-"""What a profile will cost before it runs (``python -m pipeline.plan``): training throughput measured on a device
+"""What a profile will cost before it runs (``python -m pipeline.forecast``): training throughput measured on a device
 (``throughput``), trials handed to a cluster's slots (``schedule``), and the forecast (``forecast``)."""

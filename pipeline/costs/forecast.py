@@ -1,4 +1,4 @@
-"""The forecast of a profile (``python -m pipeline.plan``): the grid's trials and their training FLOPs at the first
+"""The forecast of a profile (``python -m pipeline.forecast``): the grid's trials and their training FLOPs at the first
 and the extended step budget (3 x the model's exact forward FLOPs at the task's L x sequences, on shape-only
 models), their time at a measured ``Throughput``, handed to the cluster's slots in the sweep's order
 (``list_schedule``). What a search trains (frontier, predicted widths, halving) is not known before its trials end:
@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import Config, SweepConfig
 from pipeline.costs.schedule import Trial, list_schedule
-from pipeline.costs.throughput import PlanError, Throughput
+from pipeline.costs.throughput import ForecastError, Throughput
 from pipeline.search.cells import budget_steps, expected_cost
 
 # grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
@@ -59,13 +59,13 @@ class Cluster:
         at most ``sweep.max_concurrent_trials``."""
         need = s.trial_resources()
         if not need["gpu"] and self.cpus is None:
-            raise PlanError("a CPU profile's slots are CPUs: give the CPUs a node has (--cpus-per-node)")
+            raise ForecastError("a CPU profile's slots are CPUs: give the CPUs a node has (--cpus-per-node)")
         limits = [math.floor(self.gpus / need["gpu"])] if need["gpu"] else []
         if self.cpus is not None:
             limits.append(math.floor(self.cpus / need["cpu"]))
         per_node = min(limits)
         if per_node < 1:
-            raise PlanError(
+            raise ForecastError(
                 f"a trial needs {need['gpu']:g} GPU(s) and {need['cpu']:g} CPU(s) (sweep.gpus_per_trial, "
                 f"cpus_per_trial, workers_per_trial): a node of {self.gpus} GPUs (--gpus-per-node) and "
                 f"{self.cpus} CPUs (--cpus-per-node) holds none"

@@ -27,7 +27,7 @@ from pipeline.training.train import SequenceModel, TrialSpec, micro_batches, tri
 from tasks import EOS_ID
 
 
-class PlanError(ValueError):
+class ForecastError(ValueError):
     """A cluster, throughput file or measurement that cannot give a forecast; the message names the input."""
 
 
@@ -83,7 +83,7 @@ class Throughput:
         """A file written by ``dump`` or by hand: ``{"device": NAME, "flops_per_s": {ARCH: FLOP/s or {WIDTH:
         FLOP/s}}}`` (and, from ``dump``, how each rate was measured); it must hold every architecture in ``archs``."""
         if not path.is_file():
-            raise PlanError(f"--throughput {path}: no such file")
+            raise ForecastError(f"--throughput {path}: no such file")
         try:
             data = json.loads(path.read_text())
             device, given = data["device"], data["flops_per_s"]
@@ -93,20 +93,21 @@ class Throughput:
             }
             measured = tuple(Measurement(**m) for m in data.get("measured", []))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise PlanError(
+            raise ForecastError(
                 f'--throughput {path}: not a throughput file ({type(err).__name__}: {err}); expected {{"device": '
                 '"NAME", "flops_per_s": {"ARCH": FLOP/s, or {"WIDTH": FLOP/s, ...}}}'
             ) from None
         for arch, widths in rates.items():
+            where = f"--throughput {path}: {arch}: {given[arch]!r}"
             if not widths or not all(0 < r < math.inf for r in widths.values()):
-                raise PlanError(f"--throughput {path}: {arch}: {given[arch]!r}: a rate is a positive, finite FLOP/s")
+                raise ForecastError(f"{where}: a rate is a positive, finite FLOP/s")
             if isinstance(given[arch], dict) and min(widths) < 1:
-                raise PlanError(f"--throughput {path}: {arch}: {given[arch]!r}: a width is a positive whole number")
+                raise ForecastError(f"{where}: a width is a positive whole number")
         missing = [a for a in archs if a not in rates]
         if missing:
-            raise PlanError(
+            raise ForecastError(
                 f"--throughput {path} has no throughput for {', '.join(missing)} (it has {', '.join(sorted(rates))}); "
-                "the profile trains them: measure them (python -m pipeline.plan --save-throughput FILE) and add them"
+                "the profile trains them: measure them (python -m pipeline.forecast --save-throughput FILE), add them"
             )
         return cls(str(device), rates, measured)
 

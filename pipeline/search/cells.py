@@ -73,7 +73,7 @@ def build_cells(cfg: Config, data_dir: Path) -> dict[Cell, CellSpec]:
 
 
 def defined_cells(cfg: Config) -> dict[Cell, CellSpec]:
-    """Every cell of the grid as its task defines its dataset, before any file exists (``pipeline.plan``
+    """Every cell of the grid as its task defines its dataset, before any file exists (``pipeline.forecast``
     forecasts a profile whose data is not generated): its vocabulary, family and sample count, and as L the task's
     longest sequence, which is the files' L for every task but arithmetic (a bound there). No paths or hashes."""
     datasets = {}

@@ -1,7 +1,7 @@
 """Runs a module as ``python -m`` would, with some packages made impossible to import: what the GPU proof kit meets
 on a machine whose image lacks them (``ops/gpu-proof``).
 
-    python -m tests.helpers.without ray,mlflow,dvc -m pipeline.plan --profile tiny ...
+    python -m tests.helpers.without ray,mlflow,dvc -m pipeline.forecast --profile tiny ...
 """
 
 from __future__ import annotations

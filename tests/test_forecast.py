@@ -1,4 +1,4 @@
-"""The forecast before launch (pipeline.plan, pipeline.costs): the grid's FLOPs against a sum over its
+"""The forecast before launch (pipeline.forecast, pipeline.costs): the grid's FLOPs against a sum over its
 cells made here, the wall time a throughput file implies on a hand-checked case, the replayed savings against the
 benchmark's file, bad input named before any compute, one measured throughput, and the command end to end on `tiny`
 with its throughput measured on this CPU."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import models
+import pipeline.forecast
 import tasks
-from pipeline import plan
 from pipeline.common.config import Config, load_config
 from pipeline.costs.forecast import REPLAYED, REPLAYED_CELLS, Cluster, forecast
 from pipeline.costs.throughput import Throughput, measure
@@ -101,7 +101,7 @@ def test_a_throughput_file_gives_the_wall_time_it_implies(tmp_path, capsys):
         assert (fc.slots, fc.grid.wall_hours, fc.grid.device_hours) == (slots, pytest.approx(wall), pytest.approx(10))
         assert (fc.extended.wall_hours, fc.extended.device_hours) == (pytest.approx(2 * wall), pytest.approx(20))
     params = tmp_path / "params.yaml"
-    assert plan.main(["--params", str(params), "--throughput", str(path), "--cpus-per-node", "2"]) == 0
+    assert pipeline.forecast.main(["--params", str(params), "--throughput", str(path), "--cpus-per-node", "2"]) == 0
     out = capsys.readouterr().out
     assert "cells: 4 " in out and "throughput (from" in out and "1 node x 2 CPUs = 2 trial slots" in out
     assert [line.split()[-2:] for line in out.splitlines() if line.startswith("grid, ")] == [["5.0", "h"],
@@ -138,7 +138,8 @@ def test_a_search_is_forecast_as_the_grid_over_its_replayed_savings_and_says_it_
     assert fc.search == "frontier" and fc.shape_differs  # 12 cells, not the 576 replayed
     path = tmp_path / "h100.json"
     path.write_text(json.dumps({"device": "NVIDIA H100", "flops_per_s": {a: 1e14 for a in cfg.sweep.architectures}}))
-    assert plan.main(["--params", str(tmp_path / "params.yaml"), "--throughput", str(path), "--gpu", "H100"]) == 0
+    params = str(tmp_path / "params.yaml")
+    assert pipeline.forecast.main(["--params", params, "--throughput", str(path), "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
     assert "MODELLED, not measured" in out and "bench_frontier --synthetic paper" in out
     assert "frontier *" in out and "NOTE: this grid has 12 cells" in out
@@ -149,8 +150,8 @@ def test_bad_input_is_named_before_any_compute(tmp_path, capsys, monkeypatch):
     def computed(*args, **kwargs):
         raise AssertionError("computed before the input was checked")
 
-    monkeypatch.setattr(plan, "model_costs", computed)
-    monkeypatch.setattr(plan, "measure_all", computed)
+    monkeypatch.setattr(pipeline.forecast, "model_costs", computed)
+    monkeypatch.setattr(pipeline.forecast, "measure_all", computed)
     lstm_only = tmp_path / "lstm.json"
     lstm_only.write_text(json.dumps({"device": "x", "flops_per_s": {"lstm": 1e12}}))
     broken = tmp_path / "broken.json"
@@ -163,12 +164,12 @@ def test_bad_input_is_named_before_any_compute(tmp_path, capsys, monkeypatch):
         (["--profile", "paper", "--cpus-per-node", "2"], "a trial needs 1 GPU(s) and 4 CPU(s)"),
         (["--profile", "paper", "--device", "cpu", "--precision", "16-mixed"], "16-mixed needs a GPU"),
     ]:
-        assert plan.main(argv) == 2, argv
+        assert pipeline.forecast.main(argv) == 2, argv
         assert named in capsys.readouterr().err
     for argv, named in [(["--nodes", "0"], "argument --nodes: 0 is below 1"),
                         (["--measure-steps", "x"], "argument --measure-steps: invalid positive value: 'x'")]:
         with pytest.raises(SystemExit) as stop:
-            plan.main(argv)
+            pipeline.forecast.main(argv)
         assert stop.value.code == 2 and named in capsys.readouterr().err
 
 
@@ -187,14 +188,14 @@ def test_measure_counts_the_model_flops_of_real_steps(tiny_cfg):
 
 def test_the_command_runs_on_tiny_with_its_throughput_measured_on_this_cpu(tmp_path, capsys):
     saved = tmp_path / "cpu.json"
-    assert plan.main(["--profile", "tiny", "--measure-steps", "1", "--save-throughput", str(saved)]) == 0
+    assert pipeline.forecast.main(["--profile", "tiny", "--measure-steps", "1", "--save-throughput", str(saved)]) == 0
     measured = capsys.readouterr().out
     assert "cells: 44 (task x size x architecture x width x depth x seed)" in measured
     assert "trials: 44" in measured and "throughput (measured now, saved to" in measured and "on cpu (" in measured
     assert "the configured search is the grid" in measured
     grid = [line for line in measured.splitlines() if line.startswith("grid, first budget")]
     assert len(grid) == 1 and "44" in grid[0]
-    assert plan.main(["--profile", "tiny", "--throughput", str(saved)]) == 0  # the same rates, read back
+    assert pipeline.forecast.main(["--profile", "tiny", "--throughput", str(saved)]) == 0  # the same rates, read back
     again = capsys.readouterr().out
     assert [line for line in again.splitlines() if line.startswith("grid, ")] == [
         line for line in measured.splitlines() if line.startswith("grid, ")]

@@ -1,8 +1,8 @@
 """A forecast before launch: what `dvc repro` on a profile will train, and for how long on a cluster.
 
-    python -m pipeline.plan --profile paper --nodes 4 --gpus-per-node 8 --gpu H100
-    python -m pipeline.plan --profile paper --save-throughput h100.json        # on a GPU node: measure, keep
-    python -m pipeline.plan --profile paper --throughput h100.json --nodes 4   # anywhere: plan from that file
+    python -m pipeline.forecast --profile paper --nodes 4 --gpus-per-node 8 --gpu H100
+    python -m pipeline.forecast --profile paper --save-throughput h100.json        # on a GPU node: measure, keep
+    python -m pipeline.forecast --profile paper --throughput h100.json --nodes 4   # anywhere: plan from that file
 
 For the profile (params.yaml's, or --profile, with params.yaml's overrides) it prints the grid's cells (task x size
 x architecture x width x depth x seed), the learning rates and the trials, and the training FLOPs of every trial at
@@ -45,7 +45,7 @@ import torch
 
 from pipeline.common.config import ROOT, Config, ConfigError, Precision, load_config
 from pipeline.costs.forecast import REPLAY_COMMAND, Cluster, Forecast, Row, forecast
-from pipeline.costs.throughput import PlanError, Throughput, measure_all
+from pipeline.costs.throughput import ForecastError, Throughput, measure_all
 from pipeline.search.cells import check_architectures, defined_cells, model_costs
 
 
@@ -191,7 +191,7 @@ def positive(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m pipeline.plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m pipeline.forecast", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
         "--params",
@@ -248,10 +248,10 @@ def measuring_on(args: argparse.Namespace, cfg: Config) -> tuple[torch.device, P
     """Where and in what precision to measure; a device or precision this machine lacks is an error."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise PlanError("--device cuda: no CUDA device here")
+        raise ForecastError("--device cuda: no CUDA device here")
     precision = args.precision or cfg.sweep.precision
     if device.type == "cpu" and precision == "16-mixed":
-        raise PlanError("--precision 16-mixed needs a GPU: on a CPU measure in bf16-mixed or 32-true (--precision)")
+        raise ForecastError("--precision 16-mixed needs a GPU: on a CPU measure in bf16-mixed or 32-true (--precision)")
     return device, precision
 
 
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         params = Path(args.params)
         shown = params.name if params.resolve() == ROOT / "params.yaml" else str(params)
         print(render(forecast(cfg, cells, throughput, where), cfg, shown, throughput, where, source))
-    except (ConfigError, PlanError) as err:
+    except (ConfigError, ForecastError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
