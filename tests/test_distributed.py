@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-import shutil
 import sys
 
 import pandas as pd
@@ -10,7 +9,7 @@ import pytest
 
 from pipeline.training.checkpoints import FILE
 from pipeline.training.train import run_trial
-from tests.helpers.training import Curve
+from tests.helpers.training import Copies, Curve
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +33,12 @@ def test_two_workers_follow_one_workers_loss_curve(spec):  # noqa: F811
 
 def test_a_two_worker_trial_resumes_exactly(spec, tmp_path):
     two = dataclasses.replace(spec, workers=2, max_steps=30)
-    saved = {}
-
-    def keep(trainer, module, directory):
-        saved[trainer.global_step] = shutil.copytree(directory, tmp_path / f"step-{trainer.global_step}")
-
-    whole = Curve()
-    full = run_trial(two, callbacks=[whole], checkpoint=keep)
+    whole, kept = Curve(), Copies(folder=tmp_path)
+    full = run_trial(two, callbacks=[whole], checkpoints=kept)
+    saved = kept.saved
     step = sorted(saved)[len(saved) // 2]
     tail = Curve()
-    resumed = run_trial(two, callbacks=[tail], resume=saved[step] / FILE)
+    resumed = run_trial(two, callbacks=[tail], checkpoints=Copies(saved[step] / FILE))
     assert tail.points == [p for p in whole.points if p[0] > step]
     assert resumed["train_pflops"] == full["train_pflops"] and resumed["final_accuracy"] == full["final_accuracy"]
 

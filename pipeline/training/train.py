@@ -21,7 +21,7 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -36,7 +36,7 @@ from pipeline.common.cell import CellSpec
 from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training import distributed
-from pipeline.training.batches import IGNORE, Batch, loader
+from pipeline.training.batches import IGNORE, Batch, LengthBuckets, loader
 from pipeline.training.checkpoints import Resumable
 from pipeline.training.evaluation import greedy_accuracy
 from pipeline.training.memory import budget_bytes, fit_memory
@@ -234,41 +234,31 @@ def split_validation(train: Dataset, val_samples: int) -> tuple[Dataset, Dataset
 
 
 def run_trial(
-    spec: TrialSpec,
-    callbacks: Sequence[L.Callback] = (),
-    log_every: int = 50,
-    checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
-    resume: Path | None = None,
-    resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
+    spec: TrialSpec, callbacks: Sequence[L.Callback] = (), log_every: int = 50, checkpoints: Resumable | None = None
 ) -> dict:
     """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
-    on a given machine. ``checkpoint(trainer, module, directory)`` receives the whole state at every validation
-    (``pipeline/training/checkpoints.py``); ``resume``: such a checkpoint file to continue from, with the same result as
-    a run never stopped (``resumed`` hears its metrics). With ``spec.workers`` > 1 this process is rank 0 of a
-    data-parallel trial and starts the other ranks (``pipeline/training/distributed.py``)."""
+    on a given machine. ``checkpoints`` saves the whole state at every validation and resumes from a checkpoint,
+    with the same result as a run never stopped (``pipeline/training/checkpoints.py``; by default none). With
+    ``spec.workers`` > 1 this process is rank 0 of a data-parallel trial and starts the other ranks
+    (``pipeline/training/distributed.py``)."""
+    checkpoints = checkpoints or Resumable()
     if spec.workers == 1:
-        return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
+        return score(spec, *fit(spec, checkpoints, callbacks, log_every))
     with (
-        distributed.other_ranks(spec, run_rank, resume, checkpoint is not None) as port,
+        distributed.other_ranks(spec, run_rank, checkpoints.for_rank()) as port,
         distributed.ranks_env(0, spec.workers, port),
     ):
-        return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
+        return score(spec, *fit(spec, checkpoints, callbacks, log_every))
 
 
-def run_rank(spec: TrialSpec, rank: int, port: int, resume: Path | None, checkpointing: bool) -> None:
+def run_rank(spec: TrialSpec, rank: int, port: int, checkpoints: Resumable) -> None:
     """Rank ``rank`` > 0 of a data-parallel trial: trains beside rank 0 (and saves with it, a collective)."""
     with distributed.ranks_env(rank, spec.workers, port):
-        fit(spec, checkpoint=(lambda *_: None) if checkpointing else None, resume=resume, rank=rank)
+        fit(spec, checkpoints, rank=rank)
 
 
 def fit(
-    spec: TrialSpec,
-    callbacks: Sequence[L.Callback] = (),
-    log_every: int = 50,
-    checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
-    resume: Path | None = None,
-    resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
-    rank: int = 0,
+    spec: TrialSpec, checkpoints: Resumable, callbacks: Sequence[L.Callback] = (), log_every: int = 50, rank: int = 0
 ):
     device = trial_device(spec, rank)
     L.seed_everything(spec.seed, workers=True, verbose=False)
@@ -288,7 +278,8 @@ def fit(
         else dict(devices=1)
     )
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
-        resumable = Resumable(train_loader.batch_sampler, checkpoint, scratch, resumed)
+        assert isinstance(train_loader.batch_sampler, LengthBuckets)  # loader's
+        checkpoints.attach(train_loader.batch_sampler, scratch)
         trainer = trial_trainer(
             spec,
             parts,
@@ -299,17 +290,21 @@ def fit(
             check_val_every_n_epoch=None if spec.val_every_steps else 1,
             num_sanity_val_steps=0,
             log_every_n_steps=log_every,
-            callbacks=[verdict, *callbacks, resumable],
+            callbacks=[verdict, *callbacks, checkpoints],
             deterministic=False,
         )
         with warnings.catch_warnings():
             # Lightning cannot see that the sampler resumes mid-epoch (Resumable puts it back in place)
             warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
             trainer.fit(
-                module, train_loader, loader(val, spec.eval_batch_size, 0, False), ckpt_path=resume, weights_only=True
+                module,
+                train_loader,
+                loader(val, spec.eval_batch_size, 0, False),
+                ckpt_path=checkpoints.resume,
+                weights_only=True,
             )
     module.sync_flops()  # the steps after the last validation
-    return trainer, module, resumable, verdict
+    return trainer, module, checkpoints, verdict
 
 
 def trial_device(spec: TrialSpec, rank: int = 0) -> torch.device:
