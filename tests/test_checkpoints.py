@@ -1,17 +1,16 @@
 """A trial resumed from any of its checkpoints ends exactly as the trial that never stopped."""
 
-import dataclasses
 
 from pipeline.training.checkpoints import FILE, latest, write_meta
 from pipeline.training.train import run_trial
-from tests.helpers.training import Copies, Curve
+from tests.helpers.training import Copies, Curve, with_settings
 
 
 def test_resume_from_each_checkpoint_gives_the_uninterrupted_result(spec, tmp_path):
     whole, kept = Curve(), Copies(folder=tmp_path)
     # a budget of 20 steps, extended (the trial is not judged converged before step 30): checkpoints before and
     # after the extension must both resume into the extended budget
-    spec = dataclasses.replace(spec, max_steps=20, max_budget_factor=4, convergence_min_steps=30)
+    spec = with_settings(spec, max_steps=20, max_budget_factor=4, convergence_min_steps=30)
     full = run_trial(spec, callbacks=[whole], checkpoints=kept)
     saved = kept.saved
     assert full["checkpoints"] == len(saved) >= 3 and full["checkpoint_bytes"] > 0

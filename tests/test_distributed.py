@@ -1,6 +1,5 @@
 """The data-parallel path on CPU (DDP over gloo): two workers train as one does, at the same global batch."""
 
-import dataclasses
 import math
 import sys
 
@@ -9,18 +8,18 @@ import pytest
 
 from pipeline.training.checkpoints import FILE
 from pipeline.training.train import run_trial
-from tests.helpers.training import Copies, Curve
+from tests.helpers.training import Copies, Curve, with_settings
 
 pytestmark = pytest.mark.slow
 
 
 def test_two_workers_follow_one_workers_loss_curve(spec):  # noqa: F811
-    one = dataclasses.replace(spec, dropout=0.0, max_steps=30)
+    one = with_settings(spec, dropout=0.0, max_steps=30)
     curves = {}
     results = {}
     for workers in (1, 2):
         curves[workers] = Curve()
-        results[workers] = run_trial(dataclasses.replace(one, workers=workers), callbacks=[curves[workers]])
+        results[workers] = run_trial(with_settings(one, workers=workers), callbacks=[curves[workers]])
     assert [p[0] for p in curves[2].points] == [p[0] for p in curves[1].points]
     for (_, loss1, _), (_, loss2, _) in zip(curves[1].points, curves[2].points):
         # same global batch, same mean loss (each worker's share weighted by its tokens): only the order of
@@ -32,7 +31,7 @@ def test_two_workers_follow_one_workers_loss_curve(spec):  # noqa: F811
 
 
 def test_a_two_worker_trial_resumes_exactly(spec, tmp_path):
-    two = dataclasses.replace(spec, workers=2, max_steps=30)
+    two = with_settings(spec, workers=2, max_steps=30)
     whole, kept = Curve(), Copies(folder=tmp_path)
     full = run_trial(two, callbacks=[whole], checkpoints=kept)
     saved = kept.saved

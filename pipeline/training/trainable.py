@@ -73,11 +73,11 @@ def run_cell(config: dict) -> None:
     node = ray.util.get_node_ip_address()
     cell = CellSpec(**config["cell"])
     cell = replace(cell, train_path=str(fetch(cell.train_path, node)), test_path=str(fetch(cell.test_path, node)))
-    spec = replace(TrialSpec.for_cell(cell, config["train"]), pause_at=config.get("pause_at"))
-    if spec.use_gpu and not torch.cuda.is_available():
+    spec = TrialSpec.for_cell(cell, config["train"], pause_at=config.get("pause_at"))
+    if spec.settings.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
     where = {"node": node}
-    system = SystemSampler(spec.use_gpu)
+    system = SystemSampler(spec.settings.use_gpu)
     checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as directory:
         resume = Path(directory) / FILE if directory else None

@@ -1,6 +1,8 @@
 """Training helpers: `Curve`, a trial's (step, training loss, validation accuracy) at each validation; `Copies`, its
-checkpoints as a test keeps them; `short_trial`, a 20-step trial on the tiny profile."""
+checkpoints as a test keeps them; `with_settings`, a trial under other settings; `short_trial`, a 20-step trial on
+the tiny profile."""
 
+import dataclasses
 import shutil
 
 import lightning as L
@@ -33,6 +35,11 @@ class Copies(Resumable):
 
     def resumed(self, trainer, module, metrics):
         self.told.append((trainer.global_step, metrics["train_loss"], metrics["val_accuracy"]))
+
+
+def with_settings(spec, **settings):
+    """The trial ``spec`` with ``settings`` (``TrainSettings`` fields) changed."""
+    return dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, **settings))
 
 
 def short_trial(cfg, data, **settings) -> dict:
