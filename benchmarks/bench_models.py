@@ -41,7 +41,9 @@ import models
 from benchmarks.repeats import ratios, side_by_side, spread
 from benchmarks.results import RESULTS, Results, figure, out_option, out_path
 from pipeline.training.batches import Batch
+from pipeline.training.settings import TrainSettings
 from pipeline.training.train import SequenceModel, TrialSpec
+from tests.helpers import make_cell
 
 VOCAB = 64
 
@@ -227,11 +229,12 @@ def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, rec
 
 # ---- 3. Lightning overhead ------------------------------------------------------------------------------------
 def spec_for(arch: str, width: int, depth: int, length: int) -> TrialSpec:
-    return TrialSpec(arch=arch, width=width, depth=depth, seed=0, train_path="", test_path="", max_len=length,
-                     vocab_size=VOCAB, heads=4, dropout=0.0, arch_options={}, batch_size=0, epochs=1, max_steps=-1,
-                     lr=1e-3, weight_decay=0.01, warmup_fraction=0.1, grad_clip=1.0, precision="32-true",
-                     val_samples=1, val_every_steps=None, eval_samples=None, eval_batch_size=1, threads=2,
-                     use_gpu=False)
+    cell = make_cell(arch=arch, width=width, depth=depth, train_path="", test_path="", max_len=length,
+                     vocab_size=VOCAB)
+    settings = TrainSettings(heads=4, dropout=0.0, batch_size=0, epochs=1, max_steps=-1, weight_decay=0.01,
+                             warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=1,
+                             val_every_steps=None, eval_samples=None, eval_batch_size=1, threads=2, use_gpu=False)
+    return TrialSpec(cell=cell, settings=settings, lr=1e-3)
 
 
 def bare_fit(module: SequenceModel, batch, steps: int) -> tuple[list[float], float]:

@@ -1,32 +1,25 @@
 """A trial resumed from any of its checkpoints ends exactly as the trial that never stopped."""
 
-import dataclasses
-import shutil
 
 from pipeline.training.checkpoints import FILE, latest, write_meta
 from pipeline.training.train import run_trial
-from tests.helpers.training import Curve
+from tests.helpers.training import Copies, Curve, with_settings
 
 
 def test_resume_from_each_checkpoint_gives_the_uninterrupted_result(spec, tmp_path):
-    saved = {}
-
-    def keep(trainer, module, directory):
-        saved[trainer.global_step] = shutil.copytree(directory, tmp_path / f"step-{trainer.global_step}")
-
-    whole = Curve()
+    whole, kept = Curve(), Copies(folder=tmp_path)
     # a budget of 20 steps, extended (the trial is not judged converged before step 30): checkpoints before and
     # after the extension must both resume into the extended budget
-    spec = dataclasses.replace(spec, max_steps=20, max_budget_factor=4, convergence_min_steps=30)
-    full = run_trial(spec, callbacks=[whole], checkpoint=keep)
+    spec = with_settings(spec, max_steps=20, max_budget_factor=4, convergence_min_steps=30)
+    full = run_trial(spec, callbacks=[whole], checkpoints=kept)
+    saved = kept.saved
     assert full["checkpoints"] == len(saved) >= 3 and full["checkpoint_bytes"] > 0
     assert len({p[0] for p in whole.points}) == len(whole.points)  # no validation ran twice
     assert full["budget_steps"] > 20 and full["train_steps"] > 20 and full["status"] in ("unsolved", "undecided")
     for step in sorted(saved):  # the last one too: killed while scoring the test set
-        tail, heard = Curve(), []
-        resumed = run_trial(spec, callbacks=[tail], resume=saved[step] / FILE,
-                            resumed=lambda trainer, module, m, heard=heard:
-                            heard.append((trainer.global_step, m["train_loss"], m["val_accuracy"])))
+        tail, resuming = Curve(), Copies(saved[step] / FILE)
+        resumed = run_trial(spec, callbacks=[tail], checkpoints=resuming)
+        heard = resuming.told
         assert resumed["resumed_step"] == step
         assert heard == [p for p in whole.points if p[0] == step]  # the checkpoint's own validation
         assert tail.points == [p for p in whole.points if p[0] > step], f"resumed at step {step}"

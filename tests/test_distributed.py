@@ -1,8 +1,6 @@
 """The data-parallel path on CPU (DDP over gloo): two workers train as one does, at the same global batch."""
 
-import dataclasses
 import math
-import shutil
 import sys
 
 import pandas as pd
@@ -10,18 +8,18 @@ import pytest
 
 from pipeline.training.checkpoints import FILE
 from pipeline.training.train import run_trial
-from tests.helpers.training import Curve
+from tests.helpers.training import Copies, Curve, with_settings
 
 pytestmark = pytest.mark.slow
 
 
 def test_two_workers_follow_one_workers_loss_curve(spec):  # noqa: F811
-    one = dataclasses.replace(spec, dropout=0.0, max_steps=30)
+    one = with_settings(spec, dropout=0.0, max_steps=30)
     curves = {}
     results = {}
     for workers in (1, 2):
         curves[workers] = Curve()
-        results[workers] = run_trial(dataclasses.replace(one, workers=workers), callbacks=[curves[workers]])
+        results[workers] = run_trial(with_settings(one, workers=workers), callbacks=[curves[workers]])
     assert [p[0] for p in curves[2].points] == [p[0] for p in curves[1].points]
     for (_, loss1, _), (_, loss2, _) in zip(curves[1].points, curves[2].points):
         # same global batch, same mean loss (each worker's share weighted by its tokens): only the order of
@@ -33,17 +31,13 @@ def test_two_workers_follow_one_workers_loss_curve(spec):  # noqa: F811
 
 
 def test_a_two_worker_trial_resumes_exactly(spec, tmp_path):
-    two = dataclasses.replace(spec, workers=2, max_steps=30)
-    saved = {}
-
-    def keep(trainer, module, directory):
-        saved[trainer.global_step] = shutil.copytree(directory, tmp_path / f"step-{trainer.global_step}")
-
-    whole = Curve()
-    full = run_trial(two, callbacks=[whole], checkpoint=keep)
+    two = with_settings(spec, workers=2, max_steps=30)
+    whole, kept = Curve(), Copies(folder=tmp_path)
+    full = run_trial(two, callbacks=[whole], checkpoints=kept)
+    saved = kept.saved
     step = sorted(saved)[len(saved) // 2]
     tail = Curve()
-    resumed = run_trial(two, callbacks=[tail], resume=saved[step] / FILE)
+    resumed = run_trial(two, callbacks=[tail], checkpoints=Copies(saved[step] / FILE))
     assert tail.points == [p for p in whole.points if p[0] > step]
     assert resumed["train_pflops"] == full["train_pflops"] and resumed["final_accuracy"] == full["final_accuracy"]
 

@@ -29,7 +29,7 @@ def test_training_settings_are_the_sweep_sections_keys_with_its_defaults(tiny_cf
 def test_a_trial_spec_takes_its_cell_and_settings_and_refuses_an_unknown_setting(tiny_cfg):
     train = asdict(TrainSettings.of(tiny_cfg)) | {"lr": 1e-3}
     spec = TrialSpec.for_cell(CELL, train)
-    assert (spec.arch, spec.lr, spec.batch_size) == ("standard", 1e-3, tiny_cfg.sweep.batch_size)
+    assert (spec.cell.arch, spec.lr, spec.settings.batch_size) == ("standard", 1e-3, tiny_cfg.sweep.batch_size)
     with pytest.raises(TypeError, match="warmup_steps"):
         TrialSpec.for_cell(CELL, train | {"warmup_steps": 10})
     with pytest.raises(TypeError, match="lr"):

@@ -11,8 +11,10 @@ import tasks
 from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training.batches import IGNORE, Collate, LengthBuckets, collate, collate_reference, loader
 from pipeline.training.evaluation import final_answers, greedy_accuracy
+from pipeline.training.settings import TrainSettings
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, SequenceModel, TrialSpec, run_trial
-from tests.helpers import write_params
+from tests.helpers import make_cell, write_params
+from tests.helpers.training import with_settings
 
 EOS = tasks.EOS_ID
 
@@ -97,11 +99,13 @@ def test_every_architecture_trains_on_every_task_and_decodes(tiny_cfg, tiny_data
     train, test = (dataset_path(tiny_data, task, size, s) for s in ("train", "test"))
     meta = read_dataset(train).meta
     s = tiny_cfg.sweep
-    spec = TrialSpec(arch=arch, width=16, depth=1, seed=0, train_path=str(train), test_path=str(test),
-                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]), heads=s.heads, dropout=0.1,
-                     arch_options={}, batch_size=32, epochs=1, max_steps=6, lr=3e-3, weight_decay=0.01,
-                     warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16, val_every_steps=3,
-                     eval_samples=20, eval_batch_size=8, threads=1, use_gpu=False, max_budget_factor=1)
+    cell = make_cell(task, size, arch, 16, 1, 0, train_path=str(train), test_path=str(test),
+                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]))
+    settings = TrainSettings(heads=s.heads, dropout=0.1, batch_size=32, epochs=1, max_steps=6, weight_decay=0.01,
+                             warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16,
+                             val_every_steps=3, eval_samples=20, eval_batch_size=8, threads=1, use_gpu=False,
+                             max_budget_factor=1)
+    spec = TrialSpec(cell=cell, settings=settings, lr=3e-3)
     result = run_trial(spec)
     assert result["train_steps"] == 6 and result["eval_samples"] == 20
     assert set(result) == {"status", "reason", *CELL_METRICS, *TRIAL_METRICS}  # what the tables and MLflow read
@@ -140,13 +144,14 @@ def test_separations_families_train_and_score(separations_data, task, size, arch
     out = separations_data
     train, test = (dataset_path(out, task, size, s) for s in ("train", "test"))
     meta = read_dataset(train).meta
-    spec = TrialSpec(arch=arch, width=16, depth=1, seed=0, train_path=str(train), test_path=str(test),
-                     max_len=read_dataset(test).meta["stats"]["max_length"], vocab_size=len(meta["vocab"]), heads=2,
-                     dropout=0.0, arch_options={}, batch_size=16, epochs=1, max_steps=4, lr=3e-3, weight_decay=0.01,
-                     warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16, val_every_steps=2,
-                     eval_samples=16, eval_batch_size=8, threads=1, use_gpu=False, max_budget_factor=1,
-                     family=meta["family"],
-                     vocab=tuple(meta["vocab"]))
+    cell = make_cell(task, size, arch, 16, 1, 0, train_path=str(train), test_path=str(test),
+                     max_len=read_dataset(test).meta["stats"]["max_length"], vocab_size=len(meta["vocab"]),
+                     family=meta["family"], vocab=tuple(meta["vocab"]))
+    settings = TrainSettings(heads=2, dropout=0.0, batch_size=16, epochs=1, max_steps=4, weight_decay=0.01,
+                             warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16,
+                             val_every_steps=2, eval_samples=16, eval_batch_size=8, threads=1, use_gpu=False,
+                             max_budget_factor=1)
+    spec = TrialSpec(cell=cell, settings=settings, lr=3e-3)
     result = run_trial(spec)
     assert 0 <= result["final_accuracy"] <= 1 and result["train_steps"] == 4
 
@@ -154,8 +159,8 @@ def test_separations_families_train_and_score(separations_data, task, size, arch
 def test_micro_batches_add_up_to_the_whole_batch_gradient(spec):
     """A batch in 3 micro-batches (each loss weighted by its share, divided by 3 as Lightning's accumulation does)
     gives the gradient of the batch in one pass: the same pieces of the same batches, every sample once."""
-    data = read_dataset(Path(spec.train_path))
-    module = SequenceModel(dataclasses.replace(spec, dropout=0.0))
+    data = read_dataset(Path(spec.cell.train_path))
+    module = SequenceModel(with_settings(spec, dropout=0.0))
 
     def gradient(batches) -> list[torch.Tensor]:
         module.zero_grad()
@@ -183,8 +188,8 @@ def test_a_micro_batched_trial_steps_and_validates_as_one_pass(spec):
             self.steps.append(trainer.global_step)
 
     seen = Validations(), Validations()
-    one = run_trial(dataclasses.replace(spec, max_steps=10, val_every_steps=5), callbacks=[seen[0]])
-    two = run_trial(dataclasses.replace(spec, max_steps=10, val_every_steps=5, micro_batches=2), callbacks=[seen[1]])
+    one = run_trial(with_settings(spec, max_steps=10, val_every_steps=5), callbacks=[seen[0]])
+    two = run_trial(with_settings(spec, max_steps=10, val_every_steps=5, micro_batches=2), callbacks=[seen[1]])
     assert one["train_steps"] == two["train_steps"] == 10 and seen[0].steps == seen[1].steps == [5, 10]
     assert one["train_pflops"] == two["train_pflops"]  # the same samples in the same steps
 
@@ -201,8 +206,8 @@ def test_loader_processes_build_the_same_batches_and_train_the_same_trial(spec, 
         assert len(pairs) == len(here) - 5 * (epoch == 0)
         assert all(all(np.array_equal(a, b) for a, b in zip(x, y)) for x, y in pairs)
     same = ("final_accuracy", "val_accuracy", "token_accuracy", "train_pflops", "train_steps", "solve_step")
-    one = run_trial(dataclasses.replace(spec, max_steps=6))
-    two = run_trial(dataclasses.replace(spec, max_steps=6, loader_workers=1))
+    one = run_trial(with_settings(spec, max_steps=6))
+    two = run_trial(with_settings(spec, max_steps=6, loader_workers=1))
     assert [one[k] for k in same] == [two[k] for k in same]
 
 

@@ -13,6 +13,7 @@ import torch
 from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training import status, verdict
 from pipeline.training.train import TrialSpec, run_trial, split_validation
+from tests.helpers import make_cell
 
 
 def fake_trainer(budget: int = 1000):
@@ -192,16 +193,16 @@ def test_validation_is_held_out_of_train(tiny_data):
 
 
 def tiny_spec(tiny_cfg, tiny_data, **kw) -> TrialSpec:
+    """A tiny trial of lis; ``kw``: its learning rate and settings, changed."""
     train, test = (dataset_path(tiny_data, "lis", 3, s) for s in ("train", "test"))
     meta = read_dataset(train).meta
-    return TrialSpec(**{**dict(arch="standard", width=16, depth=1, seed=0, train_path=str(train),
-                                 test_path=str(test), max_len=meta["stats"]["max_length"],
-                                 vocab_size=len(meta["vocab"]), heads=2, dropout=0.0, arch_options={},
-                                 batch_size=32, epochs=50, max_steps=40, lr=3e-3, weight_decay=0.0,
-                                 warmup_fraction=0.0, grad_clip=None, precision="32-true", val_samples=32,
-                                 val_every_steps=4, eval_samples=40, eval_batch_size=16, threads=1, use_gpu=False,
-                                 max_budget_factor=1),
-                        **kw})
+    cell = make_cell("lis", 3, train_path=str(train), test_path=str(test), max_len=meta["stats"]["max_length"],
+                     vocab_size=len(meta["vocab"]))
+    return TrialSpec.for_cell(cell, {**dict(heads=2, dropout=0.0, batch_size=32, epochs=50, max_steps=40, lr=3e-3,
+                                            weight_decay=0.0, warmup_fraction=0.0, grad_clip=None,
+                                            precision="32-true", val_samples=32, val_every_steps=4, eval_samples=40,
+                                            eval_batch_size=16, threads=1, use_gpu=False, max_budget_factor=1),
+                                     **kw})
 
 
 def test_a_trial_that_blows_up_is_diverged_and_not_scored(tiny_cfg, tiny_data):

@@ -176,20 +176,20 @@ def measure(
         use_gpu=device.type == "cuda",
         workers=1,
     )
-    spec = TrialSpec.for_cell(replace(cell, max_len=length), asdict(settings) | {"lr": cell.lrs[0]})
+    spec = TrialSpec(cell=replace(cell, max_len=length), settings=settings, lr=cell.lrs[0])
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: ...", as a trial does
     threads = torch.get_num_threads()
     try:
-        device = trial_device(spec)
+        device = trial_device(settings)
         torch.manual_seed(0)
         module = SequenceModel(spec)
-        parts = micro_batches(spec, module.model, length, device)
+        parts = micro_batches(settings, module.model, length, device)
         timer = StepTimer(warmup * parts, device)
-        trainer = trial_trainer(spec, parts, devices=1, limit_val_batches=0, callbacks=[timer])
+        trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, callbacks=[timer])
         data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
-            trainer.fit(module, loader(data, batch, spec.seed, False, parts=parts))
+            trainer.fit(module, loader(data, batch, cell.seed, False, parts=parts))
     finally:
         torch.set_num_threads(threads)
     return Measurement(

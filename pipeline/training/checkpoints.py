@@ -4,9 +4,10 @@ as if it had never stopped.
 Trial side (``Resumable``, a Lightning callback): at every validation, Lightning's own checkpoint of the whole
 fit (weights, optimiser, learning-rate schedule, loop counters, the stopping callbacks' state) plus what
 Lightning leaves out: torch's RNG, the CPU's and the GPU's (dropout), the training sampler's place in its epoch,
-the compute and time spent so far. The sweep hands the directory to ``tune.report(..., checkpoint=...)``, which
-copies it to ``cluster.storage_path`` and keeps the newest ``sweep.checkpoints_to_keep``. Resuming is Lightning's
-``fit(ckpt_path=..., weights_only=True)``: the file holds tensors and plain values only.
+the compute and time spent so far. The Tune worker's ``Resumable`` hands the directory to
+``tune.report(..., checkpoint=...)``, which copies it to ``cluster.storage_path`` and keeps the newest
+``sweep.checkpoints_to_keep``. Resuming is Lightning's ``fit(ckpt_path=..., weights_only=True)``: the file holds
+tensors and plain values only.
 
 Driver side: ``latest`` finds checkpoints of earlier sweeps that died before their trials ended, by trial key
 under the same run key (same data, settings and code), so a rerun continues them instead of starting over.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -28,34 +28,57 @@ import pyarrow.fs as pafs
 import torch
 
 from pipeline.data.storage import filesystem, location_of
+from pipeline.training.batches import LengthBuckets
 
 FILE = "trial.ckpt"  # Lightning's checkpoint of the fit
 META = "meta.json"  # trial key, run key, step: how a later sweep finds it
 
 
 class Resumable(L.Callback):
-    """Saves the fit at every validation and hands the directory to ``save(trainer, module, directory)`` (if
-    given: a trial outside Tune saves nothing), then deletes it; ``resumed(trainer, module, metrics)`` hears the
-    restored checkpoint's validation metrics; on
-    resume, puts back what Lightning does not (RNG, the sampler's place, compute and time so far)."""
+    """A trial's checkpoints, the one callback that saves and resumes its fit. ``resume``: the checkpoint file to
+    continue from, if any. With ``saving``, saves the fit at every validation and hands the directory to ``keep``,
+    then deletes it; a resumed checkpoint's validation metrics go to ``resumed``, once. On resume, puts back what
+    Lightning does not (RNG, the sampler's place, compute and time so far).
 
-    def __init__(
-        self,
-        sampler,
-        save: Callable[[L.Trainer, L.LightningModule, Path], None] | None,
-        scratch: Path,
-        resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
-    ):
-        self.sampler, self.save, self.scratch, self.resumed = sampler, save, scratch, resumed
+    As is, it keeps nothing and tells no one: a trial outside Tune (``saving`` off), or a data-parallel rank > 0,
+    which saves beside rank 0 (a collective) and leaves the checkpoint to it. The Tune worker's subclass
+    (``pipeline/training/trainable.py``) hands each checkpoint to Tune."""
+
+    def __init__(self, resume: Path | None = None, saving: bool = False):
+        self.resume, self.saving = resume, saving
+        self.sampler: LengthBuckets | None = None  # of the fit it is attached to
+        self.scratch: Path | None = None
         self.trainer: L.Trainer | None = None
         self.rng: torch.Tensor | None = None  # to restore once training restarts
         self.seconds_before = 0.0  # training time of earlier attempts
-        self.started = time.perf_counter()
+        self.started = 0.0  # when this attempt's fit was attached, then when its training started
         self.resumed_step: int | None = None
         self.heard = False  # ``resumed`` was told
         self.stop = False  # the fit had decided to stop when it was saved (killed while scoring the test set)
         self.metrics: dict[str, float] = {}  # the last validation's metrics, as saved
         self.saves, self.save_seconds, self.save_bytes = 0, 0.0, 0
+
+    def for_rank(self) -> Resumable:
+        """What a data-parallel rank > 0 of this trial runs: the same resume and saving, nothing kept or told (a
+        plain ``Resumable``, so that it pickles into the rank's process)."""
+        return Resumable(self.resume, self.saving)
+
+    def attach(self, sampler: LengthBuckets, scratch: Path) -> None:
+        """The fit this callback saves and restores: its training sampler, and where its checkpoints are written
+        before ``keep`` takes them."""
+        self.sampler, self.scratch, self.started = sampler, scratch, time.perf_counter()
+
+    def keep(self, trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:
+        """A checkpoint just saved in ``directory``, deleted on return."""
+
+    def resumed(self, trainer: L.Trainer, module: L.LightningModule, metrics: dict) -> None:
+        """The resumed checkpoint's validation metrics, which its sweep may not have recorded before it died."""
+
+    @property
+    def state_key(self) -> str:
+        # Lightning's default is the class's name: rank 0 saves the state of its subclass, which the other ranks'
+        # plain Resumable must find
+        return "Resumable"
 
     def setup(self, trainer, module, stage):
         self.trainer = trainer
@@ -66,7 +89,8 @@ class Resumable(L.Callback):
 
     def state_dict(self) -> dict:
         trainer = self.trainer
-        assert trainer is not None  # Lightning calls setup before it saves a checkpoint
+        sampler = self.sampler
+        assert trainer is not None and sampler is not None  # attached, and set up before Lightning saves
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # batches of this epoch trained
         # every data-parallel worker's RNG (their dropout draws differ), gathered: only the first one writes; on a
         # GPU its generator too, which draws the dropout masks there
@@ -77,7 +101,7 @@ class Resumable(L.Callback):
         rng = trainer.strategy.all_gather(state.to(device))
         return {
             "rng": rng.reshape(trainer.world_size, -1).cpu(),
-            "epoch": self.sampler.epoch - 1,
+            "epoch": sampler.epoch - 1,
             "batches_done": done,
             "seconds": self.elapsed(),
             "step": trainer.global_step,
@@ -86,7 +110,7 @@ class Resumable(L.Callback):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        assert self.trainer is not None  # Lightning calls setup before it restores a checkpoint
+        assert self.trainer is not None and self.sampler is not None  # attached, and set up before it restores
         self.rng = state["rng"][self.trainer.global_rank].clone()  # its own storage: torch reads from offset 0
         self.seconds_before, self.resumed_step = state["seconds"], state["step"]
         self.stop, self.metrics = state["stop"], state["metrics"]
@@ -110,7 +134,7 @@ class Resumable(L.Callback):
 
     def hear_resumed(self, trainer, module) -> None:
         """Once: the checkpoint's metrics, which its sweep may not have recorded before it died."""
-        if self.resumed_step is not None and self.resumed and not self.heard:
+        if self.resumed_step is not None and not self.heard:
             self.heard = True
             self.resumed(trainer, module, self.metrics)
 
@@ -120,15 +144,16 @@ class Resumable(L.Callback):
         return self.metrics | {k: float(v) for k, v in self.trainer.callback_metrics.items()}
 
     def on_validation_end(self, trainer, module):
-        if trainer.sanity_checking or self.save is None:
+        if trainer.sanity_checking or not self.saving:
             return
+        assert self.scratch is not None  # attached before the fit
         start = time.perf_counter()
         directory = self.scratch / f"step-{trainer.global_step}"
         directory.mkdir(parents=True, exist_ok=True)
         trainer.save_checkpoint(directory / FILE, weights_only=False)  # the whole fit, not just weights
         self.save_bytes = sum(f.stat().st_size for f in directory.iterdir())
-        self.save(trainer, module, directory)
-        for f in directory.iterdir():  # Tune has copied it to storage
+        self.keep(trainer, module, directory)
+        for f in directory.iterdir():  # kept: Tune has copied it to storage
             f.unlink()
         directory.rmdir()
         self.saves += 1

@@ -22,14 +22,13 @@ import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 
 from pipeline.data.parallel import exit_with
 
-# (spec, rank, port, resume, checkpointing): one rank > 0 of a trial (``train.run_rank``)
+# (spec, rank, port, checkpoints): one rank > 0 of a trial (``train.run_rank``)
 RunRank = Callable[..., None]
 ENV = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE")
 
@@ -66,17 +65,16 @@ def strategy(use_gpu: bool) -> DDPStrategy:
 
 
 @contextlib.contextmanager
-def other_ranks(spec, run_rank: RunRank, resume: Path | None, checkpointing: bool):
+def other_ranks(spec, run_rank: RunRank, checkpoints):
     """Ranks 1..workers-1 of ``spec``'s trial, started before rank 0 (this process) trains and awaited after;
     yields the port rank 0 joins them on. Each rank runs ``run_rank`` (a module-level function, so that a spawned
-    process can import it). A rank that fails makes rank 0 fail with its exit code."""
+    process can import it) with ``checkpoints``, the rank's ``Resumable``. A rank that fails makes rank 0 fail with
+    its exit code."""
     port = free_port()
     ctx = multiprocessing.get_context("spawn")  # the parent holds torch and Ray threads: never fork them
     procs = [
-        ctx.Process(
-            target=rank_main, args=(run_rank, spec, rank, port, resume, checkpointing, os.getpid()), daemon=True
-        )
-        for rank in range(1, spec.workers)
+        ctx.Process(target=rank_main, args=(run_rank, spec, rank, port, checkpoints, os.getpid()), daemon=True)
+        for rank in range(1, spec.settings.workers)
     ]
     for proc in procs:
         proc.start()
@@ -92,8 +90,6 @@ def other_ranks(spec, run_rank: RunRank, resume: Path | None, checkpointing: boo
         raise RuntimeError(f"a data-parallel worker of this trial exited with code {failed[0]}")
 
 
-def rank_main(
-    run_rank: RunRank, spec, rank: int, port: int, resume: Path | None, checkpointing: bool, parent: int
-) -> None:
+def rank_main(run_rank: RunRank, spec, rank: int, port: int, checkpoints, parent: int) -> None:
     threading.Thread(target=exit_with, args=(parent,), daemon=True).start()  # rank 0 killed: so are we
-    run_rank(spec, rank, port, resume, checkpointing)
+    run_rank(spec, rank, port, checkpoints)

@@ -21,8 +21,8 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -36,7 +36,7 @@ from pipeline.common.cell import CellSpec
 from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training import distributed
-from pipeline.training.batches import IGNORE, Batch, loader
+from pipeline.training.batches import IGNORE, Batch, LengthBuckets, loader
 from pipeline.training.checkpoints import Resumable
 from pipeline.training.evaluation import greedy_accuracy
 from pipeline.training.memory import budget_bytes, fit_memory
@@ -45,31 +45,25 @@ from pipeline.training.status import Status
 from pipeline.training.verdict import Convergence, Verdict
 
 
-@dataclass(kw_only=True)
-class TrialSpec(TrainSettings):
-    """Everything one trial needs: the sweep's training settings, the cell and its data, the learning rate. Plain
-    values, so that Ray can ship it to any worker."""
+@dataclass(frozen=True, kw_only=True)
+class TrialSpec:
+    """One trial: a cell of the grid (its model and data), the sweep's training settings, and a learning rate. It
+    crosses to a Ray worker as the searcher's plain dicts (``for_cell`` rebuilds it there), and to a data-parallel
+    trial's other ranks pickled."""
 
-    arch: str
-    width: int
-    depth: int
-    seed: int
-    arch_options: dict
+    cell: CellSpec
+    settings: TrainSettings
     lr: float
-    train_path: str
-    test_path: str
-    max_len: int  # the dataset's L
-    vocab_size: int
-    family: str = "cot"
-    vocab: tuple[str, ...] = ()  # token strings, needed by the ncp family to know the separator and symbols
     pause_at: int | None = None  # successive halving: this attempt pauses at this step (a rung) without a verdict
 
     @classmethod
-    def for_cell(cls, cell: CellSpec, train: dict) -> TrialSpec:
-        """A trial of ``cell`` (the sweep's cell record, which carries more than a trial needs) with ``train``
-        (``TrainSettings`` as a dict, plus ``lr``): a key ``train`` does not know is an error, not dropped."""
-        own = {f.name for f in fields(cls)} - {f.name for f in fields(TrainSettings)} - {"lr", "pause_at"}
-        return cls(**{k: getattr(cell, k) for k in own}, **train)
+    def for_cell(cls, cell: CellSpec, train: dict, pause_at: int | None = None) -> TrialSpec:
+        """A trial of ``cell`` with ``train``, as the searcher ships it to a Ray worker: ``TrainSettings`` as a dict,
+        plus ``lr``. A key ``TrainSettings`` does not know is an error, not dropped."""
+        if "lr" not in train:
+            raise TypeError("a trial's settings lack its learning rate, lr")
+        settings = TrainSettings(**{k: v for k, v in train.items() if k != "lr"})
+        return cls(cell=cell, settings=settings, lr=train["lr"], pause_at=pause_at)
 
 
 # ---- model --------------------------------------------------------------------------------------------------
@@ -96,20 +90,20 @@ class SequenceModel(L.LightningModule):
         super().__init__()
         self.spec, self.val_data = spec, val_data
         self.model = models.build_model(
-            spec.arch,
-            vocab_size=spec.vocab_size,
-            width=spec.width,
-            depth=spec.depth,
-            heads=spec.heads,
-            max_len=spec.max_len,
-            dropout=spec.dropout,
-            **spec.arch_options,
+            spec.cell.arch,
+            vocab_size=spec.cell.vocab_size,
+            width=spec.cell.width,
+            depth=spec.cell.depth,
+            heads=spec.settings.heads,
+            max_len=spec.cell.max_len,
+            dropout=spec.settings.dropout,
+            **spec.cell.arch_options,
         )
         # 3 x exact forward FLOPs of every sequence trained on (forward + backward), by every worker: the sum
         # over workers as of the last validation, and this worker's since
         self.synced_flops, self.unsynced_flops = 0, 0
         self.flops_by_length: dict[int, int] = {}  # sequence length -> exact forward FLOPs
-        self.ncp = NextCharacterTargets(spec.vocab) if spec.family == "ncp" else None
+        self.ncp = NextCharacterTargets(spec.cell.vocab) if spec.cell.family == "ncp" else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -140,7 +134,7 @@ class SequenceModel(L.LightningModule):
         return self.loss(logits, batch.inputs, batch.targets) * batch.share
 
     def loss(self, logits, inputs, targets) -> torch.Tensor:
-        if self.spec.family != "ncp":
+        if self.spec.cell.family != "ncp":
             return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
         assert self.ncp is not None  # made for the ncp family
         mask = targets != IGNORE  # (B, T)
@@ -149,7 +143,7 @@ class SequenceModel(L.LightningModule):
 
     def correct(self, logits, inputs, targets) -> torch.Tensor:
         """(B, T) bool: the prediction at each position is right (argmax token, or the whole ncp target set)."""
-        if self.spec.family != "ncp":
+        if self.spec.cell.family != "ncp":
             return logits.argmax(-1) == targets
         assert self.ncp is not None  # made for the ncp family
         return ((logits > 0) == self.ncp.targets(inputs, targets).bool()).all(-1)
@@ -157,7 +151,7 @@ class SequenceModel(L.LightningModule):
     def final_accuracy(self, data: Dataset, batch_size: int, device) -> float:
         """The family's final score, as the papers score it: greedy final answers (cot, classify) or, for ncp, the
         fraction of sequences right at every prefix (teacher-forced, one pass)."""
-        if self.spec.family != "ncp":
+        if self.spec.cell.family != "ncp":
             return greedy_accuracy(self.model, data, batch_size, device)
         self.eval()
         right = 0
@@ -171,7 +165,9 @@ class SequenceModel(L.LightningModule):
     def training_step(self, batch: Batch, batch_idx):
         loss = self.training_loss(batch)
         # data-parallel: the mean of the workers' weighted losses is the global batch's loss
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch.inputs), sync_dist=self.spec.workers > 1)
+        self.log(
+            "train_loss", loss, prog_bar=True, batch_size=len(batch.inputs), sync_dist=self.spec.settings.workers > 1
+        )
         return loss
 
     def exact_flops(self, length: int) -> int:
@@ -192,7 +188,7 @@ class SequenceModel(L.LightningModule):
         self.sync_flops()
         if self.val_data is not None:
             with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
-                accuracy = self.final_accuracy(self.val_data, self.spec.eval_batch_size, self.device)
+                accuracy = self.final_accuracy(self.val_data, self.spec.settings.eval_batch_size, self.device)
             self.log("val_accuracy", accuracy)
 
     def configure_optimizers(self):
@@ -206,15 +202,15 @@ class SequenceModel(L.LightningModule):
         budget (the same cell measured 89.0% at step 800 of an 800-step budget and 85.9% at step 800 of a
         2,400-step one), and a trial still improving at its budget continues with a longer one
         (``verdict.Verdict``), which a constant rate continues as it was."""
-        s = self.spec
+        s = self.spec.settings
         if s.optimizer == "adam":
-            opt = torch.optim.Adam(self.parameters(), lr=s.lr, betas=(0.9, 0.999))
+            opt = torch.optim.Adam(self.parameters(), lr=self.spec.lr, betas=(0.9, 0.999))
         else:
             decay = [p for p in self.parameters() if p.dim() >= 2]
             no_decay = [p for p in self.parameters() if p.dim() < 2]
             opt = torch.optim.AdamW(
                 [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                lr=s.lr,
+                lr=self.spec.lr,
                 betas=(0.9, 0.999),
             )
         warmup = max(1, int(s.warmup_fraction * max(1, total_steps)))
@@ -234,108 +230,100 @@ def split_validation(train: Dataset, val_samples: int) -> tuple[Dataset, Dataset
 
 
 def run_trial(
-    spec: TrialSpec,
-    callbacks: Sequence[L.Callback] = (),
-    log_every: int = 50,
-    checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
-    resume: Path | None = None,
-    resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
+    spec: TrialSpec, callbacks: Sequence[L.Callback] = (), log_every: int = 50, checkpoints: Resumable | None = None
 ) -> dict:
     """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
-    on a given machine. ``checkpoint(trainer, module, directory)`` receives the whole state at every validation
-    (``pipeline/training/checkpoints.py``); ``resume``: such a checkpoint file to continue from, with the same result as
-    a run never stopped (``resumed`` hears its metrics). With ``spec.workers`` > 1 this process is rank 0 of a
-    data-parallel trial and starts the other ranks (``pipeline/training/distributed.py``)."""
-    if spec.workers == 1:
-        return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
+    on a given machine. ``checkpoints`` saves the whole state at every validation and resumes from a checkpoint,
+    with the same result as a run never stopped (``pipeline/training/checkpoints.py``; by default none). With
+    ``spec.settings.workers`` > 1 this process is rank 0 of a data-parallel trial and starts the other ranks
+    (``pipeline/training/distributed.py``)."""
+    checkpoints = checkpoints or Resumable()
+    if spec.settings.workers == 1:
+        return score(spec, *fit(spec, checkpoints, callbacks, log_every))
     with (
-        distributed.other_ranks(spec, run_rank, resume, checkpoint is not None) as port,
-        distributed.ranks_env(0, spec.workers, port),
+        distributed.other_ranks(spec, run_rank, checkpoints.for_rank()) as port,
+        distributed.ranks_env(0, spec.settings.workers, port),
     ):
-        return score(spec, *fit(spec, callbacks, log_every, checkpoint, resume, resumed))
+        return score(spec, *fit(spec, checkpoints, callbacks, log_every))
 
 
-def run_rank(spec: TrialSpec, rank: int, port: int, resume: Path | None, checkpointing: bool) -> None:
+def run_rank(spec: TrialSpec, rank: int, port: int, checkpoints: Resumable) -> None:
     """Rank ``rank`` > 0 of a data-parallel trial: trains beside rank 0 (and saves with it, a collective)."""
-    with distributed.ranks_env(rank, spec.workers, port):
-        fit(spec, checkpoint=(lambda *_: None) if checkpointing else None, resume=resume, rank=rank)
+    with distributed.ranks_env(rank, spec.settings.workers, port):
+        fit(spec, checkpoints, rank=rank)
 
 
 def fit(
-    spec: TrialSpec,
-    callbacks: Sequence[L.Callback] = (),
-    log_every: int = 50,
-    checkpoint: Callable[[L.Trainer, L.LightningModule, Path], None] | None = None,
-    resume: Path | None = None,
-    resumed: Callable[[L.Trainer, L.LightningModule, dict], None] | None = None,
-    rank: int = 0,
+    spec: TrialSpec, checkpoints: Resumable, callbacks: Sequence[L.Callback] = (), log_every: int = 50, rank: int = 0
 ):
-    device = trial_device(spec, rank)
-    L.seed_everything(spec.seed, workers=True, verbose=False)
-    train, val = split_validation(read_dataset(Path(spec.train_path)), spec.val_samples)
+    s = spec.settings
+    device = trial_device(s, rank)
+    L.seed_everything(spec.cell.seed, workers=True, verbose=False)
+    train, val = split_validation(read_dataset(Path(spec.cell.train_path)), s.val_samples)
     module = SequenceModel(spec, val_data=val)
-    parts = micro_batches(spec, module.model, int(train.lengths.max()), device)
-    train_loader = loader(train, spec.batch_size, spec.seed, True, rank, spec.workers, parts, spec.loader_workers)
-    convergence = Convergence(
-        spec.convergence_window, spec.convergence_tolerance, spec.convergence_min_steps, spec.min_delta
-    )
-    verdict = Verdict(
-        spec.threshold, spec.patience, convergence, spec.max_budget_factor, spec.stop_when_solved, spec.pause_at
-    )
+    parts = micro_batches(s, module.model, int(train.lengths.max()), device)
+    train_loader = loader(train, s.batch_size, spec.cell.seed, True, rank, s.workers, parts, s.loader_workers)
+    convergence = Convergence(s.convergence_window, s.convergence_tolerance, s.convergence_min_steps, s.min_delta)
+    verdict = Verdict(s.threshold, s.patience, convergence, s.max_budget_factor, s.stop_when_solved, spec.pause_at)
     parallel = (
-        dict(devices=spec.workers, strategy=distributed.strategy(spec.use_gpu), use_distributed_sampler=False)
-        if spec.workers > 1
+        dict(devices=s.workers, strategy=distributed.strategy(s.use_gpu), use_distributed_sampler=False)
+        if s.workers > 1
         else dict(devices=1)
     )
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
-        resumable = Resumable(train_loader.batch_sampler, checkpoint, scratch, resumed)
+        assert isinstance(train_loader.batch_sampler, LengthBuckets)  # loader's
+        checkpoints.attach(train_loader.batch_sampler, scratch)
         trainer = trial_trainer(
-            spec,
+            s,
             parts,
             **parallel,
-            max_epochs=spec.epochs,
+            max_epochs=s.epochs,
             # in loader batches, which are micro-batches: every val_every_steps optimiser steps
-            val_check_interval=spec.val_every_steps and spec.val_every_steps * parts,
-            check_val_every_n_epoch=None if spec.val_every_steps else 1,
+            val_check_interval=s.val_every_steps and s.val_every_steps * parts,
+            check_val_every_n_epoch=None if s.val_every_steps else 1,
             num_sanity_val_steps=0,
             log_every_n_steps=log_every,
-            callbacks=[verdict, *callbacks, resumable],
+            callbacks=[verdict, *callbacks, checkpoints],
             deterministic=False,
         )
         with warnings.catch_warnings():
             # Lightning cannot see that the sampler resumes mid-epoch (Resumable puts it back in place)
             warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
             trainer.fit(
-                module, train_loader, loader(val, spec.eval_batch_size, 0, False), ckpt_path=resume, weights_only=True
+                module,
+                train_loader,
+                loader(val, s.eval_batch_size, 0, False),
+                ckpt_path=checkpoints.resume,
+                weights_only=True,
             )
     module.sync_flops()  # the steps after the last validation
-    return trainer, module, resumable, verdict
+    return trainer, module, checkpoints, verdict
 
 
-def trial_device(spec: TrialSpec, rank: int = 0) -> torch.device:
+def trial_device(settings: TrainSettings, rank: int = 0) -> torch.device:
     """The device of worker ``rank``, set up as a trial's: its CPU threads; on a GPU TF32 for float32 products and,
     on a share of one, the allocator capped to that share."""
-    torch.set_num_threads(spec.threads)
-    device = torch.device("cuda", rank) if spec.use_gpu else torch.device("cpu")
-    if spec.use_gpu:
+    torch.set_num_threads(settings.threads)
+    device = torch.device("cuda", rank) if settings.use_gpu else torch.device("cpu")
+    if settings.use_gpu:
         torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls: Ampere and later, ~1e-3 relative
-        if spec.gpu_share < 1:  # a fractional GPU: its allocator capped to the trial's share
-            torch.cuda.set_per_process_memory_fraction(spec.gpu_share, device)
+        if settings.gpu_share < 1:  # a fractional GPU: its allocator capped to the trial's share
+            torch.cuda.set_per_process_memory_fraction(settings.gpu_share, device)
     return device
 
 
-def trial_trainer(spec: TrialSpec, parts: int, **options) -> L.Trainer:
+def trial_trainer(settings: TrainSettings, parts: int, **options) -> L.Trainer:
     """A Lightning Trainer as every fit of a trial's model has it (``options``: what this fit adds): its device
     and precision, ``parts`` micro-batches a step, its step budget and gradient clip, nothing written."""
     return L.Trainer(
-        accelerator="gpu" if spec.use_gpu else "cpu",
+        accelerator="gpu" if settings.use_gpu else "cpu",
         # the ranks this trial starts itself (LOCAL_RANK, distributed.py), never a SLURM or other scheduler's
         # environment that the Ray worker happens to inherit
         plugins=[LightningEnvironment()],
-        precision=spec.precision,
-        max_steps=spec.max_steps,
+        precision=settings.precision,
+        max_steps=settings.max_steps,
         accumulate_grad_batches=parts,
-        gradient_clip_val=spec.grad_clip,
+        gradient_clip_val=settings.grad_clip,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -344,27 +332,32 @@ def trial_trainer(spec: TrialSpec, parts: int, **options) -> L.Trainer:
     )
 
 
-def micro_batches(spec: TrialSpec, model: torch.nn.Module, length: int, device: torch.device) -> int:
+def micro_batches(settings: TrainSettings, model: torch.nn.Module, length: int, device: torch.device) -> int:
     """How many parts each worker's batch trains in: ``sweep.micro_batches``, else the fewest that fit the trial's
     memory (``pipeline/training/memory.py``; raises ``DoesNotFit``), else 1. The measurement draws no random
     numbers from the trial's generators."""
-    if spec.micro_batches is not None:
-        return spec.micro_batches
-    budget = budget_bytes(spec.memory_gb_per_trial, spec.gpu_share, device)
+    if settings.micro_batches is not None:
+        return settings.micro_batches
+    budget = budget_bytes(settings.memory_gb_per_trial, settings.gpu_share, device)
     if budget is None:
         return 1
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         fit = fit_memory(
-            model.to(device), length, spec.batch_size // spec.workers, budget, device, autocast(spec, device)
+            model.to(device),
+            length,
+            settings.batch_size // settings.workers,
+            budget,
+            device,
+            autocast(settings, device),
         )
     return fit.micro_batches
 
 
-def autocast(spec: TrialSpec, device: torch.device):
+def autocast(settings: TrainSettings, device: torch.device):
     """The forward context Lightning's precision plugin trains under (``sweep.precision``)."""
-    if spec.precision == "32-true":
+    if settings.precision == "32-true":
         return contextlib.nullcontext()
-    return MixedPrecision(spec.precision, device.type).forward_context()
+    return MixedPrecision(settings.precision, device.type).forward_context()
 
 
 # What ``score`` returns besides status and reason: the metrics a cell's row shows (results/sweep.csv), then those
@@ -379,18 +372,18 @@ TRIAL_METRICS = ("resumed_step", "checkpoints", "checkpoint_seconds", "checkpoin
 
 def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: Verdict) -> dict:
     """The verdict and the test set's score of a fitted trial (rank 0 only), with its costs."""
-    test = read_dataset(Path(spec.test_path)).head(spec.eval_samples)
+    test = read_dataset(Path(spec.cell.test_path)).head(spec.settings.eval_samples)
     train_seconds = resumable.elapsed()
     status, reason = verdict.outcome(trainer)
     start = time.perf_counter()
-    device = torch.device("cuda") if spec.use_gpu else torch.device("cpu")
+    device = torch.device("cuda") if spec.settings.use_gpu else torch.device("cpu")
     module.to(device)
     # a diverged model's weights are not finite, a paused one is not done: neither is scored (NaN); the status
     # says why
     accuracy = math.nan
     if status not in (Status.DIVERGED, Status.PAUSED):
         with trainer.precision_plugin.forward_context():  # the test set under the policy validation used
-            accuracy = module.final_accuracy(test, spec.eval_batch_size, device)
+            accuracy = module.final_accuracy(test, spec.settings.eval_batch_size, device)
     model = module.model
     metric = resumable.last_metrics()
     return {
@@ -405,12 +398,12 @@ def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable:
         "train_seconds": train_seconds,
         "eval_seconds": time.perf_counter() - start,
         "params": model.num_params(),
-        "paper_gflops": model.paper_flops(spec.max_len) / 1e9,
-        "exact_gflops": model.exact_flops(spec.max_len) / 1e9,
+        "paper_gflops": model.paper_flops(spec.cell.max_len) / 1e9,
+        "exact_gflops": model.exact_flops(spec.cell.max_len) / 1e9,
         "train_pflops": module.train_flops / 1e15,
         "solve_step": math.nan if verdict.solved_step is None else verdict.solved_step,
         "solve_pflops": verdict.solved_pflops,
-        "state_bytes": model.state_size(spec.max_len),
+        "state_bytes": model.state_size(spec.cell.max_len),
         "resumed_step": math.nan if resumable.resumed_step is None else resumable.resumed_step,
         "checkpoints": resumable.saves,
         "checkpoint_seconds": resumable.save_seconds,

@@ -21,12 +21,46 @@ from ray import tune
 
 from pipeline.common.cell import CellSpec
 from pipeline.data.storage import fetch
-from pipeline.training.checkpoints import FILE, write_meta
+from pipeline.training.checkpoints import FILE, Resumable, write_meta
 from pipeline.training.memory import DoesNotFit
 from pipeline.training.status import Status
 from pipeline.training.system import SystemSampler
 from pipeline.training.train import SequenceModel, TrialSpec, run_trial
 from pipeline.training.verdict import Verdict
+
+
+class TuneCheckpoints(Resumable):
+    """A trial's checkpoints in a Tune worker: each one goes to Tune with the trial's progress (Tune copies it to the
+    storage), and a resumed checkpoint's validations are reported again."""
+
+    def __init__(self, resume: Path | None, config: dict, where: dict, system: SystemSampler):
+        super().__init__(resume, saving=True)
+        self.trial_key, self.run_key = config["trial_key"], config["cell"]["run_key"]
+        self.where, self.system = where, system
+
+    def progress(self, trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
+        assert isinstance(module, SequenceModel)  # what run_trial trains
+        return self.where | {
+            "step": trainer.global_step,
+            "train_pflops": module.train_flops / 1e15,
+            "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
+            **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy") if k in m},
+            **self.system.sample(),
+        }
+
+    def keep(self, trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:
+        write_meta(directory, self.trial_key, self.run_key, trainer.global_step)
+        tune.report(
+            self.progress(trainer, module, trainer.callback_metrics),
+            checkpoint=tune.Checkpoint.from_directory(directory),
+        )
+
+    def resumed(self, trainer: L.Trainer, module: L.LightningModule, metrics: dict) -> None:
+        # the validations before the checkpoint, as the checkpoint holds them: the driver that logged them may
+        # have died before its writes reached MLflow
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set on the Trainer by its connector
+        verdict = next(c for c in callbacks if isinstance(c, Verdict))
+        tune.report(self.progress(trainer, module, metrics) | {"history": [vars(c) for c in verdict.checks]})
 
 
 def run_cell(config: dict) -> None:
@@ -39,40 +73,16 @@ def run_cell(config: dict) -> None:
     node = ray.util.get_node_ip_address()
     cell = CellSpec(**config["cell"])
     cell = replace(cell, train_path=str(fetch(cell.train_path, node)), test_path=str(fetch(cell.test_path, node)))
-    spec = replace(TrialSpec.for_cell(cell, config["train"]), pause_at=config.get("pause_at"))
-    if spec.use_gpu and not torch.cuda.is_available():
+    spec = TrialSpec.for_cell(cell, config["train"], pause_at=config.get("pause_at"))
+    if spec.settings.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
     where = {"node": node}
-    system = SystemSampler(spec.use_gpu)
-
-    def progress(trainer: L.Trainer, module: L.LightningModule, m: dict) -> dict:
-        assert isinstance(module, SequenceModel)  # what run_trial trains
-        return where | {
-            "step": trainer.global_step,
-            "train_pflops": module.train_flops / 1e15,
-            "lr": trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else 0.0,
-            **{k: float(m[k]) for k in ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy") if k in m},
-            **system.sample(),
-        }
-
-    def save(trainer: L.Trainer, module: L.LightningModule, directory: Path) -> None:
-        write_meta(directory, config["trial_key"], config["cell"]["run_key"], trainer.global_step)
-        tune.report(
-            progress(trainer, module, trainer.callback_metrics), checkpoint=tune.Checkpoint.from_directory(directory)
-        )
-
-    def resumed(trainer: L.Trainer, module: L.LightningModule, metrics: dict) -> None:
-        # the validations before the checkpoint, as the checkpoint holds them: the driver that logged them may
-        # have died before its writes reached MLflow
-        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set on the Trainer by its connector
-        verdict = next(c for c in callbacks if isinstance(c, Verdict))
-        tune.report(progress(trainer, module, metrics) | {"history": [vars(c) for c in verdict.checks]})
-
+    system = SystemSampler(spec.settings.use_gpu)
     checkpoint = tune.get_checkpoint() or (tune.Checkpoint(config["resume"]) if config.get("resume") else None)
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as directory:
         resume = Path(directory) / FILE if directory else None
         try:
-            result = run_trial(spec, checkpoint=save, resume=resume, resumed=resumed)
+            result = run_trial(spec, checkpoints=TuneCheckpoints(resume, config, where, system))
         except DoesNotFit as err:  # recorded as failed with how much it needs: a retry would not fit either
             result = {"status": Status.FAILED, "reason": f"does not fit: {err}", "train_steps": 0}
     tune.report(where | result | {"step": result["train_steps"], "final": True})

@@ -1,7 +1,13 @@
-"""Training helpers: `Curve`, a trial's (step, training loss, validation accuracy) at each validation; `short_trial`,
-a 20-step trial on the tiny profile."""
+"""Training helpers: `Curve`, a trial's (step, training loss, validation accuracy) at each validation; `Copies`, its
+checkpoints as a test keeps them; `with_settings`, a trial under other settings; `short_trial`, a 20-step trial on
+the tiny profile."""
+
+import dataclasses
+import shutil
 
 import lightning as L
+
+from pipeline.training.checkpoints import Resumable
 
 
 class Curve(L.Callback):
@@ -13,6 +19,27 @@ class Curve(L.Callback):
     def on_validation_end(self, trainer, module):
         m = trainer.callback_metrics
         self.points.append((trainer.global_step, float(m["train_loss"]), float(m["val_accuracy"])))
+
+
+class Copies(Resumable):
+    """A trial's checkpoints, resumed from ``resume``; with ``folder``, each one saved is copied there (``saved``:
+    step -> its copy). ``told``: what the resumed checkpoint said, (step, training loss, validation accuracy)."""
+
+    def __init__(self, resume=None, folder=None):
+        super().__init__(resume, saving=folder is not None)
+        self.folder, self.saved, self.told = folder, {}, []
+
+    def keep(self, trainer, module, directory):
+        step = trainer.global_step
+        self.saved[step] = shutil.copytree(directory, self.folder / f"step-{step}")
+
+    def resumed(self, trainer, module, metrics):
+        self.told.append((trainer.global_step, metrics["train_loss"], metrics["val_accuracy"]))
+
+
+def with_settings(spec, **settings):
+    """The trial ``spec`` with ``settings`` (``TrainSettings`` fields) changed."""
+    return dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, **settings))
 
 
 def short_trial(cfg, data, **settings) -> dict:
