@@ -304,3 +304,22 @@ def test_a_resumed_trials_curve_comes_from_its_checkpoint_not_from_what_a_dead_d
     assert sorted(curve) == [(10, 0.1), (20, 0.3), (30, 0.5)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(10, 2.0)]
     assert client.get_run(run_id).data.tags["resumed_from_run"] == dead
+
+
+def test_tune_saves_a_note_for_the_searcher_and_a_restore_points_to_how_a_sweep_resumes(tmp_path, caplog):
+    """Tune's save of the searcher writes where a sweep's state is (no "save not implemented" warning), and its
+    restore, as Tuner.restore makes it, stops with how this pipeline resumes."""
+    import logging
+
+    from pipeline.search.frontier import GridPlan
+    from pipeline.tracking.tuning import TuneSearcher
+
+    cells = {make_cell().cell: make_cell()}
+    searcher = TuneSearcher(GridPlan(cells), cells, {}, lambda cell, lr: None, cost=lambda cell: 1.0)
+    with caplog.at_level(logging.WARNING):
+        searcher.save_to_dir(str(tmp_path), "s")
+    assert "not implemented" not in caplog.text
+    (note,) = tmp_path.iterdir()
+    assert "dvc repro" in note.read_text() and "not Tuner.restore" in note.read_text()
+    with pytest.raises(RuntimeError, match="cannot continue this sweep: a sweep resumes with `dvc repro`"):
+        searcher.restore_from_dir(str(tmp_path))

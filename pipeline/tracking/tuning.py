@@ -4,6 +4,8 @@ learn where a paused trial left its checkpoint and delete a finished trial's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ray import tune
 from ray.tune.search import Searcher
 
@@ -12,11 +14,25 @@ from pipeline.search.searcher import CellSearcher
 from pipeline.training.checkpoints import drop_checkpoints, drop_trial
 from pipeline.training.status import Status
 
+RESUME = (
+    "a sweep resumes with `dvc repro` (or python -m pipeline.sweep), not Tuner.restore: its state is the runs "
+    "MLflow holds (a finished one is reused) and the trials' checkpoints (an unfinished one continues from its "
+    "newest); see docs/cluster.md, 'Surviving failures'"
+)
+
 
 # Ray's annotation of ``suggest`` leaves out Searcher.FINISHED, which its docstring and SearchGenerator accept
 class TuneSearcher(CellSearcher, Searcher):  # type: ignore[misc]
     """``CellSearcher`` as Tune's ``search_alg`` (its ``suggest``, ``on_trial_result``, ``on_trial_complete``
     override Tune's; the rest is Tune's own)."""
+
+    def save(self, checkpoint_path: str) -> None:
+        """Tune saves a searcher with its experiment; this one's state is not Tune's to keep (``RESUME``), so the
+        file says where it is."""
+        Path(checkpoint_path).write_text(RESUME + "\n")
+
+    def restore(self, checkpoint_path: str) -> None:
+        raise RuntimeError(f"Tuner.restore cannot continue this sweep: {RESUME}")
 
 
 class RungCheckpoints(tune.Callback):
