@@ -152,3 +152,14 @@ def test_mlflow_server_takes_artifacts_through_its_api(mlflow, tmp_path):
     assert listed == ["notes/note.txt"]
     stored = [p for p in mlflow.artifact_root.rglob("note.txt") if run_id in p.parts]
     assert [p.read_text() for p in stored] == ["through the server"]
+
+
+def test_a_trials_slots_follow_its_scarcest_resource_node_by_node():
+    """GPUs count: an 8-GPU, 128-CPU node holds 8 trials of 4 CPUs and 1 GPU, not 32; a node holds what its own
+    CPUs and GPUs hold (two 5-CPU nodes: 4 trials of 2 CPUs, not 5); half a GPU a trial doubles them."""
+    from pipeline.tracking.cluster import slots_on
+
+    assert slots_on([(128, 8)], cpu=4, gpu=1) == 8
+    assert slots_on([(5, 0), (5, 0)], cpu=2, gpu=0) == 4
+    assert slots_on([(128, 8), (16, 0)], cpu=4, gpu=0.5) == 16
+    assert slots_on([(16, 0)], cpu=4, gpu=1) == 0

@@ -61,6 +61,19 @@ def check_resources(cpu: float, gpu: float) -> None:
         )
 
 
+def slots_on(nodes: list[tuple[float, float]], cpu: float, gpu: float) -> int:
+    """Trials at once on nodes of (CPUs, GPUs): per node, as many as its scarcest resource holds (a trial's workers
+    share a node), summed. Counting CPUs alone would open 32 slots on an 8-GPU, 128-CPU node for trials of 4 CPUs
+    and 1 GPU, and hand out cells long before results arrive."""
+    return sum(min(int(c // cpu) if cpu else 1 << 30, int(g // gpu + 1e-9) if gpu else 1 << 30) for c, g in nodes)
+
+
+def trial_slots(cpu: float, gpu: float) -> int:
+    """Trials at once on the alive nodes of the joined Ray cluster (``slots_on``)."""
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    return slots_on([(n.get("CPU", 0), n.get("GPU", 0)) for n in nodes], cpu, gpu)
+
+
 def probe(location: str, modules: tuple[str, ...]) -> str:
     """Runs on one node: '' if it can import ``modules`` and read the dataset at ``location``, else why not."""
     node = ray.util.get_node_ip_address()
