@@ -170,6 +170,12 @@ def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, ch
             shown = tables.convention_table(best, depth, column, cfg.report.accuracy_threshold)
             parts += [f"<h3>Depth {depth}: {title}</h3>", html_table(shown)]
     parts += [
+        "<h3>Table 2 of the DP paper against this run</h3><p>The paper's minimum widths on arithmetic at 3 layers, "
+        "back-solved from its GFLOPs (<code>pipeline.reporting.papers</code>), beside this run's at the same "
+        "operators and depth, its paper-convention GFLOPs taken to the paper's L.</p>",
+        html_table(tables.against_table2(best)),
+    ]
+    parts += [
         "<h2>Figures</h2>",
         "<p>Heatmaps: test accuracy, mean over seeds (± the seeds' standard deviation); * = solved "
         "(validation at the threshold) by every seed; hatched = inferred by the frontier search, not trained; "

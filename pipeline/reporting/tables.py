@@ -19,6 +19,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.common.cell import Cell
+from pipeline.reporting.papers import TABLE2_GFLOPS, TABLE2_LAYERS, TABLE2_LENGTHS, table2_widths
 from pipeline.search.frontier import Outcome, min_widths, searched
 from pipeline.training.status import Status
 from tasks import TASKS
@@ -251,3 +252,41 @@ def tables_markdown(best: pd.DataFrame, threshold: float) -> str:
                 + convention_table(best, depth, column, threshold).to_markdown(index=False)
             )
     return "\n".join(parts) + "\n"
+
+
+def against_table2(best: pd.DataFrame) -> pd.DataFrame:
+    """The DP paper's Table 2 beside this run's: per architecture and arithmetic size, the paper's minimum width and
+    GFLOPs at its L against ours (``min_gflops``'s row at the paper's depth, its paper-convention GFLOPs taken to the
+    paper's L), and how they compare; a cell this run did not train, or did not decide, says so."""
+    rows = []
+    widths = table2_widths()
+    for arch, by_length in TABLE2_GFLOPS.items():
+        for size, length in TABLE2_LENGTHS.items():
+            mine = best[(best.task == "arithmetic") & (best["size"] == size) & (best.arch == arch)]
+            mine = mine[mine.depth == TABLE2_LAYERS]
+            paper_width = widths[arch][length]
+            width, gflops = None, None
+            if mine.empty:
+                verdict = f"not run (arithmetic {size} at depth {TABLE2_LAYERS})"
+            elif pd.isna(mine.width.iloc[0]):
+                undecided = mine.undecided.iloc[0]
+                verdict = f"undecided ({undecided})" if undecided else "no width tried solves"
+            else:
+                r = mine.iloc[0]
+                width, gflops = int(r.width), float(r.paper_gflops_at_paper_L)
+                verdict = "same width" if width == paper_width else f"{width / paper_width:g}x the paper's width"
+                if r.undecided:
+                    verdict += f", an upper bound ({r.undecided})"
+            rows.append(
+                {
+                    "arch": arch,
+                    "operators": size,
+                    "paper_L": length,
+                    "paper_width": paper_width,
+                    "paper_gflops": by_length[length],
+                    "width": width,
+                    "gflops_at_paper_L": gflops,
+                    "verdict": verdict,
+                }
+            )
+    return pd.DataFrame(rows)
