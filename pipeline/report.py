@@ -86,14 +86,15 @@ STATUS_COLOURS = {"holds": "#d4f4d4", "fails": "#f8d0d0", "not tested": "#eeeeee
 
 def claims_html(checks: list[dict]) -> str:
     rows = "".join(
-        f"<tr style='background:{STATUS_COLOURS[c['status']]}'><td>{c['paper']}</td>"
-        f"<td>{html.escape(c['claim'])}</td><td><b>{c['status']}</b></td>"
-        f"<td>{html.escape(c['detail'])}</td><td>{html.escape(c['decided_by'])}</td></tr>"
+        f"<tr style='background:{STATUS_COLOURS[c['status']]}'><td>{c['paper']}, {html.escape(c['where'])}</td>"
+        f"<td>&ldquo;{html.escape(c['claim'])}&rdquo;</td><td><b>{c['status']}</b></td>"
+        f"<td>{html.escape(c['detail'])}</td><td>{html.escape(c['decided_by'])}; at {c['threshold']:.0%} "
+        f"({html.escape(c['threshold_source'])})</td></tr>"
         for c in checks
     )
     return (
-        "<table id='claims'><tr><th>paper</th><th>claim</th><th>check</th><th>evidence / why not tested</th>"
-        f"<th>decided by</th></tr>{rows}</table>"
+        "<table id='claims'><tr><th>paper</th><th>the paper's words</th><th>check</th>"
+        f"<th>evidence / why not tested</th><th>our test</th></tr>{rows}</table>"
     )
 
 
@@ -250,7 +251,7 @@ def report(
 ) -> dict:
     table = load_results(results)
     best = tables.min_gflops(table)
-    checks = evaluate(table)
+    checks = evaluate(table, trained_to=cfg.report.accuracy_threshold)
     client = None
     if log_mlflow:
         uri = cfg.cluster.mlflow()

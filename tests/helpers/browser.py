@@ -273,8 +273,8 @@ def report_problems(report: Path) -> list[str]:
     problems += [f"not on the page: {p.name}" for p in sorted(report.glob("*.png")) if p.name not in shown]
     if not figures:
         problems.append("no figure on the page")
-    expected = [[c["paper"], c["claim"], c["status"]] for c in claims]
-    if not rows or rows[0][:3] != ["paper", "claim", "check"] or [r[:3] for r in rows[1:]] != expected:
+    expected = [[f"{c['paper']}, {c['where']}", f"\u201c{c['claim']}\u201d", c["status"]] for c in claims]
+    if not rows or rows[0][:3] != ["paper", "the paper's words", "check"] or [r[:3] for r in rows[1:]] != expected:
         problems.append(f"claim table: {len(rows) - 1 if rows else 'no'} rows shown, {len(expected)} in claims.json, "
                         "or their cells differ")
     return problems
