@@ -1,5 +1,6 @@
 """The habits that keep the code readable, run by the README's test command (and so by .ci/run), with the settings
-in pyproject.toml: ruff's lint over pipeline/, tasks/, models/, benchmarks/ and tests/; ruff's format and mypy over
+in pyproject.toml: ruff's lint over pipeline/, tasks/, models/, benchmarks/, tests/ and docs/examples/ (the worked
+examples of docs/contributing.md); ruff's format over pipeline/, tasks/, models/ and docs/examples/; mypy over
 pipeline/, tasks/ and models/."""
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import pytest
 from tests.helpers import ROOT
 
 CODE = ["pipeline", "tasks", "models"]
-LINTED = [*CODE, "benchmarks", "tests"]
+EXAMPLES = ["docs/examples"]  # written as the code they show how to add
+LINTED = [*CODE, "benchmarks", "tests", *EXAMPLES]
 BIN = Path(sys.executable).parent
 
 
 @pytest.mark.parametrize(
     "command",
-    [["ruff", "check", *LINTED], ["ruff", "format", "--check", *CODE], ["mypy"]],
+    [["ruff", "check", *LINTED], ["ruff", "format", "--check", *CODE, *EXAMPLES], ["mypy"]],
     ids=["ruff-check", "ruff-format", "mypy"],
 )
 def test_the_code_is_clean(command):
