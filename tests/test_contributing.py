@@ -25,7 +25,7 @@ import yaml
 import models
 import tasks
 from benchmarks.reference import GENERATORS, reference_sample
-from docs.examples.claim import INDEX_LOOKUP_TWO_LAYERS
+from docs.examples.claim import DYCK_TWO_LAYERS
 from pipeline.common import config
 from pipeline.reporting.claims import CLAIMS, evaluate
 from pipeline.search.cells import check_architectures, defined_cells
@@ -60,7 +60,7 @@ def registered():
 
 def test_the_product_neither_registers_nor_imports_the_examples():
     assert "parity" not in tasks.TASKS and "min_gru" not in models.ARCHITECTURES and "parity" not in GENERATORS
-    assert INDEX_LOOKUP_TWO_LAYERS.id not in {c.id for c in CLAIMS} and "lookup" not in config.profiles()
+    assert DYCK_TWO_LAYERS.id not in {c.id for c in CLAIMS} and "dyck2" not in config.profiles()
     assert "parity" not in yaml.safe_load((ROOT / "params.yaml").read_text())["tasks"]
     importers = []
     for top in ("pipeline", "tasks", "models", "benchmarks"):
@@ -114,33 +114,40 @@ def test_the_example_architecture_builds_by_name_and_decodes_as_it_trains(regist
 
 
 def check(table_rows: list[dict]) -> dict:
-    (result,) = evaluate(pd.DataFrame(table_rows), [INDEX_LOOKUP_TWO_LAYERS])
+    (result,) = evaluate(pd.DataFrame(table_rows), [DYCK_TWO_LAYERS])
     return result
 
 
+def near_perfect_rows(solved_from: dict, depth: int = 2) -> list[dict]:
+    """A 2-layer transformer at widths 32 and 64, solved from the given widths, at 99.5% on test where solved."""
+    table = rows("dyck", "transformer", depth, solved_from, widths=(32, 64))
+    return [r | {"final_accuracy": 0.995} if r["status"] == "solved" else r for r in table]
+
+
 def test_the_example_claim_holds_fails_and_is_not_tested_on_synthetic_tables():
-    solved = check(rows("index_lookup", "transformer", 2, {20: 32, 50: 64}))
-    assert solved["status"] == "holds" and solved["id"] == "sep_index_lookup_two_layers"
-    assert solved["detail"] == "transformer N=20: D=32, best 95%; transformer N=50: D=64, best 95%"
-    failed = check(rows("index_lookup", "transformer", 2, {20: 32, 50: None}))
-    assert failed["status"] == "fails" and failed["detail"] == "transformer N=50: D=none, best 30%"
-    one_layer = check(rows("index_lookup", "transformer", 1, {20: 32}) + rows("index_lookup", "lstm", 2, {20: 16}))
-    assert one_layer == solved | {"status": "not tested", "detail": "needs index_lookup with a 2-layer Transformer"}
-    pending = check(rows("index_lookup", "transformer", 2, {20: None}, undecided={(20, 64)}))
+    solved = check(near_perfect_rows({20: 32, 50: 64}))
+    assert solved["status"] == "holds" and solved["id"] == "sep_dyck_two_layers"
+    assert solved["detail"] == "2-layer transformer D=64 N=20: best 99.5%; 2-layer transformer D=64 N=50: best 99.5%"
+    failed = check(near_perfect_rows({20: 32, 50: None}))
+    assert failed["status"] == "fails" and failed["detail"].endswith("2-layer transformer D=64 N=50: best 30.0%")
+    one_layer = check(near_perfect_rows({20: 32}, depth=1))
+    assert one_layer["status"] == "not tested"
+    assert one_layer["detail"] == "needs dyck with 2-layer transformer D=64: not run"
+    pending = check(rows("dyck", "transformer", 2, {20: None}, widths=(64,), undecided={(20, 64)}))
     assert pending["status"] == "not tested"
-    assert pending["detail"].startswith("index_lookup n=20 transformer d2: seed 0 D=64 undecided (budget: ")
+    assert pending["detail"].startswith("dyck n=20 transformer d2: seed 0 D=64 undecided (budget: ")
 
 
 def test_the_example_profile_loads_and_its_grid_is_the_pages(tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     conf.mkdir()
-    shutil.copy(EXAMPLES / "profile.yaml", conf / "lookup.yaml")  # as conf/lookup.yaml would be
+    shutil.copy(EXAMPLES / "profile.yaml", conf / "dyck2.yaml")  # as conf/dyck2.yaml would be
     monkeypatch.setattr(config, "CONF_DIR", conf)
     tasks_line = "tasks: [" + ", ".join(yaml.safe_load((ROOT / "params.yaml").read_text())["tasks"]) + "]\n"
-    cfg = config.load_config(write_params(tmp_path / "params.yaml", "profile: lookup\n" + tasks_line))
+    cfg = config.load_config(write_params(tmp_path / "params.yaml", "profile: dyck2\n" + tasks_line))
     check_architectures(cfg)  # what the sweep stage checks before Ray starts
-    assert cfg.profile == "lookup" and config.profiles() == ["lookup"]
-    assert cfg.sweep_datasets() == [("index_lookup", 20), ("index_lookup", 50)] and not cfg.generate.unique
+    assert cfg.profile == "dyck2" and config.profiles() == ["dyck2"]
+    assert cfg.sweep_datasets() == [("dyck", 20), ("dyck", 50)] and not cfg.generate.unique
     assert (cfg.sweep.architectures, cfg.sweep.widths, cfg.sweep.depths) == (["transformer"], [16, 32, 64], [1, 2])
     cells = defined_cells(cfg)  # the grid before any data exists, as pipeline.forecast reads it
     assert len(cells) == 12 and "its grid is 12 cells" in PAGE.read_text()

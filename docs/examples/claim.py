@@ -1,16 +1,16 @@
-"""A claim (a worked example, not in the product's CLAIMS): a two-layer Transformer solves index lookup at every
-length. It reuses a rule of pipeline.reporting.claims, so it is data only; in the product it is one more entry of
-the ``CLAIMS`` tuple there."""
+"""A claim (a worked example, not in the product's CLAIMS): the separations paper's two-layer Transformer of width 64
+near-perfect on bounded Dyck up to length 400 (§6, Figure 2). Its words and place are a finding of
+pipeline.reporting.papers and its rule one of pipeline.reporting.claims, so it is data only; in the product it is one
+more entry of the ``CLAIMS`` tuple there."""
 
 from __future__ import annotations
 
-from pipeline.reporting.claims import Claim, transformer_solves
+from pipeline.reporting.claims import Models, near_perfect, sep
 
-INDEX_LOOKUP_TWO_LAYERS = Claim(
-    "sep_index_lookup_two_layers",  # the key of report.json's claims.<id> and of the MLflow tag claim.<id>
-    "separations",
-    "A two-layer Transformer solves index lookup at every length.",
-    "2-layer transformer (or standard) minimum width at every index_lookup size",
-    ("index_lookup",),  # failed trials of these tasks are named beside the verdict
-    transformer_solves("index_lookup", (2,)),
+DYCK_TWO_LAYERS = sep(
+    "sep_dyck_two_layers",  # the key of report.json's claims.<id> and of the MLflow tag claim.<id>
+    "sep_dyck",  # the finding: "small-sized recurrent models as well as two-layer Transformers can achieve ..."
+    ("dyck",),  # failed trials of these tasks are named beside the verdict
+    "a 2-layer transformer of width 64 near-perfect at every dyck length up to 400",
+    near_perfect("dyck", [Models("transformer", (2,), 64)], max_size=400),
 )
