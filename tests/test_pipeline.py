@@ -156,9 +156,9 @@ def test_a_changed_claim_rule_makes_dvc_report_the_report_stage_changed_and_noth
     """DVC's deps are the code each stage imports (tests/test_layout.py): a claim's rule is the report's code."""
     claims = repo / "pipeline" / "reporting" / "claims.py"
     original = claims.read_text()
-    assert "\nTIE = 0.05" in original
+    assert "\nCHANCE_MARGIN = 0.05" in original
     try:
-        claims.write_text(original.replace("\nTIE = 0.05", "\nTIE = 0.06"))
+        claims.write_text(original.replace("\nCHANCE_MARGIN = 0.05", "\nCHANCE_MARGIN = 0.06"))
         changed = json.loads(run(["dvc", "status", "--json"], repo).stdout)
         assert set(changed) == {"report"}, changed
         assert {"changed deps": {"pipeline/reporting/claims.py": "modified"}} in changed["report"]
