@@ -332,3 +332,15 @@ def test_an_override_of_lr_replaces_the_profiles_lrs_and_back(tmp_path):
     p.write_text("profile: tiny\ntasks: [arithmetic, lis]\nsweep: {lr: 0.05}\n")
     assert config.load_config(p).sweep.learning_rates() == [0.05]
 
+
+def test_a_validation_file_smaller_than_a_validation_scores_is_named_before_any_trial(tiny_cfg, tiny_data):
+    """Data generated under another config, with fewer validation samples than sweep.val_samples: the sweep names
+    the file before it builds a model (a validation would otherwise score fewer samples than the profile says)."""
+    from pipeline.data.datasets import DatasetError
+    from pipeline.search.cells import build_cells
+
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.sweep.val_samples = 33
+    with pytest.raises(DatasetError, match="arithmetic_2_val.parquet holds 32 validation samples, but "
+                                           "sweep.val_samples scores 33: regenerate it"):
+        build_cells(cfg, tiny_data)
