@@ -66,7 +66,8 @@ def cells(n: int) -> dict[Cell, CellSpec]:
         at = Cell("lis", 4, "standard", 16 * (1 + i % 8), 2, i // 8)
         out[at] = CellSpec(
             cell=at, arch_options={}, lrs=(1e-3,), train_path="/data/lis/4/train.parquet",
-            test_path="/data/lis/4/test.parquet", sha256={"train_path": "a" * 64, "test_path": "b" * 64},
+            test_path="/data/lis/4/test.parquet", val_path="/data/lis/4/val.parquet",
+            sha256={"train_path": "a" * 64, "test_path": "b" * 64, "val_path": "d" * 64},
             data_hash="c" * 16, vocab_size=32, family="dp", vocab=("0",), train_samples=20000, max_len=40,
             cell_id=f"{i:016x}", name=f"lis4-standard-w{at.width}-d2-s{at.seed}", run_key="bench", params=1000,
             paper_gflops=0.1, exact_gflops=0.1, state_bytes=100,

@@ -1,4 +1,5 @@
-"""Stage `generate`: write the train and test Parquet files of every size of one task in the active profile.
+"""Stage `generate`: write the test, validation and train Parquet files of every size of one task in the active
+profile.
 
     python -m pipeline.generate --task lis              (dvc.yaml runs one of these per task, as a matrix)
     python -m pipeline.generate --task lis --workers 2  (the same bytes, made by two worker processes)
@@ -7,8 +8,9 @@ Samples come in chunks of ``generate.chunk_size`` from the task's compiled gener
 (seed, task, size, split, c), so the files are the same whichever process made which chunk. With several workers,
 each makes whole datasets (sizes), the costliest first, when the task's sizes can share the workers evenly; else
 the workers make the chunks of one dataset at a time and this process writes them. Test samples are drawn
-first, then train samples; with ``generate.unique`` (the default) every kept sample is new, whole sequences
-compared through 64-bit hashes, so train is unique and disjoint from test. Before anything is written, every size
+first, then validation samples (``val``: drawn as test is, from a stream of their own), then train samples; with
+``generate.unique`` (the default) every kept sample is new, whole sequences compared through 64-bit hashes, so
+validation is disjoint from test, and train is unique and disjoint from both. Before anything is written, every size
 is validated and the sample counts compared with the space of distinct samples. The task's independent checker
 runs on every sample (or on ``generate.validate_samples`` of each file, at random) as it is handed to the Parquet
 writer, so no file is read back (``python -m pipeline.data.validate`` re-reads files; ``--no-check`` skips the check).
@@ -46,6 +48,8 @@ from pipeline.data.parallel import Pool
 from pipeline.data.validate import WriteCheck, cached_task
 from tasks import SPLITS
 
+# The order the splits are drawn in: each kept sample is new to those before it, so train avoids both held-out splits.
+ORDER = ("test", "val", "train")
 MAX_DRAWS_PER_SAMPLE = 20  # give up when unique samples are this rare: the space is too small
 # Staging lives inside the data directory, so it is on the outputs' filesystem and the final rename is atomic (a
 # sibling of data/ need not be: data/ may be a mount), and .dvcignore hides it from DVC, which hashes data/ as the
@@ -133,7 +137,7 @@ def generate_task(cfg: Config, name: str, out_dir: Path, check: bool = True, wor
     built = [tasks.get_task(name, size, **params) for size in gen.datasets.get(name, [])]  # all validated first
     for task in built:
         if gen.unique:
-            task.check_space(gen.test_samples, gen.train_samples)
+            task.check_space(gen.test_samples, gen.train_samples, gen.val_samples)
     final = out_dir / name
     manifest: dict[str, Any] = {"task": name, "profile": cfg.profile, "datasets": []}
     with staging_dir(out_dir, name) as staging:
@@ -174,12 +178,13 @@ def by_dataset(built: list[tasks.Task], workers: int) -> bool:
 
 
 def write_dataset(task: tasks.Task, gen: GenerateConfig, staging: Path, check: bool, pool: Pool) -> list:
-    """The test file, then the train file, of one size of a task (train unique and disjoint from test with
-    ``gen.unique``), each checked while written unless ``check`` is false; their manifest entries."""
-    seen = SeenSet(gen.test_samples + gen.train_samples) if gen.unique else None
+    """The test, validation and train files of one size of a task (with ``gen.unique``, each unique and disjoint
+    from those before it), each checked while written unless ``check`` is false; their manifest entries."""
+    counts = {"test": gen.test_samples, "val": gen.val_samples, "train": gen.train_samples}
+    seen = SeenSet(sum(counts.values())) if gen.unique else None
     entries = []
-    for split in SPLITS:
-        count = gen.test_samples if split == "test" else gen.train_samples
+    for split in ORDER:
+        count = counts[split]
         path = staging / dataset_path(staging, task.name, task.size, split).name
         stats, checked = write_split(task, split, count, gen, seen, path, pool, check)
         entries.append(

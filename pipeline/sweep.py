@@ -48,7 +48,7 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune import CLIReporter
 
-from pipeline.common.cell import Cell, CellSpec
+from pipeline.common.cell import DATA_FILES, Cell, CellSpec
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
@@ -143,7 +143,8 @@ def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str)
     node reads (the cells then point there); returns local file -> published location."""
     published: dict[str, str] = {}
     for at, cell in cells.items():
-        for k, path in (("train_path", cell.train_path), ("test_path", cell.test_path)):
+        for k in DATA_FILES:
+            path = getattr(cell, k)
             if path not in published:
                 published[path] = storage.publish(Path(path), store, cell.sha256[k])
         cells[at] = replace(
@@ -151,6 +152,7 @@ def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str)
             run_key=key,
             train_path=published[cell.train_path],
             test_path=published[cell.test_path],
+            val_path=published[cell.val_path],
             **model_costs(cell, heads),
         )
     return published

@@ -21,7 +21,13 @@ import numpy as np
 
 PAD, EOS = "<pad>", "<eos>"
 PAD_ID, EOS_ID = 0, 1
-SPLITS = ("test", "train")  # test first: train samples are then drawn distinct from it
+# A dataset's files. A split's position here is part of its RNG seed (pipeline.generate.rng_for): append, never
+# reorder, or every file changes.
+SPLITS = ("test", "train", "val")
+# The distribution each split is drawn from, which is all a task's generator and space see. Validation is drawn as
+# test is (e.g. length exactly N), so the verdicts are reached at the distribution the papers score.
+DRAWN_AS = {"test": "test", "train": "train", "val": "test"}
+DISTRIBUTIONS = ("test", "train")
 PAPERS = ("dp", "separations")  # the DP paper (Feng et al. 2023) and the separations paper
 
 
@@ -130,7 +136,8 @@ class Task(ABC):
 
     @abstractmethod
     def space(self, split: str) -> int:
-        """How many distinct sequences ``split`` can hold (an upper bound), so impossible counts fail up front.
+        """How many distinct sequences the distribution ``split`` ('test' or 'train') can hold (an upper bound), so
+        impossible counts fail up front.
 
         For the balanced-label tasks it is twice the smaller class: beyond that, distinct samples would break the
         50/50 balance. Every task's test space lies inside its train space.
@@ -138,33 +145,36 @@ class Task(ABC):
 
     @abstractmethod
     def generate(self, rng: np.random.Generator, split: str, fill: bool, out: Packed) -> None:
-        """Fill ``out`` (from ``Packed.empty``) with ``len(out)`` samples, one compiled kernel call."""
+        """Fill ``out`` (from ``Packed.empty``) with ``len(out)`` samples of the distribution ``split`` ('test' or
+        'train'), one compiled kernel call."""
 
     @abstractmethod
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         """Re-derive the answer and every chain-of-thought value from the prompt alone; raise TaskError if wrong."""
 
-    def check_space(self, test_samples: int, train_samples: int) -> None:
-        """Fail before anything is written when that many distinct samples cannot exist (test lies inside train's
-        space, and train must avoid every test sample)."""
+    def check_space(self, test_samples: int, train_samples: int, val_samples: int) -> None:
+        """Fail before anything is written when that many distinct samples cannot exist: test and validation share
+        the test distribution's space, and train (whose space holds it) must avoid every one of them."""
         for split, count, what in (
-            ("test", test_samples, "test"),
-            ("train", test_samples + train_samples, "test + train"),
+            ("test", test_samples + val_samples, "test + val"),
+            ("train", test_samples + val_samples + train_samples, "test + val + train"),
         ):
             if count > self.space(split):
+                lower = "test_samples or generate.val_samples" if split == "test" else "train_samples"
                 raise TaskError(
                     f"{self.name} size {self.size}: {count} distinct {what} samples asked, but the space "
                     f"of distinct samples is too small (at most {self.space(split)} {split} sequences "
-                    f"exist): lower generate.{split}_samples, or set generate.unique: false"
+                    f"exist): lower generate.{lower}, or set generate.unique: false"
                 )
 
     def sample_batch(self, rng: np.random.Generator, split: str, count: int, fill: bool = False) -> Packed:
-        """``count`` samples of ``split`` ('train' or 'test'). ``fill`` marks draws that replace duplicates beyond
-        the planned count (only arithmetic's train mixture treats them differently, as the spec says)."""
+        """``count`` samples of ``split`` (one of SPLITS), drawn from its distribution (``DRAWN_AS``). ``fill``
+        marks draws that replace duplicates beyond the planned count (only arithmetic's train mixture treats them
+        differently, as the spec says)."""
         if split not in SPLITS:
             raise TaskError(f"split must be one of {SPLITS}, got {split!r}")
         out = Packed.empty(count, self.max_length() + 1, self.features)
-        self.generate(rng, split, fill, out)
+        self.generate(rng, DRAWN_AS[split], fill, out)
         if out.offsets[-1] > len(out.values):  # compiled kernels do not check bounds: max_length() was wrong
             raise AssertionError(
                 f"{self.name} {self.size}: a sequence is longer than max_length() = {self.max_length()}"

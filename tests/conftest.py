@@ -63,16 +63,12 @@ def tiny_data(tiny_cfg, tmp_path_factory) -> Path:
 @pytest.fixture
 def spec(tiny_cfg, tiny_data):
     """A tiny trial's spec (tests/test_checkpoints.py, tests/test_distributed.py)."""
-    from pipeline.data.datasets import dataset_path, read_dataset
     from pipeline.training.settings import TrainSettings
     from pipeline.training.train import TrialSpec
-    from tests.helpers import make_cell
+    from tests.helpers import dataset_fields, make_cell
 
     size = tiny_cfg.generate.datasets["lis"][0]
-    train, test = (dataset_path(tiny_data, "lis", size, s) for s in ("train", "test"))
-    meta = read_dataset(train).meta
-    cell = make_cell("lis", size, "standard", 16, 1, 3, train_path=str(train), test_path=str(test),
-                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]))
+    cell = make_cell("lis", size, "standard", 16, 1, 3, **dataset_fields(tiny_data, "lis", size))
     # dropout on (the RNG must be put back), several epochs, validations mid-epoch and at an epoch's end
     settings = TrainSettings(heads=2, dropout=0.1, batch_size=16, epochs=50, max_steps=40, weight_decay=0.01,
                              warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16,

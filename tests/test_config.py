@@ -172,6 +172,14 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {val_every_steps: 0}", "sweep.val_every_steps: Input should be greater than 0 \\(got 0\\)"),
     ("sweep: {val_every_steps: 9}", "sweep.val_every_steps: 9 is more than sweep.max_steps = 8: a trial would never "
                                     "validate"),
+    # a validation split smaller than a validation scores, or larger than the test distribution holds
+    ("sweep: {val_samples: 64}", "sweep.val_samples: 64 is more than the 32 validation samples generate.val_samples "
+                                 "makes for arithmetic"),
+    ("generate: {per_task: {lis: {val_samples: 16}}}", "sweep.val_samples: 32 is more than the 16 validation samples "
+                                                       "generate.val_samples makes for lis"),
+    ("generate: {val_samples: 0}", "generate.val_samples: Input should be greater than 0"),
+    ("generate: {val_samples: 100000}", "generate.datasets.arithmetic: arithmetic size 2: 100040 distinct test \\+ "
+                                        "val samples asked, but the space"),
     ("nightly: {accuracy_drop: 1.5}", "nightly.accuracy_drop: Input should be less than or equal to 1"),
     # successive halving and predictions
     ("sweep: {lr_search: halving, halving_rungs: [4], halving_keep: 1.0}",
@@ -323,3 +331,16 @@ def test_an_override_of_lr_replaces_the_profiles_lrs_and_back(tmp_path):
     assert config.load_config(p).sweep.learning_rates() == [0.1, 0.01]
     p.write_text("profile: tiny\ntasks: [arithmetic, lis]\nsweep: {lr: 0.05}\n")
     assert config.load_config(p).sweep.learning_rates() == [0.05]
+
+
+def test_a_validation_file_smaller_than_a_validation_scores_is_named_before_any_trial(tiny_cfg, tiny_data):
+    """Data generated under another config, with fewer validation samples than sweep.val_samples: the sweep names
+    the file before it builds a model (a validation would otherwise score fewer samples than the profile says)."""
+    from pipeline.data.datasets import DatasetError
+    from pipeline.search.cells import build_cells
+
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.sweep.val_samples = 33
+    with pytest.raises(DatasetError, match="arithmetic_2_val.parquet holds 32 validation samples, but "
+                                           "sweep.val_samples scores 33: regenerate it"):
+        build_cells(cfg, tiny_data)

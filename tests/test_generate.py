@@ -29,10 +29,11 @@ def seq_hash(tokens: np.ndarray) -> int:
     return int.from_bytes(hashlib.blake2b(tokens.astype(np.int32).tobytes(), digest_size=8).digest(), "little")
 
 
-def small_config(tiny_cfg, datasets: dict, train: int = 300, test: int = 60, **settings):
+def small_config(tiny_cfg, datasets: dict, train: int = 300, test: int = 60, val: int = 40, **settings):
     cfg = tiny_cfg.model_copy(deep=True)
     cfg.tasks = sorted(tasks.TASKS)
     cfg.generate.datasets, cfg.generate.train_samples, cfg.generate.test_samples = datasets, train, test
+    cfg.generate.val_samples = val
     for key, value in settings.items():
         setattr(cfg.generate, key, value)
     return cfg
@@ -65,6 +66,7 @@ def test_generated_files_are_unique_disjoint_checked_and_documented(tiny_cfg, ti
                 assert (meta["task"], meta["size"]) == (task_name, size)
                 assert validate.validate_file(path) == len(data)
             assert not hashes["train"] & hashes["test"]
+            assert not hashes["val"] & hashes["test"] and not hashes["val"] & hashes["train"]
 
 
 @pytest.mark.parametrize("name", sorted(tasks.TASKS))
@@ -74,9 +76,35 @@ def test_validate_rederives_every_sample_of_every_size(small_data, name):
             path = dataset_path(small_data, name, size, split)
             meta = read_metadata(path)
             assert meta["task"] == name and meta["family"] == tasks.TASKS[name].family
-            assert validate.validate_file(path) == meta["stats"]["samples"] == (300 if split == "train" else 60)
+            counts = {"train": 300, "test": 60, "val": 40}
+            assert validate.validate_file(path) == meta["stats"]["samples"] == counts[split]
     manifest = json.loads((small_data / name / "manifest.json").read_text())
     assert all(d["checked"] == d["samples"] for d in manifest["datasets"])
+
+
+def test_validation_is_drawn_as_test_is_from_a_stream_of_its_own(small_data):
+    """Validation follows the test distribution, which train does not: index lookup's k is N (train: 10 to N),
+    arithmetic has N operators (train: 1 to N). Its samples are its own: not the test file's, even where samples
+    repeat (index lookup is drawn i.i.d. here)."""
+    from tasks.arithmetic import DIV, MINUS, PLUS, TIMES
+
+    def spread(name: str, size: int, split: str, measure) -> set[int]:
+        data = read_dataset(dataset_path(small_data, name, size, split))
+        return {measure(data, i) for i in range(len(data))}
+
+    def operators(data, i: int) -> int:
+        return int(np.isin(data.sequence(i)[: data.prompt_len[i]], [PLUS, MINUS, TIMES, DIV]).sum())
+
+    def k(data, i: int) -> int:
+        return int(data.prompt_len[i]) - 1  # the symbols, then the position token
+
+    for name, size, measure in (("index_lookup", 20, k), ("arithmetic", 6, operators)):
+        assert spread(name, size, "val", measure) == spread(name, size, "test", measure) == {size}
+        assert len(spread(name, size, "train", measure)) > 1
+        val, test = (read_dataset(dataset_path(small_data, name, size, s)) for s in ("val", "test"))
+        assert read_metadata(dataset_path(small_data, name, size, "val"))["split"] == "val"
+        assert {seq_hash(val.sequence(i)) for i in range(len(val))} != \
+            {seq_hash(test.sequence(i)) for i in range(len(test))}
 
 
 def test_ed_files_record_the_locality_windows(small_data):
@@ -178,8 +206,8 @@ def test_too_many_samples_for_the_space_fails_before_writing(tiny_cfg, tmp_path)
     params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\n"
                                                     "generate: {train_samples: 1000000000000000}\n")
     with pytest.raises(ConfigError, match="generate.datasets.arithmetic: arithmetic size 2: "
-                                                     "1000000000000040 distinct test \\+ train samples asked, "
-                                                     "but the space of distinct"):
+                                                     "1000000000000072 distinct test \\+ val \\+ train samples "
+                                                     "asked, but the space of distinct"):
         load_config(params)
 
 
@@ -218,7 +246,7 @@ def test_the_checker_fails_the_stage_on_a_wrong_sample_as_it_is_written(tiny_cfg
     assert not files_under(tmp_path)
     cfg.generate.validate_samples = 30  # a random subset: this one misses the wrong sample
     manifest = generate_task(cfg, "lis", tmp_path)
-    assert [d["checked"] for d in manifest["datasets"]] == [30, 30]
+    assert [d["checked"] for d in manifest["datasets"]] == [30, 30, 30]
 
 
 def files_under(path: Path) -> list[str]:
@@ -278,7 +306,8 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
         assert "up to date" in status.stdout, status.stdout + status.stderr
     left = [str(p.relative_to(data)) for p in staging.iterdir()] if sig == signal.SIGKILL else []
     assert files_under(data) == sorted(left + ["arithmetic/arithmetic_2_test.parquet",
-                                               "arithmetic/arithmetic_2_train.parquet", "arithmetic/manifest.json"])
+                                               "arithmetic/arithmetic_2_train.parquet",
+                                               "arithmetic/arithmetic_2_val.parquet", "arithmetic/manifest.json"])
 
     assert generate.main(["--task", "lis", "--params", str(small), "--out", str(data), "--no-check"]) == 0
     assert not staging.exists() and (data / "lis" / "manifest.json").exists()

@@ -48,7 +48,7 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     grid = len(cfg.sweep.architectures) * len(cfg.sweep.widths) * len(cfg.sweep.depths) * len(cfg.sweep.seeds) \
         * len(cfg.sweep_datasets())
     for task, size in cfg.sweep_datasets():
-        for split in ("train", "test"):
+        for split in ("train", "test", "val"):
             assert dataset_path(repo / "data", task, size, split).is_file()
     table = pd.read_csv(repo / "results" / "sweep.csv")
     assert len(table) == grid and table.measured.all() and table.cell_id.is_unique
@@ -68,6 +68,7 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
             assert (report / name).stat().st_size > 1000 and name in page
     metrics = json.loads((repo / "results" / "report.json").read_text())
     assert metrics["cells"] == metrics["measured"] == grid and metrics["failed"] == 0
+    assert 0 <= metrics["solved_below_threshold_on_test"] <= metrics["solved_cells"]
 
     client, parents, children = mlflow_runs(repo)
     assert len(parents) == 1 and len(children) == grid

@@ -11,10 +11,9 @@ import pytest
 import torch
 
 import models
-from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training.settings import TrainSettings
 from pipeline.training.train import TrialSpec, run_trial
-from tests.helpers import make_cell
+from tests.helpers import dataset_fields, make_cell
 
 T = 800
 TOLERANCE = 0.03  # relative L2 error of the logits; measured 0.3-0.9% for every architecture (width 32, depth 2)
@@ -54,10 +53,7 @@ class ScoringDtypes(L.Callback):
 def test_a_bf16_trial_is_scored_under_bf16_too_and_decodes(tiny_cfg, tiny_data, arch):
     """Training under bf16-mixed and scoring in float32 would decide the verdict on another model than trained."""
     size = tiny_cfg.generate.datasets["lis"][0]
-    train, test = (dataset_path(tiny_data, "lis", size, s) for s in ("train", "test"))
-    meta = read_dataset(train).meta
-    cell = make_cell("lis", size, arch, 16, 1, 0, train_path=str(train), test_path=str(test),
-                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]))
+    cell = make_cell("lis", size, arch, 16, 1, 0, **dataset_fields(tiny_data, "lis", size))
     settings = asdict(TrainSettings.of(tiny_cfg)) | {"precision": "bf16-mixed", "max_steps": 4, "val_every_steps": 2,
                                                      "val_samples": 16, "eval_samples": 16, "eval_batch_size": 8}
     dtypes = ScoringDtypes()

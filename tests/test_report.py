@@ -65,6 +65,7 @@ def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
     assert "- (best 0%, failed)" in md  # a failed cell stays in the table, marked
     assert f"{BOUND} 0.032 (D=32, 95%) undecided below" in md and f"(D=16, {BORDERLINE}95%)" in md
     assert "1 undecided: out of steps while still improving" in page and "<b>undecided</b> = the step budget" in page
+    assert "0 solved on validation but below the threshold on the test set" in page
     for name in ("sep_length_index_lookup.png", "sep_width_index_lookup.png", "heatmap_lis_linear_d2.png"):
         assert (out / name).stat().st_size > 1000 and f"src='{name}'" in page
     assert "left out: the report ran without MLflow" in page  # learning curves: never an empty plot
@@ -155,3 +156,23 @@ def test_the_cdn_copies_are_the_versions_dvc_loads():
     asked = re.findall(re.escape(browser.CDN) + r"([^\"]+)", VegaRenderer.SCRIPTS)
     installed = re.search(r"^CDN_PACKAGES=\((.*)\)$", (ROOT / "ops" / "install-test-deps").read_text(), re.M)
     assert installed and asked == installed.group(1).split()
+
+
+def test_a_width_solved_on_validation_but_below_the_threshold_on_test_is_marked_and_counted_apart():
+    """Validation passed, the test set did not: the table marks the width (†) and the headline counts the cells on
+    their own (solved_below_threshold_on_test), beside solved_cells, never silently as solved."""
+    from pipeline.report import headline
+    from pipeline.reporting.tables import BELOW, convention_table, min_gflops
+
+    cfg = load_config(profile="tiny")  # threshold 0.9
+    table = pd.DataFrame(rows("lis", "standard", 2, {4: 16, 6: 32}, seeds=(0, 1)))
+    below = (table["size"] == 4) & (table.width == 16)
+    table.loc[below, "final_accuracy"] = [0.88, 0.86]  # both seeds solved on validation, 87% on test
+    best = min_gflops(table)
+    summary = headline(cfg, table, best, [])
+    assert summary["solved_below_threshold_on_test"] == 2 and summary["solved_cells"] == int(
+        (table.status == "solved").sum())
+    shown = convention_table(best, 2, "min_paper_gflops", cfg.report.accuracy_threshold).set_index("size")
+    assert f"(D=16, 87%{BELOW})" in shown.loc[4, "standard"] and BELOW not in shown.loc[6, "standard"]
+    clean = headline(cfg, table.assign(final_accuracy=0.95), best, [])
+    assert clean["solved_below_threshold_on_test"] == 0

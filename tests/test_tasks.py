@@ -6,9 +6,8 @@ import pytest
 
 import tasks
 from benchmarks.reference import lis_dp, reference_sample
-from pipeline.generate import SPLITS
 from tasks.arithmetic import DIV, MINUS, PLUS, TIMES, Parser, needs_brackets
-from tasks.base import PAPERS
+from tasks.base import DISTRIBUTIONS, PAPERS, SPLITS
 from tasks.lis import lis_values
 from tasks.registry import declaration_errors, register
 from tests.helpers import SMALL_SIZES
@@ -45,7 +44,7 @@ def test_a_task_lacking_its_declarations_is_refused_at_registration():
 def test_checker_passes_every_generated_sample(name):
     for size in SMALL_SIZES[name]:
         task = tasks.get_task(name, size)
-        for split in SPLITS:
+        for split in DISTRIBUTIONS:
             batch = task.sample_batch(np.random.default_rng(size), split, 500)
             assert batch.lengths.max() <= task.max_length() and (batch.prompt_len <= batch.lengths).all()
             for i in range(len(batch)):
@@ -55,11 +54,22 @@ def test_checker_passes_every_generated_sample(name):
 
 
 @pytest.mark.parametrize("name", sorted(tasks.TASKS))
+def test_every_split_is_drawn_from_its_distribution_validation_from_tests(name):
+    """The files' splits reach the generator as the two distributions: validation's samples are test's."""
+    task = tasks.get_task(name, SMALL_SIZES[name][-1])
+    drawn = {split: task.sample_batch(np.random.default_rng(7), split, 50) for split in SPLITS}
+    assert np.array_equal(drawn["val"].values, drawn["test"].values)
+    assert np.array_equal(drawn["val"].offsets, drawn["test"].offsets)
+    with pytest.raises(tasks.TaskError, match="split must be one of"):
+        task.sample_batch(np.random.default_rng(7), "validation", 1)
+
+
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
 def test_checker_catches_every_corrupted_generated_token_and_answer(name):
     """Every token after the prompt (chain of thought, answer, label, copy) is re-derived: changing any one fails."""
     task = tasks.get_task(name, SMALL_SIZES[name][-1])
     rng = np.random.default_rng(0)
-    for split in SPLITS:
+    for split in DISTRIBUTIONS:
         batch = task.sample_batch(rng, split, 3)
         for i in range(len(batch)):
             s = batch.sample(i)
@@ -81,7 +91,7 @@ def test_reference_generators_follow_the_spec_like_the_compiled_ones(name):
     size = SMALL_SIZES[name][-1]
     task = tasks.get_task(name, size)
     rnd = random.Random(0)
-    for split in SPLITS:
+    for split in DISTRIBUTIONS:
         ref = [reference_sample(task, rnd, split) for _ in range(1500)]
         for s in ref:
             task.check(s.tokens, s.prompt_len, s.answer)

@@ -221,7 +221,7 @@ def test_a_trials_child_run_has_its_datasets_curve_system_metrics_and_verdict(st
     client = MlflowClient(f"sqlite:///{store}")
     experiment = client.create_experiment("lineage")
     parent = client.create_run(experiment).info.run_id
-    cell = make_cell(sha256={"train_path": "a" * 64, "test_path": "b" * 64}, run_key="k")
+    cell = make_cell(sha256={"train_path": "a" * 64, "test_path": "b" * 64, "val_path": "c" * 64}, run_key="k")
     trial = types.SimpleNamespace(trial_id="t1", config={"cell": asdict(cell), "train": {"lr": 1e-3},
                                                          "trial_key": "c1/lr"}, error_file=None)
     children = ChildRuns(client, experiment, parent, "tiny")
@@ -241,7 +241,7 @@ def test_a_trials_child_run_has_its_datasets_curve_system_metrics_and_verdict(st
     assert len(client.get_metric_history(run.info.run_id, "system/process_memory_rss_megabytes")) == 2
     assert 0 <= run.data.metrics["system/cpu_utilization_percentage"] <= 100
     inputs = {i.dataset.name: i for i in run.inputs.dataset_inputs}
-    assert sorted(inputs) == ["lis-4-test", "lis-4-train"]
+    assert sorted(inputs) == ["lis-4-test", "lis-4-train", "lis-4-val"]
     train = inputs["lis-4-train"]
     assert train.dataset.digest == "a" * 16 and [t.value for t in train.tags] == ["train"]
     assert json.loads(train.dataset.profile) | {"split": "train", "profile": "tiny", "task": "lis", "size": 4} == \

@@ -8,12 +8,12 @@ import torch
 
 import models
 import tasks
-from pipeline.data.datasets import dataset_path, read_dataset
+from pipeline.data.datasets import META_KEY, dataset_path, read_dataset
 from pipeline.training.batches import IGNORE, Collate, LengthBuckets, collate, collate_reference, loader
 from pipeline.training.evaluation import final_answers, greedy_accuracy
 from pipeline.training.settings import TrainSettings
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, SequenceModel, TrialSpec, run_trial
-from tests.helpers import make_cell, write_params
+from tests.helpers import dataset_fields, make_cell, write_params
 from tests.helpers.training import with_settings
 
 EOS = tasks.EOS_ID
@@ -96,11 +96,8 @@ def test_greedy_accuracy_is_one_for_an_oracle_and_counts_wrong_answers(tiny_data
 @pytest.mark.parametrize("task", ["arithmetic", "lis"])
 def test_every_architecture_trains_on_every_task_and_decodes(tiny_cfg, tiny_data, arch, task):
     size = tiny_cfg.generate.datasets[task][0]
-    train, test = (dataset_path(tiny_data, task, size, s) for s in ("train", "test"))
-    meta = read_dataset(train).meta
     s = tiny_cfg.sweep
-    cell = make_cell(task, size, arch, 16, 1, 0, train_path=str(train), test_path=str(test),
-                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]))
+    cell = make_cell(task, size, arch, 16, 1, 0, **dataset_fields(tiny_data, task, size))
     settings = TrainSettings(heads=s.heads, dropout=0.1, batch_size=32, epochs=1, max_steps=6, weight_decay=0.01,
                              warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16,
                              val_every_steps=3, eval_samples=20, eval_batch_size=8, threads=1, use_gpu=False,
@@ -113,6 +110,34 @@ def test_every_architecture_trains_on_every_task_and_decodes(tiny_cfg, tiny_data
     assert result["train_pflops"] > 0 and result["paper_gflops"] > 0 and result["params"] > 0
     again = run_trial(dataclasses.replace(spec))
     assert again["final_accuracy"] == result["final_accuracy"]  # seeded: same spec, same answer
+
+
+def test_a_trial_validates_on_the_validation_file_and_trains_on_the_whole_train_file(tiny_cfg, tiny_data, tmp_path):
+    """The verdicts read the validation file (drawn as the test set is), not a tail cut from the train file: the
+    same trial with that file's answers made wrong validates at 0, and trains and scores the test set as before."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.helpers.training import short_trial
+
+    size = tiny_cfg.generate.datasets["lis"][0]
+    broken = tmp_path / "data"
+    shutil.copytree(tiny_data / "lis", broken / "lis")
+    val = dataset_path(broken, "lis", size, "val")
+    table = pq.read_table(val)
+    wrong = pa.array(np.full(len(table), EOS, np.int32))  # the token before <eos> is never <eos>: no answer matches
+    fixed = table.set_column(table.schema.get_field_index("answer"), "answer", wrong)
+    meta = {META_KEY: pq.read_metadata(val).metadata[META_KEY]}  # the file's own, as the pipeline wrote it
+    pq.write_table(fixed.replace_schema_metadata(meta), val)
+    # the whole budget whatever validation says, so both trials train the same steps
+    settings = {"stop_when_solved": False, "convergence_min_steps": 10**6, "epochs": 1, "max_steps": 100}
+    right, bad = (short_trial(tiny_cfg, data, **settings) for data in (tiny_data, broken))
+    assert bad["val_accuracy"] == 0 < right["val_accuracy"]
+    assert bad["final_accuracy"] == right["final_accuracy"] and bad["train_steps"] == right["train_steps"]
+    train = read_dataset(dataset_path(tiny_data, "lis", size, "train"))
+    assert right["train_steps"] == len(loader(train, tiny_cfg.sweep.batch_size, 0, True))  # one epoch, every sample
 
 
 @pytest.fixture(scope="module")
@@ -141,12 +166,7 @@ def test_next_character_targets_follow_the_separator():
 @pytest.mark.parametrize("task, size", [("index_lookup", 20), ("eq_ncp", 20)])  # classify, ncp
 @pytest.mark.parametrize("arch", sorted(models.ARCHITECTURES))
 def test_separations_families_train_and_score(separations_data, task, size, arch):
-    out = separations_data
-    train, test = (dataset_path(out, task, size, s) for s in ("train", "test"))
-    meta = read_dataset(train).meta
-    cell = make_cell(task, size, arch, 16, 1, 0, train_path=str(train), test_path=str(test),
-                     max_len=read_dataset(test).meta["stats"]["max_length"], vocab_size=len(meta["vocab"]),
-                     family=meta["family"], vocab=tuple(meta["vocab"]))
+    cell = make_cell(task, size, arch, 16, 1, 0, **dataset_fields(separations_data, task, size))
     settings = TrainSettings(heads=2, dropout=0.0, batch_size=16, epochs=1, max_steps=4, weight_decay=0.01,
                              warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16,
                              val_every_steps=2, eval_samples=16, eval_batch_size=8, threads=1, use_gpu=False,

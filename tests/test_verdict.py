@@ -6,14 +6,12 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
-from pipeline.data.datasets import dataset_path, read_dataset
 from pipeline.training import status, verdict
-from pipeline.training.train import TrialSpec, run_trial, split_validation
-from tests.helpers import make_cell
+from pipeline.training.train import TrialSpec, run_trial
+from tests.helpers import dataset_fields, make_cell
 
 
 def fake_trainer(budget: int = 1000):
@@ -182,22 +180,9 @@ def test_the_best_run_is_chosen_on_validation_never_on_test():
     assert status.best_run([runs[0], {"lr": 2, "status": "undecided", "val_accuracy": 0.5}])["lr"] == 2
 
 
-def test_validation_is_held_out_of_train(tiny_data):
-    data = read_dataset(dataset_path(tiny_data, "lis", 3, "train"))
-    train, val = split_validation(data, 32)
-    assert len(train) + len(val) == len(data) and len(val) == 32
-    seen = {tuple(train.sequence(i)) for i in range(len(train))}
-    assert not any(tuple(val.sequence(i)) in seen for i in range(len(val)))
-    assert np.array_equal(val.sequence(0), data.sequence(len(data) - 32))
-    assert len(split_validation(data, 10_000)[1]) == len(data) // 2  # never more than half the file
-
-
 def tiny_spec(tiny_cfg, tiny_data, **kw) -> TrialSpec:
     """A tiny trial of lis; ``kw``: its learning rate and settings, changed."""
-    train, test = (dataset_path(tiny_data, "lis", 3, s) for s in ("train", "test"))
-    meta = read_dataset(train).meta
-    cell = make_cell("lis", 3, train_path=str(train), test_path=str(test), max_len=meta["stats"]["max_length"],
-                     vocab_size=len(meta["vocab"]))
+    cell = make_cell("lis", 3, **dataset_fields(tiny_data, "lis", 3))
     return TrialSpec.for_cell(cell, {**dict(heads=2, dropout=0.0, batch_size=32, epochs=50, max_steps=40, lr=3e-3,
                                             weight_decay=0.0, warmup_fraction=0.0, grad_clip=None,
                                             precision="32-true", val_samples=32, val_every_steps=4, eval_samples=40,

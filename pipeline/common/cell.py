@@ -10,6 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+# The fields of CellSpec naming its dataset's files (the keys of its sha256): all published, fetched and hashed.
+DATA_FILES = ("train_path", "test_path", "val_path")
+
 
 class Cell(NamedTuple):
     """One cell of the grid."""
@@ -39,13 +42,14 @@ class CellSpec:
     # its dataset: the files (local, then as published to the storage every node reads) and their hashes
     train_path: str
     test_path: str
-    sha256: dict[str, str]  # "train_path" / "test_path" -> the file's sha256
+    val_path: str  # the validation split, drawn as test is: the verdicts are reached on it
+    sha256: dict[str, str]  # "train_path" / "test_path" / "val_path" -> the file's sha256
     data_hash: str
     vocab_size: int
     family: str
     vocab: tuple[str, ...]
     train_samples: int
-    max_len: int  # the dataset's L, train and test
+    max_len: int  # the dataset's L, over its train, test and validation files
     cell_id: str  # stable: the same cell on the same data has the same id in every rerun
     name: str  # task, size, arch, width, depth, seed in one word, for people
     # set by the sweep: the reuse key, and the model's costs (known without training, so inferred cells have them)

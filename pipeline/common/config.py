@@ -76,6 +76,7 @@ class TaskGenerate(Section):
 
     train_samples: PositiveInt | None = None
     test_samples: PositiveInt | None = None
+    val_samples: PositiveInt | None = None
     unique: bool | None = None
 
 
@@ -83,6 +84,11 @@ class GenerateConfig(Section):
     seed: NonNegativeInt = Field(2023, description="numpy's SeedSequence takes non-negative seeds")
     train_samples: PositiveInt
     test_samples: PositiveInt
+    val_samples: PositiveInt = Field(
+        1024,
+        description="validation samples, drawn as the test samples are (the verdicts are reached on them): at least "
+        "sweep.val_samples",
+    )
     datasets: dict[str, list[PositiveInt]] = Field(description="task name -> sizes to generate")
     task_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="task name -> generator parameters"
@@ -90,7 +96,7 @@ class GenerateConfig(Section):
     row_group_size: PositiveInt = 65_536
     unique: bool = Field(
         True,
-        description="train samples distinct and disjoint from test; false: i.i.d. draws "
+        description="every sample distinct, and test, validation and train disjoint; false: i.i.d. draws "
         "with repeats, as the separations paper samples online",
     )
     chunk_size: PositiveInt = Field(
@@ -107,7 +113,8 @@ class GenerateConfig(Section):
         None, description="samples per file checked by the task's checker as it is written; None = every sample"
     )
     per_task: dict[str, TaskGenerate] = Field(
-        default_factory=dict, description="task name -> train_samples, test_samples or unique for that task only"
+        default_factory=dict,
+        description="task name -> train_samples, test_samples, val_samples or unique for that task only",
     )
 
     @field_validator("datasets")
@@ -271,8 +278,8 @@ class SweepConfig(Section):
     # evaluation
     val_samples: PositiveInt = Field(
         1024,
-        description="training samples held out for validation (never trained "
-        "on, disjoint from test when generate.unique)",
+        description="samples of the validation file (drawn as the test set is) each validation scores: the "
+        "file's first ones, at most generate.val_samples",
     )
     eval_samples: PositiveInt | None = Field(None, description="test samples decoded greedily at the end; None = all")
     val_every_steps: PositiveInt | None = Field(None, description="validate every N steps; None = every epoch")
@@ -595,7 +602,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def check_across_sections(self) -> Config:
-        """What spans sections: each task a section names is in tasks, at sizes it allows; the grid is not empty."""
+        """What spans sections: each task a section names is in tasks, at sizes it allows; the grid is not empty;
+        each validation file holds the samples a validation scores."""
         # each section checks its own keys; the sweep stage checks the architectures against the model registry
         # (search/cells.check_architectures): the other stages never import torch or the models
         for task, sizes in self.generate.datasets.items():
@@ -606,7 +614,7 @@ class Config(Section):
                 try:
                     built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
                     if gen.unique:
-                        built.check_space(gen.test_samples, gen.train_samples)
+                        built.check_space(gen.test_samples, gen.train_samples, gen.val_samples)
                 except tasks.TaskError as err:
                     raise ConfigError(f"generate.datasets.{task}: {err}") from None
         # settings keyed by task or architecture need only name a registered one: an override that narrows what to
@@ -623,6 +631,16 @@ class Config(Section):
                         size,
                         [f"{t}={s}" for t, ss in self.generate.datasets.items() for s in ss],
                     )
+        for task, _ in self.sweep_datasets():
+            # a validation scores the file's first sweep.val_samples: fewer would quietly judge on fewer samples
+            # than the profile says
+            have = self.generate.for_task(task).val_samples
+            if self.sweep.val_samples > have:
+                raise ConfigError(
+                    f"sweep.val_samples: {self.sweep.val_samples} is more than the {have} validation samples "
+                    f"generate.val_samples makes for {task}: raise generate.val_samples (or its per_task entry) "
+                    "or lower sweep.val_samples"
+                )
         for task in self.sweep.task_architectures:
             if task not in self.tasks:
                 raise one_of("sweep.task_architectures", task, self.tasks)

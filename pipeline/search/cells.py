@@ -17,10 +17,10 @@ import torch
 
 import models
 import tasks
-from pipeline.common.cell import Cell, CellSpec, cell_id
+from pipeline.common.cell import DATA_FILES, Cell, CellSpec, cell_id
 from pipeline.common.config import Config, ConfigError, SweepConfig, one_of
 from pipeline.common.provenance import code_hash
-from pipeline.data.datasets import dataset_path, file_hash, read_metadata
+from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_metadata
 
 TRAINABLE = "pipeline.training.trainable"  # the module a trial runs: its imports are the training code
 
@@ -55,19 +55,25 @@ def build_cells(cfg: Config, data_dir: Path) -> dict[Cell, CellSpec]:
     """Every cell of the grid, with its dataset checked and hashed (raises DatasetError first)."""
     datasets = {}
     for task, size in cfg.sweep_datasets():
-        train, test = (dataset_path(data_dir, task, size, s) for s in ("train", "test"))
-        meta = [read_metadata(train), read_metadata(test)]
-        sha = {"train_path": file_hash(train), "test_path": file_hash(test)}  # the files' bytes, read once
+        paths = {key: dataset_path(data_dir, task, size, key.removesuffix("_path")) for key in DATA_FILES}
+        meta = [read_metadata(path) for path in paths.values()]  # train's first
+        held = meta[DATA_FILES.index("val_path")]["stats"]["samples"]
+        if held < cfg.sweep.val_samples:  # a file from another config: judged on fewer samples than asked
+            raise DatasetError(
+                f"{paths['val_path']} holds {held} validation samples, but sweep.val_samples scores "
+                f"{cfg.sweep.val_samples}: regenerate it (`dvc repro generate`) with generate.val_samples at least that"
+            )
+        sha = {key: file_hash(path) for key, path in paths.items()}  # the files' bytes, read once
         datasets[task, size] = {
-            "train_path": str(train),
-            "test_path": str(test),
+            **{key: str(path) for key, path in paths.items()},
             "vocab_size": len(meta[0]["vocab"]),
             "family": meta[0]["family"],
             "vocab": tuple(meta[0]["vocab"]),
             "train_samples": meta[0]["stats"]["samples"],
             "max_len": max(m["stats"]["max_length"] for m in meta),
             "sha256": sha,
-            "data_hash": hashlib.sha256((sha["train_path"] + sha["test_path"]).encode()).hexdigest()[:16],
+            # train's, test's and validation's hashes: a cell's id and reuse key change only when its data does
+            "data_hash": hashlib.sha256("".join(sha.values()).encode()).hexdigest()[:16],
         }
     return grid_cells(cfg, datasets)
 
@@ -83,6 +89,7 @@ def defined_cells(cfg: Config) -> dict[Cell, CellSpec]:
         datasets[task, size] = {
             "train_path": "",
             "test_path": "",
+            "val_path": "",
             "vocab_size": built.vocab_size,
             "family": built.family,
             "vocab": tuple(built.tokens),

@@ -121,6 +121,7 @@ def spec(cell: Cell, lrs: tuple[float, ...]) -> CellSpec:
         lrs=lrs,
         train_path="",
         test_path="",
+        val_path="",
         sha256={},
         data_hash="",
         vocab_size=0,

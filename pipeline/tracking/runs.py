@@ -119,13 +119,13 @@ def numeric(result: dict) -> dict[str, float]:
     }
 
 
-SPLITS = {"train": "train_path", "test": "test_path"}
+SPLITS = {"train": "train_path", "test": "test_path", "val": "val_path"}
 
 
 def dataset_inputs(cells: list[CellSpec], profile: str) -> list[DatasetInput]:
-    """The distinct train and test files of ``cells`` as MLflow dataset inputs: named task-size-split, the file's
-    hash as digest, where it was read from as source; task, size, split, the pair's data hash and the profile in
-    the profile (the UI's Datasets column and panel show them)."""
+    """The distinct train, test and validation files of ``cells`` as MLflow dataset inputs: named task-size-split,
+    the file's hash as digest, where it was read from as source; task, size, split, the dataset's data hash and the
+    profile in the profile (the UI's Datasets column and panel show them)."""
     inputs: dict[tuple[str, str], DatasetInput] = {}
     for cell in cells:
         for split, key in SPLITS.items():

@@ -8,9 +8,10 @@ Task families (``family`` in the dataset metadata):
 - ``ncp`` (next-character prediction, eq_ncp): at every prefix the target is the set of valid next tokens (any
   symbol or the separator before it, exactly the copied symbol after it), learned by a per-token sigmoid. Final
   score: a sequence counts only if every prefix's thresholded prediction (0.5) equals its target set.
-Validation: the last ``val_samples`` training samples are held out (never trained on; disjoint from the test set
-when the data is generated with ``unique``). Every validation logs the teacher-forced loss and token accuracy and
-the final-answer accuracy (``val_accuracy``, scored as the test set is), which decides when the trial is solved
+Validation: the first ``val_samples`` samples of the dataset's validation file, drawn as the test set is (the
+distribution the papers score; disjoint from train and test when the data is generated with ``unique``); the
+training file is trained on whole. Every validation logs the teacher-forced loss and token accuracy and the
+final-answer accuracy (``val_accuracy``, scored as the test set is), which decides when the trial is solved
 (``pipeline/training/verdict.py``). The test set is scored once, at the end. Batches come from
 ``pipeline/training/batches.py``, greedy final answers from ``pipeline/training/evaluation.py``.
 """
@@ -223,12 +224,6 @@ class SequenceModel(L.LightningModule):
 
 
 # ---- one trial ----------------------------------------------------------------------------------------------
-def split_validation(train: Dataset, val_samples: int) -> tuple[Dataset, Dataset]:
-    """(train, validation): the last ``val_samples`` samples are held out, at most half of the file."""
-    held = min(val_samples, len(train) // 2)
-    return train.slice(0, len(train) - held), train.slice(len(train) - held, len(train))
-
-
 def run_trial(
     spec: TrialSpec, callbacks: Sequence[L.Callback] = (), log_every: int = 50, checkpoints: Resumable | None = None
 ) -> dict:
@@ -259,7 +254,8 @@ def fit(
     s = spec.settings
     device = trial_device(s, rank)
     L.seed_everything(spec.cell.seed, workers=True, verbose=False)
-    train, val = split_validation(read_dataset(Path(spec.cell.train_path)), s.val_samples)
+    train = read_dataset(Path(spec.cell.train_path))
+    val = read_dataset(Path(spec.cell.val_path)).head(s.val_samples)
     module = SequenceModel(spec, val_data=val)
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
     train_loader = loader(train, s.batch_size, spec.cell.seed, True, rank, s.workers, parts, s.loader_workers)

@@ -72,7 +72,12 @@ def run_cell(config: dict) -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     node = ray.util.get_node_ip_address()
     cell = CellSpec(**config["cell"])
-    cell = replace(cell, train_path=str(fetch(cell.train_path, node)), test_path=str(fetch(cell.test_path, node)))
+    cell = replace(
+        cell,
+        train_path=str(fetch(cell.train_path, node)),
+        test_path=str(fetch(cell.test_path, node)),
+        val_path=str(fetch(cell.val_path, node)),
+    )
     spec = TrialSpec.for_cell(cell, config["train"], pause_at=config.get("pause_at"))
     if spec.settings.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")

@@ -1,7 +1,7 @@
 """A verdict per trial that is a verdict of the model, not of its budget.
 
 A trial ends at the first of:
-- **solved**: the final-answer accuracy on the validation split (held out from train, never the test set) is at or
+- **solved**: the final-answer accuracy on the validation split (drawn as the test set is, never the test set) is at or
   above ``report.accuracy_threshold`` at ``sweep.patience`` consecutive validations;
 - **unsolved**: training has converged below the threshold (``Convergence``: neither the validation loss nor the
   validation accuracy gained over the last ``convergence_window`` of the steps trained, after at least
@@ -55,8 +55,8 @@ class Convergence:
     any gain inside the window (a late jump, as index lookup makes after hundreds of flat steps) keeps it
     training; ``min_steps`` keeps the first, short windows from deciding anything. The loss and the accuracy are both
     watched because either can move alone: the loss falls long before the greedy answer is right, and once the
-    answer is right the accuracy still climbs while the loss barely moves. Both are measured on the held-out
-    validation split, so a model that only memorises its training data has converged.
+    answer is right the accuracy still climbs while the loss barely moves. Both are measured on the validation
+    split, never trained on, so a model that only memorises its training data has converged.
     """
 
     window: float

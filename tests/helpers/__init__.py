@@ -4,6 +4,7 @@ test module or from conftest (tests/test_test_helpers.py checks).
 What lives where:
 
 - ``tests.helpers`` (here): ``ROOT`` (this checkout), ``write_params``, ``make_cell`` (a synthetic cell record),
+  ``dataset_fields`` (a generated dataset's fields of a cell record),
   ``KILLABLE_SWEEP`` (the sweep of the kill and cluster tests) and ``SMALL_SIZES`` (each task's small sizes,
   its ``test_sizes``).
 - ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
@@ -29,7 +30,7 @@ from pipeline.common.cell import Cell, CellSpec, cell_id
 from pipeline.common.config import ROOT
 from tasks import TASKS
 
-__all__ = ["KILLABLE_SWEEP", "ROOT", "SMALL_SIZES", "make_cell", "write_params"]
+__all__ = ["KILLABLE_SWEEP", "ROOT", "SMALL_SIZES", "dataset_fields", "make_cell", "write_params"]
 
 
 def make_cell(task: str = "lis", size: int = 4, arch: str = "standard", width: int = 16, depth: int = 1,
@@ -37,11 +38,25 @@ def make_cell(task: str = "lis", size: int = 4, arch: str = "standard", width: i
     """A complete cell record on made-up data (no file behind it), for tests that drive the searcher or MLflow
     runs without a sweep; ``fields`` replace any other field."""
     defaults = {"arch_options": {}, "lrs": (1e-3,), "train_path": "train.parquet", "test_path": "test.parquet",
-                "sha256": {"train_path": "0", "test_path": "1"}, "data_hash": "h", "vocab_size": 12, "family": "cot",
+                "val_path": "val.parquet", "sha256": {"train_path": "0", "test_path": "1", "val_path": "2"},
+                "data_hash": "h", "vocab_size": 12, "family": "cot",
                 "vocab": (), "train_samples": 100, "max_len": 10,
                 "cell_id": cell_id(task, size, arch, width, depth, seed, "h"),
                 "name": f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}"}
     return CellSpec(cell=Cell(task, size, arch, width, depth, seed), **(defaults | fields))
+
+
+def dataset_fields(data_dir: Path, task: str, size: int) -> dict:
+    """The fields of a cell record that a generated dataset under ``data_dir`` gives (its three files, its L over
+    them, its vocabulary and family), for ``make_cell``: a trial of it reads the files."""
+    from pipeline.data.datasets import dataset_path, read_metadata
+
+    paths = {f"{s}_path": dataset_path(data_dir, task, size, s) for s in ("train", "test", "val")}
+    meta = {key: read_metadata(path) for key, path in paths.items()}
+    train = meta["train_path"]
+    return {key: str(path) for key, path in paths.items()} | {
+        "max_len": max(m["stats"]["max_length"] for m in meta.values()), "vocab_size": len(train["vocab"]),
+        "family": train["family"], "vocab": tuple(train["vocab"]), "train_samples": train["stats"]["samples"]}
 
 
 def write_params(path: Path, text: str) -> Path:

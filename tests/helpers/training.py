@@ -48,16 +48,12 @@ def short_trial(cfg, data, **settings) -> dict:
     kit's test runs it on the CPU without Ray, MLflow and DVC."""
     from dataclasses import asdict
 
-    from pipeline.data.datasets import dataset_path, read_dataset
     from pipeline.training.settings import TrainSettings
     from pipeline.training.train import TrialSpec, run_trial
-    from tests.helpers import make_cell
+    from tests.helpers import dataset_fields, make_cell
 
     size = cfg.generate.datasets["lis"][0]
-    train, test = (dataset_path(data, "lis", size, s) for s in ("train", "test"))
-    meta = read_dataset(train).meta
-    cell = make_cell("lis", size, "standard", 32, 2, 0, train_path=str(train), test_path=str(test),
-                     max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]))
+    cell = make_cell("lis", size, "standard", 32, 2, 0, **dataset_fields(data, "lis", size))
     # epochs enough that max_steps, not the tiny profile's one epoch of 9 steps, ends the budget, never extended
     base = asdict(TrainSettings.of(cfg)) | {"max_steps": 20, "epochs": 10, "val_every_steps": 10,
                                             "max_budget_factor": 1}
