@@ -58,7 +58,7 @@ from pipeline.sweep import sweep  # noqa: E402
 from pipeline.training.status import Status  # noqa: E402
 
 GRID = {  # lis n = 3..6, standard and linear attention, 5 widths, 3 learning rates: 120 (cell, rate) trials
-    "generate": {"train_samples": 20000, "test_samples": 500, "datasets": {"lis": [3, 4, 5, 6]}},
+    "generate": {"train_samples": 20000, "test_samples": 500, "val_samples": 256, "datasets": {"lis": [3, 4, 5, 6]}},
     "sweep": {"architectures": ["standard", "linear"], "widths": [8, 16, 24, 32, 48], "depths": [2], "seeds": [0],
               "lrs": [1e-3, 3e-3, 1e-2], "heads": 4, "batch_size": 128, "epochs": 100, "max_steps": 800,
               "warmup_fraction": 0.1, "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2,
@@ -66,7 +66,7 @@ GRID = {  # lis n = 3..6, standard and linear attention, 5 widths, 3 learning ra
               "halving_keep": 0.5, "reuse": False},
 }
 QUICK = {  # toy sizes; the toy models plateau at 41-59% (lis 3) and 28-49% (lis 4): 52% splits them
-    "generate": {"train_samples": 3000, "test_samples": 200, "datasets": {"lis": [3, 4]}},
+    "generate": {"train_samples": 3000, "test_samples": 200, "val_samples": 128, "datasets": {"lis": [3, 4]}},
     "sweep": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0], "epochs": 2,
               "lrs": [1e-3, 3e-3], "max_steps": 100, "val_every_steps": 10, "val_samples": 128, "eval_samples": 200,
               "patience": 1, "convergence_min_steps": 100, "max_budget_factor": 1, "halving_rungs": [30],
