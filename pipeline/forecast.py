@@ -255,9 +255,10 @@ def measuring_on(args: argparse.Namespace, cfg: Config) -> tuple[torch.device, P
     return device, precision
 
 
-def measured(args: argparse.Namespace, cfg: Config, cells: dict) -> tuple[Throughput, str]:
+def measured(
+    args: argparse.Namespace, cfg: Config, cells: dict, device: torch.device, precision: Precision
+) -> tuple[Throughput, str]:
     """The throughput measured here (kept with --save-throughput), with where it came from in words."""
-    device, precision = measuring_on(args, cfg)
     throughput = measure_all(
         cfg,
         cells,
@@ -288,9 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         where = Cluster(args.nodes, args.gpus_per_node, args.gpu, cpus)
         where.slots(s)  # a node that holds no trial: named now, not after the measurements
         if given is None:
-            measuring_on(args, cfg)  # named before any model is built
+            device, precision = measuring_on(args, cfg)  # named before any model is built
         cells = {at: replace(cell, **model_costs(cell, s.heads)) for at, cell in defined_cells(cfg).items()}
-        throughput, source = (given, f"from {args.throughput}") if given else measured(args, cfg, cells)
+        if given is None:
+            throughput, source = measured(args, cfg, cells, device, precision)
+        else:
+            throughput, source = given, f"from {args.throughput}"
         params = Path(args.params)
         shown = params.name if params.resolve() == ROOT / "params.yaml" else str(params)
         print(render(forecast(cfg, cells, throughput, where), cfg, shown, throughput, where, source))
