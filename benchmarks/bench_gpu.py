@@ -86,6 +86,8 @@ def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.dev
         fit = fit_memory(model, length, batch, budget_bytes(args.memory_gb, 1.0, device), device, autocast)
     micro = list(torch.randint(2, VOCAB, (batch, length + 1), device=device).tensor_split(fit.micro_batches))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if args.compile:  # after the plan, which measures the eager model; compiling happens in the warm-up steps
+        model = torch.compile(model)
     step = functools.partial(training_step, model, micro, opt, autocast)
     timed(step, device, 2)
     one = timed(step, device)  # the third warm-up step, timed: how many steps the budget holds
@@ -139,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-gb", type=float, default=None, help="plan micro-batches for this much (default: the "
                                                                   "device's memory; none on a CPU)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (a CPU run)")
+    ap.add_argument("--no-torch-forms", action="store_true", help="skip the <arch>@torch rows")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each model (section *_compiled; a "
+                                                           "model that does not compile gets a row saying why)")
     out_option(ap, "bench_gpu")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -153,14 +158,17 @@ def main(argv: list[str] | None = None) -> None:
     width, depth, length, batch = shape
     settings = {"device": torch.cuda.get_device_name(device) if gpu else "cpu", "peak": how, "width": width,
                 "depth": depth, "length": length, "batch": batch, "budget_s": args.budget_s, "repeats": args.repeats,
-                "precision": "bf16-mixed" if gpu else "32-true"}
+                "precision": "bf16-mixed" if gpu else "32-true", "compile": args.compile}
     print(f"bench_gpu on {settings['device']} ({how}): width {width}, depth {depth}, L {length}, batch {batch}",
           flush=True)
     res = Results("bench_gpu", argv)
-    figures = res.section("quick" if args.quick else "paper_shapes", settings)
+    section = ("quick" if args.quick else "paper_shapes") + ("_compiled" if args.compile else "")
+    figures = res.section(section, settings)
     # where the Triton kernels run, each scan's torch form is measured beside its kernel: row "<arch>@torch"
-    side_by_side = kernels_run_on(device)
-    settings["kernels"] = "triton, and the torch forms beside them" if side_by_side else "torch forms only"
+    triton = kernels_run_on(device)
+    side_by_side = triton and not args.no_torch_forms
+    settings["kernels"] = ("triton, and the torch forms beside them" if side_by_side else
+                           "triton" if triton else "torch forms only")
     standard = None
     # standard first, the yardstick of every other row; each row written as soon as it is measured
     for arch in sorted(args.archs, key=lambda a: a != "standard"):
@@ -171,6 +179,10 @@ def main(argv: list[str] | None = None) -> None:
                     row = measure(arch, args, shape, device, autocast)
             except torch.OutOfMemoryError as e:  # a row, not the end of the benchmark
                 row = {"error": f"out of memory: {str(e).splitlines()[0]}"}
+            except Exception as e:  # noqa: BLE001 (compile's many error types), recorded as the row
+                if not args.compile:
+                    raise
+                row = {"error": f"does not compile: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"}
             figures[name] = row
             if name == "standard" and "error" not in row:
                 standard = row["tokens_per_s"]["median"]

@@ -160,8 +160,8 @@ def blockwise_attention(q, k, v, extra: torch.Tensor, mask: torch.Tensor, dropou
 
     y = F.scaled_dot_product_attention(
         qb, keys_of_blocks(k), keys_of_blocks(v), attn_mask=mask[None], dropout_p=dropout
-    )  # (B*H, n, Q, hd)
-    return y.view(B, H, n * Q, hd)[:, :, :T]
+    )  # (B*H, n, Q, hd); CUDA's memory-efficient kernel may return it non-contiguous, hence reshape
+    return y.reshape(B, H, n * Q, hd)[:, :, :T]
 
 
 def attention_model(

@@ -48,7 +48,8 @@ class MemoryFit:
 
 def activation_bytes(model: torch.nn.Module, length: int, device: torch.device, context) -> int:
     """Bytes of activations one sample of ``length`` tokens keeps for the backward pass, measured on ``device`` under
-    ``context`` (the trial's precision): each saved storage once, plus the logits and their gradient in float32."""
+    ``context`` (the trial's precision): each saved storage once, plus the logits and their gradient in float32. On
+    CUDA, the larger of that and the measured growth of a training pass's peak per sample (``transient_bytes``)."""
     storages: dict[tuple, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -59,7 +60,35 @@ def activation_bytes(model: torch.nn.Module, length: int, device: torch.device, 
     tokens = torch.zeros(1, length, dtype=torch.long, device=device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), context:
         logits = model(tokens)  # (1, length, V)
-    return sum(storages.values()) + 2 * logits.numel() * 4
+    saved = sum(storages.values()) + 2 * logits.numel() * 4
+    del logits
+    if device.type != "cuda":
+        return saved
+    return max(saved, transient_bytes(model, length, device, context))
+
+
+def transient_bytes(model: torch.nn.Module, length: int, device: torch.device, context) -> int:
+    """How much a forward and backward pass's peak CUDA memory grows per sample: peak(2 samples) - peak(1).
+
+    Saved tensors miss what a pass builds and frees, such as the (B, T, E, N) states that the torch form of the
+    Mamba scan recomputes in its backward. The slope between two batch sizes leaves out what does not grow with the
+    batch (gradients, cuBLAS workspaces: a warm-up pass allocates them first)."""
+
+    def peak(samples: int) -> int:
+        tokens = torch.zeros(samples, length, dtype=torch.long, device=device)
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        with context:
+            logits = model(tokens)  # (samples, length, V)
+        logits.float().sum().backward()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+
+    peak(1)  # warm-up: gradients and workspaces
+    slope = peak(2) - peak(1)
+    model.zero_grad(set_to_none=True)
+    return slope
 
 
 def fit_memory(
