@@ -83,7 +83,7 @@ def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.dev
     model = models.build_model(arch, vocab_size=VOCAB, width=width, depth=depth, heads=4, max_len=length + 1)
     model = model.to(device)
     with torch.random.fork_rng(devices=[device] if gpu else []):
-        fit = fit_memory(model, length, batch, budget_bytes(args.memory_gb, 1.0, device), device, autocast)
+        fit = fit_memory(model, length, batch, budget_bytes(args.memory_gb, 1.0, device), device, lambda: autocast)
     micro = list(torch.randint(2, VOCAB, (batch, length + 1), device=device).tensor_split(fit.micro_batches))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if args.compile:  # after the plan, which measures the eager model; compiling happens in the warm-up steps

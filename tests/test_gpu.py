@@ -150,7 +150,7 @@ def planned_step_within_its_plan(arch: str) -> None:
     model = models.build_model(arch, vocab_size=32, width=256, depth=4, heads=4, max_len=501).to(CUDA)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16)
     with torch.random.fork_rng(devices=[CUDA]):
-        fit = fit_memory(model, 500, 64, 2e9, CUDA, autocast)
+        fit = fit_memory(model, 500, 64, 2e9, CUDA, lambda: autocast)
     opt = torch.optim.AdamW(model.parameters())
     micro = torch.randint(0, 32, (64, 501), device=CUDA).tensor_split(fit.micro_batches)
     torch.cuda.reset_peak_memory_stats()

@@ -17,16 +17,16 @@ def test_memory_plan_splits_the_batch_to_fit_and_names_what_does_not(spec):
     single sample is an error saying how many GB it needs."""
     model = models.build_model("standard", vocab_size=20, width=32, depth=2, heads=2, max_len=60)
     cpu = torch.device("cpu")
-    one = fit_memory(model, 60, 32, None, cpu, contextlib.nullcontext())
+    one = fit_memory(model, 60, 32, None, cpu, contextlib.nullcontext)
     assert (
         one.micro_batches == 1 and one.per_sample > 0 and one.static == 16 * sum(p.numel() for p in model.parameters())
     )
     # grows with length
-    assert fit_memory(model, 30, 32, None, cpu, contextlib.nullcontext()).per_sample < one.per_sample
-    fits = fit_memory(model, 60, 32, HEADROOM * (one.static + 10.5 * one.per_sample), cpu, contextlib.nullcontext())
+    assert fit_memory(model, 30, 32, None, cpu, contextlib.nullcontext).per_sample < one.per_sample
+    fits = fit_memory(model, 60, 32, HEADROOM * (one.static + 10.5 * one.per_sample), cpu, contextlib.nullcontext)
     assert fits.micro_batches == 4
     with pytest.raises(DoesNotFit, match=r"needs [\d.e-]+ GB at one sample per forward pass .* has [\d.e-]+ GB"):
-        fit_memory(model, 60, 32, one.static, cpu, contextlib.nullcontext())
+        fit_memory(model, 60, 32, one.static, cpu, contextlib.nullcontext)
 
 
 @pytest.mark.integration

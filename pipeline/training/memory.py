@@ -17,6 +17,8 @@ with that reason, without retrying it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,8 @@ BYTES_PER_PARAMETER = 16  # float32 weight, gradient and AdamW's exp_avg and exp
 # rounding: measured peaks on CUDA stay within this margin of saved bytes + static (bench_gpu prints both)
 HEADROOM = 1.25
 GB = 1e9
+# makes the forward context of a trial's precision: a new one per pass, as Lightning's may be entered only once
+Precision = Callable[[], AbstractContextManager]
 
 
 class DoesNotFit(RuntimeError):
@@ -46,10 +50,11 @@ class MemoryFit:
         return HEADROOM * (self.static + samples * self.per_sample)
 
 
-def activation_bytes(model: torch.nn.Module, length: int, device: torch.device, context) -> int:
+def activation_bytes(model: torch.nn.Module, length: int, device: torch.device, precision: Precision) -> int:
     """Bytes of activations one sample of ``length`` tokens keeps for the backward pass, measured on ``device`` under
-    ``context`` (the trial's precision): each saved storage once, plus the logits and their gradient in float32. On
-    CUDA, the larger of that and the measured growth of a training pass's peak per sample (``transient_bytes``)."""
+    ``precision`` (it makes a context of the trial's precision): each saved storage once, plus the logits and their
+    gradient in float32. On CUDA, the larger of that and a training pass's measured peak growth per sample
+    (``transient_bytes``)."""
     storages: dict[tuple, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -58,16 +63,16 @@ def activation_bytes(model: torch.nn.Module, length: int, device: torch.device, 
         return t
 
     tokens = torch.zeros(1, length, dtype=torch.long, device=device)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), context:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), precision():
         logits = model(tokens)  # (1, length, V)
     saved = sum(storages.values()) + 2 * logits.numel() * 4
     del logits
     if device.type != "cuda":
         return saved
-    return max(saved, transient_bytes(model, length, device, context))
+    return max(saved, transient_bytes(model, length, device, precision))
 
 
-def transient_bytes(model: torch.nn.Module, length: int, device: torch.device, context) -> int:
+def transient_bytes(model: torch.nn.Module, length: int, device: torch.device, precision: Precision) -> int:
     """How much a forward and backward pass's peak CUDA memory grows per sample: peak(2 samples) - peak(1).
 
     Saved tensors miss what a pass builds and frees, such as the (B, T, E, N) states that the torch form of the
@@ -79,7 +84,7 @@ def transient_bytes(model: torch.nn.Module, length: int, device: torch.device, c
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        with context:
+        with precision():
             logits = model(tokens)  # (samples, length, V)
         logits.float().sum().backward()
         torch.cuda.synchronize(device)
@@ -92,11 +97,11 @@ def transient_bytes(model: torch.nn.Module, length: int, device: torch.device, c
 
 
 def fit_memory(
-    model: torch.nn.Module, length: int, batch: int, budget: float | None, device: torch.device, context
+    model: torch.nn.Module, length: int, batch: int, budget: float | None, device: torch.device, precision: Precision
 ) -> MemoryFit:
     """The fewest micro-batches whose forward and backward pass fits ``budget`` bytes (1 without a budget)."""
     static = BYTES_PER_PARAMETER * sum(p.numel() for p in model.parameters())
-    per_sample = activation_bytes(model, length, device, context)
+    per_sample = activation_bytes(model, length, device, precision)
     fit = MemoryFit(budget, static, per_sample, 1)
     if budget is None:
         return fit

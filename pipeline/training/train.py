@@ -19,6 +19,7 @@ final-answer accuracy (``val_accuracy``, scored as the test set is), which decid
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 import warnings
@@ -344,7 +345,7 @@ def micro_batches(settings: TrainSettings, model: torch.nn.Module, length: int, 
             settings.batch_size // settings.workers,
             budget,
             device,
-            autocast(settings, device),
+            functools.partial(autocast, settings, device),
         )
     return fit.micro_batches
 
