@@ -229,7 +229,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="W",
         type=positive,
         nargs="+",
-        help="widths (default: each architecture's narrowest)",
+        help="widths (default: each architecture's narrowest, on a GPU its widest too)",
     )
     tp.add_argument("--measure-depth", metavar="N", type=positive, help="depth (default: each one's shallowest)")
     tp.add_argument("--measure-length", metavar="L", type=positive, help="tokens (default: the median dataset's L)")

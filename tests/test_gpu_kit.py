@@ -90,12 +90,15 @@ def test_bad_input_is_named_before_anything_runs(tmp_path):
     assert usage.returncode == 2 and "name the output folder" in usage.stderr
 
 
-def test_outside_a_git_checkout_the_commit_is_the_one_the_proof_prepared(tmp_path, monkeypatch):
-    """The lent machine's copy of the tree has no .git: its figures carry the commit ``prepare`` recorded."""
+def test_the_figures_carry_the_commit_the_proof_prepared(tmp_path, monkeypatch):
+    """The lent machine's copy of the tree has no .git, or one of the session's first commit (seen on an H100): its
+    figures carry the commit ``prepare`` recorded."""
     from pipeline.common.provenance import git_commit
 
     monkeypatch.delenv("CAPACITY_ATLAS_COMMIT", raising=False)
     assert git_commit(tmp_path).sha == "unknown"
     monkeypatch.setenv("CAPACITY_ATLAS_COMMIT", "0123abc+dirty")
     assert (git_commit(tmp_path).sha, git_commit(tmp_path).dirty) == ("0123abc", True)
-    assert git_commit(ROOT).sha != "0123abc"  # a checkout's own commit wins
+    assert git_commit(ROOT).sha == "0123abc"  # also where a .git is there
+    monkeypatch.delenv("CAPACITY_ATLAS_COMMIT")
+    assert git_commit(ROOT).sha not in ("0123abc", "unknown")

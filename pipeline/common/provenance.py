@@ -33,8 +33,8 @@ class Commit:
 
 
 def git_commit(repo: Path = ROOT) -> Commit:
-    """The commit of ``repo``, dirty when tracked files were changed; outside a git checkout (the GPU proof's copy of
-    the tree) the commit ``CAPACITY_ATLAS_COMMIT`` names, else "unknown"."""
+    """The commit ``CAPACITY_ATLAS_COMMIT`` names (``ops/gpu-proof run`` sets it: the lent machine's copy of the tree
+    may hold a .git of another commit), else that of ``repo``, dirty when tracked files were changed, else "unknown"."""
 
     def git(*args: str) -> str:
         try:
@@ -42,10 +42,10 @@ def git_commit(repo: Path = ROOT) -> Commit:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    sha = git("rev-parse", "HEAD")
-    if not sha and os.environ.get("CAPACITY_ATLAS_COMMIT"):
+    if os.environ.get("CAPACITY_ATLAS_COMMIT"):
         recorded, _, dirty = os.environ["CAPACITY_ATLAS_COMMIT"].partition("+")
         return Commit(recorded, dirty == "dirty")
+    sha = git("rev-parse", "HEAD")
     return Commit(sha or "unknown", bool(sha) and bool(git("status", "--porcelain", "--untracked-files=no")))
 
 
