@@ -257,7 +257,7 @@ def report(
 ) -> dict:
     table = load_results(results)
     best = tables.min_gflops(table)
-    checks = evaluate(table, trained_to=cfg.report.accuracy_threshold)
+    checks = evaluate(table, swept_at=cfg.report.accuracy_threshold)
     client = None
     if log_mlflow:
         uri = cfg.cluster.mlflow()
@@ -284,6 +284,18 @@ def report(
     return summary
 
 
+def table_at(cfg: Config, results: Path, threshold: float) -> str:
+    """The minimum-width tables (markdown) at ``threshold`` instead of the sweep's, from the recorded verdicts."""
+    if not 0 < threshold < 1:
+        raise ReportError(f"--table-at {threshold}: an accuracy in (0, 1), such as 0.99")
+    table = load_results(results)
+    try:
+        shown = tables.at_threshold(table, threshold, cfg.report.accuracy_threshold)
+    except ValueError as err:
+        raise ReportError(f"{results}: {err}") from None
+    return tables.tables_markdown(tables.min_gflops(shown), threshold)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m pipeline.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -301,8 +313,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the data `dvc plots show` draws (default: %(default)s)",
     )
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the report to the MLflow parent run")
+    ap.add_argument(
+        "--table-at",
+        metavar="T",
+        type=float,
+        help="print the minimum-width table at accuracy T (in (0, 1)) from the results, and write nothing",
+    )
     args = ap.parse_args(argv)
     try:
+        if args.table_at is not None:
+            print(table_at(load_config(args.params), Path(args.results), args.table_at))
+            return 0
         summary = report(
             load_config(args.params),
             Path(args.results),

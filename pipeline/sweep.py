@@ -54,6 +54,7 @@ from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
+from pipeline.reporting.claims import training_targets
 from pipeline.search.cells import build_cells, check_architectures, expected_cost, model_costs, run_key
 from pipeline.search.frontier import make_plan
 from pipeline.search.halving import Halving
@@ -112,7 +113,9 @@ def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
 def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_start: float, local: bool) -> pd.DataFrame:
     """The sweep once its cells are built (and a local Ray is up): MLflow runs, the plan, Tune, the outputs."""
     s = cfg.sweep
-    train = asdict(TrainSettings.of(cfg))
+    # a solved trial trains on to the highest threshold a claim on its task reads
+    targets = training_targets(sorted({c.task for c in cells}), cfg.report.accuracy_threshold)
+    train = asdict(TrainSettings.of(cfg, targets))
     # threads change speed, not results; architecture options change results but are not part of the cell id;
     # the rungs decide which learning rates a sweep drops
     halving = Halving.of(s)

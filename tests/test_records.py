@@ -17,13 +17,14 @@ CELL = make_cell()
 
 
 def test_training_settings_are_the_sweep_sections_keys_with_its_defaults(tiny_cfg):
-    derived = {"threshold", "threads", "use_gpu", "gpu_share", "workers"}
+    derived = {"threshold", "targets", "threads", "use_gpu", "gpu_share", "workers"}
     for f in fields(TrainSettings):
         if f.name not in derived:
             assert f.name in SweepConfig.model_fields and f.default == SweepConfig.model_fields[f.name].default
     settings = TrainSettings.of(tiny_cfg)
     assert settings.batch_size == tiny_cfg.sweep.batch_size
-    assert settings.threshold == tiny_cfg.report.accuracy_threshold
+    assert settings.threshold == tiny_cfg.report.accuracy_threshold and settings.targets == {}
+    assert TrainSettings.of(tiny_cfg, {"dyck": 0.99}).targets == {"dyck": 0.99}
 
 
 def test_a_trial_spec_takes_its_cell_and_settings_and_refuses_an_unknown_setting(tiny_cfg):

@@ -176,3 +176,21 @@ def test_a_width_solved_on_validation_but_below_the_threshold_on_test_is_marked_
     assert f"(D=16, 87%{BELOW})" in shown.loc[4, "standard"] and BELOW not in shown.loc[6, "standard"]
     clean = headline(cfg, table.assign(final_accuracy=0.95), best, [])
     assert clean["solved_below_threshold_on_test"] == 0
+
+
+def test_the_min_width_table_is_printed_at_another_threshold_from_the_recorded_results(synthetic, tmp_path, capsys):
+    from pipeline.report import main
+
+    results = synthetic[0].parent / "sweep.csv"
+    params = ROOT / "params.yaml"
+    assert main(["--params", str(params), "--results", str(results), "--table-at", "0.99"]) == 0
+    printed = capsys.readouterr().out
+    # every solved trial held 95% and stopped still improving: undecided at 99%, none solved
+    assert "validation accuracy at or above 99%" in printed and "undecided (best 95%)" in printed
+    assert "(D=" not in printed
+    assert main(["--params", str(params), "--results", str(results), "--table-at", "1.5"]) == 2
+    assert "--table-at 1.5: an accuracy in (0, 1)" in capsys.readouterr().err
+    old = tmp_path / "old.csv"
+    pd.read_csv(results).drop(columns=["sustained_accuracy"]).to_csv(old, index=False)
+    assert main(["--params", str(params), "--results", str(old), "--table-at", "0.99"]) == 2
+    assert "lack ['sustained_accuracy']" in capsys.readouterr().err

@@ -28,8 +28,9 @@ def fake_trainer(budget: int = 1000):
 RULE = verdict.Convergence(window=0.5, tolerance=0.01, min_steps=200, min_delta=0.01)
 
 
-def make(patience=2, factor=8, stop=True, budget=1000):
-    cb = verdict.Verdict(threshold=0.9, patience=patience, convergence=RULE, max_budget_factor=factor, stop=stop)
+def make(patience=2, factor=8, stop=True, budget=1000, target=None):
+    cb = verdict.Verdict(threshold=0.9, patience=patience, convergence=RULE, max_budget_factor=factor, stop=stop,
+                         target=target)
     trainer = fake_trainer(budget)
     cb.on_train_start(trainer, None)
     return cb, trainer
@@ -60,6 +61,38 @@ def test_solved_needs_patience_consecutive_checks_at_the_threshold():
     assert trainer.should_stop and cb.outcome(trainer)[0] == "solved" and cb.solved_step == 40
     assert "2 consecutive checks (step 40)" in cb.outcome(trainer)[1]
     assert cb.solved_pflops == pytest.approx(40e12 / 1e15)
+
+
+def test_a_trial_solved_at_the_threshold_trains_on_to_its_target_and_keeps_its_verdict():
+    cb, trainer = make(patience=2, target=0.99)
+    for step, acc in [(10, 0.92), (20, 0.95), (30, 0.99), (40, 0.97)]:
+        validate(cb, trainer, acc, step)
+    assert not trainer.should_stop and cb.status == "solved" and cb.solved_step == 20
+    assert cb.sustained == pytest.approx(0.97, abs=1e-6)  # the best pair: (0.99, 0.97)
+    for step, acc in [(50, 0.995), (60, 0.992)]:
+        validate(cb, trainer, acc, step)
+    status, reason = cb.outcome(trainer)
+    assert trainer.should_stop and status == "solved" and cb.solved_step == 20 and cb.sustained >= 0.99
+    assert "held the target 0.99 at step 60" in reason and not cb.converged
+
+
+def test_a_trial_short_of_its_target_stops_when_converged_or_at_its_budget_solved_either_way():
+    cb, trainer = make(patience=2, target=0.99, budget=100)
+    for step in range(10, 301, 10):  # held 0.95 from step 10 on: converges after min_steps
+        train_to(cb, trainer, step)
+        validate(cb, trainer, 0.95, step, loss=0.5)
+        if trainer.should_stop:
+            break
+    status, reason = cb.outcome(trainer)
+    assert status == "solved" and cb.converged and cb.sustained == pytest.approx(0.95, abs=1e-6) and cb.budget > 100
+    assert "converged below the target 0.99" in reason
+    cb, trainer = make(patience=2, target=0.99, budget=100, factor=2)
+    for step in range(10, 201, 10):  # still improving when the doubled budget ends
+        train_to(cb, trainer, step)
+        validate(cb, trainer, 0.9 + step / 10_000, step, loss=1.0 - step / 1000)
+    status, reason = cb.outcome(trainer)
+    assert status == "solved" and not cb.converged and cb.budget == 200
+    assert "budget: still improving below the target 0.99 at step 200" in reason
 
 
 def test_a_fixed_budget_records_the_solve_but_keeps_training():

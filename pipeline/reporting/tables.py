@@ -9,6 +9,10 @@ solved by every seed, and what it costs in three conventions.
 An undecided trial (its budget ran out while it was still improving) is no verdict: a minimum width with undecided
 cells below it is an upper bound, and a row no width solved with undecided cells is undecided, never unsolved.
 
+The table is at the sweep's threshold (``report.accuracy_threshold``, Table 2's 90%); ``at_threshold`` reads the
+same results at another one from what each trial recorded (the accuracy its validation held, whether it had
+converged): `python -m pipeline.report --table-at 0.99` prints the table at 99%.
+
 For arithmetic the paper states its lengths (``PAPER_LENGTHS``, from each task's ``paper_lengths``); our data's
 longest sequence differs (random expressions), so the paper-convention count is also given at the paper's L. The
 count is 2 (L+2) x (per-token MACs), linear in L + 2, so  paper_gflops(L') = paper_gflops(L) (L'+2) / (L+2)  exactly.
@@ -21,7 +25,7 @@ import pandas as pd
 from pipeline.common.cell import Cell
 from pipeline.reporting.papers import TABLE2_GFLOPS, TABLE2_LAYERS, TABLE2_LENGTHS, table2_widths
 from pipeline.search.frontier import Outcome, min_widths, searched
-from pipeline.training.status import Status
+from pipeline.training.status import Status, borderline
 from tasks import TASKS
 
 # The lengths L a paper states, per task and size: each task's own ``paper_lengths`` (today arithmetic's only)
@@ -32,6 +36,44 @@ CONVENTIONS = {
     "min_exact_gflops": "exact forward GFLOPs",
     "min_train_pflops": "training PFLOPs spent until solved",
 }
+
+
+def at_threshold(table: pd.DataFrame, threshold: float, swept_at: float) -> pd.DataFrame:
+    """``table`` (results/sweep.csv, its verdicts at ``swept_at``) with its verdicts at ``threshold``: a measured
+    trial is solved if its validation held ``threshold`` at ``patience`` checks (``sustained_accuracy``), unsolved if
+    it held less and had converged, else undecided: it stopped first (at its target, or its budget). An inferred
+    cell keeps its verdict where the threshold's direction preserves it (unsolved at 90%: unsolved at 99%), else is
+    undecided. Training PFLOPs to solve are known at ``swept_at`` only; borderline is read at ``threshold``."""
+    if abs(threshold - swept_at) < 1e-9:
+        return table
+    missing = [c for c in ("sustained_accuracy", "converged") if c not in table]
+    if missing:
+        raise ValueError(f"the results lack {missing}: written before trials recorded them (run the sweep again)")
+    out = table.copy()
+    verdicts = out.status.isin([Status.SOLVED, Status.UNSOLVED, Status.UNDECIDED])
+    measured = verdicts & out.measured.astype(bool)
+    held = out.sustained_accuracy >= threshold - 1e-6
+    converged = out.converged.fillna(0).astype(bool)
+    out.loc[measured & held, "status"] = Status.SOLVED
+    out.loc[measured & ~held & converged, "status"] = Status.UNSOLVED
+    short = measured & ~held & ~converged & (out.status != Status.UNDECIDED)  # an undecided one keeps its reason
+    out.loc[short, "status"] = Status.UNDECIDED
+    out.loc[short, "reason"] = [
+        f"at {threshold:.0%}: validation held {s:.1%} when the trial stopped, not converged (it trained toward "
+        f"{t:.0%})"
+        for s, t in zip(out.sustained_accuracy[short], out.get("target", pd.Series(swept_at, index=out.index))[short])
+    ]
+    lost = Status.SOLVED if threshold > swept_at else Status.UNSOLVED  # what an inferred cell can no longer claim
+    unsure = verdicts & ~out.measured.astype(bool) & (out.status == lost)
+    out.loc[unsure, "status"] = Status.UNDECIDED
+    out.loc[unsure, "reason"] = f"inferred at {swept_at:.0%}, not at {threshold:.0%}"
+    out["solve_pflops"] = float("nan")
+    if "borderline" in out:
+        decided = measured & out.status.isin([Status.SOLVED, Status.UNSOLVED])
+        samples = out.eval_samples.fillna(0).astype(int)
+        near = [borderline(a, n, threshold) for a, n in zip(out.final_accuracy, samples)]
+        out["borderline"] = decided & pd.Series(near, index=out.index, dtype=bool)
+    return out
 
 
 def borderline_cells(table: pd.DataFrame) -> pd.Series:

@@ -1,8 +1,9 @@
 """The training settings every trial of a sweep shares: one record, its fields named as in the ``sweep`` section.
 
 ``TrainSettings.of(cfg)`` reads them from the validated config; a field's default is ``SweepConfig``'s own, so the
-defaults live in one place (``pipeline/common/config.py``). The five derived fields say what the sweep decides
-from other keys: the solving threshold (``report.accuracy_threshold``), the CPU threads and GPU use of a worker,
+defaults live in one place (``pipeline/common/config.py``). The six derived fields say what the sweep decides
+from other keys: the solving threshold (``report.accuracy_threshold``) and each task's training target (the
+highest threshold a claim on it reads, given by the sweep stage), the CPU threads and GPU use of a worker,
 the share of a GPU, and the data-parallel workers.
 """
 
@@ -48,16 +49,18 @@ class TrainSettings:
     loader_workers: int = default("loader_workers")
     # derived by the sweep
     threshold: float = default("accuracy_threshold", ReportConfig)  # validation accuracy that counts as solved
+    targets: dict[str, float] = field(default_factory=dict)  # task -> accuracy a solved trial trains on to
     threads: int = default("cpus_per_trial")
     use_gpu: bool = False
     gpu_share: float = 1.0  # of one GPU, per worker: gpus_per_trial below 1
     workers: int = 1  # data-parallel processes (pipeline/training/distributed.py), sharing each global batch
 
     @classmethod
-    def of(cls, cfg: Config) -> TrainSettings:
+    def of(cls, cfg: Config, targets: dict[str, float] | None = None) -> TrainSettings:
         s = cfg.sweep
         derived: dict[str, Any] = {
             "threshold": cfg.report.accuracy_threshold,
+            "targets": targets or {},
             "threads": s.cpus_per_trial,
             "use_gpu": s.gpus_per_trial > 0,
             "gpu_share": min(1.0, s.gpus_per_trial) or 1.0,

@@ -261,7 +261,10 @@ def fit(
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
     train_loader = loader(train, s.batch_size, spec.cell.seed, True, rank, s.workers, parts, s.loader_workers)
     convergence = Convergence(s.convergence_window, s.convergence_tolerance, s.convergence_min_steps, s.min_delta)
-    verdict = Verdict(s.threshold, s.patience, convergence, s.max_budget_factor, s.stop_when_solved, spec.pause_at)
+    target = s.targets.get(spec.cell.task, s.threshold)
+    verdict = Verdict(
+        s.threshold, s.patience, convergence, s.max_budget_factor, s.stop_when_solved, spec.pause_at, target
+    )
     parallel = (
         dict(devices=s.workers, strategy=distributed.strategy(s.use_gpu), use_distributed_sampler=False)
         if s.workers > 1
@@ -362,7 +365,7 @@ def autocast(settings: TrainSettings, device: torch.device):
 CELL_METRICS = (
     "final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops", "train_pflops",
     "solve_step", "solve_pflops", "state_bytes", "train_steps", "budget_steps", "train_seconds", "eval_seconds",
-    "eval_samples",
+    "eval_samples", "target", "sustained_accuracy", "converged",
 )  # fmt: skip
 TRIAL_METRICS = ("resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")
 
@@ -400,6 +403,10 @@ def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable:
         "train_pflops": module.train_flops / 1e15,
         "solve_step": math.nan if verdict.solved_step is None else verdict.solved_step,
         "solve_pflops": verdict.solved_pflops,
+        # what decides the trial at any other threshold (tables.at_threshold)
+        "target": verdict.target,
+        "sustained_accuracy": verdict.sustained,
+        "converged": float(verdict.converged),
         "state_bytes": model.state_size(spec.cell.max_len),
         "resumed_step": math.nan if resumable.resumed_step is None else resumable.resumed_step,
         "checkpoints": resumable.saves,

@@ -2,7 +2,10 @@
 
 A trial ends at the first of:
 - **solved**: the final-answer accuracy on the validation split (drawn as the test set is, never the test set) is at or
-  above ``report.accuracy_threshold`` at ``sweep.patience`` consecutive validations;
+  above ``report.accuracy_threshold`` at ``sweep.patience`` consecutive validations, and at or above the trial's
+  ``target`` too (the highest threshold a claim on its task reads, ``claims.training_targets``: 99% for the
+  separations paper's "near-perfect"), or has converged short of the target: a trial solved at 90% trains on toward
+  the target, with the same budget extensions, and its verdict at 90% stands whatever comes after;
 - **unsolved**: training has converged below the threshold (``Convergence``: neither the validation loss nor the
   validation accuracy gained over the last ``convergence_window`` of the steps trained, after at least
   ``convergence_min_steps``), so more training would not solve it;
@@ -11,6 +14,9 @@ A trial ends at the first of:
   ``sweep.epochs``); a trial still improving when it reaches it goes on with its budget doubled, up to
   ``sweep.max_budget_factor`` times the first, before it is called undecided. An undecided trial is no evidence
   of what the model cannot do: the tables, claims and the search never count it as unsolved.
+Whichever way it ends, a trial records the highest accuracy its validation held at ``patience`` consecutive checks
+(``sustained``) and whether it had converged: at any threshold t, it is solved if it held t, unsolved if it held
+less and had converged, else undecided (``pipeline.reporting.tables.at_threshold`` reads a table at another t).
 A trial that raised is **failed** (set by the sweep, which sees the error). Under successive halving a trial may
 also be **paused** at a rung (``pause_at``: its step budget ends there, at a validation, with no verdict yet): the
 sweep compares the cell's learning rates there and continues the leaders from that checkpoint, as if they had never
@@ -86,11 +92,11 @@ class Convergence:
 
 
 class Verdict(L.Callback):
-    """Stops a trial once solved (``patience`` validations in a row at or above ``threshold``), converged below
-    it (``convergence``) or diverged, extends its step budget while it is still improving (doubling, up to
-    ``max_budget_factor`` times the first), and says at the end why it stopped (``outcome``). Without ``stop``
-    (a fixed-budget grid) only divergence ends a trial early and the budget is never extended; the verdict still
-    records when it was solved and whether it had converged."""
+    """Solves a trial at ``threshold`` (``patience`` validations in a row at or above it) and stops it once it
+    also holds ``target`` (default: the threshold), converges (below the threshold: unsolved) or diverges; extends
+    its step budget while it is still improving (doubling, up to ``max_budget_factor`` times the first), and says at
+    the end why it stopped (``outcome``). Without ``stop`` (a fixed-budget grid) only divergence ends a trial early
+    and the budget is never extended; the verdict still records when it was solved and whether it had converged."""
 
     def __init__(
         self,
@@ -100,8 +106,13 @@ class Verdict(L.Callback):
         max_budget_factor: int,
         stop: bool = True,
         pause_at: int | None = None,
+        target: float | None = None,
     ):
         self.threshold, self.patience, self.convergence, self.stop = threshold, patience, convergence, stop
+        self.target = max(threshold, target or threshold)
+        self.sustained = 0.0  # the highest accuracy held at ``patience`` consecutive validations
+        self.converged = False  # training had converged when it stopped
+        self.done = False  # solved and at the target, or converged after solving: nothing left to learn here
         self.pause_at = pause_at  # this attempt ends at this step, a rung, unless a verdict comes first
         self.max_budget_factor = max_budget_factor if stop else 1
         self.streak = 0
@@ -115,7 +126,8 @@ class Verdict(L.Callback):
         self.trainer: L.Trainer | None = None
 
     def state_dict(self) -> dict:
-        keys = ("streak", "status", "reason", "solved_step", "solved_pflops", "base", "budget")
+        keys = ("streak", "status", "reason", "solved_step", "solved_pflops", "base", "budget", "sustained",
+                "converged", "done")
         return {k: getattr(self, k) for k in keys} | {"checks": [vars(c) for c in self.checks]}
 
     def load_state_dict(self, state: dict) -> None:
@@ -148,14 +160,15 @@ class Verdict(L.Callback):
             trainer.should_stop = True
             return
         at_budget = trainer.global_step >= self.budget
-        if at_budget and self.status is None and self.budget < self.max_budget_factor * self.base:
+        learning = self.status is None or (self.status == Status.SOLVED and not self.done)
+        if at_budget and learning and self.budget < self.max_budget_factor * self.base:
             converged, _ = self.convergence.evidence(self.checks)
             if not converged:  # still improving (or too early to tell): the evidence, not the budget, decides
                 self.budget = min(2 * self.budget, self.max_budget_factor * self.base)
                 self.apply_budget(trainer)
 
     def on_validation_end(self, trainer, module):
-        if trainer.sanity_checking or self.status in (Status.SOLVED, Status.DIVERGED, Status.UNSOLVED):
+        if trainer.sanity_checking or self.done or self.status in (Status.DIVERGED, Status.UNSOLVED):
             return
         metrics = trainer.callback_metrics
         accuracy = float(metrics.get(MONITOR, float("nan")))
@@ -165,29 +178,46 @@ class Verdict(L.Callback):
             trainer.should_stop = True
             return
         self.checks.append(Validation(trainer.global_step, loss, accuracy))
+        if len(self.checks) >= self.patience:
+            held = min(c.accuracy for c in self.checks[-self.patience :])
+            self.sustained = max(self.sustained, held)
         # logged metrics are float32: 0.9 arrives as 0.8999999761, and must still count as reaching 0.9
         self.streak = self.streak + 1 if accuracy >= self.threshold - 1e-6 else 0
-        if self.streak >= self.patience:
+        if self.status is None and self.streak >= self.patience:
             self.status, self.solved_step = Status.SOLVED, trainer.global_step
             self.solved_pflops = getattr(module, "train_flops", 0) / 1e15
             self.reason = (
                 f"validation accuracy >= {self.threshold:g} at {self.patience} consecutive checks "
                 f"(step {trainer.global_step})"
             )
+        if self.status == Status.SOLVED and self.sustained >= self.target - 1e-6:
+            if self.target > self.threshold:
+                self.reason += f"; held the target {self.target:g} at step {trainer.global_step}"
+            self.done = True
             trainer.should_stop = trainer.should_stop or self.stop
             return
         converged, evidence = self.convergence.evidence(self.checks)
         if converged and self.stop:
-            self.status, self.reason = Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
+            self.converged = True
+            if self.status == Status.SOLVED:
+                self.done = True
+                self.reason += f"; converged below the target {self.target:g}: {evidence}"
+            else:
+                self.status, self.reason = Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
             trainer.should_stop = True
 
     def outcome(self, trainer) -> tuple[Status, str]:
-        """(status, reason) once ``fit`` has returned."""
-        if self.status:
+        """(status, reason) once ``fit`` has returned; ``converged`` is final then too."""
+        if self.status is not None and (self.status in (Status.DIVERGED, Status.UNSOLVED) or self.done):
             return self.status, self.reason
         if self.pause_at is not None and trainer.global_step >= self.pause_at:
             return Status.PAUSED, f"rung at step {trainer.global_step}: awaiting the other learning rates"
         converged, evidence = self.convergence.evidence(self.checks)
+        self.converged = converged
+        if self.status == Status.SOLVED:  # the budget ended, or a fixed-budget trial, short of the target
+            short = "converged" if converged else "budget: still improving"
+            target = f" below the target {self.target:g}" if self.target > self.threshold else ""
+            return self.status, f"{self.reason}; {short}{target} at step {trainer.global_step}: {evidence}"
         if converged:  # a fixed-budget trial, which never stops early
             return Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
         extended = f" ({self.budget // self.base}x the budget of {self.base})" if self.budget > self.base else ""

@@ -34,7 +34,10 @@ def rows(task: str, arch: str, depth: int, solved_from: dict[int, int | None], w
                        "reason": UNDECIDED_REASON if status == "undecided" else "", "final_accuracy": acc,
                        "paper_gflops": width * width * (10 * size + 7) * 1e-6,
                        "exact_gflops": width * width * (10 * size + 5) * 1.5e-6,
-                       "solve_pflops": width * 1e-3 if solved else float("nan"), "parent_run_id": "p"}
+                       "solve_pflops": width * 1e-3 if solved else float("nan"), "parent_run_id": "p",
+                       # what a trial records for other thresholds: the accuracy it held (here its test accuracy),
+                       # converged when unsolved
+                       "sustained_accuracy": acc, "converged": float(status == "unsolved"), "eval_samples": 1000}
                 if borderline:
                     row["borderline"] = (size, width) in borderline
                 out.append(row)
