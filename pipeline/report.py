@@ -2,18 +2,18 @@
 
     python -m pipeline.report
 
-Writes ``report/``: ``index.html`` (the page to open): the claim checks of both papers at the top
-(``pipeline.reporting.claims``), the DP paper's Table 2 in three cost conventions per depth
-(``pipeline.reporting.tables``), and
-the figures (``pipeline.reporting.figures``: heatmaps, ed_local against ed, accuracy against length, width scans,
-learning curves from the MLflow histories); ``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json``, and
-``results.csv``. Headline numbers and every claim's status go to ``results/report.json`` (a DVC metrics file), the
-data `dvc plots show` draws (learning curves, frontier, accuracies) to ``results/plots/`` (``reporting/plots.py``);
-the directory is logged to the sweep's MLflow parent run, the claims as its tags. A cell is solved when its
-validation accuracy reached the threshold, unsolved when it converged below it, undecided when its budget ran out
-while it was still improving (``pipeline.training.verdict``): undecided cells are shown as such and never
-counted as unsolved. Accuracies shown are test-set final-answer accuracies, the mean over seeds. Failed trials
-appear everywhere, marked as failed.
+Writes ``report/``: ``index.html`` (the page to open): first the claims of both papers this run decided
+(``pipeline.reporting.claims``), then the DP paper's Table 2 in three cost conventions per depth and against the
+paper's (``pipeline.reporting.tables``), the figures (``pipeline.reporting.figures``: heatmaps, ed_local against ed,
+accuracy against length, width scans, learning curves from the MLflow histories), and the claims not decided at
+this scale with what each needs; ``fidelity.md`` (the claims and Table 2, the paper's beside ours, cell by cell),
+``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json``, and ``results.csv``. Headline numbers and every claim's
+status go to ``results/report.json`` (a DVC metrics file), the data `dvc plots show` draws (learning curves,
+frontier, accuracies) to ``results/plots/`` (``reporting/plots.py``); the directory is logged to the sweep's MLflow
+parent run, the claims as its tags. A cell is solved when its validation accuracy reached the threshold, unsolved
+when it converged below it, undecided when its budget ran out while it was still improving
+(``pipeline.training.verdict``): undecided cells are shown as such and never counted as unsolved. Accuracies shown
+are test-set final-answer accuracies, the mean over seeds. Failed trials appear everywhere, marked as failed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.reporting import tables
-from pipeline.reporting.claims import evaluate
+from pipeline.reporting.claims import ClaimStatus, evaluate
 from pipeline.reporting.figures import Figure, draw_all, load_histories
 from pipeline.reporting.plots import write
 from pipeline.tracking.services import ServiceError, check_mlflow
@@ -84,18 +84,128 @@ NIGHTLY_MARKER = "<!-- nightly -->"  # `python -m pipeline.nightly` puts its com
 STATUS_COLOURS = {"holds": "#d4f4d4", "fails": "#f8d0d0", "not tested": "#eeeeee"}
 
 
-def claims_html(checks: list[dict]) -> str:
+def split_decided(checks: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The checks this run decided (holds, fails) and those it did not (not tested), each in ``CLAIMS``' order."""
+    pending = [c for c in checks if c["status"] == ClaimStatus.NOT_TESTED]
+    return [c for c in checks if c["status"] != ClaimStatus.NOT_TESTED], pending
+
+
+def claim_cells(check: dict) -> dict[str, str]:
+    """A claim's row, as the page and fidelity.md show it: the paper's side, then ours (a decided claim: the
+    evidence and verdict; else why not and what it needs), then our test."""
+    cells = {
+        "claim": check["id"],
+        "paper": f"{check['paper']}, {check['where']}",
+        "the paper's words": f"\u201c{check['claim']}\u201d",
+        "the paper's outcome": check["paper_outcome"],
+    }
+    if check["status"] == ClaimStatus.NOT_TESTED:
+        cells |= {"why not decided here": check["detail"], "what it needs": check["needs"]}
+    else:
+        cells |= {"ours": check["detail"], "verdict": str(check["status"])}
+    cells["our test"] = f"{check['decided_by']}; at {check['threshold']:.0%} ({check['threshold_source']})"
+    return cells
+
+
+def claim_cell_html(column: str, value: str) -> str:
+    """A cell escaped, then markdown code (a profile's name in what a claim needs) as <code>; the verdict bold."""
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(value))
+    return f"<td><b>{text}</b></td>" if column == "verdict" else f"<td>{text}</td>"
+
+
+def claims_html(checks: list[dict], table_id: str) -> str:
+    """The checks as a table, each row coloured by its status."""
+    shown = [claim_cells(c) for c in checks]
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in shown[0])
     rows = "".join(
-        f"<tr style='background:{STATUS_COLOURS[c['status']]}'><td>{c['paper']}, {html.escape(c['where'])}</td>"
-        f"<td>&ldquo;{html.escape(c['claim'])}&rdquo;</td><td><b>{c['status']}</b></td>"
-        f"<td>{html.escape(c['detail'])}</td><td>{html.escape(c['decided_by'])}; at {c['threshold']:.0%} "
-        f"({html.escape(c['threshold_source'])})</td></tr>"
-        for c in checks
+        f"<tr style='background:{STATUS_COLOURS[c['status']]}'>"
+        + "".join(claim_cell_html(k, v) for k, v in cells.items())
+        + "</tr>"
+        for c, cells in zip(checks, shown)
     )
+    return f"<table id='{table_id}' class='claims'><tr>{head}</tr>{rows}</table>"
+
+
+def decided_count(checks: list[dict]) -> str:
+    decided = split_decided(checks)[0]
+    if not decided:
+        return f"None of the papers' {len(checks)} claims at this scale"
+    statuses = [c["status"] for c in decided]
     return (
-        "<table id='claims'><tr><th>paper</th><th>the paper's words</th><th>check</th>"
-        f"<th>evidence / why not tested</th><th>our test</th></tr>{rows}</table>"
+        f"{len(decided)} of the papers' {len(checks)} claims: {statuses.count(ClaimStatus.HOLDS)} hold, "
+        f"{statuses.count(ClaimStatus.FAILS)} fail"
     )
+
+
+def decided_html(checks: list[dict]) -> str:
+    decided, pending = split_decided(checks)
+    later = "<a href='#not-decided'>Not decided at this scale</a>"
+    if not decided:
+        return (
+            f"<h2>What this run decided</h2><p>{decided_count(checks)}: each is under {later}, with what deciding it "
+            "needs. Table 2 and the figures show what this run measured.</p>"
+        )
+    return (
+        f"<h2>What this run decided</h2><p>{decided_count(checks)}, each by the rule in "
+        "<code>pipeline.reporting.claims</code> on this sweep's results"
+        + (f"; the {len(pending)} it cannot decide at its scale are under {later}." if pending else ".")
+        + "</p>"
+        + claims_html(decided, "claims")
+    )
+
+
+def not_decided_html(checks: list[dict]) -> str:
+    pending = split_decided(checks)[1]
+    intro = "<h2 id='not-decided'>Not decided at this scale</h2>"
+    if not pending:
+        return intro + "<p>None: this run decided every claim.</p>"
+    return (
+        intro + f"<p>The {len(pending)} claims this run cannot decide, each with why and what deciding it needs: the "
+        "models and sizes at which the paper decides it.</p>" + claims_html(pending, "not-decided-claims")
+    )
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """``frame`` as a markdown table, unpadded (its cells are sentences): a missing value empty, a whole number
+    without ".0", a "|" escaped so that it stays in its cell."""
+
+    def cell(value) -> str:
+        text = "" if pd.isna(value) else f"{value:g}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|")
+
+    lines = [list(frame.columns), ["---"] * len(frame.columns)]
+    lines += [[cell(v) for v in row] for row in frame.itertuples(index=False)]
+    return "\n".join(f"| {' | '.join(line)} |" for line in lines)
+
+
+def fidelity_markdown(profile: str, checks: list[dict], best: pd.DataFrame) -> str:
+    """``report/fidelity.md``: the claims, paper beside ours, decided first, then those not decided at this scale
+    with what each needs; then Table 2, the paper's cell beside ours."""
+    decided, pending = split_decided(checks)
+    parts = [
+        f"**Profile `{profile}`**: the papers' claims and the DP paper's Table 2 beside this run's results "
+        "(`python -m pipeline.report`; how each claim is checked: `docs/fidelity.md`).",
+        "### What this run decided",
+        decided_count(checks) + ".",
+    ]
+    if decided:
+        parts.append(markdown_table(pd.DataFrame([claim_cells(c) for c in decided])))
+    parts += ["### Not decided at this scale"]
+    if pending:
+        parts += [
+            f"{len(pending)} claims, each with why and what deciding it needs.",
+            markdown_table(pd.DataFrame([claim_cells(c) for c in pending])),
+        ]
+    else:
+        parts.append("None: this run decided every claim.")
+    parts += [
+        "### Table 2 of the DP paper against this run",
+        "Per architecture and number of operators (3 layers): the paper's minimum width, back-solved from its GFLOPs "
+        "(`pipeline/reporting/papers.py`), and its GFLOPs at its L, beside this run's minimum width and its "
+        "paper-convention GFLOPs taken to the paper's L; the verdict says how they compare, or why they cannot.",
+        markdown_table(tables.against_table2(best)),
+    ]
+    return "\n\n".join(parts) + "\n"
 
 
 def figures_html(figures: list[Figure]) -> str:
@@ -141,16 +251,12 @@ accuracy contains the threshold. A cell is its best learning rate, chosen on val
 
 
 def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict) -> str:
-    counts = ", ".join(
-        f"{summary[f'claims_{k}']} {label}"
-        for k, label in (("hold", "hold"), ("fail", "fail"), ("not_tested", "not tested"))
-    )
     parts = [
         f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
         "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px;max-width:100%}"
         # a table wider than the page (all cells: ~30 columns) scrolls by itself, its rows one line each
-        "table{display:block;max-width:100%;overflow-x:auto}table:not(#claims) td{white-space:nowrap}"
+        "table{display:block;max-width:100%;overflow-x:auto}table:not(.claims) td{white-space:nowrap}"
         "figure{display:inline-block;margin:4px}figcaption{font-size:12px}.omitted{color:#666}</style>",
         f"<h1>Capacity Atlas: profile <code>{cfg.profile}</code></h1>",
         f"<p>{summary['cells']} cells ({summary['measured']} trained, {summary['inferred']} inferred by the "
@@ -161,9 +267,7 @@ def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, ch
         f"set, {tables.BELOW} in the tables). "
         f"MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
         f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
-        f"<h2>Claim checks</h2><p>The papers' claims that a sweep can test ({counts}), each decided by the "
-        "rule in <code>pipeline.reporting.claims</code> on this sweep's results.</p>",
-        claims_html(checks),
+        decided_html(checks),
         NIGHTLY_MARKER,
         "<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>",
         f"<p>{html.escape(tables.note(cfg.report.accuracy_threshold))}</p>",
@@ -185,6 +289,7 @@ def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, ch
         "dotted and 'undecided' = a seed ran out of steps while still improving (no verdict); &asymp; = a seed's "
         "test accuracy is borderline; div / fail = a seed diverged / failed.</p>",
         figures_html(figures),
+        not_decided_html(checks),
         CONVENTIONS_HTML,
         "<h2>All cells</h2>",
         table.to_html(index=False, float_format=lambda v: f"{v:.4g}"),
@@ -270,6 +375,7 @@ def report(
     best.to_csv(tmp / "min_gflops.csv", index=False)
     (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, cfg.report.accuracy_threshold))
     (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")
+    (tmp / "fidelity.md").write_text(fidelity_markdown(cfg.profile, checks, best))
     table.to_csv(tmp / "results.csv", index=False)
     summary = headline(cfg, table, best, checks)
     (tmp / "index.html").write_text(page(cfg, table, figures, best, checks, summary))

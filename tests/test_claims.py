@@ -3,6 +3,7 @@ each of its outcomes."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pandas as pd
@@ -31,12 +32,15 @@ def test_every_claim_quotes_its_paper_names_its_threshold_and_is_not_tested_on_a
     assert len({c.id for c in CLAIMS}) == len(CLAIMS)
     for claim in CLAIMS:
         assert claim.finding.quote and claim.finding.where and 0 < claim.threshold < 1 and claim.source
+        # the paper's own outcome names where the paper shows it; what deciding the claim needs names a profile
+        assert re.match(r"(Figure|Table) \d", claim.paper_outcome) and "profile such as `" in claim.needs, claim.id
     assert {c.threshold for c in CLAIMS if c.paper == "DP"} == {0.9}  # Table 2: "above 90%"
     assert {c.threshold for c in CLAIMS if c.paper == "separations"} == {0.99}  # "near-perfect"
     results = evaluate(pd.DataFrame(rows("lis", "lstm", 2, {4: 16})))
     assert [r["id"] for r in results] == [c.id for c in CLAIMS]
-    for r in results:
+    for r, claim in zip(results, CLAIMS):
         assert r["status"] == "not tested" and r["detail"].startswith("needs"), r
+        assert (r["paper_outcome"], r["needs"]) == (claim.paper_outcome, claim.needs)
 
 
 def test_a_claim_naming_an_unknown_task_or_a_threshold_outside_0_1_is_refused_when_made():

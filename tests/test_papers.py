@@ -1,5 +1,6 @@
 """The papers' own figures as the project records them (pipeline.reporting.papers): Table 2's GFLOPs stand for
-the widths its count gives, and every finding is quoted verbatim from the papers' text."""
+the widths its count gives, every finding is quoted verbatim from the papers' text, and docs/fidelity.md gives the
+claims and Table 2 as the code has them."""
 
 from __future__ import annotations
 
@@ -76,3 +77,23 @@ def test_table2_against_a_run_says_how_each_cell_compares_or_why_it_cannot():
     assert verdicts["sparse", 6] == "no width tried solves"
     assert verdicts["standard", 10] == "undecided (seed 1 D=512)"
     assert verdicts["standard", 13] == "not run (arithmetic 13 at depth 3)"  # depth 2 is not the paper's
+
+
+def test_docs_fidelity_gives_every_claim_and_table2_as_the_code_has_them():
+    """docs/fidelity.md cannot drift from the code: a section per claim, in CLAIMS' order, with its threshold and
+    where that comes from, the paper's words and place, its outcome, our test and what it needs; Table 2's GFLOPs
+    and the widths they stand for."""
+    from pipeline.reporting.claims import CLAIMS
+
+    page = (ROOT / "docs" / "fidelity.md").read_text()
+    sections = dict(re.findall(r"^### `(\w+)`\n(.*?)(?=^#|\Z)", page, flags=re.M | re.S))
+    assert list(sections) == [c.id for c in CLAIMS]
+    for claim in CLAIMS:
+        shown = " ".join(sections[claim.id].split())
+        for field in (f"{claim.threshold:.0%} ({claim.source})", claim.finding.where, claim.finding.quote,
+                      claim.paper_outcome, claim.test, claim.needs):
+            assert " ".join(field.split()) in shown, (claim.id, field)
+    widths = table2_widths()
+    for arch, by_length in TABLE2_GFLOPS.items():
+        cells = " | ".join(f"{gflops} (D = {widths[arch][length]})" for length, gflops in by_length.items())
+        assert f"| {arch} | {cells} |" in page

@@ -1,4 +1,5 @@
-"""The report stage on a synthetic sweep table: claims at the top, Table 2 per depth, figures or one line why not,
+"""The report stage on a synthetic sweep table: the claims it decided at the top and the rest after the figures, with
+what each needs (the page and fidelity.md), Table 2 per depth and against the paper's, figures or one line why not,
 failed cells shown as failed, undecided cells as undecided."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pandas as pd
 import pytest
 
 from pipeline.common.config import load_config
-from pipeline.report import report
+from pipeline.report import markdown_table, report
+from pipeline.reporting.claims import CLAIMS
 from pipeline.reporting.figures import cell_label
 from pipeline.reporting.plots import FRONTIER_KINDS
 from pipeline.reporting.tables import BORDERLINE, BOUND, cell_means
@@ -45,7 +47,13 @@ def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
     out, summary = synthetic
     metrics = out.parent / "report.json"
     page = (out / "index.html").read_text()
-    assert page.index("id='claims'") < page.index("Table 2") < page.index("<h2>Figures</h2>")
+    # nothing decided: the page says so first, and gathers every claim after the figures
+    assert (page.index("<h2>What this run decided</h2><p>None of the papers' 13 claims")
+            < page.index("<h2>Minimum cost") < page.index("<h2>Figures</h2>") < page.index("id='not-decided-claims'"))
+    assert "id='claims'" not in page
+    fidelity = (out / "fidelity.md").read_text()
+    assert "### What this run decided\n\nNone of the papers' 13 claims at this scale." in fidelity
+    assert "### Not decided at this scale\n\n13 claims, each with why and what deciding it needs." in fidelity
     assert json.loads(metrics.read_text())["claims"] == summary["claims"]
     # solved at the sweep's 90%, and stopped there: "near-perfect" (99%) is not decided by it
     assert summary["claims"]["sep_index_lookup_one_layer"] == "not tested"
@@ -59,7 +67,7 @@ def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
     detail = next(c["detail"] for c in checks if c["id"] == "dp_no_savings_general")
     assert detail.startswith("lis n=6 standard d2: seed 0 D=16 undecided (budget: still improving")
     detail = next(c["detail"] for c in checks if c["id"] == "sep_index_lookup_one_layer")
-    assert "(stopped once solved at 90%; the claim reads 99%)" in detail
+    assert "(at 99%: validation held 95.0% when the trial stopped, not converged" in detail
     md = (out / "min_gflops.md").read_text()
     assert "### Depth 1: exact forward GFLOPs" in md and "### Depth 2: training PFLOPs spent until solved" in md
     assert "- (best 0%, failed)" in md  # a failed cell stays in the table, marked
@@ -71,6 +79,43 @@ def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
     assert "left out: the report ran without MLflow" in page  # learning curves: never an empty plot
     assert "left out: needs both ed and ed_local" in page and "left out: dyck: not in the profile" in page
     assert "fail" in page and not (out.parent / "report.tmp").exists()
+
+
+def test_the_page_and_fidelity_md_lead_with_what_the_run_decided_and_gather_the_rest_with_their_needs(tmp_path):
+    """A sweep that decides two DP claims: the page opens on them (the paper's words and outcome, ours, the verdict)
+    and gathers the others after the figures, each with why and what it needs; fidelity.md the same, then Table 2
+    cell by cell, the paper's beside ours; Chromium shows both claim tables as claims.json has them."""
+    table = pd.DataFrame(rows("lis", "standard", 2, {4: 16, 6: 16}) + rows("lis", "sparse", 2, {4: 16, 6: 64})
+                         + rows("lis", "linear", 2, {4: 32, 6: None})).assign(mlflow_run_id="r")
+    table.to_csv(tmp_path / "sweep.csv", index=False)
+    out = tmp_path / "report"
+    summary = report(load_config(profile="tiny"), tmp_path / "sweep.csv", out, tmp_path / "report.json",
+                     tmp_path / "plots", log_mlflow=False)
+    decided = {"dp_width_grows", "dp_no_savings_general"}
+    assert {c for c, status in summary["claims"].items() if status != "not tested"} == decided
+    page = (out / "index.html").read_text()
+    assert (page.index("id='claims'") < page.index("<h2>Minimum cost") < page.index("<h2>Figures</h2>")
+            < page.index("id='not-decided-claims'"))
+    assert "2 of the papers' 13 claims: 2 hold, 0 fail, each by the rule" in page
+    fidelity = (out / "fidelity.md").read_text()
+    first, rest = fidelity.split("### Not decided at this scale")
+    pending, table2 = rest.split("### Table 2 of the DP paper against this run")
+    assert "2 of the papers' 13 claims: 2 hold, 0 fail." in first
+    for claim in CLAIMS:
+        row = (f"| {claim.id} | {claim.paper}, {claim.finding.where} | \u201c{claim.finding.quote}\u201d | "
+               f"{claim.paper_outcome} | ")
+        if claim.id in decided:
+            assert row in first and f" | holds | {claim.test}; at 90% (" in first
+        else:
+            assert row in pending and f" | {claim.needs} | " in pending, claim.id
+    assert table2.count("| arithmetic") == 0 and table2.count("\n| ") == 2 + 12  # header, rule, 12 cells
+    assert "| standard | 6 | 87 | 64 | 0.027 |  |  | not run (arithmetic 6 at depth 3) |" in table2
+    assert report_problems(out) == []
+
+
+def test_a_markdown_table_keeps_each_cell_in_its_column():
+    frame = pd.DataFrame([{"a": "x | y", "b": 64.0, "c": None}, {"a": "z", "b": 0.0265, "c": "w"}])
+    assert markdown_table(frame) == "| a | b | c |\n| --- | --- | --- |\n| x \\| y | 64 |  |\n| z | 0.0265 | w |"
 
 
 def test_heatmap_cells_show_undecided_and_borderline_apart_from_unsolved():

@@ -5,7 +5,7 @@ more entry of the ``CLAIMS`` tuple there."""
 
 from __future__ import annotations
 
-from pipeline.reporting.claims import Models, near_perfect, sep
+from pipeline.reporting.claims import SEPARATIONS_SCALE, Models, near_perfect, sep
 
 DYCK_TWO_LAYERS = sep(
     "sep_dyck_two_layers",  # the key of report.json's claims.<id> and of the MLflow tag claim.<id>
@@ -13,4 +13,7 @@ DYCK_TWO_LAYERS = sep(
     ("dyck",),  # failed trials of these tasks are named beside the verdict
     "a 2-layer transformer of width 64 near-perfect at every dyck length up to 400",
     near_perfect("dyck", [Models("transformer", (2,), 64)], max_size=400),
+    # the paper's own outcome, naming its figure; what deciding the claim takes, at the paper's scale
+    paper_outcome="Figure 2 (right): a 2-layer Transformer of width 64 near-perfect at every N up to 400",
+    needs="dyck with a 2-layer transformer of width 64; the paper: N = 20-400: " + SEPARATIONS_SCALE,
 )

@@ -2,9 +2,10 @@
 
 A ``Claim`` carries the paper's words and where it says them (``pipeline.reporting.papers``), the accuracy the
 paper calls solved (Table 2: "above 90%"; the separations paper: "near-perfect", read as 99%), the tasks and the
-architectures it names, and a rule. A rule reads the ``Evidence`` (per cell the verdicts and mean test accuracy,
-per (task, size, architecture, depth) the smallest width solved) and returns a ``ClaimCheck``: *holds*, *fails* or
-*not tested*, with the reason. The rules state the papers' claims and no more:
+architectures it names, the paper's own outcome, what deciding it needs (the scale the paper decides it at), and a
+rule. A rule reads the ``Evidence`` (per cell the verdicts and mean test accuracy, per (task, size, architecture,
+depth) the smallest width solved) and returns a ``ClaimCheck``: *holds*, *fails* or *not tested*, with the reason.
+The rules state the papers' claims and no more:
 
 - a tie at the narrowest width tried, an architecture or width the claim names that was not run, or no size in the
   claim's range is *not tested*, never *holds*;
@@ -19,7 +20,8 @@ per (task, size, architecture, depth) the smallest width solved) and returns a `
 - an undecided cell (its budget ran out while it was still improving) is no evidence either way: a check that
   consulted one is *not tested*, naming it (``evaluate``).
 
-The report shows the checks at the top of its page, writes them to ``results/report.json`` (``dvc metrics diff``
+The report leads its page and ``report/fidelity.md`` with the checks this run decided, and gathers the rest under
+"Not decided at this scale" with what each needs; it writes them to ``results/report.json`` (``dvc metrics diff``
 shows a claim that changed) and tags the MLflow parent run with them.
 """
 
@@ -32,7 +34,7 @@ from enum import StrEnum
 
 import pandas as pd
 
-from pipeline.reporting.papers import DP, FINDINGS, TABLE2_THRESHOLD, Finding
+from pipeline.reporting.papers import DP, FINDINGS, TABLE2_THRESHOLD, Finding, table2_in_words
 from pipeline.reporting.tables import at_threshold, cell_means, min_gflops
 from tasks import TASKS
 
@@ -426,7 +428,8 @@ RECURRENT = tuple(Models(a) for a in ("lstm", "dss", "mamba", "linear_nofm", "re
 @dataclass(frozen=True)
 class Claim:
     """One claim of a paper: ``finding`` (its words and where), the ``threshold`` it reads (with ``source``), the
-    ``tasks`` it is about and what our ``test`` of it reads, the ``rule``."""
+    ``tasks`` it is about and what our ``test`` of it reads, the paper's own outcome in words (``paper_outcome``,
+    naming its figure), what deciding it ``needs`` (the models and sizes the paper decides it at), the ``rule``."""
 
     id: str
     finding: Finding
@@ -434,6 +437,8 @@ class Claim:
     source: str
     tasks: tuple[str, ...]
     test: str
+    paper_outcome: str
+    needs: str
     rule: Rule = field(repr=False)
 
     def __post_init__(self):
@@ -448,55 +453,113 @@ class Claim:
         return "DP" if self.finding.paper == DP else "separations"
 
 
-def dp(id: str, finding: str, tasks: tuple[str, ...], test: str, rule: Rule) -> Claim:
-    return Claim(id, FINDING[finding], TABLE2_THRESHOLD, TABLE2_SOURCE, tasks, test, rule)
+def dp(
+    id: str, finding: str, tasks: tuple[str, ...], test: str, rule: Rule, *, paper_outcome: str, needs: str
+) -> Claim:
+    return Claim(id, FINDING[finding], TABLE2_THRESHOLD, TABLE2_SOURCE, tasks, test, paper_outcome, needs, rule)
 
 
-def sep(id: str, finding: str, tasks: tuple[str, ...], test: str, rule: Rule) -> Claim:
-    return Claim(id, FINDING[finding], NEAR_PERFECT, NEAR_PERFECT_SOURCE, tasks, test, rule)
+def sep(
+    id: str, finding: str, tasks: tuple[str, ...], test: str, rule: Rule, *, paper_outcome: str, needs: str
+) -> Claim:
+    return Claim(id, FINDING[finding], NEAR_PERFECT, NEAR_PERFECT_SOURCE, tasks, test, paper_outcome, needs, rule)
 
 
+# where the papers decide their claims: the DP paper's grid, and the separations paper's trained on to near-perfect
+PAPER_SCALE = "a GPU profile such as `paper`"
+SEPARATIONS_SCALE = f"a GPU profile such as `separations`, trained to {NEAR_PERFECT:.0%}"
 CLAIMS = (
     dp("dp_width_grows", "dp_efficient_grow", ("arithmetic", "ed", "lis"),
        "in most (task, sparse or linear, depth) chains the minimum width grows with n, more than standard's",
-       width_grows(("arithmetic", "ed", "lis"), lambda d: True)),
+       width_grows(("arithmetic", "ed", "lis"), lambda d: True),
+       paper_outcome="Figure 1 (3 layers): on arithmetic, ED and LIS the width sparse and linear need grows with the "
+       "problem size; standard solves every size at width 128 or 256",
+       needs="two sizes or more of arithmetic, ed or lis with standard, sparse and linear at one depth, solved above "
+       "the narrowest width tried; the paper: 6-16 operators, ED n = 6-20, LIS n = 40-250, 3 layers, widths 32-1024: "
+       + PAPER_SCALE),
     dp("dp_width_grows_deeper", "dp_five_layers", ("ed",),
-       "as dp_width_grows, on ed at depth 5 (Figure 3)", width_grows(("ed",), lambda d: d >= 5)),
+       "as dp_width_grows, on ed at depth 5 (Figure 3)", width_grows(("ed",), lambda d: d >= 5),
+       paper_outcome="Figure 3 (Appendix D): at 5 layers on ED the results are similar to those at 3 (Figure 1), "
+       "where the width sparse and linear need grows with n",
+       needs="two sizes or more of ed with standard and sparse or linear at depth 5, solved above the narrowest width "
+       "tried; the paper: ED n = 6-20, widths 32-1024: " + PAPER_SCALE),
     dp("dp_no_savings_general", "dp_lis_general", ("lis",),
        "lis (the general DP task): at each n standard solves, sparse and linear need at least its exact forward "
-       "GFLOPs", no_savings("lis")),
+       "GFLOPs", no_savings("lis"),
+       paper_outcome="Figure 1, LIS (the task without locality): the Sparse Transformer reaches nearly 100% at no "
+       "width tried, the Linear Transformer needs wider models than standard, and the growth with n is the most "
+       "pronounced; the paper counts no FLOPs on LIS (Table 2 is arithmetic), so the FLOP comparison is ours",
+       needs="lis at sizes standard solves, with sparse or linear at the same depth, solved above the narrowest width "
+       "tried; the paper: LIS n = 40-250, 3 layers, widths 32-1024: " + PAPER_SCALE),
     dp("dp_locality", "dp_locality", ("ed", "ed_local"),
        "sparse and linear: minimum width strictly smaller on ed_local than on ed at the same n and depth",
-       locality_reduces),
+       locality_reduces,
+       paper_outcome="Figure 2: on ED_Local sparse and linear solve at smaller widths than on ED (Figure 1) at the "
+       "same n: both benefit from locality",
+       needs="ed and ed_local at a common n with sparse or linear, solved above the narrowest width tried; the paper: "
+       "n = 6-20, 3 layers, widths 32-1024: " + PAPER_SCALE),
     dp("dp_arithmetic_standard_first", "dp_table2", ("arithmetic",),
-       "arithmetic: minimum width standard < sparse < linear at each n and depth (Table 2's order)", table2_order),
+       "arithmetic: minimum width standard < sparse < linear at each n and depth (Table 2's order)", table2_order,
+       paper_outcome=table2_in_words(),
+       needs="arithmetic with standard, sparse and linear at one depth, solved above the narrowest width tried; the "
+       "paper: 6-16 operators, 3 layers, widths 32-512: " + PAPER_SCALE),
     sep("sep_index_lookup_one_layer", "sep_index_lookup", ("index_lookup",),
         "a 1-layer transformer of width 64 near-perfect at every index_lookup length",
-        near_perfect("index_lookup", [Models("transformer", (1,), 64)])),
+        near_perfect("index_lookup", [Models("transformer", (1,), 64)]),
+        paper_outcome="Figure 2 (left, middle): a 1-layer Transformer of width 64 near-perfect at every N = 20-400, "
+        "within a few thousand steps",
+        needs="index_lookup with a 1-layer transformer of width 64; the paper: N = 20-400: " + SEPARATIONS_SCALE),
     sep("sep_index_lookup_recurrent_fail", "sep_index_lookup", ("index_lookup",),
         "LSTM, DSS, Mamba, linear Transformer and RetNet below near-perfect at N > 100, where the 1-layer "
-        "transformer (the control) reaches it", fail_with_control("index_lookup", RECURRENT, [TF1], 100)),
+        "transformer (the control) reaches it", fail_with_control("index_lookup", RECURRENT, [TF1], 100),
+        paper_outcome="Figure 2 (left, middle): LSTM, DSS, Mamba, linear Transformer and RetNet, up to 6 layers and "
+        "width 256, degrade beyond N = 100 where the 1-layer Transformer of width 64 is near-perfect; Figure 3: Mamba "
+        "gains with width yet at 1024 stays far below it, and the LSTM stays at chance beyond N = 100 at any width",
+        needs="index_lookup beyond N = 100 with the five recurrent models and the 1-layer transformer as control; the "
+        "paper: N = 200 and 400, recurrent models up to 6 layers and width 256: " + SEPARATIONS_SCALE),
     sep("sep_dyck_small_models", "sep_dyck", ("dyck",),
         "LSTM, 2-layer transformer and Mamba of width 64 near-perfect at every dyck length up to 400",
         near_perfect("dyck", [Models("lstm", width=64), Models("transformer", (2,), 64), Models("mamba", width=64)],
-                     400)),
+                     400),
+        paper_outcome="Figure 2 (right): the LSTM and Mamba of hidden size 64 and a 2-layer Transformer of width 64 "
+        "near-perfect at every N up to 400",
+        needs="dyck with the LSTM, the 2-layer transformer and Mamba at width 64; the paper: N = 20-400: "
+        + SEPARATIONS_SCALE),
     sep("sep_dyck_one_layer_struggles", "sep_dyck_one_layer", ("dyck",),
         "1-layer transformer below near-perfect at N > 100, where the LSTM or the 2-layer transformer reaches it",
-        fail_with_control("dyck", [TF1], [Models("lstm"), TF2], 100)),
+        fail_with_control("dyck", [TF1], [Models("lstm"), TF2], 100),
+        paper_outcome="Figure 2 (right): a 1-layer Transformer of width 256 near-perfect up to N = 100, not beyond, "
+        "where the small recurrent models and the 2-layer Transformer are",
+        needs="dyck beyond N = 100 with the 1-layer transformer, and the LSTM or the 2-layer transformer as control; "
+        "the paper: N up to 400, the 1-layer transformer at width 256: " + SEPARATIONS_SCALE),
     sep("sep_eq_random_recurrent_fail", "sep_eq_random", ("eq_random",),
         "LSTM and linear Transformer below near-perfect at N > 100, where a transformer reaches it",
-        fail_with_control("eq_random", [Models("lstm"), Models("linear_nofm")], [Models("transformer")], 100)),
+        fail_with_control("eq_random", [Models("lstm"), Models("linear_nofm")], [Models("transformer")], 100),
+        paper_outcome="Figure 4 (left): Transformers near-perfect up to N = 400; the LSTM and the linear Transformer "
+        "struggle beyond N = 100",
+        needs="eq_random beyond N = 100 with the LSTM, the linear transformer, and a transformer as control; the "
+        "paper: N up to 400: " + SEPARATIONS_SCALE),
     sep("sep_eq_random_ssm_match", "sep_eq_random_ssm", ("eq_random",),
         "DSS and Mamba near-perfect at every eq_random length a transformer is",
-        matches("eq_random", [Models("dss"), Models("mamba")], Models("transformer"))),
+        matches("eq_random", [Models("dss"), Models("mamba")], Models("transformer")),
+        paper_outcome="Figure 4 (left): DSS and Mamba match the Transformers, near-perfect up to N = 400",
+        needs="eq_random at a length a transformer solves, with DSS and Mamba; the paper: N up to 400: "
+        + SEPARATIONS_SCALE),
     sep("sep_eq_one_all_models", "sep_eq_one", ("eq_one",),
         "every architecture run (at least the transformer and the LSTM) near-perfect on eq_one up to N = 400",
-        near_perfect("eq_one", [Models("transformer"), Models("lstm")], 400)),
+        near_perfect("eq_one", [Models("transformer"), Models("lstm")], 400),
+        paper_outcome="Figure 4: on Eq-one every model near-perfect up to N = 400",
+        needs="eq_one with the transformer and the LSTM; the paper: every architecture, N up to 400: "
+        + SEPARATIONS_SCALE),
     sep("sep_eq_ncp_ssm_width_64", "sep_eq_ncp", ("eq_ncp",),
         "DSS and Mamba of width 64 within 5 points of chance (0%) at N > 400, where a transformer of width 64 is "
         "near-perfect",
         fail_with_control("eq_ncp", [Models("dss", width=64), Models("mamba", width=64)],
-                          [Models("transformer", width=64)], 400, chance=0.0)),
+                          [Models("transformer", width=64)], 400, chance=0.0),
+        paper_outcome="Figure 4: at width 64, DSS and Mamba no better than chance beyond N = 400, where Transformers "
+        "of width 64 are near-perfect; a wider DSS solves up to N = 800",
+        needs="eq_ncp beyond N = 400 with DSS and Mamba at width 64, and a transformer of width 64 as control; the "
+        "paper: N = 800: " + SEPARATIONS_SCALE),
 )  # fmt: skip
 
 
@@ -543,6 +606,8 @@ def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS, swept_at: fl
                 "threshold": claim.threshold,
                 "threshold_source": claim.source,
                 "decided_by": claim.test,
+                "paper_outcome": claim.paper_outcome,
+                "needs": claim.needs,
                 "status": check.status,
                 "detail": detail,
             }

@@ -50,6 +50,7 @@ def at_threshold(table: pd.DataFrame, threshold: float, swept_at: float) -> pd.D
     if missing:
         raise ValueError(f"the results lack {missing}: written before trials recorded them (run the sweep again)")
     out = table.copy()
+    out["reason"] = out.get("reason", pd.Series("", index=out.index)).astype(object)  # all-empty reads as float
     verdicts = out.status.isin([Status.SOLVED, Status.UNSOLVED, Status.UNDECIDED])
     measured = verdicts & out.measured.astype(bool)
     held = out.sustained_accuracy >= threshold - 1e-6

@@ -259,11 +259,13 @@ class Page:
 def report_problems(report: Path) -> list[str]:
     """What a reader of ``report/index.html`` would find broken, as Chromium shows it: a figure the report
     directory holds that the page does not show, a figure that did not load (missing, or not a decodable image),
-    any resource that failed to load, a page wider than the window (it scrolls sideways as a whole), or a claim
-    table whose rows differ from ``claims.json``."""
+    any resource that failed to load, a page wider than the window (it scrolls sideways as a whole), or claim
+    tables whose rows differ from ``claims.json`` (the decided claims with their verdict, then the rest with what
+    each needs)."""
     claims = json.loads((report / "claims.json").read_text())
     with Page((report / "index.html").resolve().as_uri()) as page:
-        figures, rows, failed = page.figures(), page.table("claims"), page.failed_loads()
+        figures, failed = page.figures(), page.failed_loads()
+        shown_claims = {table_id: page.table(table_id) for table_id in CLAIM_TABLES}
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     problems = [f"not loaded: {f.kind} {f.src}" for f in figures if not f.loaded]
     problems += [f"failed to load: {url}" for url in failed]
@@ -273,11 +275,32 @@ def report_problems(report: Path) -> list[str]:
     problems += [f"not on the page: {p.name}" for p in sorted(report.glob("*.png")) if p.name not in shown]
     if not figures:
         problems.append("no figure on the page")
-    expected = [[f"{c['paper']}, {c['where']}", f"\u201c{c['claim']}\u201d", c["status"]] for c in claims]
-    if not rows or rows[0][:3] != ["paper", "the paper's words", "check"] or [r[:3] for r in rows[1:]] != expected:
-        problems.append(f"claim table: {len(rows) - 1 if rows else 'no'} rows shown, {len(expected)} in claims.json, "
-                        "or their cells differ")
+    decided = [c for c in claims if c["status"] != "not tested"]
+    parts = {"claims": decided, "not-decided-claims": [c for c in claims if c not in decided]}
+    if any(claim_rows_differ(shown_claims[t], parts[t], *CLAIM_TABLES[t]) for t in CLAIM_TABLES):
+        shown = sum(len(rows) - 1 for rows in shown_claims.values() if rows)
+        problems.append(f"claim table: {shown or 'no'} rows shown, {len(claims)} in claims.json, or their cells "
+                        "differ")
     return problems
+
+
+# the page's claim tables: id -> the column that sets each apart and the claims.json key it shows
+CLAIM_TABLES = {"claims": ("verdict", "status"), "not-decided-claims": ("what it needs", "needs")}
+
+
+def claim_rows_differ(rows: list[list[str]], claims: list[dict], column: str, key: str) -> bool:
+    """Whether a claim table's rows (header first; none: no table) are not ``claims``, in order, by id, paper, the
+    paper's words and ``column``."""
+    if not rows:
+        return bool(claims)
+    named = ["claim", "paper", "the paper's words", column]
+    if not set(named) <= set(rows[0]):
+        return True
+    at = [rows[0].index(name) for name in named]
+    # the page shows markdown code (`paper`) as code: its text without the backticks
+    expected = [[c["id"], f"{c['paper']}, {c['where']}", f"\u201c{c['claim']}\u201d", c[key].replace("`", "")]
+                for c in claims]
+    return [[r[i] for i in at] for r in rows[1:]] != expected
 
 
 # Run before the page's own scripts: vega-embed, once its script defines it, wrapped so that the view each call draws
