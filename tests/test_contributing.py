@@ -119,9 +119,11 @@ def check(table_rows: list[dict]) -> dict:
 
 
 def near_perfect_rows(solved_from: dict, depth: int = 2) -> list[dict]:
-    """A 2-layer transformer at widths 32 and 64, solved from the given widths, at 99.5% on test where solved."""
+    """A 2-layer transformer at widths 32 and 64, solved from the given widths, at 99.5% where solved (held on
+    validation and on test)."""
     table = rows("dyck", "transformer", depth, solved_from, widths=(32, 64))
-    return [r | {"final_accuracy": 0.995} if r["status"] == "solved" else r for r in table]
+    near = {"final_accuracy": 0.995, "sustained_accuracy": 0.995}
+    return [r | near if r["status"] == "solved" else r for r in table]
 
 
 def test_the_example_claim_holds_fails_and_is_not_tested_on_synthetic_tables():
