@@ -318,24 +318,22 @@ def nightly(repo: Path, profile: str | None, wait: bool, force: bool, night: Nig
         return (1 if result["regressions"] else 0), brief
 
 
-def deliver(text: str, summary_file: Path | None, urls: list[str]) -> None:
-    """The summary POSTed to each webhook, then printed and appended to ``summary_file``, with what failed to post
-    (the exit status stays the night's)."""
+def deliver(text: str, summary_files: list[Path], urls: list[str]) -> None:
+    """The summary POSTed to each webhook, then printed and appended to each of ``summary_files``, with what failed
+    to post (the exit status stays the night's)."""
     failed = [why for url in urls if (why := notify.post(url, text))]
     if failed:
         text += "\n" + "\n".join(f"Not notified: {why}." for why in failed) + "\n"
     elif urls:
         text += f"\nNotified: {', '.join(map(notify.redact, urls))}.\n"
     print(f"\n== nightly summary\n{text}", end="", flush=True)
-    if summary_file is not None:
-        with summary_file.open("a") as f:
+    for path in summary_files:
+        with path.open("a") as f:
             f.write(text + "\n")
 
 
-def checked_summary_file(path: str | None) -> Path | None:
+def checked_summary_file(path: str) -> Path:
     """``--summary FILE`` if it can be appended to (created if absent), else BadInput naming it."""
-    if path is None:
-        return None
     try:
         with open(path, "a"):
             pass
@@ -364,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         help='POST the summary as JSON {"text": ...} to this http(s) webhook (Slack, Mattermost, Teams); repeatable',
     )
     ap.add_argument(
-        "--summary", metavar="FILE", help="append the summary to FILE as well, e.g. $GITHUB_STEP_SUMMARY in CI"
+        "--summary",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="append the summary to FILE as well, e.g. $GITHUB_STEP_SUMMARY in CI; repeatable",
     )
     ap.add_argument(
         "--report-url",
@@ -374,15 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     night = Night(Path(args.repo), args.profile, args.report_url)
-    summary_file = None
+    summary_files: list[Path] = []
     try:  # bad input is named before anything runs
-        summary_file = checked_summary_file(args.summary)
+        summary_files += [checked_summary_file(path) for path in args.summary]
         urls = [notify.check_url(url) for url in args.notify]
         if args.report_url is not None:
             notify.check_url(args.report_url, "--report-url")
     except (BadInput, notify.WebhookError) as err:
         print(f"error: {err}", file=sys.stderr)
-        deliver(failure(night, 2, f"Bad input: {err}."), summary_file, [])
+        deliver(failure(night, 2, f"Bad input: {err}."), summary_files, [])
         return 2
     try:
         code, text = nightly(Path(args.repo), args.profile, args.wait, args.force, night)
@@ -395,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # a failed night must still say why, and never exit 1 (a regression)
         traceback.print_exc()
         code, text = 2, failure(night, 2, f"pipeline.nightly stopped on {type(err).__name__}: {err}.")
-    deliver(text, summary_file, urls)
+    deliver(text, summary_files, urls)
     return code
 
 
