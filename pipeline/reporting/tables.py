@@ -59,8 +59,7 @@ def at_threshold(table: pd.DataFrame, threshold: float, swept_at: float) -> pd.D
     short = measured & ~held & ~converged & (out.status != Status.UNDECIDED)  # an undecided one keeps its reason
     out.loc[short, "status"] = Status.UNDECIDED
     out.loc[short, "reason"] = [
-        f"at {threshold:.0%}: validation held {s:.1%} when the trial stopped, not converged (it trained toward "
-        f"{t:.0%})"
+        f"at {threshold:.0%}: validation held {s:.1%} when the trial stopped, not converged (it trained toward {t:.0%})"
         for s, t in zip(out.sustained_accuracy[short], out.get("target", pd.Series(swept_at, index=out.index))[short])
     ]
     lost = Status.SOLVED if threshold > swept_at else Status.UNSOLVED  # what an inferred cell can no longer claim

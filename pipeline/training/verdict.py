@@ -126,8 +126,18 @@ class Verdict(L.Callback):
         self.trainer: L.Trainer | None = None
 
     def state_dict(self) -> dict:
-        keys = ("streak", "status", "reason", "solved_step", "solved_pflops", "base", "budget", "sustained",
-                "converged", "done")
+        keys = (
+            "streak",
+            "status",
+            "reason",
+            "solved_step",
+            "solved_pflops",
+            "base",
+            "budget",
+            "sustained",
+            "converged",
+            "done",
+        )
         return {k: getattr(self, k) for k in keys} | {"checks": [vars(c) for c in self.checks]}
 
     def load_state_dict(self, state: dict) -> None:
