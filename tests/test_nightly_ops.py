@@ -371,7 +371,7 @@ def test_two_nights_of_the_crontab_line_in_a_fresh_clone(tmp_path):
     assert len(nights) == 2 and all((n / "comparison.json").exists() for n in nights), nights
     assert "First night of profile tiny" in (nights[0] / "nightly.md").read_text()
     assert f"against {nights[0].name}" in (nights[1] / "nightly.md").read_text()
-    assert f"against {nights[0].name}" in second.stdout  # the mail's summary
+    assert f"Against night {nights[0].name}." in second.stdout  # the mail: the night's summary
     meta = json.loads((nights[1] / "meta.json").read_text())
     assert meta["commit"] == head[:12]  # the upstream's head, clean: not "-dirty"
     assert git(clone, "rev-parse", "HEAD") == head == git(upstream, "rev-parse", "HEAD")
