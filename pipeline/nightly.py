@@ -2,6 +2,8 @@
 
     python -m pipeline.nightly --profile laptop        # dvc exp run -S profile=laptop, then the comparison
     python -m pipeline.nightly                         # dvc repro on params.yaml's profile
+    python -m pipeline.nightly --profile laptop --force                    # from scratch: every stage and trial
+    python -m pipeline.nightly --profile laptop --notify https://hooks.example.org/...  # the summary to a chat
 
 Each night is kept in ``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the
 metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged
@@ -12,9 +14,25 @@ or from undecided and borderline verdict flips are listed apart, and are not reg
 time (``pipeline.reporting.history``): per (task, size), every recorded night's minimum width and test accuracy,
 the last night's regressions ringed in red.
 
+The night ends with its summary, a few lines (``summary``): the verdict; each regression's cell, before -> after;
+what changed since the previous night (the commit, the training libraries' versions); what the sweep trained and
+reused; where the report is. A failed night's summary says why, with the last lines of what failed. It is printed
+last, appended to ``--summary FILE`` (in CI, ``$GITHUB_STEP_SUMMARY``: the job's summary page) and POSTed as JSON
+``{"text": ...}``, the body Slack, Mattermost and Teams webhooks accept, to each ``--notify URL``
+(``pipeline.common.notify``; named in logs by its host only). A POST that fails is said in the printed summary and
+leaves the exit status the night's.
+
+What a night reruns: DVC reruns the stages whose code, data, params or requirements.lock changed, and the sweep
+retrains only the trials whose run key changed (training code, settings, or the installed versions of the
+libraries training runs on: ``provenance.library_versions``), reusing the rest from MLflow. Nothing changed: DVC
+skips every stage. Installed libraries that differ from the previous night's (a bump requirements.lock does not
+show): DVC is forced (``--force``), and every trial retrains under its new run key. ``--force``: every stage reruns
+and no trial is reused (``$CAPACITY_ATLAS_RETRAIN=1`` for the sweep), the night from scratch.
+
 Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
 (a scheduler alerts on it; the undecided and borderline lists never fail a night), 2 the pipeline or the config
-failed, 3 another nightly run holds the lock (``--wait`` waits for it instead).
+failed, or bad input (a --notify URL that is not http(s), a --summary file that cannot be written: named before
+anything runs), 3 another nightly run holds the lock (``--wait`` waits for it instead).
 """
 
 from __future__ import annotations
@@ -22,53 +40,106 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common.config import ROOT, Config, ConfigError, load_config
+from pipeline.common import notify
+from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
-from pipeline.common.provenance import git_commit
+from pipeline.common.provenance import git_commit, library_versions
 from pipeline.report import NIGHTLY_MARKER, figures_html
 from pipeline.reporting import comparison, history
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
+LISTED = 15  # changes a summary lists of each kind; the rest are counted (the report has them all)
+TAIL_LINES = 15  # a failed night's summary quotes the last lines of what failed
+TAIL_BYTES = 64 * 1024  # of DVC's output, kept to find them
+WHAT = {"min_width": "minimum width"}  # a change's ``what`` as the summary says it
 
 
-def previous_night(nights_dir: Path, profile: str, current: Path) -> Path | None:
-    nights = [d for d in history.nights(nights_dir, profile) if d.name < current.name]
+class BadInput(ValueError):
+    """An argument the night cannot run with (a --summary file that cannot be written): named before it runs."""
+
+
+@dataclass
+class Night:
+    """What a summary says of where and when the night ran, filled in as it goes."""
+
+    repo: Path
+    profile: str | None
+    report_url: str | None = None
+    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H%M%S"))
+    commit: str = ""
+    started: float = field(default_factory=time.time)
+
+    def headline(self, verdict: str) -> str:
+        where = [f"profile {self.profile}" if self.profile else "", f"commit {self.commit}" if self.commit else ""]
+        return f"Capacity Atlas nightly: {verdict} ({', '.join(filter(None, [*where, f'night {self.date}']))})"
+
+    def report(self) -> str:
+        if self.report_url:
+            return f"Report: {self.report_url}"
+        folder = self.repo.resolve() / "report"
+        return f"Report: {folder / 'nightly.md'} and {folder / 'index.html'}"
+
+    def took(self) -> str:
+        seconds = round(time.time() - self.started)
+        return f"Took {seconds // 60} min {seconds % 60} s."
+
+
+def latest_night(nights_dir: Path, profile: str) -> Path | None:
+    """The last recorded night of ``profile``: the one a new night compares with."""
+    nights = history.nights(nights_dir, profile)
     return nights[-1] if nights else None
 
 
-def tag_runs(uri: str, parent: str, tags: dict) -> None:
+def library_changes(before: dict | None, now: dict) -> dict[str, tuple[str, str]]:
+    """Library -> (before, now) for each training library whose installed version differs from the night
+    ``before``'s (its meta.json's ``libraries``; none recorded there: nothing to compare)."""
+    if not before:
+        return {}
+    return {
+        k: (before.get(k, "unrecorded"), now.get(k, "unrecorded"))
+        for k in sorted(before.keys() | now.keys())
+        if before.get(k) != now.get(k)
+    }
+
+
+def tag_runs(uri: str, parent: str, tags: dict) -> str | None:
     """The night's date and commit on the sweep's parent run and its children; a run an earlier night already
-    tagged (DVC restored the results unchanged) keeps its own night."""
+    tagged (DVC skipped the sweep, or restored its results) keeps its own night, whose date is returned."""
     client = MlflowClient(uri)
     run = client.get_run(parent)
     if "nightly.date" in run.data.tags:
-        return
+        return run.data.tags["nightly.date"]
     children = client.search_runs(
         [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'", max_results=50_000
     )
     for run_id in [parent] + [c.info.run_id for c in children]:
         for key, value in tags.items():
             client.set_tag(run_id, key, value)
+    return None
 
 
-def keep_night(repo: Path, night: Path, cfg: Config, date: str, commit: str) -> None:
-    """The night's tables and report into ``night``, with where it came from; its MLflow runs tagged with it."""
+def keep_night(repo: Path, night: Path, cfg: Config, meta: dict) -> str | None:
+    """The night's tables and report into ``night``, with where it came from (``meta``: date, commit, ...); its
+    MLflow runs tagged with it. Returns the date of the earlier night whose sweep these results are, if any."""
     night.mkdir(parents=True)
     for name in SNAPSHOT:
         shutil.copy2(repo / name, night / Path(name).name)
     parent = json.loads((repo / "results" / "report.json").read_text())["mlflow_parent_run"]
-    meta = {"date": date, "commit": commit, "profile": cfg.profile, "mlflow_parent_run": parent}
+    meta = {**meta, "profile": cfg.profile, "mlflow_parent_run": parent}
     (night / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    tag_runs(cfg.cluster.mlflow(), parent, {"nightly.date": date, "nightly.commit": commit})
+    return tag_runs(cfg.cluster.mlflow(), parent, {"nightly.date": meta["date"], "nightly.commit": meta["commit"]})
 
 
 def against(before: Path | None, night: Path, cfg: Config, title: str) -> tuple[dict, str]:
@@ -106,27 +177,169 @@ def publish(repo: Path, nights_dir: Path, night: Path, cfg: Config, result: dict
     return text
 
 
-def nightly(repo: Path, profile: str | None, wait: bool) -> int:
+def dvc_command(profile: str | None, force: bool) -> list[str]:
+    """The night's DVC run: an experiment on ``profile``, else a repro of params.yaml's; every stage if ``force``."""
+    run = ["exp", "run", "-S", f"profile={profile}"] if profile else ["repro"]
+    return [sys.executable, "-m", "dvc", *run, *(["--force"] if force else [])]
+
+
+def run_passing_on(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list[str]]:
+    """Runs ``cmd``, its output (stderr with it) passed on to ours as it comes; returns its exit status and its last
+    TAIL_LINES lines (a progress bar's last state for a line it rewrote)."""
+    kept = b""
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        assert proc.stdout is not None
+        while chunk := os.read(proc.stdout.fileno(), 65536):  # whatever has come, at once
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            kept = (kept + chunk)[-TAIL_BYTES:]
+    lines = [line.rsplit("\r", 1)[-1].rstrip() for line in kept.decode(errors="replace").split("\n")]
+    return proc.returncode, [line for line in lines if line][-TAIL_LINES:]
+
+
+def quoted(lines: list[str]) -> str:
+    """Lines as a Markdown code block (indented: mail and chat show it as it is)."""
+    return "\n".join(f"    {line}" for line in lines)
+
+
+def listed(changes: list[dict]) -> list[str]:
+    """The first LISTED changes, one line each: what, where, before -> after."""
+    lines = [
+        notify.shorten(f"- {WHAT.get(c['what'], c['what'])}: {c['where']}: {c['before']} -> {c['after']}", 240)
+        for c in changes[:LISTED]
+    ]
+    more = len(changes) - LISTED
+    return lines + ([f"- and {more} more (in the report)"] if more > 0 else [])
+
+
+def count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def summary(night: Night, result: dict, before: Path | None, changed: list[str], sweep: str) -> str:
+    """A compared night in a few lines: its verdict, the regressions listed, the other changes counted, what
+    changed since ``before`` (``changed``), what the sweep did, where the report is."""
+    regressions = result["regressions"]
+    if before is None:
+        verdict = "first night"
+    elif regressions:
+        verdict = f"REGRESSION, {count(len(regressions), 'regression', 'regressions')}"
+    else:
+        verdict = "no regression"
+    parts = [night.headline(verdict)]
+    if before is None:
+        parts.append("Nothing to compare with yet: the next night compares with this one.")
+    else:
+        since = "; ".join(changed) or "nothing (the same commit and training libraries)"
+        parts.append(f"Against night {before.name}. Since then: {since}.")
+    if regressions:
+        parts.append("\n".join(["Regressions:", *listed(regressions)]))
+    if result["improvements"] and not regressions:
+        parts.append("\n".join(["Improvements:", *listed(result["improvements"])]))
+    if before is not None:
+        others = [
+            count(len(result["improvements"]), "improvement", "improvements") if regressions else "",
+            count(len(result["undecided"]), "change to or from undecided", "changes to or from undecided"),
+            count(len(result["borderline"]), "borderline flip", "borderline flips"),
+            count(len(result["new"]), "new cell", "new cells"),
+            count(len(result["missing"]), "missing cell", "missing cells"),
+        ]
+        parts.append(f"Not regressions: {', '.join(filter(None, others))}.")
+    parts.append(sweep)
+    parts.append(f"{night.report()}. {night.took()}")
+    return "\n\n".join(parts) + "\n"
+
+
+def failure(night: Night, code: int, why: str, lines: list[str] | None = None) -> str:
+    """A night that ended without a comparison: why, with the last ``lines`` of what failed."""
+    verdict = "did not run" if code == 3 or not night.commit else "FAILED"
+    parts = [night.headline(f"{verdict}, exit {code}"), why]
+    if lines:
+        parts.append(quoted(lines))
+    parts.append(f"No comparison was made: report/ is an earlier night's, if any. {night.took()}")
+    return "\n\n".join(parts) + "\n"
+
+
+def sweep_line(night_dir: Path, earlier: str | None, forced: str) -> str:
+    """What the night's sweep trained: from its sweep.json, or the earlier night whose results DVC kept."""
+    if earlier is not None:
+        return (
+            "No trial ran: DVC did not rerun the sweep (nothing it depends on changed since a run it keeps), so the "
+            f"results are those of the night of {history.when(earlier)}."
+        )
+    done = json.loads((night_dir / "sweep.json").read_text())
+    return (
+        f"The sweep trained {count(done.get('trained', 0), 'trial', 'trials')} and reused "
+        f"{done.get('reused', 0)} (their data, settings, code and libraries unchanged){forced}."
+    )
+
+
+def nightly(repo: Path, profile: str | None, wait: bool, force: bool, night: Night) -> tuple[int, str]:
+    """Runs the night; returns its exit status and summary."""
     cfg = load_config(repo / "params.yaml", profile=profile)
+    night.profile = cfg.profile
     nights_dir = repo / cfg.nightly.history
     lock = nights_dir / ".lock"
     busy = f"another nightly run holds {lock} ({{holder}}); this one stops. Rerun with --wait to queue behind it"
     with owned(lock, busy, wait):
-        date, commit = time.strftime("%Y-%m-%dT%H%M%S"), str(git_commit(repo))
-        cmd = [sys.executable, "-m", "dvc"] + (["exp", "run", "-S", f"profile={profile}"] if profile else ["repro"])
-        print(f"nightly {date} commit {commit}: {' '.join(cmd[2:])}", flush=True)
-        if subprocess.run(cmd, cwd=repo).returncode != 0:
+        night.date, night.commit = time.strftime("%Y-%m-%dT%H%M%S"), str(git_commit(repo))
+        before = latest_night(nights_dir, cfg.profile)
+        prior = json.loads((before / "meta.json").read_text()) if before else {}
+        libraries = library_versions()
+        bumped = library_changes(prior.get("libraries"), libraries)
+        changed = [f"commit {prior['commit']} -> {night.commit}"] if prior and prior["commit"] != night.commit else []
+        changed += [f"{name} {a} -> {b}" for name, (a, b) in bumped.items()]
+        if prior and "libraries" not in prior:
+            changed.append("the training libraries (that night did not record them)")
+        cmd = dvc_command(profile, force or bool(bumped))
+        print(f"nightly {night.date} commit {night.commit}: {' '.join(cmd[2:])}", flush=True)
+        if bumped and not force:
+            print(
+                f"nightly: training libraries changed since {before.name if before else ''}: "
+                f"{', '.join(f'{k} {a} -> {b}' for k, (a, b) in bumped.items())}; DVC forced, so the sweep "
+                "retrains under the new run key"
+            )
+        env = os.environ | ({RETRAIN_ENV: "1"} if force else {})
+        code, tail = run_passing_on(cmd, repo, env)
+        if code != 0:
             print(f"error: `{' '.join(cmd[2:])}` failed (its output is above)", file=sys.stderr)
-            return 2
-        night = nights_dir / f"{date}_{commit}"
-        keep_night(repo, night, cfg, date, commit)
-        before = previous_night(nights_dir, cfg.profile, night)
-        title = f"Nightly {date}, commit {commit}, profile {cfg.profile}"
-        result, text = against(before, night, cfg, title)
-        (night / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
+            return 2, failure(night, 2, f"`{' '.join(cmd[2:])}` failed (exit {code}); its last lines:", tail)
+        night_dir = nights_dir / f"{night.date}_{night.commit}"
+        meta = {"date": night.date, "commit": night.commit, "libraries": libraries, "forced": force}
+        earlier = keep_night(repo, night_dir, cfg, meta)
+        title = f"Nightly {night.date}, commit {night.commit}, profile {cfg.profile}"
+        result, text = against(before, night_dir, cfg, title)
+        (night_dir / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
         heading = f"{title}, against {before.name if before else 'nothing (first night)'}"
-        print(publish(repo, nights_dir, night, cfg, result, text, heading))
-        return 1 if result["regressions"] else 0
+        print(publish(repo, nights_dir, night_dir, cfg, result, text, heading))
+        why = " (--force: nothing reused)" if force else (" (the training libraries changed)" if bumped else "")
+        brief = summary(night, result, before, changed, sweep_line(night_dir, earlier, why))
+        (night_dir / "summary.md").write_text(brief)
+        return (1 if result["regressions"] else 0), brief
+
+
+def deliver(text: str, summary_files: list[Path], urls: list[str]) -> None:
+    """The summary POSTed to each webhook, then printed and appended to each of ``summary_files``, with what failed
+    to post (the exit status stays the night's)."""
+    failed = [why for url in urls if (why := notify.post(url, text))]
+    if failed:
+        text += "\n" + "\n".join(f"Not notified: {why}." for why in failed) + "\n"
+    elif urls:
+        text += f"\nNotified: {', '.join(map(notify.redact, urls))}.\n"
+    print(f"\n== nightly summary\n{text}", end="", flush=True)
+    for path in summary_files:
+        with path.open("a") as f:
+            f.write(text + "\n")
+
+
+def checked_summary_file(path: str) -> Path:
+    """``--summary FILE`` if it can be appended to (created if absent), else BadInput naming it."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as err:
+        raise BadInput(f"--summary {path!r} cannot be written: {err.strerror}") from None
+    return Path(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,15 +349,56 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", help="profile in conf/ to run (default: params.yaml's)")
     ap.add_argument("--repo", default=str(ROOT), help="the checkout to run in (default: %(default)s)")
     ap.add_argument("--wait", action="store_true", help="wait for a nightly run in progress instead of stopping")
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="rerun from scratch: every DVC stage (dvc ... --force) and every trial (no run reused from MLflow)",
+    )
+    ap.add_argument(
+        "--notify",
+        metavar="URL",
+        action="append",
+        default=[],
+        help='POST the summary as JSON {"text": ...} to this http(s) webhook (Slack, Mattermost, Teams); repeatable',
+    )
+    ap.add_argument(
+        "--summary",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="append the summary to FILE as well, e.g. $GITHUB_STEP_SUMMARY in CI; repeatable",
+    )
+    ap.add_argument(
+        "--report-url",
+        metavar="URL",
+        help="the summary's link to the report, e.g. where report/ is served or the CI run that keeps it "
+        "(default: the path of report/ in the checkout)",
+    )
     args = ap.parse_args(argv)
+    night = Night(Path(args.repo), args.profile, args.report_url)
+    summary_files: list[Path] = []
+    try:  # bad input is named before anything runs
+        summary_files += [checked_summary_file(path) for path in args.summary]
+        urls = [notify.check_url(url) for url in args.notify]
+        if args.report_url is not None:
+            notify.check_url(args.report_url, "--report-url")
+    except (BadInput, notify.WebhookError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        deliver(failure(night, 2, f"Bad input: {err}."), summary_files, [])
+        return 2
     try:
-        return nightly(Path(args.repo), args.profile, args.wait)
+        code, text = nightly(Path(args.repo), args.profile, args.wait, args.force, night)
     except LockBusy as err:
         print(f"error: {err}", file=sys.stderr)
-        return 3
+        code, text = 3, failure(night, 3, f"{err}.")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        code, text = 2, failure(night, 2, f"The config: {err}.")
+    except Exception as err:  # a failed night must still say why, and never exit 1 (a regression)
+        traceback.print_exc()
+        code, text = 2, failure(night, 2, f"pipeline.nightly stopped on {type(err).__name__}: {err}.")
+    deliver(text, summary_files, urls)
+    return code
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ rest. The plan runs as a Ray Tune searcher (``pipeline.search.searcher``): one t
 unsolved (converged below the threshold), undecided (still improving when its extended budget ran out),
 diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate;
 ``sweep.lr_search: halving`` trains its learning rates by successive halving (``pipeline.search.halving``).
-Runs this MLflow experiment already finished with the same data, training settings and training code are reused
-(``sweep.reuse: false`` retrains them).
+Runs this MLflow experiment already finished with the same data, training settings, training code and versions of
+the libraries training runs on are reused (``sweep.reuse: false`` retrains them; so does ``$CAPACITY_ATLAS_RETRAIN=1``
+for one run, which ``pipeline.nightly --force`` sets).
 Trials checkpoint at every validation into the storage path (``pipeline.training.checkpoints``); a trial whose worker
 died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
 from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
@@ -49,9 +50,9 @@ from ray import tune
 from ray.tune import CLIReporter
 
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec
-from pipeline.common.config import ROOT, Config, ConfigError, load_config
+from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
-from pipeline.common.provenance import git_commit
+from pipeline.common.provenance import git_commit, library_versions
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
 from pipeline.reporting.claims import training_targets
@@ -179,7 +180,9 @@ def open_parent_run(cfg: Config, cells: dict[Cell, CellSpec], train: dict, key: 
         "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
         **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()},
         "run_key": key,
+        "reuse": s.reuse,
         **{f"train.{k}": v for k, v in train.items()},
+        **{f"library.{k}": v for k, v in library_versions().items()},  # what the run key hashes besides the code
     }
     tags = {
         "git_commit": commit.sha,
@@ -310,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         with owned(out / ".sweep.lock", busy):
             cfg = load_config(args.params)
+            if os.environ.get(RETRAIN_ENV) == "1":  # pipeline.nightly --force: a night from scratch
+                print(f"sweep: {RETRAIN_ENV}=1: no finished run is reused, no checkpoint continued", flush=True)
+                cfg = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"reuse": False})})
             check_architectures(cfg)
             sweep(cfg, Path(args.data), out)
     except (ConfigError, DatasetError, ServiceError, LockBusy) as err:

@@ -10,8 +10,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.common.provenance import ROOT, code_files, code_hash, imported_names, module_file
-from pipeline.search.cells import TRAINABLE
+from pipeline.common.provenance import (
+    ROOT,
+    TRAINING_LIBRARIES,
+    code_files,
+    code_hash,
+    imported_names,
+    library_versions,
+    module_file,
+)
+from pipeline.search.cells import TRAINABLE, run_key
 
 STAGES = {"generate": "pipeline.generate", "sweep": "pipeline.sweep", "report": "pipeline.report"}
 # Top to bottom: a module may import its own package and those below it, never one above.
@@ -102,6 +110,31 @@ def test_the_reuse_key_follows_every_file_a_trial_runs_and_no_other(tmp_path):
         after = code_hash(TRAINABLE, root=tmp_path)
         assert (after != before) == matters, changed
         before = after
+
+
+def test_the_reuse_key_follows_the_installed_versions_of_the_training_libraries(tmp_path, monkeypatch):
+    """Another torch, Lightning, Ray, NumPy, Numba or Triton under the same code: another key, so the sweep retrains.
+    The other version is a real distribution on sys.path ahead of the venv's, as a library installed by hand is."""
+    installed = library_versions()
+    assert set(TRAINING_LIBRARIES) | {"python"} == set(installed)
+    assert installed["torch"].startswith("2.") and installed["numpy"][0].isdigit()
+    train = {"steps": 100, "lr": 1e-3}
+    before = run_key(train)
+    assert run_key(train) == before and run_key({**train, "steps": 101}) != before
+    for name in ("torch", "ray"):
+        bumped = tmp_path / name
+        info = bumped / f"{name}-99.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 99.0\n")
+        with monkeypatch.context() as path:
+            path.syspath_prepend(str(bumped))
+            assert library_versions()[name] == "99.0"
+            assert {k: v for k, v in library_versions().items() if k != name} == {
+                k: v for k, v in installed.items() if k != name}
+            assert run_key(train) != before, name
+        assert run_key(train) == before  # the venv's version back: the key back, its runs reused again
+    sweep = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["sweep"]["deps"]
+    assert "requirements.lock" in sweep  # a bump of the pins reruns the sweep stage, which then retrains
 
 
 def test_imports_run_downward_and_never_in_a_cycle():

@@ -2,8 +2,9 @@
 environment (``env -i``, PATH=/usr/bin:/bin, ``sh -c``) in a fresh clone of an upstream repository. Fast, on a stub
 checkout whose ``pipeline.nightly`` only records how it was called: bad input named before anything runs, the
 checkout brought to the upstream's head past what `dvc exp run` leaves modified, the exit status not masked, the
-locks of a run in progress waited for. Slow (integration): two real nights on the tiny profile, the upstream
-changing dvc.lock and params.yaml between them."""
+locks of a run in progress waited for; the night's summary in cron's mail and the CI job's summary, and a night that
+did not run said there and to a real webhook on loopback. Slow (integration): two real nights on the tiny profile,
+the upstream changing dvc.lock and params.yaml between them."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ import pytest
 
 from pipeline.common.locks import owned
 from tests.helpers import ROOT
+from tests.helpers.webhook import webhook
 
 SCRIPT = ROOT / "ops" / "nightly"
 VENV = Path(sys.executable).parent.parent  # this venv: a clone's .venv links to it
 SHIPPED_PATH = "/srv/capacity-atlas"  # the checkout's path in ops/crontab.example and the systemd units
 IDENTITY = ["-c", "user.name=t", "-c", "user.email=t@t"]
 
-STUB_NIGHTLY = """# pipeline.nightly's stand-in: records its call, writes a comparison, exits as nightly/stub-exit says
+STUB_NIGHTLY = """# pipeline.nightly's stand-in: records its call, writes a comparison and a summary (to each --summary
+# FILE), exits as nightly/stub-exit says; with nightly/stub-no-summary it stops before its summary, as a crash would
 import json, os, pathlib, shutil, subprocess, sys
 root = pathlib.Path.cwd()
 (root / "report").mkdir(exist_ok=True)
@@ -39,8 +42,15 @@ with open(root / "nightly" / "calls.jsonl", "a") as f:
     f.write(json.dumps(call) + "\\n")
 print("stub nightly", json.dumps(call))
 stub_exit = root / "nightly" / "stub-exit"
-sys.exit(int(stub_exit.read_text()) if stub_exit.exists() else 0)
+code = int(stub_exit.read_text()) if stub_exit.exists() else 0
+args = sys.argv[1:]
+if not (root / "nightly" / "stub-no-summary").exists():
+    for name in [args[i + 1] for i, arg in enumerate(args) if arg == "--summary"]:
+        with open(name, "a") as f:
+            f.write(f"Capacity Atlas nightly (stub): exit {code}\\n\\n- verdict: lis 4 lstm D=8: solved -> failed\\n")
+sys.exit(code)
 """
+SECRET = "s3cr3t"  # in the test webhook's path, as a Slack webhook's token is: never printed
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -92,13 +102,13 @@ def push_change(upstream: Path, tmp: Path, changes: dict[str, str]) -> str:
 
 @pytest.fixture
 def stub(tmp_path) -> tuple[Path, Path]:
-    """(upstream, clone) of a stub checkout: ops/nightly, the .gitignore, params.yaml, dvc.yaml and dvc.lock, and a
-    pipeline.nightly that only records its calls."""
+    """(upstream, clone) of a stub checkout: ops/nightly, the .gitignore, params.yaml, dvc.yaml and dvc.lock, the
+    webhook notifier, and a pipeline.nightly that only records its calls."""
     src = tmp_path / "src"
-    for name in ("ops/nightly", ".gitignore", "params.yaml", "dvc.yaml", "dvc.lock", "README.md"):
+    for name in ("ops/nightly", ".gitignore", "params.yaml", "dvc.yaml", "dvc.lock", "README.md",
+                 "pipeline/common/notify.py"):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, src / name)
-    (src / "pipeline").mkdir()
     (src / "pipeline" / "__init__.py").write_text("")
     (src / "pipeline" / "nightly.py").write_text(STUB_NIGHTLY)
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=src, check=True)
@@ -161,11 +171,14 @@ def test_the_crontab_line_updates_the_checkout_and_passes_the_exit_status_on(tmp
     (clone / "nightly" / "stub-exit").write_text("1")
     first = cron(command, tmp_path / "home")
     assert first.returncode == 1, first.stdout + first.stderr
-    assert "summary: exit 1, REGRESSION" in first.stdout and "# Nightly stub" in first.stdout  # the mail
-    assert "stub nightly" in first.stdout  # a failed night's last lines in the mail
+    assert first.stdout.startswith("== ops/nightly summary: exit 1, REGRESSION, after ")  # the mail: the summary
+    assert "\n\nCapacity Atlas nightly (stub): exit 1\n\n- verdict: lis 4 lstm D=8: solved -> failed\n" in first.stdout
+    assert "stub nightly" not in first.stdout  # the night's summary, not its log
     night = calls(clone)[-1]
     assert night["python"] == str(clone / ".venv" / "bin" / "python") and night["dvc"].startswith(str(clone))
-    assert night["argv"] == ["--wait", "--repo", str(clone), "--profile", "tiny"]
+    argv = night["argv"]  # the night's summary to a file of this night's, read into the mail, then removed
+    assert argv[:4] == ["--wait", "--repo", str(clone), "--summary"] and argv[5:] == ["--profile", "tiny"]
+    assert argv[4].startswith(str(clone / "nightly" / ".summary.")) and not Path(argv[4]).exists()
     assert night["identity"]  # no git identity in this HOME: the nightly's own, for the experiments' commits
 
     for name in ("params.yaml", "dvc.lock"):  # what `dvc exp run` leaves
@@ -214,6 +227,66 @@ def test_it_waits_for_dvc_and_a_sweep_in_progress(tmp_path, stub):
     assert "waiting for .dvc/tmp/lock" in out and len(calls(clone)) == 1
 
 
+def test_the_ci_job_summary_gets_the_nights_and_the_night_gets_force_notify_and_report_url(tmp_path, stub):
+    """As the workflow calls it: --force, --notify and --report-url passed on to pipeline.nightly; the headline and
+    the night's summary appended to $GITHUB_STEP_SUMMARY; the log ends with the headline."""
+    _, clone = stub
+    job = tmp_path / "step-summary.md"
+    url = f"https://hooks.example.org/services/T0/B0/{SECRET}"
+    done = subprocess.run([str(clone / "ops" / "nightly"), "--profile", "tiny", "--no-update", "--force",
+                           "--notify", url, "--report-url", "https://ci.example.org/runs/7"],
+                          env=os.environ | {"GITHUB_STEP_SUMMARY": str(job)}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    argv = calls(clone)[-1]["argv"]
+    assert argv[5:] == ["--profile", "tiny", "--force", "--notify", url, "--report-url", "https://ci.example.org/runs/7"]
+    text = job.read_text()
+    assert text.startswith("== ops/nightly summary: exit 0, no regression, after ")
+    assert text.endswith("\n\nCapacity Atlas nightly (stub): exit 0\n\n- verdict: lis 4 lstm D=8: solved -> failed\n\n")
+    assert done.stdout.splitlines()[-1].startswith("== ops/nightly summary: exit 0, no regression")
+    assert SECRET not in done.stdout.replace(json.dumps(calls(clone)[-1]), "")  # but for the stub's record of argv
+
+
+def test_a_night_that_does_not_run_says_why_in_the_mail_and_to_the_webhook(tmp_path, stub):
+    """Stopped by ops/nightly itself (a modified checkout; no venv, with the system's Python to post), or by a
+    pipeline.nightly that crashed before its summary: why, in cron's mail and POSTed to the webhook (pipeline.nightly
+    posts only what it summarised). A --notify URL that is not http(s) stops it before it updates the checkout."""
+    upstream, clone = stub
+    (clone / "dvc.yaml").write_text("someone's edit\n")
+    with webhook() as hook:
+        done = cron(crontab_command(clone, "tiny") + f" --notify {hook.url}", tmp_path / "home")
+        assert done.returncode == 2 and not calls(clone), done.stdout + done.stderr
+        [post] = hook.posts
+        text = post.body["text"]
+        assert text.startswith("== ops/nightly summary: exit 2, the night did not run, after ")
+        assert f"ops/nightly: error: tracked files are modified in {clone}: dvc.yaml." in text
+        assert done.stdout.startswith(text) and f"notify: posted to {hook.url.split('/hooks')[0]}/…" in done.stdout
+        assert SECRET not in done.stdout + (clone / "nightly" / "cron.log").read_text()
+        git(clone, "checkout", "--", "dvc.yaml")
+
+        (clone / ".venv").unlink()  # the system's python3 posts
+        done = cron(crontab_command(clone, "tiny") + f" --notify={hook.url}", tmp_path / "home")
+        assert done.returncode == 2 and len(hook.posts) == 2, done.stdout + done.stderr
+        assert f"no .venv in {clone}" in hook.posts[1].body["text"]
+        (clone / ".venv").symlink_to(VENV)
+
+        (clone / "nightly" / "stub-exit").write_text("2")
+        (clone / "nightly" / "stub-no-summary").write_text("")
+        done = cron(crontab_command(clone, "tiny") + f" --notify {hook.url}", tmp_path / "home")
+        assert done.returncode == 2 and len(calls(clone)) == 1 and len(hook.posts) == 3, done.stdout + done.stderr
+        text = hook.posts[2].body["text"]
+        assert text.startswith("== ops/nightly summary: exit 2, the pipeline or its config failed, after ")
+        assert "pipeline.nightly wrote no summary; the night's last lines" in text and "    stub nightly " in text
+        assert done.stdout.startswith(text)
+
+    head = git(clone, "rev-parse", "HEAD")
+    new_head = push_change(upstream, tmp_path, {"README.md": "upstream's README\n"})
+    done = cron(crontab_command(clone, "tiny") + f" --notify ftp://hooks.example.org/{SECRET}", tmp_path / "home")
+    assert done.returncode == 2 and len(calls(clone)) == 1, done.stdout + done.stderr
+    assert "ops/nightly: error: --notify 'ftp://hooks.example.org/…' is not an http(s) URL" in done.stdout
+    assert git(clone, "rev-parse", "HEAD") == head != new_head and SECRET not in done.stdout
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 def test_the_systemd_units_verify_and_the_timer_catches_up(tmp_path):
     service, timer = ((ROOT / "ops" / f"capacity-atlas-nightly.{kind}").read_text() for kind in ("service", "timer"))
@@ -238,6 +311,19 @@ def test_the_workflow_sets_what_dvc_exp_run_needs_before_it_calls_ops_nightly():
     assert "git config user.name" in before and "git config user.email" in before
     assert 'echo "$PWD/.venv/bin" >> "$GITHUB_PATH"' in before
     assert "--profile laptop" in runs[night] and "||" not in runs[night]
+    # the step's line as the runner's bash runs it, with ops/nightly replaced by a printer of its arguments: the
+    # webhook only where the secret is set, --force only where the dispatch asked for it
+    env = steps[night]["env"]
+    assert env["NIGHTLY_WEBHOOK"] == "${{ secrets.NIGHTLY_WEBHOOK }}" and "github.run_id" in env["RUN_URL"]
+    line = runs[night].replace("ops/nightly ", "printf '%s\\n' ", 1)
+    common = ["--profile", "laptop", "--no-update", "--report-url", "https://github.com/o/r/actions/runs/7"]
+    for given, expected in (({}, common), ({"NIGHTLY_WEBHOOK": "https://hooks.example.org/a b"},
+                                           [*common, "--notify", "https://hooks.example.org/a b"]),
+                            ({"FORCE": "--force"}, [*common, "--force"])):
+        done = subprocess.run(["bash", "-e", "-c", line], capture_output=True, text=True, check=True,
+                              env={"PATH": os.environ["PATH"], "RUN_URL": common[-1], "NIGHTLY_WEBHOOK": "",
+                                   "FORCE": "", **given})
+        assert done.stdout.splitlines() == expected
 
 
 @pytest.mark.slow
@@ -285,7 +371,7 @@ def test_two_nights_of_the_crontab_line_in_a_fresh_clone(tmp_path):
     assert len(nights) == 2 and all((n / "comparison.json").exists() for n in nights), nights
     assert "First night of profile tiny" in (nights[0] / "nightly.md").read_text()
     assert f"against {nights[0].name}" in (nights[1] / "nightly.md").read_text()
-    assert f"against {nights[0].name}" in second.stdout  # the mail's summary
+    assert f"Against night {nights[0].name}." in second.stdout  # the mail: the night's summary
     meta = json.loads((nights[1] / "meta.json").read_text())
     assert meta["commit"] == head[:12]  # the upstream's head, clean: not "-dirty"
     assert git(clone, "rev-parse", "HEAD") == head == git(upstream, "rev-parse", "HEAD")

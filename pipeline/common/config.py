@@ -33,6 +33,10 @@ import tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
+# set to 1 in a sweep's environment (``pipeline.nightly --force``): that sweep reuses no finished run and continues
+# no checkpoint, whatever ``sweep.reuse`` says. Reuse decides what trains, never what a result is, so a one-off
+# rerun from scratch need not change params.yaml (and leave it changed for the nights after)
+RETRAIN_ENV = "CAPACITY_ATLAS_RETRAIN"
 
 
 class ConfigError(ValueError):
@@ -332,7 +336,8 @@ class SweepConfig(Section):
     reuse: bool = Field(
         True,
         description="reuse runs this MLflow experiment already finished with the same data, "
-        "training settings and training code, instead of training them again",
+        "training settings, training code and training libraries, instead of training them again "
+        "($CAPACITY_ATLAS_RETRAIN=1 turns it off for one run: pipeline.nightly --force)",
     )
 
     @field_validator("architectures", "widths", "depths", "seeds")

@@ -1,17 +1,21 @@
-"""Where a result came from: the git commit (and whether the tree was dirty), and the code a stage runs.
+"""Where a result came from: the git commit (and whether the tree was dirty), the code a stage runs, and the versions
+of the libraries training runs on.
 
 ``code_files`` is what DVC's ``deps`` and the sweep's reuse key (``run_key``) must cover: the project modules a
 stage's entry point can import, followed statically through every ``import`` statement (top-level or inside a
 function) from the entry module down to ``tasks`` and ``models``. ``tests.test_layout`` checks dvc.yaml
-against it, and against what a real import loads.
+against it, and against what a real import loads. ``library_versions`` is what the reuse key hashes besides the
+code: a library bump retrains.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.metadata
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -19,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "tasks", "models")  # the project's own code; everything else is a pinned dependency
+# the libraries a trial computes with (its kernels, its training loop, its workers); the others only move data and
+# records (pyarrow reads files whose bytes the data hash covers, MLflow records): a bump of these retrains
+TRAINING_LIBRARIES = ("torch", "lightning", "ray", "numpy", "numba", "triton")
 
 
 @dataclass(frozen=True)
@@ -112,3 +119,16 @@ def code_hash(*entries: str, root: Path = ROOT) -> str:
     for path in code_files(*entries, root=root):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
+
+
+def library_versions(names: tuple[str, ...] = TRAINING_LIBRARIES) -> dict[str, str]:
+    """The installed version of each library ``names`` (distributions, as ``importlib.metadata`` finds them first on
+    ``sys.path``; "not installed" where absent) and Python's major.minor. Installed, not requirements.lock's: the
+    venv may hold another build (torch's ``+cpu``) or a library installed by hand."""
+    versions = {"python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions

@@ -19,7 +19,7 @@ import models
 import tasks
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec, cell_id
 from pipeline.common.config import Config, ConfigError, SweepConfig, one_of
-from pipeline.common.provenance import code_hash
+from pipeline.common.provenance import code_hash, library_versions
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_metadata
 
 TRAINABLE = "pipeline.training.trainable"  # the module a trial runs: its imports are the training code
@@ -43,11 +43,13 @@ def check_architectures(cfg: Config) -> None:
 
 
 def run_key(train: dict) -> str:
-    """What, beyond the cell and learning rate, decides a trial's result: the training settings and the code that
-    trains (every project module the trainable imports). A finished run with the same trial key and run key is
-    reused instead of trained (``sweep.reuse``)."""
+    """What, beyond the cell and learning rate, decides a trial's result: the training settings, the code that
+    trains (every project module the trainable imports) and the installed versions of the libraries it trains with
+    (``library_versions``: a bump of torch, Lightning, Ray, NumPy, Numba or Triton retrains). A finished run with the
+    same trial key and run key is reused instead of trained (``sweep.reuse``)."""
     h = hashlib.sha256(json.dumps(train, sort_keys=True).encode())
     h.update(code_hash(TRAINABLE).encode())
+    h.update(json.dumps(library_versions(), sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 

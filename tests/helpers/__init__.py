@@ -19,6 +19,7 @@ What lives where:
   ``vega_plots`` for the page of `dvc plots show`, ``group_running``); ``python -m tests.helpers.browser
   report/index.html [shot.png]``.
 - ``tests.helpers.services``: real services (a two-node Ray cluster, an MLflow server) in a network namespace.
+- ``tests.helpers.webhook``: ``webhook``, a chat webhook: a real HTTP server on loopback that records the POSTs.
 - tests/conftest.py: the fixtures only (``tiny_cfg``, ``tiny_data``, ``spec``, ``uninterrupted``).
 """
 
