@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from pipeline.common.provenance import git_commit
 from pipeline.tracking.runs import ChildRuns
 from pipeline.tracking.services import ServiceError, check_mlflow
 from tests.helpers import make_cell
@@ -154,9 +155,11 @@ def test_the_sweeps_experiment_is_declared_model_training_so_the_ui_opens_on_its
     client = MlflowClient(uri)
     older = client.create_experiment("made-before", artifact_location=(tmp_path / "a").as_uri())  # no kind yet
     for name in ("new", "made-before"):
-        start_parent(uri, name, "sweep", params={}, tags={})
+        _, parent = start_parent(uri, name, "sweep", params={}, tags={})
         assert client.get_experiment_by_name(name).tags[EXPERIMENT_KIND] == "custom_model_development"
     assert client.get_experiment(older).tags[EXPERIMENT_KIND] == "custom_model_development"
+    tags = client.get_run(parent).data.tags  # MLflow's standard tags on the parent too
+    assert tags["mlflow.user"] and tags["mlflow.source.git.commit"] == git_commit().sha
 
 
 def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
@@ -236,6 +239,9 @@ def test_a_trials_child_run_has_its_datasets_curve_system_metrics_and_verdict(st
     children.on_experiment_end([])
     run = client.get_run(children.runs["t1"])
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "unsolved" and run.data.tags["node"] == "n1"
+    # MLflow's standard tags, as its UI's User and Source columns read them
+    assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.type"] == "LOCAL"
+    assert run.data.tags["mlflow.source.git.commit"] == git_commit().sha
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [
         (10, 0.25), (20, 0.5)]
     assert len(client.get_metric_history(run.info.run_id, "system/process_memory_rss_megabytes")) == 2

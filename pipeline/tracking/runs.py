@@ -21,11 +21,13 @@ import mlflow
 import psutil
 from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.tracking import MlflowClient
-from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+from mlflow.tracking.context.registry import resolve_tags
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT
 from ray import tune
 
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import ROOT
+from pipeline.common.provenance import git_commit
 from pipeline.tracking.writer import RunWriter
 from pipeline.training.status import Status
 from pipeline.training.system import SYSTEM
@@ -47,7 +49,7 @@ def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: d
     if exp is None or EXPERIMENT_KIND not in exp.tags:
         # what the experiment is: MLflow's UI then opens it on its runs, not on an (empty) GenAI traces overview
         client.set_experiment_tag(exp_id, EXPERIMENT_KIND, "custom_model_development")
-    run = client.create_run(exp_id, run_name=run_name, tags=tags)
+    run = client.create_run(exp_id, run_name=run_name, tags=standard_tags() | tags)
     for key, value in params.items():
         client.log_param(run.info.run_id, key, value)
     return client, run.info.run_id
@@ -60,6 +62,13 @@ def ui_link(uri: str, experiment_id: str, run_id: str | None = None) -> str:
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else ""
     run = f"/runs/{run_id}" if run_id else ""
     return f"{base}/#/experiments/{experiment_id}{run}?workflowType=machine_learning"
+
+
+def standard_tags() -> dict[str, str]:
+    """MLflow's own tags of a run (``mlflow.user``, ``mlflow.source.name`` and ``.type``, and the commit as
+    ``mlflow.source.git.commit``), which its fluent API sets and the client API this project uses does not: the UI's
+    User and Source columns, and a shared server's searches, read them."""
+    return resolve_tags({MLFLOW_GIT_COMMIT: git_commit().sha})
 
 
 def driver_tags() -> dict[str, str]:
@@ -169,6 +178,7 @@ class ChildRuns(tune.Callback):
         self.nodes: dict[str, str] = {}  # Tune trial id -> the Ray node it runs on
         self.validated: dict[str, set[int]] = {}  # MLflow run id -> the steps of the validations logged on it
         self.by_key: dict[str, str] = {}  # trial key -> its run in this sweep (a rung's continuation goes on in it)
+        self.standard = standard_tags()  # once: resolving them runs git
 
     def child(self, cell: CellSpec, train: dict, trial_key: str, **tags) -> str:
         """A child run of the parent for one learning-rate run of ``cell``; returns the run id."""
@@ -176,6 +186,7 @@ class ChildRuns(tune.Callback):
             self.experiment_id,
             run_name=f"{cell.name}-lr{train['lr']:g}",
             tags={
+                **self.standard,
                 "mlflow.parentRunId": self.parent_id,
                 "cell_id": cell.cell_id,
                 "trial_key": trial_key,
