@@ -130,8 +130,12 @@ def test_the_example_claim_holds_fails_and_is_not_tested_on_synthetic_tables():
     solved = check(near_perfect_rows({20: 32, 50: 64}))
     assert solved["status"] == "holds" and solved["id"] == "sep_dyck_two_layers"
     assert solved["detail"] == "2-layer transformer D=64 N=20: best 99.5%; 2-layer transformer D=64 N=50: best 99.5%"
-    failed = check(near_perfect_rows({20: 32, 50: None}))
+    lstm = [r | {"final_accuracy": 0.995, "sustained_accuracy": 0.995}
+            for r in rows("dyck", "lstm", 1, {50: 64}, widths=(64,))]  # the control: the recipe learns N=50
+    failed = check(near_perfect_rows({20: 32, 50: None}) + lstm)
     assert failed["status"] == "fails" and failed["detail"].endswith("2-layer transformer D=64 N=50: best 30.0%")
+    unshown = check(near_perfect_rows({20: 32, 50: None}))  # no model learned N=50: not a failure of the model
+    assert unshown["status"] == "not tested" and "the recipe is not shown to learn dyck here" in unshown["detail"]
     one_layer = check(near_perfect_rows({20: 32}, depth=1))
     assert one_layer["status"] == "not tested"
     assert one_layer["detail"] == "needs dyck with 2-layer transformer D=64: not run"
