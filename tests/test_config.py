@@ -314,7 +314,7 @@ def test_datasets_overrides_replace_the_profiles_and_other_mappings_merge(tmp_pa
 
 @pytest.mark.parametrize("profile, override", [
     ("paper", "{generate: {datasets: {lis: [250]}}, sweep: {datasets: {lis: [250]}}}"),  # its per_task stays
-    ("cpu-repro", "sweep: {datasets: {arithmetic: [2]}}"),  # its task_architectures of index_lookup stay
+    ("cpu-repro", "sweep: {datasets: {lis: [4]}}"),  # its task_architectures of index_lookup stay
     ("separations", "sweep: {architectures: [transformer]}"),  # its arch_depths of the LSTM stay
 ])
 def test_an_override_that_narrows_what_to_run_keeps_the_profiles_other_settings_valid(tmp_path, profile, override):
