@@ -23,7 +23,7 @@ from pipeline.search.cells import TRAINABLE, run_key
 
 STAGES = {"generate": "pipeline.generate", "sweep": "pipeline.sweep", "report": "pipeline.report"}
 # Top to bottom: a module may import its own package and those below it, never one above.
-LAYERS = ["pipeline.generate pipeline.sweep pipeline.report pipeline.nightly pipeline.forecast",
+LAYERS = ["pipeline.generate pipeline.sweep pipeline.report pipeline.nightly pipeline.forecast pipeline.launch",
           "pipeline.costs",
           "pipeline.reporting", "pipeline.tracking", "pipeline.search", "pipeline.training", "pipeline.data",
           "pipeline.common", "tasks models"]

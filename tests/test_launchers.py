@@ -1,0 +1,397 @@
+"""The launchers as a cluster user runs them, as far as a CPU machine can: ``ops/slurm/capacity-atlas.sbatch`` under a
+simulated Slurm (``scontrol`` and ``srun`` stand-ins on the PATH that run each node's step here) and
+``ops/kuberay/rayjob.yaml`` parsed and checked against its profile, with its entrypoint run against a stand-in
+``dvc``. Bad input stops with a named error before anything starts. The sbatch script's cluster comes up for real:
+two Ray nodes on 127.0.0.1 and 127.0.0.2 of a network namespace of their own (tests/helpers/services.py), a driver
+joined with the job's token, and nothing of Ray left once the job ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from pipeline.common.config import ConfigError, load_config
+from pipeline.launch import AllocationError, LaunchError, check_rayjob, check_slurm
+from tests.helpers import ROOT, services
+
+SBATCH = Path("ops/slurm/capacity-atlas.sbatch")
+MANIFEST = ROOT / "ops" / "kuberay" / "rayjob.yaml"
+BIN = Path(sys.executable).parent
+IMAGE = "registry.example/capacity-atlas:1"  # what a user puts in place of the placeholder
+NO_NAMESPACES = services.namespace_problem()  # the Ray cluster's test needs them (root)
+
+SCONTROL = """#!/usr/bin/env bash
+# scontrol's stand-in: `scontrol show hostnames a,b` prints a and b, one a line
+[ "$1 $2" = "show hostnames" ] || exit 1
+tr ',' '\\n' <<<"$3"
+"""
+SRUN = """#!/usr/bin/env bash
+# srun's stand-in: logs its call, then runs the step's command here, with a Ray temp dir of the node's own
+echo "$*" >>"$FAKE_SLURM/srun.log"
+node=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --nodelist=*) node=${1#*=}; shift ;;
+        -*) shift ;;
+        *) break ;;
+    esac
+done
+export RAY_TMPDIR="$FAKE_SLURM/$node"
+mkdir -p "$RAY_TMPDIR"
+exec "$@"
+"""
+DVC = """#!/usr/bin/env bash
+# dvc's stand-in: records how it was called, writes outputs, exits as FAKE_DVC_EXIT says
+python - "$@" <<'EOF'
+import json, os, pathlib, sys
+pathlib.Path("results").mkdir(exist_ok=True)
+pathlib.Path("results/sweep.csv").write_text("cell,status\\n")
+pathlib.Path("report").mkdir(exist_ok=True)
+pathlib.Path("report/index.html").write_text("<html></html>")
+keys = ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "CAPACITY_ATLAS_STORAGE")
+call = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": {k: os.environ.get(k) for k in keys}}
+pathlib.Path(os.environ["FAKE_DVC_LOG"]).write_text(json.dumps(call))
+EOF
+exit "${FAKE_DVC_EXIT:-0}"
+"""
+DRIVER = """
+import json, os, pathlib, sys
+import ray
+from pipeline.tracking.services import check_ray
+address = os.environ["RAY_ADDRESS"]
+check_ray(address)  # the driver's own pre-flight: the head answers and takes this job's token
+ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+nodes = [{"ip": n["NodeManagerAddress"], "cpu": n["Resources"].get("CPU", 0), "gpu": n["Resources"].get("GPU", 0)}
+         for n in ray.nodes() if n["Alive"]]
+keys = ("RAY_ADDRESS", "RAY_AUTH_MODE", "MLFLOW_TRACKING_URI", "CAPACITY_ATLAS_STORAGE")
+seen = {"nodes": nodes, "env": {k: os.environ.get(k) for k in keys}, "cwd": os.getcwd(),
+        "token": bool(os.environ.get("RAY_AUTH_TOKEN"))}
+ray.shutdown()
+pathlib.Path(sys.argv[1]).write_text(json.dumps(seen))
+sys.exit(3)
+"""
+
+
+def checkout(dst: Path) -> Path:
+    """A copy of what the launchers run in this checkout (tracked and new files of the code, profiles and ops)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z", "pipeline", "tasks", "models",
+                             "conf", "ops", "params.yaml", "dvc.yaml"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dst / name)
+    return dst
+
+
+def stand_ins(folder: Path, **scripts: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in scripts.items():
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def slurm_env(fake: Path, repo: Path, **extra: str) -> dict[str, str]:
+    """A batch job's environment on two nodes, 127.0.0.1 and 127.0.0.2, with the stand-ins first on the PATH."""
+    bin_dir = stand_ins(fake / "bin", scontrol=SCONTROL, srun=SRUN)
+    return services.clean_env() | {
+        "PATH": f"{bin_dir}:{BIN}:{os.environ['PATH']}",
+        "FAKE_SLURM": str(fake),
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "127.0.0.1,127.0.0.2",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_CPUS_PER_TASK": "4",
+        "SLURM_SUBMIT_DIR": str(repo),
+    } | extra
+
+
+def profile_of(params: Path) -> str:
+    return re.search(r"(?m)^profile: (\S+)", params.read_text())[1]
+
+
+# ---- the check both launchers share
+
+
+def test_a_slurm_allocation_without_gpus_cannot_hold_a_gpu_profiles_trial():
+    paper = load_config(profile="paper")  # 4 CPUs and 1 GPU a trial
+    with pytest.raises(AllocationError, match=r"profile 'paper'.*4 CPUs and 1 GPU.*--gpus-per-node"):
+        check_slurm(paper, nodes=2, cpus=64, gpus=0)
+    with pytest.raises(AllocationError, match=r"at least 4 CPUs per node.*--cpus-per-task"):
+        check_slurm(paper, nodes=2, cpus=2, gpus=8)
+    with pytest.raises(AllocationError, match="0 nodes"):
+        check_slurm(paper, nodes=0, cpus=64, gpus=8)
+    assert check_slurm(paper, nodes=2, cpus=32, gpus=4) == 8  # each node: min(32 / 4, 4 / 1)
+    assert check_slurm(paper, nodes=3, cpus=8, gpus=4) == 6  # the CPUs are the scarcer: 2 a node
+    laptop = load_config(profile="laptop")  # a CPU profile runs anywhere with a CPU
+    assert check_slurm(laptop, nodes=1, cpus=2, gpus=0) == 2
+
+
+def test_shares_of_a_gpu_are_counted_as_the_sweep_counts_them(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text().replace("sweep: {}", "sweep: {gpus_per_trial: 0.25}"))
+    cfg = load_config(params, profile="paper")
+    assert check_slurm(cfg, nodes=1, cpus=16, gpus=1) == 4
+    assert check_slurm(cfg, nodes=1, cpus=64, gpus=1) == 4  # four quarters of one GPU
+    with pytest.raises(AllocationError, match="0.25 GPU"):
+        check_slurm(cfg, nodes=1, cpus=64, gpus=0)
+
+
+# ---- the RayJob manifest
+
+
+def manifest() -> dict:
+    """The shipped manifest with an image in place of the placeholder."""
+    data = yaml.safe_load(MANIFEST.read_text())
+    for group in [data["spec"]["rayClusterSpec"]["headGroupSpec"], *data["spec"]["rayClusterSpec"]["workerGroupSpecs"]]:
+        group["template"]["spec"]["containers"][0]["image"] = IMAGE
+    return data
+
+
+def workers(data: dict) -> dict:
+    return data["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+
+
+def head_env(data: dict) -> dict:
+    env = data["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    return {e["name"]: e for e in env}
+
+
+def test_the_shipped_rayjob_runs_dvc_repro_on_a_profile_its_workers_hold():
+    shipped = yaml.safe_load(MANIFEST.read_text())
+    with pytest.raises(LaunchError, match="placeholder"):  # the user builds the image and names it
+        check_rayjob(shipped)
+    data = manifest()
+    job = check_rayjob(data)
+    spec = data["spec"]
+    # the entrypoint: the image's copy of ops/kuberay/entrypoint, running the pipeline's command
+    script, *command = spec["entrypoint"].split()
+    assert script.endswith("/ops/kuberay/entrypoint") and os.access(ROOT / "ops/kuberay/entrypoint", os.X_OK)
+    assert command == ["dvc", "repro"] == job.command
+    assert spec["shutdownAfterJobFinishes"] is True and spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    lock = re.search(r"(?m)^ray==(\S+)", (ROOT / "requirements.lock").read_text())[1]
+    assert spec["rayClusterSpec"]["rayVersion"] == lock
+    # the profile it names, and its trials on the worker pods, counted here from the pod's limits
+    assert job.profile == head_env(data)["CAPACITY_ATLAS_PROFILE"]["value"] == "paper"
+    need = load_config(profile="paper").sweep.trial_resources()
+    group = workers(data)
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    per_pod = min(int(limits["cpu"]) // need["cpu"], limits["nvidia.com/gpu"] // need["gpu"])
+    assert per_pod >= 1 and job.slots == group["replicas"] * per_pod
+    # no trial on the head, whose CPUs are the driver's
+    assert spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    assert job.groups[0].cpus == 0
+
+
+def too_small(change: str) -> dict:
+    data = manifest()
+    group = workers(data)
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    if change == "cpus":
+        limits["cpu"] = "3500m"  # ray start is given 4 (KubeRay rounds a limit up): still holds; then 3
+        assert check_rayjob(data).slots == group["replicas"]
+        limits["cpu"] = "3"
+    elif change == "gpus":
+        del limits["nvidia.com/gpu"]
+    elif change == "ray-start-params":
+        group["rayStartParams"] = {"num-gpus": "0"}  # overrides the container's limits, as in KubeRay
+    elif change == "no-pods":
+        group["replicas"] = group["minReplicas"] = 0
+    return data
+
+
+@pytest.mark.parametrize("change", ["cpus", "gpus", "ray-start-params", "no-pods"])
+def test_a_rayjob_whose_pods_cannot_hold_one_trial_is_named(change):
+    with pytest.raises(AllocationError, match=r"RayJob's pods cannot hold one trial of profile 'paper'.*worker "
+                                              r"group 'gpu'"):
+        check_rayjob(too_small(change))
+
+
+OTHER_MISTAKES = {
+    "entrypoint": (lambda d: d["spec"].update(entrypoint="python train.py"), "does not run the pipeline"),
+    "ray-version": (lambda d: d["spec"]["rayClusterSpec"].update(rayVersion="2.9.0"), "has Ray 2"),
+    "profile": (lambda d: head_env(d)["CAPACITY_ATLAS_PROFILE"].update(value="huge"), "profile: 'huge'"),
+    "mlflow": (lambda d: head_env(d)["MLFLOW_TRACKING_URI"].update(value="sqlite:///mlflow.db"), "no MLflow server"),
+    "storage": (lambda d: workers(d)["template"]["spec"]["containers"][0].pop("volumeMounts"),
+                r"not under a volumeMount of the Ray container of spec.rayClusterSpec.workerGroupSpecs\[0\]"),
+    "image": (lambda d: workers(d)["template"]["spec"]["containers"][0].update(image="other:1"), "one image"),
+}
+
+
+@pytest.mark.parametrize("mistake", OTHER_MISTAKES)
+def test_what_else_a_rayjob_must_get_right_is_named(mistake):
+    change, message = OTHER_MISTAKES[mistake]
+    data = manifest()
+    change(data)
+    with pytest.raises((LaunchError, ConfigError), match=message):
+        check_rayjob(data)
+
+
+def test_the_rayjob_check_on_the_command_line_exits_2_with_the_named_error(tmp_path):
+    small = tmp_path / "rayjob.yaml"
+    small.write_text(yaml.safe_dump(too_small("gpus")))
+    done = subprocess.run([sys.executable, "-m", "pipeline.launch", "rayjob", str(small)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: AllocationError: "), done.stderr
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(yaml.safe_dump(manifest()))
+    done = subprocess.run([sys.executable, "-m", "pipeline.launch", "rayjob", str(fine)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "profile paper, `dvc repro`" in done.stdout and "8 trials at once" in done.stdout
+
+
+def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp_path):
+    repo = checkout(tmp_path / "checkout")
+    shared = tmp_path / "shared"
+    fake_bin = stand_ins(tmp_path / "bin", dvc=DVC)
+    env = services.clean_env() | {
+        "PATH": f"{fake_bin}:{BIN}:{os.environ['PATH']}", "FAKE_DVC_LOG": str(tmp_path / "dvc.json"),
+        "FAKE_DVC_EXIT": "3", "RAY_ADDRESS": "10.0.0.5:6379", "CAPACITY_ATLAS_PROFILE": "separations",
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000", "CAPACITY_ATLAS_STORAGE": str(shared),
+    }
+    data = manifest()
+    entrypoint = [str(repo / "ops/kuberay/entrypoint"), *data["spec"]["entrypoint"].split()[1:]]
+    done = subprocess.run(entrypoint, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr  # the driver's status
+    call = json.loads((tmp_path / "dvc.json").read_text())
+    assert call["argv"] == ["repro"] and Path(call["cwd"]) == repo
+    assert call["env"] == {"RAY_ADDRESS": "10.0.0.5:6379", "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+                           "CAPACITY_ATLAS_STORAGE": str(shared)}
+    assert profile_of(repo / "params.yaml") == "separations"
+    (kept,) = (shared / "outputs").iterdir()
+    assert kept.name.startswith("separations-")
+    assert (kept / "results/sweep.csv").exists() and (kept / "report/index.html").exists()
+    assert profile_of(kept / "params.yaml") == "separations"
+    # an unknown profile: named, and dvc never runs
+    (tmp_path / "dvc.json").unlink()
+    done = subprocess.run(entrypoint, cwd=tmp_path, env=env | {"CAPACITY_ATLAS_PROFILE": "huge"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "profile: 'huge' is not allowed" in done.stderr
+    assert not (tmp_path / "dvc.json").exists() and profile_of(repo / "params.yaml") == "separations"
+
+
+# ---- the Slurm batch script
+
+
+def test_the_sbatch_script_stops_before_starting_anything_on_bad_input(tmp_path):
+    repo = checkout(tmp_path / "checkout")
+    fake = tmp_path / "slurm"
+    script = str(repo / SBATCH)
+
+    def sbatch(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", script], cwd=repo, env=slurm_env(fake, repo, **extra), capture_output=True,
+                              text=True, timeout=120)
+
+    # a GPU profile on an allocation without GPUs (no SLURM_GPUS_ON_NODE, no SLURM_GPUS_PER_NODE)
+    done = sbatch(CAPACITY_ATLAS_PROFILE="paper")
+    assert done.returncode == 2, done.stderr
+    assert "error: AllocationError: the Slurm allocation cannot hold one trial of profile 'paper'" in done.stderr
+    assert "#SBATCH --gpus-per-node=N" in done.stderr
+    # too few CPUs a node for its trial
+    done = sbatch(CAPACITY_ATLAS_PROFILE="paper", SLURM_GPUS_PER_NODE="h100:4", SLURM_CPUS_PER_TASK="2")
+    assert done.returncode == 2 and "at least 4 CPUs per node" in done.stderr, done.stderr
+    # an unknown profile, no allocation, no checkout
+    done = sbatch(CAPACITY_ATLAS_PROFILE="huge", SLURM_GPUS_ON_NODE="4")
+    assert done.returncode == 2 and "profile: 'huge' is not allowed" in done.stderr, done.stderr
+    done = sbatch(SLURM_JOB_NODELIST="")
+    assert done.returncode == 2 and "SLURM_JOB_NODELIST is not set" in done.stderr
+    done = sbatch(SLURM_SUBMIT_DIR=str(tmp_path))
+    assert done.returncode == 2 and "is not a checkout of the pipeline" in done.stderr
+    assert not (fake / "srun.log").exists()  # no step ever started
+    assert profile_of(repo / "params.yaml") == profile_of(ROOT / "params.yaml")  # nor was the profile set
+
+
+def ray_processes(fake: Path) -> list[psutil.Process]:
+    """The processes the stand-in srun started (they, and Ray's processes under them, carry its RAY_TMPDIR)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("RAY_TMPDIR", "").startswith(str(fake)):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+STOPPABLE = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def stop(*_):
+    out.write_text("stopped")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+out.write_text("running")
+time.sleep(600)
+"""
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.skipif(NO_NAMESPACES is not None, reason=f"needs network namespaces: {NO_NAMESPACES}")
+def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_driver_and_stops_it(tmp_path):
+    """The job as Slurm runs it, twice: the driver ends (its status is the job's), and Slurm's notice before the
+    time limit (SIGTERM to the batch shell, --signal=B:TERM@300) stops the driver first. Ray is gone both times."""
+    repo = checkout(tmp_path / "checkout")
+    fake = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))  # short: Ray's socket paths live under it
+    shared = tmp_path / "shared"
+    env = slurm_env(fake, repo, SLURM_GPUS_ON_NODE="2", CAPACITY_ATLAS_PROFILE="paper",
+                    MLFLOW_TRACKING_URI="http://127.0.0.1:5000", CAPACITY_ATLAS_STORAGE=str(shared),
+                    CAPACITY_ATLAS_RAY_ARGS="--object-store-memory=100000000 --min-worker-port=0 --max-worker-port=0",
+                    CAPACITY_ATLAS_WAIT_SECONDS="90")
+    seen, state = tmp_path / "driver.json", tmp_path / "driver.state"
+    try:
+        with services.network_namespace(tmp_path / "netns.log") as netns:
+            done = subprocess.run(netns.command(["bash", str(repo / SBATCH), sys.executable, "-c", DRIVER,
+                                                 str(seen)]),
+                                  cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+            left = ray_processes(fake)
+            (fake / "srun.log").rename(fake / "first-srun.log")
+            job = subprocess.Popen(netns.command(["bash", str(repo / SBATCH), sys.executable, "-c", STOPPABLE,
+                                                  str(state)]),
+                                   cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 240
+            while not state.exists() and job.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            job.send_signal(signal.SIGTERM)
+            out, err = job.communicate(timeout=240)
+            left_after_term = ray_processes(fake)
+        assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-5000:]  # the driver's status
+        driver = json.loads(seen.read_text())
+        assert {n["ip"] for n in driver["nodes"]} == {"127.0.0.1", "127.0.0.2"}
+        assert all(n["cpu"] == 4 and n["gpu"] == 2 for n in driver["nodes"]), driver["nodes"]
+        assert driver["env"] == {"RAY_ADDRESS": "127.0.0.1:6379", "RAY_AUTH_MODE": "token",
+                                 "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "CAPACITY_ATLAS_STORAGE": str(shared)}
+        assert driver["token"] and Path(driver["cwd"]) == repo
+        assert profile_of(repo / "params.yaml") == "paper"
+        steps = (fake / "first-srun.log").read_text().splitlines()
+        assert [re.search(r"--nodelist=(\S+)", s)[1] for s in steps] == ["127.0.0.1", "127.0.0.2"]
+        assert all("--cpus-per-task=4" in s and "ray start --block" in s for s in steps)
+        assert "--head" in steps[0] and "--address=127.0.0.1:6379" in steps[1]
+        assert not left, [p.cmdline() for p in left]  # Ray stopped on both nodes
+        assert job.returncode == 143 and "stopping (SIGTERM)" in err, out[-3000:] + err[-5000:]
+        assert state.read_text() == "stopped"  # the driver had its SIGTERM before Ray went
+        assert not left_after_term, [p.cmdline() for p in left_after_term]
+    finally:
+        for proc in ray_processes(fake):  # only if the script failed to stop them
+            proc.kill()
+        shutil.rmtree(fake, ignore_errors=True)
+
+
+def test_the_sbatch_defaults_are_a_gpu_job_of_one_ray_node_per_slurm_node():
+    directives = dict(re.findall(r"(?m)^#SBATCH --([\w-]+)=(\S+)", (ROOT / SBATCH).read_text()))
+    assert directives["ntasks-per-node"] == "1"  # one `ray start` a node, given the node's CPUs and GPUs
+    nodes, cpus, gpus = (int(directives[k]) for k in ("nodes", "cpus-per-task", "gpus-per-node"))
+    assert check_slurm(load_config(profile="paper"), nodes, cpus, gpus) == nodes * min(cpus // 4, gpus)
