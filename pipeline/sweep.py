@@ -55,7 +55,7 @@ from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit, library_versions
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
-from pipeline.reporting.claims import training_targets
+from pipeline.reporting.thresholds import training_targets
 from pipeline.search.cells import build_cells, check_architectures, expected_cost, model_costs, run_key
 from pipeline.search.frontier import make_plan
 from pipeline.search.halving import Halving

@@ -16,7 +16,7 @@ The rules state the papers' claims and no more:
   at the threshold: a validation pass the test set does not confirm is counted apart, never as solved;
 - a claim reads the results at its own threshold (``tables.at_threshold``): a trial that stopped short of it
   without having converged (at its target, or its budget) is undecided there. The sweep trains each task's trials
-  on to the highest threshold a claim on the task reads (``training_targets``), so that this is rare;
+  on to the highest threshold a claim on the task reads (``thresholds.training_targets``), so that this is rare;
 - an undecided cell (its budget ran out while it was still improving) is no evidence either way: a check that
   consulted one is *not tested*, naming it (``evaluate``).
 
@@ -34,8 +34,9 @@ from enum import StrEnum
 
 import pandas as pd
 
-from pipeline.reporting.papers import DP, FINDINGS, TABLE2_THRESHOLD, Finding, table2_in_words
+from pipeline.reporting.papers import DP, FINDINGS, Finding, table2_in_words
 from pipeline.reporting.tables import at_threshold, cell_means, min_gflops
+from pipeline.reporting.thresholds import NEAR_PERFECT, TABLE2_THRESHOLD
 from tasks import TASKS
 
 
@@ -51,7 +52,6 @@ class ClaimStatus(StrEnum):
         return list(ClaimStatus).index(self)
 
 
-NEAR_PERFECT = 0.99  # the separations paper's "near-perfect" (it gives no number; 99% of 5,000 test strings)
 NEAR_PERFECT_SOURCE = "the separations paper's 'near-perfect' (§6, App. H), read as 99%"
 TABLE2_SOURCE = "DP paper, Table 2: 'an accuracy above 90%'"
 CHANCE_MARGIN = 0.05  # "at chance": best test accuracy within this of chance
@@ -583,13 +583,6 @@ def undecided_check(undecided: dict[str, str]) -> ClaimCheck:
     named = [f"{cell} undecided ({reason})" for cell, reason in list(undecided.items())[:SHOWN_UNDECIDED]]
     more = len(undecided) - len(named)
     return ClaimCheck(ClaimStatus.NOT_TESTED, "; ".join(named) + (f"; and {more} more undecided cells" if more else ""))
-
-
-def training_targets(tasks: Iterable[str], threshold: float, claims: Iterable[Claim] = CLAIMS) -> dict[str, float]:
-    """task -> the accuracy its trials train on to once solved at ``threshold``: the highest threshold a claim on
-    the task reads (the separations paper's 99%), and never below ``threshold``."""
-    claims = list(claims)
-    return {t: max([threshold] + [c.threshold for c in claims if t in c.tasks]) for t in tasks}
 
 
 def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS, swept_at: float = TABLE2_THRESHOLD) -> list[dict]:

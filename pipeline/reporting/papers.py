@@ -19,7 +19,6 @@ from tasks import TASKS
 DP = "Yang et al., Do Efficient Transformers Really Save Computation? (ICML 2024)"
 SEPARATIONS = "Bhattamishra et al., Separations in the Representational Capabilities of Transformers and RNNs (2024)"
 
-TABLE2_THRESHOLD = 0.90  # "Minimum GFLOPs of different model types to achieve an accuracy above 90%"
 TABLE2_LAYERS = 3  # §6.1: "3 layers and 4 attention heads"
 # arithmetic operators -> the maximum CoT length L the paper states for them (§6.1), as the task declares them
 TABLE2_LENGTHS = dict(TASKS["arithmetic"].paper_lengths)
