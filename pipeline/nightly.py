@@ -56,8 +56,8 @@ from pipeline.common import notify
 from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit, library_versions
-from pipeline.report import NIGHTLY_MARKER, figures_html
 from pipeline.reporting import comparison, history
+from pipeline.reporting.page import NIGHTLY_MARKER, figures_html
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
 LISTED = 15  # changes a summary lists of each kind; the rest are counted (the report has them all)

@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from pipeline.common.config import load_config
-from pipeline.report import markdown_table, report
+from pipeline.report import report
 from pipeline.reporting.claims import CLAIMS
 from pipeline.reporting.figures import cell_label
+from pipeline.reporting.page import markdown_table
 from pipeline.reporting.plots import FRONTIER_KINDS
 from pipeline.reporting.tables import BORDERLINE, BOUND, cell_means
 from tests.helpers import ROOT, browser
