@@ -25,7 +25,7 @@ import pandas as pd
 from pipeline.common.cell import Cell
 from pipeline.reporting.papers import TABLE2_GFLOPS, TABLE2_LAYERS, TABLE2_LENGTHS, table2_widths
 from pipeline.search.frontier import Outcome, min_widths, searched
-from pipeline.training.status import Status, borderline
+from pipeline.training.status import Status, borderline_rows
 from tasks import TASKS
 
 # The lengths L a paper states, per task and size: each task's own ``paper_lengths`` (today arithmetic's only)
@@ -69,10 +69,7 @@ def at_threshold(table: pd.DataFrame, threshold: float, swept_at: float) -> pd.D
     out.loc[unsure, "reason"] = f"inferred at {swept_at:.0%}, not at {threshold:.0%}"
     out["solve_pflops"] = float("nan")
     if "borderline" in out:
-        decided = measured & out.status.isin([Status.SOLVED, Status.UNSOLVED])
-        samples = out.eval_samples.fillna(0).astype(int)
-        near = [borderline(a, n, threshold) for a, n in zip(out.final_accuracy, samples)]
-        out["borderline"] = decided & pd.Series(near, index=out.index, dtype=bool)
+        out["borderline"] = borderline_rows(out, threshold)
     return out
 
 

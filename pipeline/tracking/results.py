@@ -26,7 +26,7 @@ from pipeline.common.config import Config
 from pipeline.search.frontier import Outcome, Plan
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.runs import ChildRuns
-from pipeline.training.status import Status, borderline
+from pipeline.training.status import Status, borderline_rows
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 
 TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only
@@ -99,10 +99,7 @@ def cell_table(searcher: CellSearcher, cells: dict, threshold: float) -> pd.Data
     decided cell whose test accuracy could lie on the other side of ``threshold`` is ``borderline``."""
     rows = [cell_row(cells[c], o, searcher.best(c)) for c, o in searcher.plan.outcomes().items()]
     table = pd.DataFrame(rows).sort_values(ORDER)
-    decided = table.measured & table.status.isin([Status.SOLVED, Status.UNSOLVED])
-    samples = table.eval_samples.fillna(0).astype(int)
-    near = [borderline(a, n, threshold) for a, n in zip(table.final_accuracy, samples)]
-    return table.assign(borderline=decided & pd.Series(near, index=table.index, dtype=bool))
+    return table.assign(borderline=borderline_rows(table, threshold))
 
 
 def summarise(

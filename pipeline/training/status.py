@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 
+import pandas as pd
+
 
 class Status(StrEnum):
     """How a trial ended, best first: the order ranks a cell's learning-rate runs (``best_run``: a run that could
@@ -51,6 +53,15 @@ def borderline(accuracy: float, samples: int, threshold: float) -> bool:
     centre = (accuracy + z * z / (2 * samples)) / (1 + z * z / samples)
     half = z * math.sqrt(accuracy * (1 - accuracy) / samples + z * z / (4 * samples * samples)) / (1 + z * z / samples)
     return centre - half <= threshold <= centre + half
+
+
+def borderline_rows(table: pd.DataFrame, threshold: float) -> pd.Series:
+    """Per row of a results table: a measured cell, solved or unsolved, whose test accuracy is ``borderline`` at
+    ``threshold``."""
+    decided = table.measured.astype(bool) & table.status.isin([Status.SOLVED, Status.UNSOLVED])
+    samples = table.eval_samples.fillna(0).astype(int)
+    near = [borderline(a, n, threshold) for a, n in zip(table.final_accuracy, samples)]
+    return decided & pd.Series(near, index=table.index, dtype=bool)
 
 
 def best_run(runs: list[dict]) -> dict:
