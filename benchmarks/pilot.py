@@ -9,7 +9,8 @@ evidence for docs/fidelity.md, quoted with their command.
 
 ``--params``: a params file (a profile and overrides, as params.yaml). Trials start in the grid's order (tasks,
 sizes, architectures, widths, depths, seeds, then learning rates); at the deadline the running ones are stopped and
-written as ``cut off``, with the ones never started. Exit status 2 for input that cannot run (named before any
+written as ``cut off``, with the ones never started. ``pilot.json`` beside the lines says how they were measured
+(command, commit, date, device, the effective config). Exit status 2 for input that cannot run (named before any
 compute).
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.results import provenance
 from pipeline.common.config import Config, ConfigError, load_config
 from pipeline.data.datasets import DatasetError
 from pipeline.generate import generate_task
@@ -79,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    run = provenance("benchmarks.pilot", argv) | {"device": device, "params": cfg.model_dump(mode="json")}
+    (out / "pilot.json").write_text(json.dumps(run, indent=1) + "\n")  # how pilot.jsonl's lines were measured
     print(f"pilot: {len(todo)} trials, {args.parallel} at once, deadline {args.deadline_s:g} s", flush=True)
     lines = out / "pilot.jsonl"
     pool = mp.get_context("spawn").Pool(args.parallel, maxtasksperchild=1)

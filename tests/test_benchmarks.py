@@ -5,6 +5,7 @@ import pytest
 
 import models
 from benchmarks import bench_gpu, bench_models, results
+from tests.helpers import write_params
 from tests.helpers.tables import recorded_grid
 
 SECTION_KEYS = {"command", "date", "commit", "dirty", "machine", "settings", "figures"}
@@ -225,3 +226,37 @@ def test_batch_benchmark_times_both_collates_side_by_side(tmp_path, capsys):
     assert "vectorised" in out and "per sample" in out and "ratio" in out
     figures = read_results(tmp_path / "b.json", "bench_batches")["collate_lis10"]["figures"]
     assert all(is_figure(figures[k]) for k in ("vectorised_batches_per_s", "per_sample_batches_per_s", "ratio"))
+
+
+PILOT = """profile: separations
+tasks: [eq_one]
+generate: {train_samples: 400, test_samples: 64, val_samples: 64, workers: 1, datasets: {eq_one: [10]}}
+sweep: {search: grid, architectures: [transformer, lstm], widths: [8], depths: [1], arch_depths: {lstm: [1]},
+        lrs: [1.0e-3], epochs: 100, max_steps: 8, max_budget_factor: 1, val_every_steps: 4, val_samples: 64,
+        convergence_min_steps: 4,
+        precision: 32-true, gpus_per_trial: 0, cpus_per_trial: 1}
+"""
+
+
+@pytest.mark.slow
+def test_pilot_trains_each_trial_in_parallel_and_writes_a_line_per_verdict(tmp_path, capsys):
+    """benchmarks.pilot without Ray, MLflow or DVC (about 45 s, most of it starting the trial processes): the grid's
+    trials run two at once, each written as it ends with its cell and verdict, and how they were measured beside
+    them; a deadline that leaves no time writes every trial as cut off instead of dropping it; a params file that
+    cannot run is named before any compute."""
+    from benchmarks import pilot
+
+    params = write_params(tmp_path / "pilot.yaml", PILOT)
+    assert pilot.main(["--params", str(params), "--out", str(tmp_path / "a"), "--parallel", "2"]) == 0
+    lines = [json.loads(line) for line in (tmp_path / "a" / "pilot.jsonl").read_text().splitlines()]
+    assert sorted(r["arch"] for r in lines) == ["lstm", "transformer"]
+    assert all(r["train_steps"] == 8 and r["task"] == "eq_one" and r["status"] == "undecided" for r in lines)
+    assert json.loads((tmp_path / "a" / "pilot.json").read_text())["command"].startswith("python -m benchmarks.pilot")
+
+    assert pilot.main(["--params", str(params), "--out", str(tmp_path / "b"), "--deadline-s", "0.001"]) == 0
+    cut = [json.loads(line) for line in (tmp_path / "b" / "pilot.jsonl").read_text().splitlines()]
+    assert len(cut) == 2 and {r["status"] for r in cut} == {"cut off"}
+
+    bad = write_params(tmp_path / "bad.yaml", PILOT.replace("[transformer, lstm]", "[transformer, nosuch]"))
+    assert pilot.main(["--params", str(bad), "--out", str(tmp_path / "c")]) == 2
+    assert "nosuch" in capsys.readouterr().err and not (tmp_path / "c").exists()
