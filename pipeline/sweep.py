@@ -100,7 +100,7 @@ def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     stage_start = psutil.Process().create_time()  # the stage's process, imports included
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
-    check_mlflow(cfg.cluster.mlflow())
+    check_mlflow(cfg.cluster.mlflow(), cfg.sweep.experiment)
     check_ray(cfg.cluster.ray())
     local = cfg.cluster.ray() is None
     try:

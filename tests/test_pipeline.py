@@ -20,6 +20,7 @@ from pipeline.search.cells import check_architectures
 from tests.helpers import ROOT
 from tests.helpers.browser import report_problems, vega_plots
 from tests.helpers.repo import copy_repo, mlflow_runs, run
+from tests.helpers.services import mlflow_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -190,6 +191,12 @@ def test_unreachable_or_unusable_mlflow_fails_before_ray(repo, tmp_path):
         result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "elsewhere")], repo,
                      MLFLOW_TRACKING_URI=uri)
         assert result.returncode == 2 and error in result.stderr, result.stderr[-2000:]
+    with mlflow_server(tmp_path / "shared", auth=True) as server:  # a shared server that refuses the credentials
+        result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "elsewhere")], repo,
+                     MLFLOW_TRACKING_URI=server.uri, MLFLOW_TRACKING_USERNAME=server.admin[0],
+                     MLFLOW_TRACKING_PASSWORD="not-the-password")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"MLflow server at {server.uri} refuses the credentials: it was sent user 'admin'" in result.stderr
     assert set((repo / "ray_results").iterdir()) == ray_dirs and no_outputs(repo / "elsewhere")
 
 

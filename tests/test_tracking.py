@@ -126,6 +126,86 @@ def test_a_server_that_answers_health_but_serves_no_tracking_api_is_named():
         check_mlflow("http://127.0.0.1:9")
 
 
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    """A real `mlflow server --app-name basic-auth` on 127.0.0.1, as docs/cluster.md starts a shared one: users
+    created by its admin, and the Host headers it answers listed (its name and port as clients reach it)."""
+    from tests.helpers.services import mlflow_server
+
+    hosts = "mlflow.example.org:*,127.0.0.1:*"
+    with mlflow_server(tmp_path_factory.mktemp("shared"), auth=True, options=("--allowed-hosts", hosts)) as server:
+        yield server
+
+
+@pytest.fixture
+def no_credentials(monkeypatch):
+    for env in [e for e in os.environ if e.startswith("MLFLOW_TRACKING_")]:
+        monkeypatch.delenv(env)
+    return monkeypatch
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_basic_auth_server_takes_the_credentials_from_the_environment_and_a_refusal_is_named(shared_server,
+                                                                                               no_credentials):
+    """No credentials, or a wrong password, is named before anything else; a user's runs carry its name; another
+    user, who may read the first one's experiment (basic-auth's default) but not write to it, is named too, until
+    granted EDIT."""
+    import requests
+
+    from pipeline.tracking.runs import start_parent
+
+    server, env = shared_server, no_credentials
+    for user in ("alice", "bob"):
+        created = requests.post(f"{server.uri}/api/2.0/mlflow/users/create", auth=server.admin, timeout=30,
+                                json={"username": user, "password": f"{user}-secret-1"})
+        assert created.status_code == 200, created.text
+    with pytest.raises(ServiceError, match=f"MLflow server at {server.uri} refuses the credentials: it was sent "
+                                           "no credentials .* \\(HTTP 401\\)"):
+        check_mlflow(server.uri, "shared")
+    env.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    env.setenv("MLFLOW_TRACKING_PASSWORD", "not-her-password")
+    with pytest.raises(ServiceError, match="refuses the credentials: it was sent user 'alice'") as refused:
+        check_mlflow(server.uri, "shared")
+    assert "not-her-password" not in str(refused.value)
+    env.setenv("MLFLOW_TRACKING_PASSWORD", "alice-secret-1")
+    check_mlflow(server.uri, "shared")  # no such experiment yet: alice may create it
+    client, parent = start_parent(server.uri, "shared", "sweep", params={"p": 1}, tags={})
+    assert client.get_run(parent).data.tags["mlflow.user"] == "alice"  # the UI's User: the account, not the login
+    env.setenv("MLFLOW_TRACKING_USERNAME", "bob")
+    env.setenv("MLFLOW_TRACKING_PASSWORD", "bob-secret-1")
+    experiment = client.get_experiment_by_name("shared")
+    with pytest.raises(ServiceError, match=f"user 'bob' .* may read experiment 'shared' \\(id "
+                                           f"{experiment.experiment_id}\\) but not write to it \\(HTTP 403\\)"):
+        check_mlflow(server.uri, "shared")
+    assert MlflowClient(server.uri).get_experiment(experiment.experiment_id).tags == experiment.tags
+    granted = requests.post(f"{server.uri}/api/3.0/mlflow/users/permissions/grant", auth=server.admin, timeout=30,
+                            json={"username": "bob", "resource_type": "experiment",
+                                  "resource_id": experiment.experiment_id, "permission": "EDIT"})
+    assert granted.status_code == 200, granted.text
+    check_mlflow(server.uri, "shared")
+    _, theirs = start_parent(server.uri, "shared", "sweep", params={}, tags={})
+    assert MlflowClient(server.uri).get_run(theirs).data.tags["mlflow.user"] == "bob"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_server_reached_by_a_host_it_does_not_allow_is_named_with_the_option_to_allow_it(shared_server,
+                                                                                          no_credentials):
+    """MLflow 3's server answers /health to any Host header but its API only to the hosts --allowed-hosts lists:
+    reached as localhost, which the list leaves out, the check names the host and the option; a listed name gets
+    through to the API (which then asks for credentials)."""
+    import requests
+
+    port = shared_server.uri.rsplit(":", 1)[1]
+    with pytest.raises(ServiceError, match=f"refuses the Host header 'localhost:{port}' .* "
+                                           f"--allowed-hosts localhost:{port}"):
+        check_mlflow(f"http://localhost:{port}")
+    listed = requests.get(f"{shared_server.uri}/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                          headers={"Host": "mlflow.example.org:5000"}, timeout=30)
+    assert listed.status_code == 401  # past the host check
+
+
 def test_a_trial_that_dies_while_starting_gets_its_run_at_its_first_event(store, tmp_path):
     """Tune calls on_trial_recover (or on_trial_error) without on_trial_start for a trial whose actor dies while
     starting (a killed Ray worker): its restart and its failure are recorded on a run of its own."""

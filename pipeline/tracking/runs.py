@@ -28,12 +28,11 @@ from ray import tune
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import ROOT
 from pipeline.common.provenance import git_commit
+from pipeline.tracking.services import EXPERIMENT_KIND, MODEL_TRAINING
 from pipeline.tracking.writer import RunWriter
 from pipeline.training.status import Status
 from pipeline.training.system import SYSTEM
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
-
-EXPERIMENT_KIND = "mlflow.experimentKind"  # the tag MLflow's UI reads (model training, or GenAI)
 
 
 def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: dict) -> tuple[MlflowClient, str]:
@@ -48,7 +47,7 @@ def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: d
         exp_id = exp.experiment_id
     if exp is None or EXPERIMENT_KIND not in exp.tags:
         # what the experiment is: MLflow's UI then opens it on its runs, not on an (empty) GenAI traces overview
-        client.set_experiment_tag(exp_id, EXPERIMENT_KIND, "custom_model_development")
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND, MODEL_TRAINING)
     run = client.create_run(exp_id, run_name=run_name, tags=standard_tags() | tags)
     for key, value in params.items():
         client.log_param(run.info.run_id, key, value)

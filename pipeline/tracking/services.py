@@ -1,6 +1,11 @@
 """The services a sweep needs, checked before any compute: the MLflow store (a server, or an SQLite file) and a
 Ray head (reachable, and accepting this driver's auth token). Every problem is a ``ServiceError`` that names the
 address and what to do.
+
+A server with authentication (``mlflow server --app-name basic-auth``) gets the credentials MLflow's client sends
+(``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``, or ``MLFLOW_TRACKING_TOKEN``): a server that refuses
+them, or that lets this user read but not write the sweep's experiment, is named here rather than at the sweep's
+first run.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import os
 import socket
 import sqlite3
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
@@ -24,11 +30,16 @@ class ServiceError(RuntimeError):
     """MLflow or Ray cannot be reached or used; the message names the address."""
 
 
-def check_mlflow(uri: str) -> None:
-    """Fail fast, before any compute, on a store that cannot work: a server that does not answer or serves no
-    tracking API, an SQLite store that cannot be read and written."""
+EXPERIMENT_KIND = "mlflow.experimentKind"  # the tag MLflow's UI reads (model training, or GenAI)
+MODEL_TRAINING = "custom_model_development"  # its value for an experiment of training runs
+
+
+def check_mlflow(uri: str, experiment: str | None = None) -> None:
+    """Fail fast, before any compute, on a store that cannot work: a server that does not answer, serves no
+    tracking API, refuses this client's credentials or will not let it write to ``experiment``; an SQLite store
+    that cannot be read and written."""
     if uri.startswith(("http://", "https://")):
-        check_server(uri)
+        check_server(uri, experiment)
     elif uri.startswith("sqlite:///"):
         check_sqlite(uri, Path(uri.removeprefix("sqlite:///")))
     else:
@@ -38,28 +49,80 @@ def check_mlflow(uri: str) -> None:
         )
 
 
-def check_server(uri: str) -> None:
+def check_server(uri: str, experiment: str | None) -> None:
     creds = get_default_host_creds(uri)  # the client's own credentials and TLS settings
 
-    def get(endpoint: str, **params):
+    def call(method: str, endpoint: str, **kwargs):
         try:  # no retries: MLflow's client retries an unavailable server with backoff for minutes
-            return http_request(creds, endpoint, "GET", max_retries=0, timeout=10, raise_on_status=False, params=params)
+            return http_request(creds, endpoint, method, max_retries=0, timeout=10, raise_on_status=False, **kwargs)
         except MlflowException as err:
             raise ServiceError(
                 f"MLflow server at {uri} is unreachable ({err.message}); start it with `mlflow "
                 "server` or unset MLFLOW_TRACKING_URI / cluster.mlflow_tracking_uri"
             ) from None
 
-    health = get("/health")
+    health = call("GET", "/health")
     if health.status_code != 200:
         raise ServiceError(f"MLflow server at {uri} answered /health with HTTP {health.status_code}")
-    # /health also answers on a server started with --artifacts-only: ask the tracking API itself
-    search = get("/api/2.0/mlflow/experiments/search", max_results=1)
+    # /health also answers on a server started with --artifacts-only, and without credentials on one with
+    # authentication: ask the tracking API itself
+    search = call("GET", "/api/2.0/mlflow/experiments/search", params={"max_results": 1})
+    if search.status_code == 401:
+        raise ServiceError(
+            f"MLflow server at {uri} refuses the credentials: it was sent {sender(creds)} (HTTP 401). "
+            f"{CREDENTIALS_HELP}"
+        )
+    if search.status_code == 403 and "Invalid Host header" in search.text:
+        host = urllib.parse.urlsplit(uri).netloc
+        raise ServiceError(
+            f"MLflow server at {uri} refuses the Host header {host!r} (HTTP 403: MLflow's check against DNS "
+            f"rebinding, which allows only localhost and private IPs by default): start it with --allowed-hosts "
+            f"naming the host and port its clients use, e.g. `mlflow server ... --allowed-hosts {host}`"
+        )
+    if search.status_code == 403:
+        raise ServiceError(f"MLflow server at {uri}: {sender(creds)} may not read its experiments (HTTP 403)")
     if search.status_code != 200:
         raise ServiceError(
             f"MLflow server at {uri} serves no tracking API: searching experiments answered HTTP "
             f"{search.status_code} ({search.text.strip()[:300]})"
         )
+    if experiment is None:
+        return
+    found = call("GET", "/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": experiment})
+    if found.status_code == 404:
+        return  # no experiment yet: whoever may log in may create one, and owns it
+    if found.status_code != 200:
+        raise ServiceError(
+            f"MLflow server at {uri}: looking up experiment {experiment!r} with {sender(creds)} answered HTTP "
+            f"{found.status_code} ({found.text.strip()[:300]})"
+        )
+    exp = found.json()["experiment"]
+    kind = {t["key"]: t["value"] for t in exp.get("tags", [])}.get(EXPERIMENT_KIND, MODEL_TRAINING)
+    # the experiment tag the sweep sets anyway (``runs.start_parent``), written as it is: a write that changes
+    # nothing, refused exactly where the sweep's runs would be
+    tag = {"experiment_id": exp["experiment_id"], "key": EXPERIMENT_KIND, "value": kind}
+    written = call("POST", "/api/2.0/mlflow/experiments/set-experiment-tag", json=tag)
+    if written.status_code == 403:
+        raise ServiceError(
+            f"MLflow server at {uri}: {sender(creds)} may read experiment {experiment!r} (id "
+            f"{exp['experiment_id']}) but not write to it (HTTP 403): its owner or an admin must grant this user "
+            "EDIT on it, or set sweep.experiment to a new experiment"
+        )
+
+
+CREDENTIALS_HELP = (
+    "Give the driver an account of the server: MLFLOW_TRACKING_USERNAME=<user> and MLFLOW_TRACKING_PASSWORD=<password> "
+    "(or MLFLOW_TRACKING_TOKEN=<token>); on `mlflow server --app-name basic-auth` its admin creates users"
+)
+
+
+def sender(creds) -> str:
+    """Which credentials a request carried, never their secret."""
+    if creds.username:
+        return f"user {creds.username!r} (MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)"
+    if creds.token:
+        return "a token (MLFLOW_TRACKING_TOKEN)"
+    return "no credentials (MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD are unset)"
 
 
 SQLITE_PROBLEMS = {

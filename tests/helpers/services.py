@@ -120,6 +120,7 @@ class MlflowServer:
     backend_uri: str
     netns: Netns
     root: int
+    admin: tuple[str, str] | None = None  # basic-auth's admin (username, password); None: no auth
 
     def pids(self) -> set[int]:
         return tree(self.root)
@@ -296,10 +297,14 @@ def healthy(uri: str) -> bool:
 
 
 @contextlib.contextmanager
-def mlflow_server(tmp_dir: Path, netns: Netns = Netns(), backend: str | None = None) -> Iterator[MlflowServer]:
+def mlflow_server(tmp_dir: Path, netns: Netns = Netns(), backend: str | None = None, auth: bool = False,
+                  options: tuple[str, ...] = ()) -> Iterator[MlflowServer]:
     """``mlflow server`` on 127.0.0.1 (inside ``netns`` if given, e.g. a RayCluster's, so its drivers reach it) with
     its own SQLite store (or ``backend``: an existing store, to look at) and artifact root; artifacts go through the
-    server, so clients need no access to the root."""
+    server, so clients need no access to the root. ``auth``: MLflow's basic-auth app (``--app-name basic-auth``),
+    its users in an SQLite file of its own, new users reading every experiment, and an admin with a random password
+    (MLflow ships none: it creates the admin from its config at the first start). ``options``: more
+    ``mlflow server`` options (``--allowed-hosts ...``)."""
     tmp_dir = Path(tmp_dir)
     root = tmp_dir / "mlartifacts"
     root.mkdir(parents=True, exist_ok=True)
@@ -307,12 +312,22 @@ def mlflow_server(tmp_dir: Path, netns: Netns = Netns(), backend: str | None = N
     port = netns.call(free_port)
     uri = f"http://127.0.0.1:{port}"
     log = tmp_dir / "mlflow-server.log"
-    proc = start([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                  "--backend-store-uri", backend, "--serve-artifacts", "--artifacts-destination", str(root)],
-                 clean_env() | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, log, netns)  # no GenAI job workers
+    argv = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+            "--backend-store-uri", backend, "--serve-artifacts", "--artifacts-destination", str(root), *options]
+    env = clean_env() | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no GenAI job workers
+    admin = None
+    if auth:
+        admin = ("admin", secrets.token_urlsafe(16))
+        config = tmp_dir / "basic_auth.ini"
+        config.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{tmp_dir / 'users.db'}\n"
+                          f"admin_username = {admin[0]}\nadmin_password = {admin[1]}\n")
+        argv += ["--app-name", "basic-auth"]
+        # the app refuses to start without a secret key for its CSRF tokens (one key for all of a server's workers)
+        env |= {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+    proc = start(argv, env, log, netns)
     try:
         wait_for(f"MLflow server at {uri}", lambda: netns.call(healthy, uri), [proc], log)
-        yield MlflowServer(uri=uri, artifact_root=root, backend_uri=backend, netns=netns, root=proc.pid)
+        yield MlflowServer(uri=uri, artifact_root=root, backend_uri=backend, netns=netns, root=proc.pid, admin=admin)
     finally:
         stop(proc, grace=5)
 
