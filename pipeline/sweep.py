@@ -26,8 +26,9 @@ Outputs (DVC's, ``pipeline.tracking.results``): ``results/sweep.csv`` (one row p
 verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run), ``results/curves.csv``
 (every validation of every run) and ``results/sweep.json`` (headline metrics). MLflow gets a parent run per sweep
 (the sweep's datasets as inputs, its settings, progress counts and in the end the per-cell table as an MLflow
-table) and a child run per (cell, learning rate) (its datasets, curves, system metrics and verdict:
-``pipeline.tracking.runs``).
+table) and a child run per (cell, learning rate) it trains (its datasets, curves, system metrics and verdict:
+``pipeline.tracking.runs``); a reused one stays the run of the sweep that trained it, which the tables name and the
+parent lists (``tables/reused.json``).
 MLflow's store, the storage path (checkpoints, published datasets) and Ray's trial directories are not DVC
 outputs.
 """
@@ -63,7 +64,15 @@ from pipeline.search.searcher import trial_key
 from pipeline.tracking import cluster
 from pipeline.tracking.console import SweepProgress
 from pipeline.tracking.results import cell_table, curve_table, record, summarise, trial_table
-from pipeline.tracking.runs import ChildRuns, close_orphans, dataset_inputs, driver_tags, start_parent, ui_link
+from pipeline.tracking.runs import (
+    ChildRuns,
+    close_orphans,
+    dataset_inputs,
+    driver_tags,
+    reused_run,
+    start_parent,
+    ui_link,
+)
 from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
 from pipeline.tracking.tuning import DropFinished, RungCheckpoints, TuneSearcher
 from pipeline.training import checkpoints
@@ -219,7 +228,7 @@ def prepare_searcher(
 
     def reusable(cell: CellSpec, lr: float) -> dict | None:
         source = finished.get(trial_key(cell, lr))
-        return None if source is None else children.reuse(cell, train | {"lr": lr}, trial_key(cell, lr), source)
+        return None if source is None else reused_run(source)
 
     def dropped(run: dict) -> None:
         children.drop(run)

@@ -272,13 +272,15 @@ def test_every_documented_exp_run_override_works_as_written(tmp_path):
 
 def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
     """Runs last: adds a seed to two of the architectures (their cells of seed 0 reused, those of seed 1 trained);
-    then goes back, and everything is reused without Ray."""
+    then goes back, and everything is reused without Ray. A reused trial is referred to, never copied: its row keeps
+    its original run, the new parent lists it with a link, and a sweep that trains nothing adds no child run."""
     params = repo / "params.yaml"
     original = params.read_text()
     # the failed repro of the bad-param test removed the sweep's outputs, as DVC does before it runs a stage;
     # they come back from DVC's run cache, without training
     assert run(["dvc", "repro"], repo).returncode == 0
     first = pd.read_csv(repo / "results" / "sweep.csv")
+    first_trials = pd.read_csv(repo / "results" / "trials.csv").set_index(["cell_id", "lr"]).mlflow_run_id
     try:
         params.write_text(original.replace("sweep: {}", "sweep: {architectures: [standard, lstm], seeds: [0, 1]}"))
         result = run(["dvc", "repro"], repo)
@@ -290,10 +292,12 @@ def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
         again = table[table.seed == 0].set_index("cell_id").final_accuracy
         assert sorted(again.index) == sorted(kept.cell_id)
         assert again.equals(kept.set_index("cell_id").final_accuracy.loc[again.index])
+        assert (table[table.seed == 0].mlflow_run_id.sort_values().tolist()
+                == kept.mlflow_run_id.sort_values().tolist())  # the original runs, not copies
         client, parents, children = mlflow_runs(repo)
         newest = max(parents, key=lambda r: r.info.start_time).info.run_id
         mine = [c for c in children if c.data.tags["mlflow.parentRunId"] == newest]
-        assert len(mine) == len(table) and sum("reused_from" in c.data.tags for c in mine) == len(kept)
+        assert sorted(c.data.tags["cell_id"] for c in mine) == sorted(table[table.seed == 1].cell_id)  # trained only
     finally:
         params.write_text(original)
     result = run(["dvc", "repro"], repo)  # back to the first params: DVC restores its outputs from the run cache
@@ -301,11 +305,25 @@ def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
     accuracy = first.set_index("cell_id").final_accuracy.sort_index()
     assert pd.read_csv(repo / "results" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
     ray_dirs = set((repo / "ray_results").iterdir())
+    client, parents, children = mlflow_runs(repo)
     result = run([sys.executable, "-m", "pipeline.sweep", "--out", str(repo / "again")], repo)
     assert result.returncode == 0
-    assert f"{len(first)} already finished" in result.stdout and "0 to train" in result.stdout
+    assert f"{len(first_trials)} already finished" in result.stdout and "0 to train" in result.stdout
     assert set((repo / "ray_results").iterdir()) == ray_dirs  # nothing to train: Ray never started
     assert pd.read_csv(repo / "again" / "sweep.csv").set_index("cell_id").final_accuracy.sort_index().equals(accuracy)
+    # an unchanged rerun: one parent run more, no child run more; each trial's row names its original run
+    _, parents_after, children_after = mlflow_runs(repo)
+    assert len(parents_after) == len(parents) + 1 and len(children_after) == len(children)
+    again = pd.read_csv(repo / "again" / "trials.csv").set_index(["cell_id", "lr"])
+    assert again.mlflow_run_id.sort_index().equals(first_trials.sort_index())
+    assert again.reused_from.sort_index().equals(first_trials.sort_index())
+    parent = client.get_run(json.loads((repo / "again" / "sweep.json").read_text())["mlflow_parent_run"])
+    listed = json.loads((Path(client.download_artifacts(parent.info.run_id, "tables/reused.json"))).read_text())
+    rows = [dict(zip(listed["columns"], row)) for row in listed["data"]]
+    assert sorted(r["mlflow_run_id"] for r in rows) == sorted(first_trials)
+    assert all(r["link"].endswith(f"/runs/{r['mlflow_run_id']}?workflowType=machine_learning") for r in rows)
+    assert f"{len(first_trials)} of {len(first_trials)} trials were finished by earlier sweeps" in \
+        parent.data.tags["mlflow.note.content"]
 
 
 

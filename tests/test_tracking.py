@@ -335,6 +335,32 @@ def test_a_trials_child_run_has_its_datasets_curve_system_metrics_and_verdict(st
     assert not children.writer.errors
 
 
+def test_a_reused_trial_is_its_original_run_never_a_copy(store):
+    """A later sweep takes a finished run as it is: the record names the original run, nothing is created under the
+    new parent, and a copy an earlier version of the sweep made (tag ``reused_from``) is passed over for its
+    original."""
+    from pipeline.tracking.runs import reused_run
+
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.create_experiment("reuse")
+    runs = []
+    for extra in ({}, {"reused_from": "original"}):  # the original, then a newer copy of it
+        sweep = client.create_run(experiment).info.run_id
+        run = client.create_run(experiment, tags={"mlflow.parentRunId": sweep, "run_key": "k", "trial_key": "t",
+                                                  "status": "solved", "reason": "solved at step 40"} | extra)
+        client.log_metric(run.info.run_id, "final_accuracy", 0.95)
+        client.set_terminated(run.info.run_id, "FINISHED")
+        runs.append(run.info.run_id)
+    original = runs[0]
+    parent = client.create_run(experiment).info.run_id
+    found = ChildRuns(client, experiment, parent, "tiny").finished("k")
+    assert list(found) == ["t"] and found["t"].info.run_id == original
+    record = reused_run(found["t"])
+    assert record["mlflow_run_id"] == record["reused_from"] == original
+    assert record["status"] == "solved" and record["final_accuracy"] == 0.95
+    assert not client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
+
+
 def test_the_writer_sends_in_order_merges_batches_and_keeps_what_failed(store):
     """RunWriter: a run's metrics and tags reach MLflow before its end, many small writes go out as few batches,
     a write MLflow refuses is kept in ``errors`` (and the rest still goes out), and it pickles without its thread."""

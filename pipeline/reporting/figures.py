@@ -223,13 +223,12 @@ def width_scan(table: pd.DataFrame, out: Path) -> list[Figure]:
 
 
 def load_histories(client, table: pd.DataFrame) -> pd.DataFrame:
-    """The winning run's val_accuracy and train_pflops at every validation step, per measured cell. A run
-    reused from an earlier sweep logged only its final numbers: its curve is the original run's."""
+    """The winning run's val_accuracy and train_pflops at every validation step, per measured cell (a reused
+    cell's run is the original, which holds its curve)."""
     frames = []
     for r in table[table.measured & table.mlflow_run_id.notna()].itertuples():
-        run_id = client.get_run(r.mlflow_run_id).data.tags.get("reused_from", r.mlflow_run_id)
         series = {
-            key: {m.step: m.value for m in client.get_metric_history(run_id, key)}
+            key: {m.step: m.value for m in client.get_metric_history(r.mlflow_run_id, key)}
             for key in ("val_accuracy", "train_pflops")
         }
         curve = pd.DataFrame(series).rename_axis("step").reset_index()

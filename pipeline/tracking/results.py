@@ -1,12 +1,14 @@
 """What a sweep records when it ends: its tables and headline, as files and on the MLflow parent run.
 
-- ``results/trials.csv`` (``trial_table``): one row per learning-rate run, trained now or reused;
+- ``results/trials.csv`` (``trial_table``): one row per learning-rate run, trained now or reused (its MLflow run is
+  then the original's, under the sweep that trained it);
 - ``results/sweep.csv`` (``cell_table``): one row per cell of the grid, measured (its best run) or inferred by the
   plan, with its verdict, reason, test accuracy, costs and whether the verdict is borderline;
 - ``results/curves.csv`` (``curve_table``): every validation of every run trained now (step, validation accuracy
   and loss, training PFLOPs so far), what ``python -m benchmarks.bench_frontier --replay`` replays strategies on;
 - ``results/sweep.json`` (``summarise``): the headline counts and costs, also the parent run's metrics.
-The per-cell table is also logged to the parent run as an MLflow table (``TABLE``).
+The per-cell table is also logged to the parent run as an MLflow table (``TABLE``), and so are the reused trials
+with links to their runs (``REUSED``): the parent of a sweep that trained nothing has no child runs.
 Each file is written whole or not at all (``write_atomic``).
 """
 
@@ -20,12 +22,13 @@ from pathlib import Path
 
 import pandas as pd
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import Config
 from pipeline.search.frontier import Outcome, Plan
 from pipeline.search.searcher import CellSearcher
-from pipeline.tracking.runs import ChildRuns
+from pipeline.tracking.runs import ChildRuns, ui_link
 from pipeline.training.status import Status, borderline_rows
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 
@@ -33,6 +36,7 @@ TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only
 CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")
 ORDER = ["task", "size", "arch", "width", "depth", "seed"]  # rows of both tables
 TABLE = "tables/sweep.json"  # the per-cell table on the parent run, as an MLflow table
+REUSED = "tables/reused.json"  # the reused trials on the parent run, each with a link to its (original) run
 
 
 def cell_row(cell: CellSpec, outcome: Outcome, best: dict | None) -> dict:
@@ -57,7 +61,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.DataFrame:
     """results/trials.csv: one row per learning-rate run, trained now (with its MLflow run and, if it raised, its
-    error) or reused."""
+    error) or reused (with the run it was taken from, in both ``mlflow_run_id`` and ``reused_from``)."""
     runs = []
     for cell_key, by_lr in searcher.runs.items():
         for run in by_lr.values():
@@ -162,6 +166,18 @@ def record(
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             client.log_metric(parent, name, value)
     client.log_table(parent, table.astype(object).where(table.notna(), None), TABLE)
+    reused = trials[trials.reused_from.notna()]
+    if len(reused):
+        experiment = client.get_run(parent).info.experiment_id
+        listed = reused[["cell_id", *ORDER, "lr", "status", "final_accuracy", "mlflow_run_id"]]
+        listed = listed.assign(link=[ui_link(client.tracking_uri, experiment, run) for run in listed.mlflow_run_id])
+        client.log_table(parent, listed.astype(object).where(listed.notna(), None), REUSED)
+        note = (
+            f"{len(reused)} of {len(trials)} trials were finished by earlier sweeps of this experiment with the same "
+            f"data, settings and code: reused, not trained again. `{REUSED}` lists their runs (each under the sweep "
+            f"that trained it) with links; `{TABLE}` names every cell's run."
+        )
+        client.set_tag(parent, MLFLOW_RUN_NOTE, note)  # the run's description in the UI
     contradictions, misses = plan.contradictions, plan.misses
     if contradictions:
         client.log_text(parent, "\n".join(contradictions) + "\n", "contradictions.txt")

@@ -1,4 +1,6 @@
-"""MLflow bookkeeping, all of it in the driver process: one parent run per sweep, one child run per trial.
+"""MLflow bookkeeping, all of it in the driver process: one parent run per sweep, one child run per trial it trains.
+A trial an earlier sweep of the experiment finished is not trained and not copied: the sweep refers to that run
+(``finished``, ``reused_run``), so a rerun with nothing to train adds its parent run and no child.
 
 Trials never talk to MLflow: they report to Ray Tune, and ``ChildRuns`` (a Tune callback, so it runs in the
 driver) turns each report into metrics of that trial's child run. One writer means no SQLite lock contention and
@@ -210,6 +212,8 @@ class ChildRuns(tune.Callback):
         )
         found: dict[str, mlflow.entities.Run] = {}
         for run in runs:
+            if "reused_from" in run.data.tags:  # a copy an earlier version of the sweep made: its original is here too
+                continue
             status = run.data.tags.get("status")
             ended = status in VERDICTS and "final_accuracy" in run.data.metrics
             if ended or status == Status.DROPPED:
@@ -220,17 +224,6 @@ class ChildRuns(tune.Callback):
         """Successive halving dropped this (cell, learning rate) run after it paused: its run says so and why."""
         run_id = self.by_key[run["trial_key"]]
         self.writer.log(run_id, tags={"status": Status.DROPPED, "reason": run["reason"]})
-
-    def reuse(self, cell: CellSpec, train: dict, trial_key: str, source) -> dict:
-        """Record an already finished run under this parent: a child run with the source's final metrics and
-        verdict; returns it as a run record."""
-        origin = source.data.tags.get("reused_from", source.info.run_id)
-        tags = {k: source.data.tags[k] for k in ("status", "reason") if k in source.data.tags}
-        run_id = self.child(cell, train, trial_key, reused_from=origin, **tags)
-        metrics = {k: v for k, v in source.data.metrics.items() if k in CELL_METRICS + TRIAL_METRICS}
-        self.writer.log(run_id, metrics, step=int(metrics.get("train_steps", 0)))
-        self.writer.terminate(run_id, "FINISHED")
-        return metrics | tags | {"mlflow_run_id": run_id, "reused_from": origin}
 
     def run_of(self, trial) -> str:
         """The trial's run id, its run created on first need: a trial whose actor dies while starting gets
@@ -300,6 +293,14 @@ class ChildRuns(tune.Callback):
 
     def on_experiment_end(self, trials, **info):
         self.writer.flush()
+
+
+def reused_run(source: mlflow.entities.Run) -> dict:
+    """A finished run taken as it is, as a run record: its final metrics and verdict, and the run itself as both
+    ``mlflow_run_id`` and ``reused_from`` (its curves, datasets and parent stay where they are)."""
+    tags = {k: source.data.tags[k] for k in ("status", "reason") if k in source.data.tags}
+    metrics = {k: v for k, v in source.data.metrics.items() if k in CELL_METRICS + TRIAL_METRICS}
+    return metrics | tags | {"mlflow_run_id": source.info.run_id, "reused_from": source.info.run_id}
 
 
 def error_line(error_file: str | None) -> str:
