@@ -21,7 +21,9 @@ for one run, which ``pipeline.nightly --force`` sets).
 Trials checkpoint at every validation into the storage path (``pipeline.training.checkpoints``); a trial whose worker
 died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
 from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
-results directory. ``sweep.workers_per_trial`` trains a trial data-parallel (``pipeline.training.distributed``).
+results directory (a second stops), and one at a time trains against a project's stores (a second waits: DVC's
+queue workers, `dvc queue start -j N`, take turns, each on every core). ``sweep.workers_per_trial`` trains a trial
+data-parallel (``pipeline.training.distributed``).
 Outputs (DVC's, ``pipeline.tracking.results``): ``results/sweep.csv`` (one row per cell: measured or inferred,
 verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run), ``results/curves.csv``
 (every validation of every run) and ``results/sweep.json`` (headline metrics). MLflow gets a parent run per sweep
@@ -30,7 +32,8 @@ table) and a child run per (cell, learning rate) it trains (its datasets, curves
 ``pipeline.tracking.runs``); a reused one stays the run of the sweep that trained it, which the tables name and the
 parent lists (``tables/reused.json``).
 MLflow's store, the storage path (checkpoints, published datasets) and Ray's trial directories are not DVC
-outputs.
+outputs; by default they are the project's (``mlflow.db``, ``mlartifacts/``, ``ray_results/``): for a DVC experiment
+run in a temporary copy (`dvc exp run --temp`, `--queue`), those of the checkout the copy was made from.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from ray import tune
 from ray.tune import CLIReporter
 
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec
-from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
+from pipeline.common.config import RETRAIN_ENV, ROOT, STORES_LOCK, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit, library_versions
 from pipeline.data import storage
@@ -99,8 +102,9 @@ def reporter() -> CLIReporter:
 
 
 def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
-    """The stage: cells built from the datasets, MLflow and Ray checked, a local Ray started (a cluster is joined
-    later, only if something needs training), then ``run_sweep``; Ray is left when it ends, however it ends."""
+    """The stage: cells built from the datasets, MLflow and Ray checked, the project's stores taken (waiting for
+    another sweep of the project to end), a local Ray started (a cluster is joined later, only if something needs
+    training), then ``run_sweep``; Ray is left when it ends, however it ends."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic trial table, not a box per trial and result
     # Tune saves its experiment state whenever a trial has made checkpoints_to_keep checkpoints, and warns about it
     # at every validation of short trials; we restore from our own checkpoints, not from that state
@@ -112,12 +116,17 @@ def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
     check_mlflow(cfg.cluster.mlflow(), cfg.sweep.experiment)
     check_ray(cfg.cluster.ray())
     local = cfg.cluster.ray() is None
-    try:
-        if local:
-            cluster.connect_ray(None, os.cpu_count() or 1)
-        return run_sweep(cfg, cells, out_dir, stage_start, local)
-    finally:
-        ray.shutdown()
+    # sweeps of one project (DVC's queue workers, a `dvc repro` beside a queue) train one after another: two at once
+    # would each start a local Ray on every core, train their common trials twice (neither finished when the
+    # other plans) and continue each other's live checkpoints
+    waiting = f"sweep: waiting for the sweep training against this project's stores ({{holder}}) to end: {STORES_LOCK}"
+    with owned(STORES_LOCK, waiting, wait=True, waiting=waiting):
+        try:
+            if local:
+                cluster.connect_ray(None, os.cpu_count() or 1)
+            return run_sweep(cfg, cells, out_dir, stage_start, local)
+        finally:
+            ray.shutdown()
 
 
 def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_start: float, local: bool) -> pd.DataFrame:

@@ -263,6 +263,14 @@ def test_cluster_settings_come_from_params_then_environment(monkeypatch):
     assert explicit.ray() == "head:6379" and explicit.mlflow() == "sqlite:////x.db"
 
 
+@pytest.mark.parametrize("copy", ["tmpk2x9", "standalone/tmpk2x9"])  # `dvc queue start`'s, `dvc exp run --temp`'s
+def test_a_dvc_experiments_temporary_copy_keeps_its_stores_in_the_project(tmp_path, copy):
+    project = tmp_path / "atlas"
+    assert config.project_root(project) == project
+    assert config.project_root(project / ".dvc" / "tmp" / "exps" / copy) == project
+    assert config.project_root(project / ".dvc" / "tmp" / "exps") == project / ".dvc" / "tmp" / "exps"  # no copy
+
+
 def test_an_architecture_may_have_its_own_depths(tmp_path, tiny_data):
     from pipeline.search.cells import build_cells
 

@@ -31,8 +31,29 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 import tasks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout whose code runs
 CONF_DIR = ROOT / "conf"
+# DVC runs `dvc exp run --temp` and queued experiments (`dvc queue start`) in a copy of the checkout, deleted once
+# it has collected the experiment's outputs: <project>/.dvc/tmp/exps/tmpXXXX (standalone/tmpXXXX for --temp)
+DVC_COPY = (".dvc", "tmp", "exps")
+
+
+def project_root(code: Path) -> Path:
+    """The checkout whose stores a sweep keeps its results in (MLflow's SQLite store and artifacts, the storage
+    path's checkpoints and published datasets, and so what later sweeps reuse): ``code`` itself, or the project a
+    DVC experiment's temporary copy was made from, which outlives the copy. Read from the copy's path, which DVC
+    always places there (its $DVC_ROOT says the same, but only in the processes DVC starts)."""
+    parts = code.parts
+    for i in range(len(parts) - len(DVC_COPY)):
+        if parts[i : i + len(DVC_COPY)] == DVC_COPY:
+            return Path(*parts[:i])
+    return code
+
+
+PROJECT = project_root(ROOT)
+# held by the sweep that trains against the project's stores: DVC's parallel queue workers (`dvc queue start -j N`)
+# take turns, so that each trains on every core, never both at once, and the second reuses what the first trained
+STORES_LOCK = PROJECT / ".dvc" / "tmp" / "capacity-atlas-sweep.lock"
 # set to 1 in a sweep's environment (``pipeline.nightly --force``): that sweep reuses no finished run and continues
 # no checkpoint, whatever ``sweep.reuse`` says. Reuse decides what trains, never what a result is, so a one-off
 # rerun from scratch need not change params.yaml (and leave it changed for the nights after)
@@ -567,23 +588,23 @@ class ClusterConfig(Section):
         None, description="Ray head to join; None: $RAY_ADDRESS, else a local ray.init"
     )
     mlflow_tracking_uri: NonBlank | None = Field(
-        None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the repo"
+        None, description="None: $MLFLOW_TRACKING_URI, else SQLite in the project"
     )
     storage_path: NonBlank | None = Field(
         None,
         description="where trials keep checkpoints and read their datasets: a "
         "path every Ray node sees, or a URI pyarrow understands (s3://, gs://); None: "
-        "$CAPACITY_ATLAS_STORAGE, else ray_results/ in the repo (one machine)",
+        "$CAPACITY_ATLAS_STORAGE, else ray_results/ in the project (one machine)",
     )
 
     def ray(self) -> str | None:
         return self.ray_address or os.environ.get("RAY_ADDRESS") or None
 
     def storage(self) -> str:
-        return self.storage_path or os.environ.get("CAPACITY_ATLAS_STORAGE") or str(ROOT / "ray_results")
+        return self.storage_path or os.environ.get("CAPACITY_ATLAS_STORAGE") or str(PROJECT / "ray_results")
 
     def mlflow(self) -> str:
-        return self.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlflow.db'}"
+        return self.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT / 'mlflow.db'}"
 
 
 class Config(Section):

@@ -1,7 +1,8 @@
 """Locks held with flock, which the kernel drops when the holder dies, however it dies.
 
-``owned``: one process at a time does a job (a sweep per results directory, a nightly run per history); a second
-one stops at once with a ``LockBusy`` that names the holder, or waits.
+``owned``: one process at a time does a job (a sweep per results directory, a nightly run per history, the sweep
+training against a project's stores); a second one stops at once with a ``LockBusy`` that names the holder, or
+waits.
 
 Directories owned by a live process: each has a lock file beside it (``<dir>.lock``) that its owner holds with
 flock. The kernel drops the lock when the owner dies, however it dies, so a directory whose lock nobody holds is
@@ -48,15 +49,19 @@ def try_lock(path: Path, wait: bool = False) -> int | None:
 
 
 @contextlib.contextmanager
-def owned(path: Path, busy: str, wait: bool = False) -> Iterator[None]:
+def owned(path: Path, busy: str, wait: bool = False, waiting: str | None = None) -> Iterator[None]:
     """Holds lock file ``path`` while the block runs, with this process's pid and start time written in it.
-    When another process holds it: waits if ``wait``, else raises ``LockBusy(busy)``, where ``{holder}`` in
-    ``busy`` is replaced by what the holder wrote."""
+    When another process holds it: waits if ``wait`` (first printing ``waiting``, if given), else raises
+    ``LockBusy(busy)``; ``{holder}`` in either is replaced by what the holder wrote."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = try_lock(path, wait)
+    fd = try_lock(path)
     if fd is None:
         holder = path.read_text().strip() or "unknown"
-        raise LockBusy(busy.format(holder=holder))
+        if not wait:
+            raise LockBusy(busy.format(holder=holder))
+        if waiting:
+            print(waiting.format(holder=holder), flush=True)
+        fd = try_lock(path, wait=True)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT
 from ray import tune
 
 from pipeline.common.cell import CellSpec
-from pipeline.common.config import ROOT
+from pipeline.common.config import PROJECT
 from pipeline.common.provenance import git_commit
 from pipeline.tracking.services import EXPERIMENT_KIND, MODEL_TRAINING
 from pipeline.tracking.writer import RunWriter
@@ -43,7 +44,7 @@ def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: d
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        location = (ROOT / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
+        location = (PROJECT / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
         exp_id = client.create_experiment(experiment, artifact_location=location)
     else:
         exp_id = exp.experiment_id
@@ -73,14 +74,16 @@ def standard_tags() -> dict[str, str]:
 
 
 def driver_tags() -> dict[str, str]:
-    """Who runs this sweep: a later sweep closes the runs of one whose process is gone (``close_orphans``)."""
+    """Who runs this sweep: a later sweep closes the runs of one whose process is gone (``close_orphans``); in
+    which checkout, and as which DVC experiment (``dvc exp run`` names it in its stages' environment)."""
     me = psutil.Process()
+    experiment = os.environ.get("DVC_EXP_NAME")
     return {
         "driver_host": socket.gethostname(),
         "driver_pid": str(me.pid),
         "driver_started": repr(me.create_time()),
-        "checkout": str(ROOT),
-    }
+        "checkout": str(PROJECT),
+    } | ({"dvc_experiment": experiment} if experiment else {})
 
 
 def driver_alive(tags: dict) -> bool:
