@@ -24,10 +24,10 @@ from tests.helpers.repo import copy_repo
 
 NO_NAMESPACES = services.namespace_problem()
 RAY = str(Path(sys.executable).parent / "ray")
-# one trial of 8 steps: the job runs every stage of the pipeline, and little else
 # where `ray job submit` runs: ship the working directory's .git, which Ray 2.60 leaves out by default
 WITH_GIT = {"RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES": ".venv,venv,__pycache__"}
 ENDED = {"succeeded": "SUCCEEDED", "failed": "FAILED", "was stopped": "STOPPED"}  # how `ray job status` says it
+# one trial of 8 steps: the job runs every stage of the pipeline, and little else
 SWEEP = """sweep:
   architectures: [standard]
   widths: [8]
@@ -172,6 +172,7 @@ def test_a_working_dir_without_its_git_is_named_before_anything_runs(head):
 
 
 @on_a_head
+@pytest.mark.slow
 def test_a_sweep_whose_stores_are_in_the_jobs_working_dir_fails_with_a_named_error(head):
     """Without MLFLOW_TRACKING_URI and CAPACITY_ATLAS_STORAGE, the sweep's SQLite store and checkpoints would be in
     Ray's temporary copy of the working directory: the job fails before reading a dataset, saying so."""
@@ -187,8 +188,8 @@ def test_a_sweep_whose_stores_are_in_the_jobs_working_dir_fails_with_a_named_err
 
 @on_a_head
 @pytest.mark.parametrize(("env", "error"), [
-    ({"RAY_AUTH_TOKEN": "0" * 64}, "AuthenticationError: Authentication failed: Forbidden: "
-                                                               "Invalid authentication token"),
+    ({"RAY_AUTH_TOKEN": "0" * 64}, "AuthenticationError: Authentication failed: Forbidden: Invalid authentication "
+                                   "token"),
     ({"RAY_AUTH_MODE": "disabled"}, "AuthenticationError: Authentication required: Unauthorized: Missing "
                                     "authentication token"),
     # a head without the job server (`--include-dashboard=false`): nothing listens on its port
