@@ -76,7 +76,7 @@ from pipeline.tracking.runs import (
     start_parent,
     ui_link,
 )
-from pipeline.tracking.services import ServiceError, check_mlflow, check_ray
+from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, check_ray
 from pipeline.tracking.tuning import DropFinished, RungCheckpoints, TuneSearcher
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
@@ -112,6 +112,7 @@ def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
     # MLflow's client prints a "View run" link for every run it ends on a server: one per trial
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     stage_start = psutil.Process().create_time()  # the stage's process, imports included
+    check_job_paths(cfg.cluster.mlflow(), cfg.cluster.storage(), ROOT)  # a submitted job's stores, before its data
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
     check_mlflow(cfg.cluster.mlflow(), cfg.sweep.experiment)
     check_ray(cfg.cluster.ray())

@@ -263,6 +263,10 @@ def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp
     }
     data = manifest()
     entrypoint = [str(repo / "ops/kuberay/entrypoint"), *data["spec"]["entrypoint"].split()[1:]]
+    # a checkout without its .git (as `ray job submit --working-dir` ships one by default): named, dvc never runs
+    done = subprocess.run(entrypoint, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{repo} has no .git" in done.stderr and not (tmp_path / "dvc.json").exists()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)  # the image's checkout keeps its .git
     done = subprocess.run(entrypoint, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr  # the driver's status
     call = json.loads((tmp_path / "dvc.json").read_text())

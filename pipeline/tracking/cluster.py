@@ -28,7 +28,9 @@ PACKAGES = ("pipeline", "models", "tasks")
 def connect_ray(address: str | None, cpus: int) -> str:
     try:
         if address:
-            modules = [importlib.import_module(name) for name in PACKAGES]
+            # the packages' directories, not the module objects: a submitted job's driver merges this runtime_env
+            # with the job's (its working_dir) by deep-copying it, and a module cannot be copied
+            modules = [importlib.import_module(name).__path__[0] for name in PACKAGES]
             ray.init(
                 address=address, log_to_driver=False, logging_level=logging.WARNING, runtime_env={"py_modules": modules}
             )

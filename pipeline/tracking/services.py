@@ -1,6 +1,7 @@
-"""The services a sweep needs, checked before any compute: the MLflow store (a server, or an SQLite file) and a
-Ray head (reachable, and accepting this driver's auth token). Every problem is a ``ServiceError`` that names the
-address and what to do.
+"""The services a sweep needs, checked before any compute: the MLflow store (a server, or an SQLite file), a
+Ray head (reachable, and accepting this driver's auth token), and, for a sweep submitted as a Ray job, stores that
+outlive the job's temporary working directory. Every problem is a ``ServiceError`` that names the address and what to
+do.
 
 A server with authentication (``mlflow server --app-name basic-auth``) gets the credentials MLflow's client sends
 (``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``, or ``MLFLOW_TRACKING_TOKEN``): a server that refuses
@@ -11,12 +12,13 @@ first run.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import sqlite3
 import tempfile
 import urllib.parse
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from mlflow.exceptions import MlflowException
 from mlflow.utils.credentials import get_default_host_creds
@@ -205,3 +207,43 @@ def token_problem() -> str:
     ):
         return "RAY_AUTH_MODE=token but no token was found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
     return "the head rejects the token this driver sends"
+
+
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # what Ray's job supervisor gives a job's driver: its runtime_env
+
+
+def submitted_job(root: Path) -> str | None:
+    """The submission id of the Ray job whose temporary copy of its ``--working-dir`` ``root`` is, else None. Ray
+    unpacks a job's working directory (``gcs://_ray_pkg_<hash>.zip``) into ``.../_ray_pkg_<hash>/`` on the head and
+    starts the job's driver there."""
+    try:
+        job = json.loads(os.environ.get(JOB_CONFIG_ENV) or "{}")
+    except json.JSONDecodeError:
+        return None
+    uri = str((job.get("runtime_env") or {}).get("working_dir") or "")
+    package = PurePosixPath(uri.partition("://")[2]).stem
+    if not package or package not in root.resolve().parts:
+        return None
+    return str((job.get("metadata") or {}).get("job_submission_id") or "?")
+
+
+def check_job_paths(mlflow_uri: str, storage: str, root: Path) -> None:
+    """A sweep submitted with ``ray job submit --working-dir`` runs in Ray's copy of that directory, which Ray deletes
+    (with its session, or sooner once its cache of working directories is full): an MLflow SQLite store or a storage
+    path inside it would lose the sweep's runs and checkpoints, and a worker node would not see the storage at all."""
+    job = submitted_job(root)
+    if job is None:
+        return
+    inside = []
+    if mlflow_uri.startswith("sqlite:///"):
+        path = Path(mlflow_uri.removeprefix("sqlite:///")).resolve()
+        if path.is_relative_to(root.resolve()):
+            inside.append(f"the MLflow store {mlflow_uri} (set MLFLOW_TRACKING_URI to an MLflow server)")
+    if "://" not in storage and Path(storage).resolve().is_relative_to(root.resolve()):
+        inside.append(f"the storage {storage} (set CAPACITY_ATLAS_STORAGE to a path every node sees, or s3://...)")
+    if inside:
+        raise ServiceError(
+            f"this sweep runs as Ray job {job} in Ray's temporary copy of its --working-dir ({root}), which Ray "
+            f"deletes, and {' and '.join(inside)} would go with it: give them to the job with `ray job submit "
+            "--runtime-env-json '{\"env_vars\": {...}}'` (docs/cluster.md#submitting-a-job)"
+        )

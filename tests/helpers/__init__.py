@@ -18,7 +18,8 @@ What lives where:
 - ``tests.helpers.browser``: headless Chromium over the DevTools protocol (``Page``, ``report_problems``,
   ``vega_plots`` for the page of `dvc plots show`, ``group_running``); ``python -m tests.helpers.browser
   report/index.html [shot.png]``.
-- ``tests.helpers.services``: real services (a two-node Ray cluster, an MLflow server) in a network namespace.
+- ``tests.helpers.services``: real services (a two-node Ray cluster, its head with Ray's job server if asked, an
+  MLflow server) in a network namespace.
 - ``tests.helpers.webhook``: ``webhook``, a chat webhook: a real HTTP server on loopback that records the POSTs.
 - tests/conftest.py: the fixtures only (``tiny_cfg``, ``tiny_data``, ``spec``, ``uninterrupted``).
 """

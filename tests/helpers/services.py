@@ -37,8 +37,9 @@ BIN = Path(sys.executable).parent  # the venv's `ray` and `mlflow` sit beside it
 STARTUP_TIMEOUT = 60.0  # seconds; a head, a node or an MLflow server on 2 busy cores takes 3-10 s
 CLONE_NEWNET = 0x40000000
 # Variables that would point a started service elsewhere or change its authentication; each service gets its own.
-FOREIGN_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+FOREIGN_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "MLFLOW_TRACKING_URI")
+JOB_SERVER_PORT = 8265  # Ray's default dashboard port: the namespace is the cluster's own
 # Unix socket paths (a Ray session's sockets/plasma_store, sockets/raylet) must fit in 107 bytes; a Ray session
 # directory name takes up to 43 of them, sockets/plasma_store 21 more.
 MAX_RAY_TEMP_DIR = 40
@@ -94,6 +95,8 @@ class RayCluster:
     netns: Netns
     roots: list[int]  # the `ray start --block` processes; Ray's processes of each node descend from one
     logs: Path  # the directory of the nodes' logs
+    head_temp: Path  # the head's --temp-dir: its session, the jobs' working directories
+    job_server: str | None = None  # http://host:port of the head's job server (the dashboard), if it runs one
 
     def pids(self) -> set[int]:
         """The cluster's processes now (Ray starts and ends workers as tasks come and go)."""
@@ -101,8 +104,10 @@ class RayCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """What a driver adds to its environment: the head's address and the token, as Ray reads them."""
-        return {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+        """What a driver adds to its environment: the head's address and the token, as Ray reads them, and the job
+        server's address for `ray job`."""
+        env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+        return env | ({"RAY_API_SERVER_ADDRESS": self.job_server} if self.job_server else {})
 
     def driver_env(self, **extra: str) -> dict[str, str]:
         """A full environment for a driver process: this one's, minus foreign Ray and MLflow settings, plus ``env``."""
@@ -240,17 +245,34 @@ while len([n for n in ray.nodes() if n["Alive"]]) < int(sys.argv[2]):
 """
 
 
+def job_server_up(url: str, token: Path) -> bool:
+    """The job server at ``url`` answers an authenticated request (every one but its health check needs the token)."""
+    request = urllib.request.Request(url + "/api/version", headers={"Authorization": f"Bearer {token.read_text()}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
-def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1) -> Iterator[RayCluster]:
+def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_server: bool = False
+                ) -> Iterator[RayCluster]:
     """A Ray head on 127.0.0.1 and ``nodes - 1`` more nodes on 127.0.0.2, 127.0.0.3, ..., all in a network
     namespace of their own, with token authentication as Ray ships it: RAY_AUTH_MODE=token and the token in a file
-    (RAY_AUTH_TOKEN_PATH), one random token per cluster. Returns once every node has registered with the head."""
+    (RAY_AUTH_TOKEN_PATH), one random token per cluster. With ``job_server``, the head runs Ray's job server (the
+    dashboard) on 127.0.0.1:8265, for `ray job submit`. The nodes run with this venv first on their PATH, as started
+    from an activated environment: a job's entrypoint finds its python and dvc. Returns once every node has
+    registered with the head (and the job server answers)."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     token = tmp_dir / "ray_auth_token"
     token.write_text(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes: 256 random bits in hex
     token.chmod(0o600)
-    env = clean_env() | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env = clean_env() | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+                         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    dashboard = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={JOB_SERVER_PORT}"]
+                 if job_server else ["--include-dashboard=false"])
     common = ["--block", f"--num-cpus={cpus_per_node}", "--num-gpus=0", "--disable-usage-stats",
               "--object-store-memory=100000000", "--min-worker-port=0", "--max-worker-port=0"]
     with contextlib.ExitStack() as stack:
@@ -258,8 +280,8 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1) -> Iterat
         procs: list[subprocess.Popen] = []
         head_temp = ray_temp_dir(tmp_dir, "rh", stack)
         head_log = tmp_dir / "ray-head.log"
-        head = start([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", "--port=0",
-                      "--include-dashboard=false", f"--temp-dir={head_temp}", *common], env, head_log, netns)
+        head = start([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", "--port=0", *dashboard,
+                      f"--temp-dir={head_temp}", *common], env, head_log, netns)
         stack.callback(stop, head)
         procs.append(head)
         address_file = head_temp / "ray_current_cluster"  # written by `ray start` once the head is up
@@ -284,8 +306,11 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1) -> Iterat
         if probe is None or probe.returncode != 0:
             raise ServiceTimeout(f"Ray cluster at {address}: not all {nodes} nodes registered; {probe_log}:\n"
                                  f"{tail(probe_log)}\nhead log {head_log}:\n{tail(head_log)}")
+        url = f"http://127.0.0.1:{JOB_SERVER_PORT}" if job_server else None
+        if url:
+            wait_for(f"Ray job server at {url}", lambda: netns.call(job_server_up, url, token), procs, head_log)
         yield RayCluster(address=address, token_path=token, node_ips=ips, netns=netns, roots=[p.pid for p in procs],
-                         logs=tmp_dir)
+                         logs=tmp_dir, head_temp=head_temp, job_server=url)
 
 
 def healthy(uri: str) -> bool:
