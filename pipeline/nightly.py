@@ -1,13 +1,27 @@
 """Nightly rerun: the pipeline on a named profile, compared cell by cell with the previous night's run.
 
-    python -m pipeline.nightly --profile laptop        # dvc exp run -S profile=laptop, then the comparison
-    python -m pipeline.nightly                         # dvc repro on params.yaml's profile
+    python -m pipeline.nightly --profile laptop        # dvc exp run -S profile=laptop -n nightly-laptop-<date>
+    python -m pipeline.nightly                         # the same on params.yaml's profile
+    python -m pipeline.nightly --profile laptop --push  # shared: the remotes' nights pulled, this one pushed
+    python -m pipeline.nightly --profile laptop --pull  # no run: a teammate's view of the shared nights
     python -m pipeline.nightly --profile laptop --force                    # from scratch: every stage and trial
     python -m pipeline.nightly --profile laptop --notify https://hooks.example.org/...  # the summary to a chat
 
-Each night is kept in ``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the
-metrics and claim checks, and ``meta.json`` (date, commit, profile, MLflow parent run, which is tagged
-``nightly.date`` / ``nightly.commit``). The comparison with the latest earlier night of the same profile
+Each night is a DVC experiment named ``nightly-<profile>-<date>`` whose commit message records the night's date,
+commit, profile and training libraries (``pipeline.common.experiments``), and is kept in
+``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the metrics and claim checks, and
+``meta.json`` (that record, the experiment, the MLflow parent run, which is tagged ``nightly.date`` /
+``nightly.commit``). An experiment of the profile that ``nightly/`` lacks (pulled from a remote, or ``nightly/``
+deleted) is recorded there from the experiment's outputs before the night runs.
+
+Shared (``--push [GIT_REMOTE]``, default origin): the git remote and DVC's default remote are checked before
+anything runs (one that is not configured or does not answer, or a local remote directory that does not exist:
+exit 2, named), the nights of the profile they hold are pulled (``dvc exp pull``), and the night is pushed after
+its comparison (``dvc exp push``: its ref to the git remote, its datasets, results and report to the DVC remote); a
+push that fails is said in the summary, exit 2. ``--pull [GIT_REMOTE]`` runs no night: it pulls the nights, records
+them, and draws the atlas over time and the last night against the one before into ``report/history.md``.
+
+The comparison with the latest earlier night of the same profile
 (``pipeline.reporting.comparison``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
 goes to ``report/nightly.md``, into the night's directory and into a section of ``report/index.html``. Changes to
 or from undecided and borderline verdict flips are listed apart, and are not regressions. With it, the atlas over
@@ -31,8 +45,9 @@ and no trial is reused (``$CAPACITY_ATLAS_RETRAIN=1`` for the sweep), the night 
 
 Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
 (a scheduler alerts on it; the undecided and borderline lists never fail a night), 2 the pipeline or the config
-failed, or bad input (a --notify URL that is not http(s), a --summary file that cannot be written: named before
-anything runs), 3 another nightly run holds the lock (``--wait`` waits for it instead).
+failed, or bad input (a --notify URL that is not http(s), a --summary file that cannot be written, a remote that
+cannot be reached: named before anything runs), or the push failed, 3 another nightly run holds the lock (``--wait``
+waits for it instead).
 """
 
 from __future__ import annotations
@@ -52,7 +67,7 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common import notify
+from pipeline.common import experiments, notify
 from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit, library_versions
@@ -94,6 +109,12 @@ class Night:
     def took(self) -> str:
         seconds = round(time.time() - self.started)
         return f"Took {seconds // 60} min {seconds % 60} s."
+
+
+def busy(nights_dir: Path) -> str:
+    """What a second nightly run says while another holds the lock."""
+    lock = nights_dir / ".lock"
+    return f"another nightly run holds {lock} ({{holder}}); this one stops. Rerun with --wait to queue behind it"
 
 
 def latest_night(nights_dir: Path, profile: str) -> Path | None:
@@ -177,10 +198,44 @@ def publish(repo: Path, nights_dir: Path, night: Path, cfg: Config, result: dict
     return text
 
 
-def dvc_command(profile: str | None, force: bool) -> list[str]:
-    """The night's DVC run: an experiment on ``profile``, else a repro of params.yaml's; every stage if ``force``."""
-    run = ["exp", "run", "-S", f"profile={profile}"] if profile else ["repro"]
-    return [sys.executable, "-m", "dvc", *run, *(["--force"] if force else [])]
+def dvc_command(profile: str | None, force: bool, meta: dict) -> list[str]:
+    """The night's DVC run: an experiment named for the night (``experiments.name``), its commit message ``meta``,
+    on ``profile`` if given (else params.yaml's); every stage if ``force``."""
+    named = ["-n", experiments.name(meta["profile"], meta["date"]), "-m", experiments.message(meta)]
+    profiled = ["-S", f"profile={profile}"] if profile else []
+    return experiments.dvc("exp", "run", *profiled, *named, *(["--force"] if force else []))
+
+
+def shown(cmd: list[str]) -> str:
+    """A DVC command as the summary quotes it: ``dvc exp run -S profile=laptop -n nightly-...`` (no message)."""
+    args = cmd[2:]
+    if "-m" in args:
+        args = args[: args.index("-m")] + args[args.index("-m") + 2 :]
+    return " ".join(args)
+
+
+def record_experiments(repo: Path, nights_dir: Path, profile: str) -> list[Path]:
+    """Each night of ``profile`` this clone holds as an experiment (its own, and those pulled from a remote) and
+    lacks in ``nights_dir``, recorded there from the experiment: its tables and metrics (from DVC's cache, else the
+    DVC remote) and its meta.json (its commit message). Returns the nights recorded."""
+    recorded = []
+    for exp in experiments.nights(repo, profile):
+        night = nights_dir / f"{exp.meta['date']}_{exp.meta['commit']}"
+        if (night / "meta.json").is_file():
+            continue
+        try:
+            files = experiments.read(repo, exp.rev, list(SNAPSHOT))
+        except experiments.RemoteError as err:  # its outputs gone from the cache and no remote has them
+            print(f"nightly: warning: night {exp.name} left out of the history: {err}", file=sys.stderr)
+            continue
+        night.mkdir(parents=True, exist_ok=True)
+        for path, data in files.items():
+            (night / Path(path).name).write_bytes(data)
+        parent = json.loads(files["results/report.json"])["mlflow_parent_run"]
+        meta = {**exp.meta, "experiment": exp.name, "mlflow_parent_run": parent}
+        (night / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        recorded.append(night)
+    return recorded
 
 
 def run_passing_on(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list[str]]:
@@ -274,15 +329,21 @@ def sweep_line(night_dir: Path, earlier: str | None, forced: str) -> str:
     )
 
 
-def nightly(repo: Path, profile: str | None, wait: bool, force: bool, night: Night) -> tuple[int, str]:
-    """Runs the night; returns its exit status and summary."""
+def nightly(
+    repo: Path, profile: str | None, wait: bool, force: bool, push: str | None, night: Night
+) -> tuple[int, str]:
+    """Runs the night; returns its exit status and summary. With ``push`` (a git remote): both remotes checked
+    first, the nights they hold pulled, and the night pushed (``experiments``)."""
     cfg = load_config(repo / "params.yaml", profile=profile)
     night.profile = cfg.profile
+    remotes = experiments.check(repo, push) if push else ""
     nights_dir = repo / cfg.nightly.history
-    lock = nights_dir / ".lock"
-    busy = f"another nightly run holds {lock} ({{holder}}); this one stops. Rerun with --wait to queue behind it"
-    with owned(lock, busy, wait):
+    with owned(nights_dir / ".lock", busy(nights_dir), wait):
         night.date, night.commit = time.strftime("%Y-%m-%dT%H%M%S"), str(git_commit(repo))
+        if push:
+            pulled = experiments.pull(repo, push, cfg.profile)
+            print(f"nightly: pulled {count(len(pulled), 'night', 'nights')} of profile {cfg.profile} from {remotes}")
+        record_experiments(repo, nights_dir, cfg.profile)
         before = latest_night(nights_dir, cfg.profile)
         prior = json.loads((before / "meta.json").read_text()) if before else {}
         libraries = library_versions()
@@ -291,8 +352,15 @@ def nightly(repo: Path, profile: str | None, wait: bool, force: bool, night: Nig
         changed += [f"{name} {a} -> {b}" for name, (a, b) in bumped.items()]
         if prior and "libraries" not in prior:
             changed.append("the training libraries (that night did not record them)")
-        cmd = dvc_command(profile, force or bool(bumped))
-        print(f"nightly {night.date} commit {night.commit}: {' '.join(cmd[2:])}", flush=True)
+        meta = {
+            "date": night.date,
+            "commit": night.commit,
+            "profile": cfg.profile,
+            "libraries": libraries,
+            "forced": force,
+        }
+        cmd = dvc_command(profile, force or bool(bumped), meta)
+        print(f"nightly {night.date} commit {night.commit}: {shown(cmd)}", flush=True)
         if bumped and not force:
             print(
                 f"nightly: training libraries changed since {before.name if before else ''}: "
@@ -302,11 +370,11 @@ def nightly(repo: Path, profile: str | None, wait: bool, force: bool, night: Nig
         env = os.environ | ({RETRAIN_ENV: "1"} if force else {})
         code, tail = run_passing_on(cmd, repo, env)
         if code != 0:
-            print(f"error: `{' '.join(cmd[2:])}` failed (its output is above)", file=sys.stderr)
-            return 2, failure(night, 2, f"`{' '.join(cmd[2:])}` failed (exit {code}); its last lines:", tail)
+            print(f"error: `{shown(cmd)}` failed (its output is above)", file=sys.stderr)
+            return 2, failure(night, 2, f"`{shown(cmd)}` failed (exit {code}); its last lines:", tail)
         night_dir = nights_dir / f"{night.date}_{night.commit}"
-        meta = {"date": night.date, "commit": night.commit, "libraries": libraries, "forced": force}
-        earlier = keep_night(repo, night_dir, cfg, meta)
+        experiment = experiments.name(cfg.profile, night.date)
+        earlier = keep_night(repo, night_dir, cfg, meta | {"experiment": experiment})
         title = f"Nightly {night.date}, commit {night.commit}, profile {cfg.profile}"
         result, text = against(before, night_dir, cfg, title)
         (night_dir / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -314,8 +382,51 @@ def nightly(repo: Path, profile: str | None, wait: bool, force: bool, night: Nig
         print(publish(repo, nights_dir, night_dir, cfg, result, text, heading))
         why = " (--force: nothing reused)" if force else (" (the training libraries changed)" if bumped else "")
         brief = summary(night, result, before, changed, sweep_line(night_dir, earlier, why))
+        code = 1 if result["regressions"] else 0
+        if push:
+            try:
+                pushed = experiments.push(repo, push, cfg.profile)
+                also = f", with {count(len(pushed) - 1, 'earlier night', 'earlier nights')} not pushed before"
+                brief += f"\nPushed as experiment {experiment}{also if len(pushed) > 1 else ''} to {remotes}.\n"
+            except experiments.RemoteError as err:
+                print(f"error: {err}", file=sys.stderr)
+                brief += f"\nNOT PUSHED (exit 2): {err}\n"
+                code = 2
         (night_dir / "summary.md").write_text(brief)
-        return (1 if result["regressions"] else 0), brief
+        return code, brief
+
+
+def pull_history(repo: Path, profile: str | None, wait: bool, git_remote: str, night: Night) -> tuple[int, str]:
+    """No night run: the nights of the profile that ``git_remote`` and the DVC remote hold, pulled and recorded,
+    the last compared with the one before, the atlas over time drawn into report/ (``history.md`` and its
+    figures); returns the exit status and a summary."""
+    cfg = load_config(repo / "params.yaml", profile=profile)
+    night.profile = cfg.profile
+    remotes = experiments.check(repo, git_remote)
+    nights_dir = repo / cfg.nightly.history
+    with owned(nights_dir / ".lock", busy(nights_dir), wait):
+        pulled = experiments.pull(repo, git_remote, cfg.profile)
+        record_experiments(repo, nights_dir, cfg.profile)
+        found = history.nights(nights_dir, cfg.profile)
+        head = night.headline(f"pulled {count(len(pulled), 'night', 'nights')}").replace(f", night {night.date}", "")
+        if not found:
+            return 0, f"{head}\n\nNo night of profile {cfg.profile} in {remotes} nor here.\n"
+        title = f"The nights of profile {cfg.profile}, the last {found[-1].name}"
+        result, text = against(found[-2] if len(found) > 1 else None, found[-1], cfg, title)
+        report_dir = repo / "report"
+        report_dir.mkdir(exist_ok=True)
+        for stale in report_dir.glob(f"{history.PREFIX}*.png"):
+            stale.unlink()
+        drawn = history.draw(history.load(nights_dir, cfg.profile), result, cfg.report.accuracy_threshold, report_dir)
+        (report_dir / "history.md").write_text(text + "\n" + history.markdown(drawn))
+        lines = [
+            head,
+            f"From {remotes}: {count(len(found), 'night', 'nights')} of profile {cfg.profile} in all, "
+            f"{found[0].name} to {found[-1].name} (nightly/).",
+            f"The last against the one before, and the atlas over time: {(report_dir / 'history.md').resolve()} "
+            f"({count(len(drawn), 'figure', 'figures')}). dvc exp show -A: their metrics.",
+        ]
+        return 0, "\n\n".join(lines) + "\n"
 
 
 def deliver(text: str, summary_files: list[Path], urls: list[str]) -> None:
@@ -354,6 +465,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rerun from scratch: every DVC stage (dvc ... --force) and every trial (no run reused from MLflow)",
     )
+    shared = ap.add_mutually_exclusive_group()
+    shared.add_argument(
+        "--push",
+        metavar="GIT_REMOTE",
+        nargs="?",
+        const="origin",
+        help="share the night: pull the nights GIT_REMOTE (default origin) and DVC's default remote hold first, then "
+        "push this one (dvc exp push); a remote that cannot be reached stops the night before it runs",
+    )
+    shared.add_argument(
+        "--pull",
+        metavar="GIT_REMOTE",
+        nargs="?",
+        const="origin",
+        help="run no night: pull the nights of the profile that GIT_REMOTE (default origin) and DVC's default remote "
+        "hold, and draw the atlas over time into report/history.md",
+    )
     ap.add_argument(
         "--notify",
         metavar="URL",
@@ -387,7 +515,13 @@ def main(argv: list[str] | None = None) -> int:
         deliver(failure(night, 2, f"Bad input: {err}."), summary_files, [])
         return 2
     try:
-        code, text = nightly(Path(args.repo), args.profile, args.wait, args.force, night)
+        if args.pull:
+            code, text = pull_history(Path(args.repo), args.profile, args.wait, args.pull, night)
+        else:
+            code, text = nightly(Path(args.repo), args.profile, args.wait, args.force, args.push, night)
+    except experiments.RemoteError as err:
+        print(f"error: {err}", file=sys.stderr)
+        code, text = 2, failure(night, 2, f"A remote: {err}")
     except LockBusy as err:
         print(f"error: {err}", file=sys.stderr)
         code, text = 3, failure(night, 3, f"{err}.")

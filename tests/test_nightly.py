@@ -188,7 +188,8 @@ def test_a_failed_night_says_why_in_its_summary_and_to_the_webhook(tmp_path):
     [post] = hook.posts
     text = post.body["text"]
     assert text.startswith("Capacity Atlas nightly: FAILED, exit 2 (profile tiny, commit unknown, night ")
-    assert "`dvc exp run -S profile=tiny` failed (exit " in text and "ERROR" in text  # DVC's own last lines
+    assert re.search(r"`dvc exp run -S profile=tiny -n nightly-tiny-[0-9T-]+` failed \(exit ", text)  # named
+    assert "ERROR" in text  # DVC's own last lines
     assert "No comparison was made" in text
     refused = refusing.url.split("/refused")[0] + "/…"
     not_notified = f"Not notified: POST to {refused} failed: HTTP 404 Not Found: no_such_hook."

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,12 +20,11 @@ import pytest
 
 from pipeline.common.locks import owned
 from tests.helpers import ROOT
+from tests.helpers.upstream import VENV, copy_kernels, git, push_change, upstream_and_clone
 from tests.helpers.webhook import webhook
 
 SCRIPT = ROOT / "ops" / "nightly"
-VENV = Path(sys.executable).parent.parent  # this venv: a clone's .venv links to it
 SHIPPED_PATH = "/srv/capacity-atlas"  # the checkout's path in ops/crontab.example and the systemd units
-IDENTITY = ["-c", "user.name=t", "-c", "user.email=t@t"]
 
 STUB_NIGHTLY = """# pipeline.nightly's stand-in: records its call, writes a comparison and a summary (to each --summary
 # FILE), exits as nightly/stub-exit says; with nightly/stub-no-summary it stops before its summary, as a crash would
@@ -53,11 +51,6 @@ sys.exit(code)
 SECRET = "s3cr3t"  # in the test webhook's path, as a Slack webhook's token is: never printed
 
 
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *IDENTITY, *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
 def crontab_command(checkout: Path, profile: str) -> str:
     """The command of ops/crontab.example's one job line, for ``checkout`` and ``profile``."""
     jobs = [line for line in (ROOT / "ops" / "crontab.example").read_text().splitlines()
@@ -75,29 +68,6 @@ def cron(command: str, home: Path, timeout: int = 120) -> subprocess.CompletedPr
     home.mkdir(exist_ok=True)
     return subprocess.run(["env", "-i", *env, "sh", "-c", command], cwd=home, capture_output=True, text=True,
                           timeout=timeout)
-
-
-def upstream_and_clone(src: Path, tmp: Path, venv: bool = True) -> tuple[Path, Path]:
-    """A bare "upstream" of the git repository ``src``, and a fresh clone of it whose .venv is this venv."""
-    upstream, clone = tmp / "upstream.git", tmp / "checkout"
-    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(upstream)], check=True)
-    subprocess.run(["git", "clone", "-q", str(upstream), str(clone)], check=True)
-    if venv:
-        (clone / ".venv").symlink_to(VENV)
-    return upstream, clone
-
-
-def push_change(upstream: Path, tmp: Path, changes: dict[str, str]) -> str:
-    """Commits and pushes to ``upstream`` a change to each file (new text) from a clone of it; the new head."""
-    work = tmp / "upstream-work"
-    if not work.exists():
-        subprocess.run(["git", "clone", "-q", str(upstream), str(work)], check=True)
-    git(work, "pull", "-q")
-    for name, text in changes.items():
-        (work / name).write_text(text)
-        git(work, "commit", "-qam", f"upstream changes {name}")
-    git(work, "push", "-q")
-    return git(work, "rev-parse", "HEAD")
 
 
 @pytest.fixture
@@ -338,14 +308,7 @@ def test_two_nights_of_the_crontab_line_in_a_fresh_clone(tmp_path):
 
     src = copy_repo(tmp_path / "src", "sweep: {architectures: [standard], widths: [8, 16]}")
     upstream, clone = upstream_and_clone(src, tmp_path)
-    # the numba kernels the copy was given, with its sources' times (numba's index checks them): not compiled again
-    kernels = list(src.glob("*/__pycache__/*.nb[ic]"))
-    for cache in kernels:
-        (clone / cache.parent.relative_to(src)).mkdir(exist_ok=True)
-        shutil.copy2(cache, clone / cache.relative_to(src))
-    for package in {cache.parent.parent for cache in kernels}:
-        for source in package.glob("*.py"):
-            shutil.copystat(source, clone / source.relative_to(src))
+    copy_kernels(src, clone)
     command = crontab_command(clone, "tiny")
     home = tmp_path / "home"
     started = time.time()

@@ -9,6 +9,8 @@ What lives where:
   its ``test_sizes``).
 - ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
   with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
+- ``tests.helpers.upstream``: ``upstream_and_clone`` (a bare upstream of a git repository and a fresh clone of it),
+  ``push_change`` (a commit pushed to the upstream), ``copy_kernels`` (a copy's numba kernels into a clone), ``git``.
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``short_trial``, a 20-step
   trial on the tiny profile (the GPU tests and their CPU twin).
 - ``tests.helpers.without``: ``python -m tests.helpers.without ray,mlflow,dvc -m MODULE``, a module run with packages
