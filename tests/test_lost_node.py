@@ -21,9 +21,10 @@ from tests.helpers import KILLABLE_SWEEP, services
 from tests.helpers.repo import copy_repo, mlflow_runs, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
+NO_NAMESPACES = services.namespace_problem()  # the cluster's test needs them (root)
 
-# KILLABLE_SWEEP's two trials, 600 steps each, none stopping before: long enough to be caught mid-way on 2 busy cores
-LONG_SWEEP = KILLABLE_SWEEP.replace("max_steps: 1600", "max_steps: 600") + "\n  convergence_min_steps: 600"
+# KILLABLE_SWEEP's two trials, 400 steps each, none stopping before: long enough to be caught mid-way on 2 busy cores
+LONG_SWEEP = KILLABLE_SWEEP.replace("max_steps: 1600", "max_steps: 400") + "\n  convergence_min_steps: 400"
 
 
 def sweep_repo(dst: Path, data: Path) -> Path:
@@ -101,3 +102,43 @@ def test_a_local_sweep_whose_raylet_dies_stops_naming_the_node_and_a_rerun_resum
     assert newest.info.status == "FINISHED" and len(mine) == 2 and {c.info.status for c in mine} == {"FINISHED"}
     killed_ids = {c.info.run_id for c in children if c.info.status == "KILLED"}
     assert {c.data.tags["resumed_from_run"] for c in mine} == killed_ids  # each curve takes over the stopped run's
+
+
+def reported_from(storage: Path, ip: str) -> int:
+    """The newest checkpoint's step of the trial whose last report came from the node at ``ip`` (0: none yet)."""
+    for trial in storage.glob("*/*-lr*"):
+        lines = (trial / "result.json").read_text().splitlines() if (trial / "result.json").exists() else []
+        if lines and json.loads(lines[-1]).get("node_ip") == ip:
+            steps = [json.loads(m.read_text())["step"] for m in trial.glob("checkpoint_*/meta.json")]
+            return max(steps, default=0)
+    return 0
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(bool(NO_NAMESPACES), reason=f"needs network namespaces: {NO_NAMESPACES}")
+def test_a_cluster_sweep_retries_a_lost_worker_nodes_trial_on_the_head(tiny_data, tmp_path):
+    repo = sweep_repo(tmp_path / "checkout", tiny_data)
+    shared = tmp_path / "shared"
+    # the head's GCS declares a silent node dead after 1 s instead of Ray's 15 s (3 s a check, 5 missed)
+    with services.ray_cluster(tmp_path / "ray", RAY_health_check_period_ms="500",
+                              RAY_health_check_failure_threshold="2") as cluster:
+        worker = cluster.node_ips[1]
+        sweep = subprocess.Popen(cluster.command([sys.executable, "-m", "pipeline.sweep"]), cwd=repo, text=True,
+                                 env=cluster.driver_env(CAPACITY_ATLAS_STORAGE=str(shared)),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: reported_from(shared, worker) >= 20, f"a checkpoint of the trial on {worker}", sweep)
+            for pid in services.tree(cluster.roots[1]):  # the worker node dies: its raylet, workers, everything
+                psutil.Process(pid).kill()
+            out, _ = sweep.communicate(timeout=300)
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()
+    assert sweep.returncode == 0, out[-3000:]
+    assert f"lost Ray node {worker}" in out, out[-3000:]
+    trials = pd.read_csv(repo / "results" / "trials.csv")
+    assert set(trials.status) <= {"solved", "undecided", "unsolved"} and len(trials) == 2  # every cell decided
+    retried = trials[trials.restarts == 1]
+    assert len(retried) == 1 and retried.resumed_step.iloc[0] >= 20 and retried.node.iloc[0] == cluster.node_ips[0]
+    _, _, children = mlflow_runs(repo)
+    assert len(children) == 2 and {c.info.status for c in children} == {"FINISHED"}

@@ -256,21 +256,22 @@ def job_server_up(url: str, token: Path) -> bool:
 
 
 @contextlib.contextmanager
-def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_server: bool = False
-                ) -> Iterator[RayCluster]:
+def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_server: bool = False,
+                **ray_env: str) -> Iterator[RayCluster]:
     """A Ray head on 127.0.0.1 and ``nodes - 1`` more nodes on 127.0.0.2, 127.0.0.3, ..., all in a network
     namespace of their own, with token authentication as Ray ships it: RAY_AUTH_MODE=token and the token in a file
     (RAY_AUTH_TOKEN_PATH), one random token per cluster. With ``job_server``, the head runs Ray's job server (the
     dashboard) on 127.0.0.1:8265, for `ray job submit`. The nodes run with this venv first on their PATH, as started
-    from an activated environment: a job's entrypoint finds its python and dvc. Returns once every node has
-    registered with the head (and the job server answers)."""
+    from an activated environment: a job's entrypoint finds its python and dvc. ``ray_env``: more of every node's
+    environment (Ray's ``RAY_<setting>`` variables). Returns once every node has registered with the head (and the
+    job server answers)."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     token = tmp_dir / "ray_auth_token"
     token.write_text(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes: 256 random bits in hex
     token.chmod(0o600)
     env = clean_env() | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-                         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+                         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"} | ray_env
     dashboard = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={JOB_SERVER_PORT}"]
                  if job_server else ["--include-dashboard=false"])
     common = ["--block", f"--num-cpus={cpus_per_node}", "--num-gpus=0", "--disable-usage-stats",
