@@ -100,8 +100,11 @@ def unscalable(bundle: dict[str, float]) -> str | None:
     groups = {g.name: dict(g.resources) for g in config.node_group_configs if g.max_count != 0}
     if any(fits(resources, bundle) for resources in groups.values()):
         return None
-    listing = "; ".join(f"{name}: {resources}" for name, resources in groups.items()) or "none may start a node"
-    return f"no node group of the autoscaler holds one trial (groups: {listing})"
+    listing = "; ".join(
+        f"{name}: " + ", ".join(f"{v:g} {k}" for k, v in sorted(resources.items()))
+        for name, resources in groups.items()
+    )
+    return f"no node group of the autoscaler holds one trial (groups: {listing or 'none may start a node'})"
 
 
 def check_resources(cpu: float, gpu: float, wait: float) -> None:
