@@ -5,9 +5,9 @@ recorded in MLflow.
 
 Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
 (and its auth token) are checked, the datasets are published to ``cluster.storage_path``, some node must hold a
-trial's CPUs and GPUs, and on a cluster every Ray node is probed: it must import the code and read the data
-(``pipeline.tracking.cluster``). ``sweep.search`` picks the plan (``pipeline.search.frontier``): ``grid``
-trains every
+trial's CPUs and GPUs (on a cluster, one may join within ``cluster.node_wait_s``: an autoscaler is asked for it), and
+on a cluster every Ray node is probed: it must import the code and read the data (``pipeline.tracking.cluster``).
+``sweep.search`` picks the plan (``pipeline.search.frontier``): ``grid`` trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
 rest. The plan runs as a Ray Tune searcher (``pipeline.search.searcher``): one trial per (cell, learning rate)
 (``pipeline.training.trainable``), each training with Lightning until its verdict
@@ -19,11 +19,13 @@ Runs this MLflow experiment already finished with the same data, training settin
 the libraries training runs on are reused (``sweep.reuse: false`` retrains them; so does ``$CAPACITY_ATLAS_RETRAIN=1``
 for one run, which ``pipeline.nightly --force`` sets).
 Trials checkpoint at every validation into the storage path (``pipeline.training.checkpoints``); a trial whose worker
-died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
-from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
-results directory (a second stops), and one at a time trains against a project's stores (a second waits: DVC's
-queue workers, `dvc queue start -j N`, take turns, each on every core). ``sweep.workers_per_trial`` trains a trial
-data-parallel (``pipeline.training.distributed``).
+died, or whose node was lost, is retried from its checkpoint (``sweep.max_failures``); once lost nodes leave none
+that can run a trial for ``cluster.node_wait_s`` (a local Ray: at once), the sweep stops with ``LostNode`` naming
+them, its unfinished runs KILLED. A sweep killed or stopped continues its trials from their checkpoints when rerun,
+closing a dead sweep's MLflow runs as KILLED. One sweep at a time writes a results directory (a second stops), and
+one at a time trains against a project's stores (a second waits: DVC's queue workers, `dvc queue start -j N`, take
+turns, each on every core). ``sweep.workers_per_trial`` trains a trial data-parallel
+(``pipeline.training.distributed``).
 Outputs (DVC's, ``pipeline.tracking.results``): ``results/sweep.csv`` (one row per cell: measured or inferred,
 verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run), ``results/curves.csv``
 (every validation of every run) and ``results/sweep.json`` (headline metrics). MLflow gets a parent run per sweep
