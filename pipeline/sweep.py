@@ -5,9 +5,9 @@ recorded in MLflow.
 
 Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
 (and its auth token) are checked, the datasets are published to ``cluster.storage_path``, some node must hold a
-trial's CPUs and GPUs, and on a cluster every Ray node is probed: it must import the code and read the data
-(``pipeline.tracking.cluster``). ``sweep.search`` picks the plan (``pipeline.search.frontier``): ``grid``
-trains every
+trial's CPUs and GPUs (on a cluster, one may join within ``cluster.node_wait_s``: an autoscaler is asked for it), and
+on a cluster every Ray node is probed: it must import the code and read the data (``pipeline.tracking.cluster``).
+``sweep.search`` picks the plan (``pipeline.search.frontier``): ``grid`` trains every
 cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
 rest. The plan runs as a Ray Tune searcher (``pipeline.search.searcher``): one trial per (cell, learning rate)
 (``pipeline.training.trainable``), each training with Lightning until its verdict
@@ -19,11 +19,13 @@ Runs this MLflow experiment already finished with the same data, training settin
 the libraries training runs on are reused (``sweep.reuse: false`` retrains them; so does ``$CAPACITY_ATLAS_RETRAIN=1``
 for one run, which ``pipeline.nightly --force`` sets).
 Trials checkpoint at every validation into the storage path (``pipeline.training.checkpoints``); a trial whose worker
-died is retried from its checkpoint (``sweep.max_failures``), and a sweep killed outright continues its trials
-from their checkpoints when rerun, closing the dead sweep's MLflow runs as KILLED. One sweep at a time writes a
-results directory (a second stops), and one at a time trains against a project's stores (a second waits: DVC's
-queue workers, `dvc queue start -j N`, take turns, each on every core). ``sweep.workers_per_trial`` trains a trial
-data-parallel (``pipeline.training.distributed``).
+died, or whose node was lost, is retried from its checkpoint (``sweep.max_failures``); once lost nodes leave none
+that can run a trial for ``cluster.node_wait_s`` (a local Ray: at once), the sweep stops with ``LostNode`` naming
+them, its unfinished runs KILLED. A sweep killed or stopped continues its trials from their checkpoints when rerun,
+closing a dead sweep's MLflow runs as KILLED. One sweep at a time writes a results directory (a second stops), and
+one at a time trains against a project's stores (a second waits: DVC's queue workers, `dvc queue start -j N`, take
+turns, each on every core). ``sweep.workers_per_trial`` trains a trial data-parallel
+(``pipeline.training.distributed``).
 Outputs (DVC's, ``pipeline.tracking.results``): ``results/sweep.csv`` (one row per cell: measured or inferred,
 verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run), ``results/curves.csv``
 (every validation of every run) and ``results/sweep.json`` (headline metrics). MLflow gets a parent run per sweep
@@ -72,12 +74,13 @@ from pipeline.tracking.runs import (
     close_orphans,
     dataset_inputs,
     driver_tags,
+    killed_runs,
     reused_run,
     start_parent,
     ui_link,
 )
 from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, check_ray
-from pipeline.tracking.tuning import DropFinished, RungCheckpoints, TuneSearcher
+from pipeline.tracking.tuning import DropFinished, NodeWatch, RungCheckpoints, TuneSearcher
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
 from pipeline.training.trainable import run_cell
@@ -145,6 +148,7 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
     started = time.time()
     client, parent = open_parent_run(cfg, cells, train, key)
     status = "FAILED"
+    children = None
     try:
         children, searcher, to_train = prepare_searcher(cfg, client, parent, cells, train, key)
         slots = train_trials(cfg, client, parent, searcher, children, published, local, started) if to_train else 0
@@ -157,6 +161,12 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
         record(client, parent, out_dir, table, trials, curves, summary, searcher.plan, children.writer.errors)
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"
         return table
+    except BaseException as err:  # a lost node, an error, Ctrl-C: no run is left RUNNING, none holds a result
+        reason = f"killed: the sweep stopped: {type(err).__name__}: {err}"
+        client.set_tag(parent, "reason", reason)
+        if children is not None:
+            children.stop(reason)
+        raise
     finally:
         client.set_terminated(parent, status)
 
@@ -230,10 +240,10 @@ def prepare_searcher(
     Also says whether anything needs training."""
     s = cfg.sweep
     experiment = client.get_run(parent).info.experiment_id
-    orphans = close_orphans(client, experiment)  # runs of sweeps that died: KILLED, trial key -> run id
-    # trial key -> the newest checkpoint a dead sweep left (sweep.reuse: false trains everything anew)
+    close_orphans(client, experiment)  # runs of sweeps whose driver died: KILLED
+    # trial key -> the newest checkpoint a dead or stopped sweep left (sweep.reuse: false trains everything anew)
     unfinished = checkpoints.latest(cfg.cluster.storage(), key) if s.reuse else {}
-    children = ChildRuns(client, experiment, parent, cfg.profile, orphans)
+    children = ChildRuns(client, experiment, parent, cfg.profile, killed_runs(client, experiment, key))
     finished = children.finished(key) if s.reuse else {}
 
     def reusable(cell: CellSpec, lr: float) -> dict | None:
@@ -283,7 +293,8 @@ def train_trials(
     s, store = cfg.sweep, cfg.cluster.storage()
     address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
     client.log_param(parent, "ray", address)
-    cluster.check_resources(**s.trial_resources())
+    wait = 0 if local else cfg.cluster.node_wait_s  # no node joins a local Ray
+    cluster.check_resources(**s.trial_resources(), wait=wait)
     if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
         cluster.probe_nodes(next(iter(published.values())))
     # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next trial
@@ -304,7 +315,8 @@ def train_trials(
             storage_path=store,
             verbose=1 if s.console == "table" else 0,
             callbacks=[children, SweepProgress(searcher, children.writer, parent), RungCheckpoints(searcher, store)]
-            + ([] if s.keep_checkpoints else [DropFinished()]),
+            + ([] if s.keep_checkpoints else [DropFinished()])
+            + [NodeWatch(**s.trial_resources(), wait=wait)],
             progress_reporter=reporter() if s.console == "table" else None,
             failure_config=tune.FailureConfig(max_failures=s.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep),

@@ -1,18 +1,21 @@
 """A sweep on a real cluster: two Ray nodes with token authentication and an MLflow server, on loopback inside a
 network namespace (tests/helpers/services.py). The driver runs from a checkout the nodes never look at: the code reaches
-them as Ray py_modules, the datasets through the storage path. The results must equal a local run's."""
+them as Ray py_modules, the datasets through the storage path. The results must equal a local run's. And the resource
+check before any trial, on a cluster whose node with a trial's GPU joins late."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import KILLABLE_SWEEP, services
+from tests.helpers import KILLABLE_SWEEP, ROOT, services
 from tests.helpers.repo import copy_repo, run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.integration]
@@ -60,3 +63,64 @@ def test_a_sweep_on_two_token_authenticated_nodes_records_everything_on_the_serv
     trial_dirs = [d for d in shared.glob("*/*-lr*") if d.is_dir()]
     assert len(trial_dirs) == 2 and not [c for d in trial_dirs for c in d.glob("checkpoint_*")]  # deleted once done
     pd.testing.assert_frame_equal(trials(repo / "results")[SAME], trials(local / "results")[SAME])
+
+
+# A driver that checks the cluster for a trial of 1 CPU and 1 GPU, waiting argv[1] seconds; with argv[2:], first
+# reports to the GCS, as an autoscaler does, a node group of that name with that many GPUs that it may start
+CHECK = """
+import sys, time
+import ray
+from pipeline.tracking.cluster import check_resources
+from pipeline.tracking.services import ServiceError
+from ray._raylet import GcsClient
+from ray.core.generated.autoscaler_pb2 import ClusterConfig
+ray.init(log_to_driver=False, logging_level="ERROR")
+if sys.argv[2:]:
+    config = ClusterConfig()
+    group = config.node_group_configs.add(name=sys.argv[2], min_count=0, max_count=2)
+    group.resources.update({"CPU": 1, "GPU": int(sys.argv[3])})
+    GcsClient(address=ray.get_runtime_context().gcs_address).report_cluster_config(config.SerializeToString())
+began = time.monotonic()
+try:
+    check_resources(cpu=1, gpu=1, wait=float(sys.argv[1]))
+    print(f"passed after {time.monotonic() - began:.1f} s")
+except ServiceError as err:
+    print(f"failed after {time.monotonic() - began:.1f} s: {err}")
+"""
+
+
+def seconds(line: str) -> float:
+    return float(re.search(r"after ([0-9.]+) s", line).group(1))
+
+
+def test_the_resource_check_waits_for_a_node_that_holds_a_trial_and_names_what_is_missing(tmp_path):
+    """A head without GPUs: the check for a 1-GPU trial waits for a node that has one, and names the GPU when none
+    comes in time, or at once when the autoscaler's node groups (as it reports them to the GCS) have no GPU."""
+    with services.ray_cluster(tmp_path / "ray", nodes=1) as cluster:
+        def driver(*args: str) -> subprocess.Popen:
+            return subprocess.Popen(cluster.command([sys.executable, "-c", CHECK, *args]), cwd=ROOT, text=True,
+                                    env=cluster.driver_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+        def check(*args: str) -> str:
+            out, _ = driver(*args).communicate(timeout=120)
+            return out.strip().splitlines()[-1]
+
+        none_came = check("3")
+        assert none_came.startswith("failed") and seconds(none_came) >= 3, none_came
+        assert "none joined in 3 s (cluster.node_wait_s): missing GPU (a trial needs 1, the most one node has is 0)" \
+            in none_came and "127.0.0.1: 1 CPU, 0 GPU" in none_came
+
+        cannot_come = check("60", "cpu-group", "0")
+        assert cannot_come.startswith("failed") and seconds(cannot_come) < 10, cannot_come
+        assert "no node group of the autoscaler holds one trial (groups: cpu-group: 1 CPU, 0 GPU)" \
+            in cannot_come and "missing GPU" in cannot_come
+
+        waiting = driver("60", "gpu-group", "1")
+        said = ""  # the check is waiting before the node starts
+        while "waiting up to 60 s" not in said and (line := waiting.stdout.readline()):
+            said += line
+        assert "for one (cluster.node_wait_s)" in said, said[-3000:]
+        time.sleep(2)
+        with services.joined_node(cluster, "127.0.0.2", "--num-cpus=1", "--num-gpus=1"):  # the group scales up
+            out, _ = waiting.communicate(timeout=120)
+    assert out.strip().splitlines()[-1].startswith("passed"), out[-3000:]

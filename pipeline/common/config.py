@@ -596,6 +596,12 @@ class ClusterConfig(Section):
         "path every Ray node sees, or a URI pyarrow understands (s3://, gs://); None: "
         "$CAPACITY_ATLAS_STORAGE, else ray_results/ in the project (one machine)",
     )
+    node_wait_s: PositiveFloat = Field(
+        300,
+        description="seconds a sweep on a cluster waits for a Ray node that can hold a trial: before the first "
+        "trial (nodes still joining, or an autoscaler's group scaling up, asked for one), and once lost nodes left "
+        "none, before it stops with an error naming them (a local Ray stops at once)",
+    )
 
     def ray(self) -> str | None:
         return self.ray_address or os.environ.get("RAY_ADDRESS") or None

@@ -4,8 +4,13 @@
   (its auth token from ``$RAY_AUTH_TOKEN`` / ``$RAY_AUTH_TOKEN_PATH``, as Ray reads it). On a remote head the
   driver ships this checkout's code (``pipeline``, ``models``, ``tasks``) to the workers as Ray ``py_modules``:
   every trial runs the driver's code, whatever the nodes have installed.
-- ``check_resources``: a trial asking for more CPUs or GPUs than any node has would wait forever in Ray's queue;
-  it is a named ``ServiceError`` instead.
+- ``check_resources``: a trial asking for more CPUs or GPUs than any node has would wait forever in Ray's queue.
+  When no alive node holds one, the autoscaler is asked for one (``request_resources``) and the check waits up to
+  ``cluster.node_wait_s`` for a node that does to join (a group scaling up from zero, a node still starting); it
+  fails at once when the autoscaler's node groups cannot hold a trial, and after the wait otherwise, with a
+  ``ServiceError`` naming the missing resource.
+- ``LostNode``: the error of a sweep that lost nodes until none could run a trial
+  (``pipeline.tracking.tuning.NodeWatch``).
 - ``probe_nodes``: one zero-CPU task per node imports the package and opens a dataset through the storage path,
   so a node that cannot is named before the first trial, not found by a failed trial later.
 """
@@ -15,9 +20,12 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import time
 
 import ray
 from ray._private import ray_constants
+from ray._private.state import state
+from ray.autoscaler.sdk import request_resources
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.tracking.services import ServiceError
@@ -51,16 +59,82 @@ def connect_ray(address: str | None, cpus: int) -> str:
     return address or "local"
 
 
-def check_resources(cpu: float, gpu: float) -> None:
-    """Some alive node must offer one trial's CPUs and GPUs (the workers of a data-parallel trial share a node)."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    have = [(n["NodeManagerAddress"], n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
-    if not any(c >= cpu and g >= gpu for _, c, g in have):
-        listing = ", ".join(f"{ip}: {c:g} CPU, {g:g} GPU" for ip, c, g in have) or "no alive node"
+class LostNode(ServiceError):
+    """Ray nodes were lost mid-sweep and, for ``cluster.node_wait_s``, no alive node could run a trial."""
+
+
+def alive_nodes() -> list[dict]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def trial_bundle(cpu: float, gpu: float) -> dict[str, float]:
+    """One trial's resources on one node, as Ray names them (a trial's workers share a node)."""
+    return {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v}
+
+
+def fits(resources: dict, bundle: dict[str, float]) -> bool:
+    return all(resources.get(k, 0) >= v for k, v in bundle.items())
+
+
+def shortfall(nodes: list[dict], bundle: dict[str, float]) -> str:
+    """What no alive node has for one trial: each resource short everywhere, with the most one node has; or, when
+    each is somewhere, that no node has them together; and the nodes."""
+    most = {k: max((n["Resources"].get(k, 0) for n in nodes), default=0) for k in bundle}
+    short = [
+        f"{k} (a trial needs {v:g}, the most one node has is {most[k]:g})" for k, v in bundle.items() if most[k] < v
+    ]
+    listing = ", ".join(
+        f"{n['NodeManagerAddress']}: {n['Resources'].get('CPU', 0):g} CPU, {n['Resources'].get('GPU', 0):g} GPU"
+        for n in nodes
+    )
+    missing = "; ".join(short) or "no node has all of " + ", ".join(f"{v:g} {k}" for k, v in bundle.items())
+    return f"missing {missing} (alive nodes: {listing or 'none'})"
+
+
+def unscalable(bundle: dict[str, float]) -> str | None:
+    """Why the autoscaler can bring no node that holds ``bundle``, from the node groups it reported to the GCS
+    (each group's resources and most nodes); None when a group can, or when no autoscaler reported any."""
+    config = state.get_cluster_config()
+    if config is None or not config.node_group_configs:
+        return None
+    groups = {g.name: dict(g.resources) for g in config.node_group_configs if g.max_count != 0}
+    if any(fits(resources, bundle) for resources in groups.values()):
+        return None
+    listing = "; ".join(
+        f"{name}: " + ", ".join(f"{v:g} {k}" for k, v in sorted(resources.items()))
+        for name, resources in groups.items()
+    )
+    return f"no node group of the autoscaler holds one trial (groups: {listing or 'none may start a node'})"
+
+
+def check_resources(cpu: float, gpu: float, wait: float) -> None:
+    """Some alive node must offer one trial's CPUs and GPUs. If none does, the autoscaler is asked for a node that
+    does and the check waits ``wait`` seconds for one to join; a ``ServiceError`` names the missing resource at once
+    when ``wait`` is 0 (a local Ray) or the autoscaler's node groups cannot hold a trial, else after the wait."""
+    bundle = trial_bundle(cpu, gpu)
+    if any(fits(n["Resources"], bundle) for n in alive_nodes()):
+        return
+    needs = (
+        f"a trial needs {cpu:g} CPUs and {gpu:g} GPUs on one node (sweep.cpus_per_trial, sweep.gpus_per_trial, "
+        "sweep.workers_per_trial)"
+    )
+    if wait <= 0:  # a local Ray: no node can join
+        raise ServiceError(f"{needs}, but no Ray node has them: {shortfall(alive_nodes(), bundle)}")
+    if why := unscalable(bundle):
+        raise ServiceError(f"{needs}, but {why}; {shortfall(alive_nodes(), bundle)}")
+    print(f"sweep: no Ray node holds a trial yet; waiting up to {wait:g} s for one (cluster.node_wait_s)", flush=True)
+    request_resources(bundles=[bundle])  # a hint an autoscaler acts on; without one, nodes may still be joining
+    try:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            if any(fits(n["Resources"], bundle) for n in alive_nodes()):
+                return
         raise ServiceError(
-            f"a trial needs {cpu:g} CPUs and {gpu:g} GPUs on one node (sweep.cpus_per_trial, "
-            f"sweep.gpus_per_trial, sweep.workers_per_trial), but no Ray node has them ({listing})"
+            f"{needs}, but none joined in {wait:g} s (cluster.node_wait_s): {shortfall(alive_nodes(), bundle)}"
         )
+    finally:
+        request_resources(bundles=[])  # the sweep's trials ask for themselves; a request left would hold nodes up
 
 
 def slots_on(nodes: list[tuple[float, float]], cpu: float, gpu: float) -> int:
@@ -72,8 +146,7 @@ def slots_on(nodes: list[tuple[float, float]], cpu: float, gpu: float) -> int:
 
 def trial_slots(cpu: float, gpu: float) -> int:
     """Trials at once on the alive nodes of the joined Ray cluster (``slots_on``)."""
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    return slots_on([(n.get("CPU", 0), n.get("GPU", 0)) for n in nodes], cpu, gpu)
+    return slots_on([(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in alive_nodes()], cpu, gpu)
 
 
 def probe(location: str, modules: tuple[str, ...]) -> str:
@@ -99,7 +172,7 @@ def probe_nodes(
     location: str, modules: tuple[str, ...] = ("pipeline.training.train", "pipeline.training.checkpoints")
 ) -> None:
     task = ray.remote(num_cpus=0)(probe)
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = alive_nodes()
     answers = [
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
             location, modules

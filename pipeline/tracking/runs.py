@@ -94,17 +94,15 @@ def driver_alive(tags: dict) -> bool:
         return False
 
 
-def close_orphans(client: MlflowClient, experiment_id: str) -> dict[str, str]:
+def close_orphans(client: MlflowClient, experiment_id: str) -> None:
     """Sweeps of this machine whose driver died (kill -9, a lost node) leave their parent and children RUNNING
-    forever: mark them KILLED. Returns trial key -> run id of the killed children (a resumed trial takes over its
-    curve). Sweeps of other machines, or still alive here, are left alone."""
+    forever: mark them KILLED. Sweeps of other machines, or still alive here, are left alone."""
     host = socket.gethostname()
     parents = client.search_runs(
         [experiment_id],
         max_results=10_000,
         filter_string=f"attributes.status = 'RUNNING' and tags.driver_host = '{host}'",
     )
-    killed = {}
     for parent in parents:
         if driver_alive(parent.data.tags):
             continue
@@ -118,9 +116,22 @@ def close_orphans(client: MlflowClient, experiment_id: str) -> dict[str, str]:
             if child.info.status == "RUNNING":
                 client.set_tag(child.info.run_id, "reason", "killed: its sweep's driver died")
                 client.set_terminated(child.info.run_id, "KILLED")
-                killed[child.data.tags["trial_key"]] = child.info.run_id
         client.set_tag(parent.info.run_id, "reason", "killed: the driver process died before the sweep ended")
         client.set_terminated(parent.info.run_id, "KILLED")
+
+
+def killed_runs(client: MlflowClient, experiment_id: str, run_key: str) -> dict[str, str]:
+    """trial key -> the newest KILLED child run with this run key: a trial of a sweep that died (``close_orphans``)
+    or stopped (a lost node, Ctrl-C), whose curve a resumed trial takes over."""
+    runs = client.search_runs(
+        [experiment_id],
+        max_results=50_000,
+        order_by=["attributes.start_time DESC"],
+        filter_string=f"tags.run_key = '{run_key}' and attributes.status = 'KILLED'",
+    )
+    killed: dict[str, str] = {}
+    for run in runs:
+        killed.setdefault(run.data.tags["trial_key"], run.info.run_id)
     return killed
 
 
@@ -182,6 +193,7 @@ class ChildRuns(tune.Callback):
         self.nodes: dict[str, str] = {}  # Tune trial id -> the Ray node it runs on
         self.validated: dict[str, set[int]] = {}  # MLflow run id -> the steps of the validations logged on it
         self.by_key: dict[str, str] = {}  # trial key -> its run in this sweep (a rung's continuation goes on in it)
+        self.open: set[str] = set()  # the runs of trials not ended yet
         self.standard = standard_tags()  # once: resolving them runs git
 
     def child(self, cell: CellSpec, train: dict, trial_key: str, **tags) -> str:
@@ -238,11 +250,13 @@ class ChildRuns(tune.Callback):
             run_id = self.runs[trial.trial_id] = self.by_key[config["trial_key"]]
             self.writer.reopen(run_id)
             self.writer.log(run_id, tags={"ray_trial_id": trial.trial_id, "status": "running", "reason": ""})
+            self.open.add(run_id)
             return run_id
         run_id = self.child(
             CellSpec(**config["cell"]), config["train"], config["trial_key"], ray_trial_id=trial.trial_id
         )
         self.runs[trial.trial_id] = self.by_key[config["trial_key"]] = run_id
+        self.open.add(run_id)
         previous = self.killed.get(config["trial_key"])
         if config.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours
             history = [
@@ -285,14 +299,26 @@ class ChildRuns(tune.Callback):
         self.writer.log(run_id, metrics, step=step, tags=tags)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.writer.terminate(self.run_of(trial), "FINISHED")
+        self.end(self.run_of(trial), "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self.run_of(trial)
         self.errors[trial.trial_id] = error_line(trial.error_file)
         tags = {"status": Status.FAILED, "reason": self.errors[trial.trial_id], "error": str(trial.error_file)}
         self.writer.log(run_id, tags=tags)
-        self.writer.terminate(run_id, "FAILED")
+        self.end(run_id, "FAILED")
+
+    def end(self, run_id: str, status: str) -> None:
+        self.open.discard(run_id)
+        self.writer.terminate(run_id, status)
+
+    def stop(self, reason: str) -> None:
+        """The sweep stopped before these trials ended (a lost node, an error, Ctrl-C): their runs are KILLED, with
+        the reason, and hold no verdict; a rerun continues them from their checkpoints."""
+        for run_id in sorted(self.open):
+            self.writer.log(run_id, tags={"reason": reason})
+            self.end(run_id, "KILLED")
+        self.writer.flush()
 
     def on_experiment_end(self, trials, **info):
         self.writer.flush()

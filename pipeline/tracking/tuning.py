@@ -1,9 +1,11 @@
 """What Ray Tune calls during a sweep, kept apart from the logic it drives so that the forecast, the replay and a
-trial outside Tune import no Ray: the cell searcher with Tune's ``Searcher`` as its base, and the callbacks that
-learn where a paused trial left its checkpoint and delete a finished trial's."""
+trial outside Tune import no Ray: the cell searcher with Tune's ``Searcher`` as its base, the callbacks that
+learn where a paused trial left its checkpoint and delete a finished trial's, and the one that watches for lost
+Ray nodes."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from ray import tune
@@ -11,6 +13,7 @@ from ray.tune.search import Searcher
 
 from pipeline.data.storage import location_of
 from pipeline.search.searcher import CellSearcher
+from pipeline.tracking.cluster import LostNode, alive_nodes, fits, shortfall, trial_bundle
 from pipeline.training.checkpoints import drop_checkpoints, drop_trial
 from pipeline.training.status import Status
 
@@ -58,3 +61,52 @@ class DropFinished(tune.Callback):
             drop_checkpoints(trial.storage.storage_filesystem, trial.path)
         if trial.config.get("resume"):  # <storage>/<dead sweep or the paused attempt>/<trial>/checkpoint_NNNNNN
             drop_trial(trial.config["resume"])
+
+
+class NodeWatch(tune.Callback):
+    """Watches the Ray nodes from Tune's loop, at most every ``every`` seconds. A node seen alive that is alive no
+    more is named with the unfinished trials whose last report came from it; Tune retries those from their
+    checkpoints on the nodes left (``sweep.max_failures``). Once no alive node can hold a trial (of ``cpu`` CPUs and
+    ``gpu`` GPUs) for ``wait`` seconds, raises ``LostNode`` naming the lost nodes and their trials: Tune itself
+    would wait for resources forever, warning that it cannot see any."""
+
+    def __init__(self, cpu: float, gpu: float, wait: float, every: float = 1.0):
+        self.bundle, self.wait, self.every = trial_bundle(cpu, gpu), wait, every
+        self.seen: dict[str, str] = {}  # node id -> address, of every node seen alive
+        self.lost: dict[str, str] = {}  # node id -> the node, when it was lost and what it was running
+        self.where: dict[str, str] = {}  # trial name -> the address of the node its last report came from
+        self.checked = 0.0
+        self.short_since: float | None = None  # since when no alive node can hold a trial
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.where[str(trial)] = result.get("node_ip", "")  # Tune adds it to every result
+
+    def on_step_begin(self, iteration, trials, **info):
+        now = time.monotonic()
+        if now - self.checked < self.every:
+            return
+        self.checked = now
+        alive = alive_nodes()
+        self.seen |= {n["NodeID"]: n["NodeManagerAddress"] for n in alive}
+        for node_id in self.seen.keys() - {n["NodeID"] for n in alive} - self.lost.keys():
+            address = self.seen[node_id]
+            running = [str(t) for t in trials if not t.is_finished() and self.where.get(str(t)) == address]
+            self.lost[node_id] = (
+                f"{address} (node {node_id[:12]}) at {time.strftime('%H:%M:%S')}, running "
+                f"{', '.join(running) or 'no trial that had reported'}"
+            )
+            print(
+                f"sweep: lost Ray node {self.lost[node_id]}; Tune retries its trials from their checkpoints on the "
+                "nodes left",
+                flush=True,
+            )
+        if any(fits(n["Resources"], self.bundle) for n in alive):
+            self.short_since = None
+            return
+        self.short_since = self.short_since or now
+        if now - self.short_since >= self.wait:
+            raise LostNode(
+                f"lost Ray node {'; lost Ray node '.join(self.lost.values()) or '(none seen)'}; for {self.wait:g} s "
+                f"(cluster.node_wait_s) no node could run a trial: {shortfall(alive, self.bundle)}. The sweep stops: "
+                "its finished trials are in MLflow, and `dvc repro` continues the others from their checkpoints"
+            )

@@ -255,26 +255,31 @@ def job_server_up(url: str, token: Path) -> bool:
         return False
 
 
+# every node's `ray start` options, but its resources
+NODE_OPTIONS = ["--block", "--disable-usage-stats", "--object-store-memory=100000000", "--min-worker-port=0",
+                "--max-worker-port=0"]
+
+
 @contextlib.contextmanager
-def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_server: bool = False
-                ) -> Iterator[RayCluster]:
+def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_server: bool = False,
+                **ray_env: str) -> Iterator[RayCluster]:
     """A Ray head on 127.0.0.1 and ``nodes - 1`` more nodes on 127.0.0.2, 127.0.0.3, ..., all in a network
     namespace of their own, with token authentication as Ray ships it: RAY_AUTH_MODE=token and the token in a file
     (RAY_AUTH_TOKEN_PATH), one random token per cluster. With ``job_server``, the head runs Ray's job server (the
     dashboard) on 127.0.0.1:8265, for `ray job submit`. The nodes run with this venv first on their PATH, as started
-    from an activated environment: a job's entrypoint finds its python and dvc. Returns once every node has
-    registered with the head (and the job server answers)."""
+    from an activated environment: a job's entrypoint finds its python and dvc. ``ray_env``: more of every node's
+    environment (Ray's ``RAY_<setting>`` variables). Returns once every node has registered with the head (and the
+    job server answers)."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     token = tmp_dir / "ray_auth_token"
     token.write_text(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes: 256 random bits in hex
     token.chmod(0o600)
     env = clean_env() | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-                         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+                         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"} | ray_env
     dashboard = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={JOB_SERVER_PORT}"]
                  if job_server else ["--include-dashboard=false"])
-    common = ["--block", f"--num-cpus={cpus_per_node}", "--num-gpus=0", "--disable-usage-stats",
-              "--object-store-memory=100000000", "--min-worker-port=0", "--max-worker-port=0"]
+    common = [*NODE_OPTIONS, f"--num-cpus={cpus_per_node}", "--num-gpus=0"]
     with contextlib.ExitStack() as stack:
         netns = stack.enter_context(network_namespace(tmp_dir / "netns.log"))
         procs: list[subprocess.Popen] = []
@@ -311,6 +316,20 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_serve
             wait_for(f"Ray job server at {url}", lambda: netns.call(job_server_up, url, token), procs, head_log)
         yield RayCluster(address=address, token_path=token, node_ips=ips, netns=netns, roots=[p.pid for p in procs],
                          logs=tmp_dir, head_temp=head_temp, job_server=url)
+
+
+@contextlib.contextmanager
+def joined_node(cluster: RayCluster, ip: str, *resources: str) -> Iterator[subprocess.Popen]:
+    """One more node of ``cluster`` at ``ip``, with ``resources`` (`ray start` options: ``--num-cpus=1``,
+    ``--num-gpus=1``), as a node that joins late (an autoscaler's, one still starting); stopped on exit."""
+    with contextlib.ExitStack() as stack:
+        log = cluster.logs / f"ray-node-{ip}.log"
+        temp = ray_temp_dir(cluster.logs, f"j{ip.rsplit('.', 1)[1]}", stack)
+        env = clean_env() | {k: v for k, v in cluster.env.items() if k != "RAY_ADDRESS"}
+        node = start([str(BIN / "ray"), "start", f"--address={cluster.address}", f"--node-ip-address={ip}",
+                      f"--temp-dir={temp}", *NODE_OPTIONS, *resources], env, log, cluster.netns)
+        stack.callback(stop, node)
+        yield node
 
 
 def healthy(uri: str) -> bool:
