@@ -6,10 +6,8 @@ on a narrowed tiny profile."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 
 from pipeline.common.config import PROJECT, STORES_LOCK
 from pipeline.common.locks import owned
-from tests.helpers.repo import copy_repo, mlflow_runs, run
+from tests.helpers.repo import copy_repo, mlflow_runs, pipeline_env, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -53,7 +51,7 @@ def start_queue(repo: Path, workers: int, log: Path) -> None:
     stay open until they end)."""
     with log.open("a") as out:
         subprocess.run(["dvc", "queue", "start", "-j", str(workers)], cwd=repo, stdout=out, stderr=out, check=True,
-                       env=os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+                       env=pipeline_env())
 
 
 def test_queued_and_temp_experiments_keep_their_results_in_the_projects_stores(tmp_path):
@@ -109,12 +107,19 @@ def test_queued_and_temp_experiments_keep_their_results_in_the_projects_stores(t
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans  # one sweep at a time
     of = {p.info.run_id: p.data.tags["dvc_experiment"] for p in parents}
     # each trial trained once: standard by the --temp run, lstm by whichever queued sweep went first; the other
-    # runs (1 + 2 + 1 in all) reuse them
-    trained = {c.info.run_id: (c.info.run_name.split("-")[1], of[c.data.tags["mlflow.parentRunId"]])
-               for c in children if "reused_from" not in c.data.tags}
+    # sweeps refer to those runs (their parents list them) rather than copy them
+    trained = {c.info.run_id: (c.info.run_name.split("-")[1], of[c.data.tags["mlflow.parentRunId"]]) for c in children}
     first = min(("both", "lstm"), key=lambda name: by_exp[name].info.start_time)
-    assert sorted(trained.values()) == [("lstm", first), ("standard", "alone")] and len(children) == 4
-    assert {c.data.tags.get("reused_from") for c in children if c.info.run_id not in trained} == set(trained)
+    assert sorted(trained.values()) == [("lstm", first), ("standard", "alone")]
+    reused = {}  # per sweep, the runs its parent lists as reused
+    for name, parent in by_exp.items():
+        if any(a.path == "tables/reused.json" for a in client.list_artifacts(parent.info.run_id, "tables")):
+            listed = json.loads(Path(client.download_artifacts(parent.info.run_id, "tables/reused.json")).read_text())
+            reused[name] = sorted(dict(zip(listed["columns"], row))["mlflow_run_id"] for row in listed["data"])
+    by_arch = {arch: run_id for run_id, (arch, _) in trained.items()}
+    expected = {"both": [by_arch["standard"]], "lstm": [by_arch["lstm"]]} if first == "both" else \
+        {"both": sorted(by_arch.values())}
+    assert reused == expected, (first, reused)
 
     # nothing the sweeps keep lies in DVC's temporary copies, which are gone
     experiment = client.get_experiment_by_name("capacity-atlas")

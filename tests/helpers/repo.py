@@ -20,10 +20,17 @@ from pipeline.generate import generate_task
 from tests.helpers import ROOT
 
 
-def run(cmd: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+def pipeline_env(**env) -> dict[str, str]:
+    """This process's environment for a pipeline's subprocess, with ``env``: this venv's executables first on the
+    PATH, and without the MLflow and Ray addresses an earlier test may have left in it (``mlflow.set_tracking_uri``
+    sets MLFLOW_TRACKING_URI, for a server long stopped)."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env['PATH']}"
-    return subprocess.run(cmd, cwd=cwd, env=full_env | env, capture_output=True, text=True, timeout=900)
+    return full_env | env
+
+
+def run(cmd: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=pipeline_env(**env), capture_output=True, text=True, timeout=900)
 
 
 def copy_repo(dst: Path, sweep: str | None = None) -> Path:
