@@ -37,7 +37,8 @@ from pipeline.training.train import TrialSpec, run_trial
 
 
 def trials(cfg: Config, data_dir: Path, parallel: int) -> list[tuple[str, dict, TrialSpec]]:
-    """(name, cell fields, spec) per (cell, learning rate), in the grid's order; on a GPU each takes 1/parallel."""
+    """(name, cell fields and learning rate, spec) per (cell, learning rate), in the grid's order; on a GPU each
+    takes 1/parallel."""
     cells = build_cells(cfg, data_dir)
     targets = training_targets(sorted({c.task for c in cells}), cfg.report.accuracy_threshold)
     gpu = torch.cuda.is_available()
@@ -45,7 +46,7 @@ def trials(cfg: Config, data_dir: Path, parallel: int) -> list[tuple[str, dict, 
     if not gpu:
         train["precision"] = "32-true"  # the CPU rehearsal: bf16 autocast on a CPU is another model's speed
     return [
-        (f"{spec.name} lr={lr:g}", cell._asdict(), TrialSpec.for_cell(spec, train | {"lr": lr}))
+        (f"{spec.name} lr={lr:g}", cell._asdict() | {"lr": lr}, TrialSpec.for_cell(spec, train | {"lr": lr}))
         for cell, spec in cells.items()
         for lr in spec.lrs
     ]
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                         row = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
                 else:
                     row = {"status": "cut off", "reason": f"still training or not started at {args.deadline_s:g} s"}
-                row = {"trial": name, "lr": float(name.rsplit("=", 1)[1]), **cell, **row}
+                row = {"trial": name, **cell, **row}
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
                 accuracy = row.get("final_accuracy", float("nan"))
