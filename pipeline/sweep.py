@@ -50,7 +50,6 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import ray
-import yaml
 from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune import CLIReporter
@@ -58,7 +57,6 @@ from ray.tune import CLIReporter
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec
 from pipeline.common.config import RETRAIN_ENV, ROOT, STORES_LOCK, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
-from pipeline.common.provenance import git_commit, library_versions
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
 from pipeline.reporting.thresholds import training_targets
@@ -68,15 +66,13 @@ from pipeline.search.halving import Halving
 from pipeline.search.searcher import trial_key
 from pipeline.tracking import cluster
 from pipeline.tracking.console import SweepProgress
+from pipeline.tracking.parent import open_parent_run
 from pipeline.tracking.results import cell_table, curve_table, record, summarise, trial_table
 from pipeline.tracking.runs import (
     ChildRuns,
     close_orphans,
-    dataset_inputs,
-    driver_tags,
     killed_runs,
     reused_run,
-    start_parent,
     ui_link,
 )
 from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, check_ray
@@ -189,47 +185,6 @@ def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str)
             **model_costs(cell, heads),
         )
     return published
-
-
-def open_parent_run(cfg: Config, cells: dict[Cell, CellSpec], train: dict, key: str) -> tuple[MlflowClient, str]:
-    """The sweep's MLflow parent run, with the grid, the training settings and where the code came from."""
-    s = cfg.sweep
-    commit = git_commit()
-    params = {
-        "profile": cfg.profile,
-        "search": s.search,
-        "predict": ",".join(s.predict) or "none",
-        "lr_search": s.lr_search,
-        **Halving.of(s).params(),
-        "cells": len(cells),
-        "architectures": ",".join(s.architectures),
-        "widths": ",".join(map(str, s.widths)),
-        "depths": ",".join(map(str, s.depths)),
-        "seeds": ",".join(map(str, s.seeds)),
-        "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
-        **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()},
-        "run_key": key,
-        "reuse": s.reuse,
-        **{f"train.{k}": v for k, v in train.items()},
-        **{f"library.{k}": v for k, v in library_versions().items()},  # what the run key hashes besides the code
-    }
-    tags = {
-        "git_commit": commit.sha,
-        "git_dirty": str(commit.dirty),
-        "profile": cfg.profile,
-        "stage": "sweep",
-        **driver_tags(),
-    }
-    client, parent = start_parent(
-        cfg.cluster.mlflow(),
-        s.experiment,
-        f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
-        params=params,
-        tags=tags,
-    )
-    client.log_text(parent, yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
-    client.log_inputs(parent, dataset_inputs(list(cells.values()), cfg.profile))
-    return client, parent
 
 
 def prepare_searcher(

@@ -1,0 +1,57 @@
+"""The sweep's MLflow parent run: what it records of the grid, the training settings, the reuse key, the library
+versions and where the code came from, so that a run in the UI says which sweep made it and how to make it again.
+Its children, one per trained trial, are ``pipeline.tracking.runs``'."""
+
+from __future__ import annotations
+
+import time
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+from pipeline.common.cell import Cell, CellSpec
+from pipeline.common.config import Config
+from pipeline.common.provenance import git_commit, library_versions
+from pipeline.search.halving import Halving
+from pipeline.tracking.runs import dataset_inputs, driver_tags, start_parent
+
+
+def open_parent_run(cfg: Config, cells: dict[Cell, CellSpec], train: dict, key: str) -> tuple[MlflowClient, str]:
+    """The sweep's MLflow parent run, with the grid, the training settings and where the code came from."""
+    s = cfg.sweep
+    commit = git_commit()
+    params = {
+        "profile": cfg.profile,
+        "search": s.search,
+        "predict": ",".join(s.predict) or "none",
+        "lr_search": s.lr_search,
+        **Halving.of(s).params(),
+        "cells": len(cells),
+        "architectures": ",".join(s.architectures),
+        "widths": ",".join(map(str, s.widths)),
+        "depths": ",".join(map(str, s.depths)),
+        "seeds": ",".join(map(str, s.seeds)),
+        "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
+        **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()},
+        "run_key": key,
+        "reuse": s.reuse,
+        **{f"train.{k}": v for k, v in train.items()},
+        **{f"library.{k}": v for k, v in library_versions().items()},  # what the run key hashes besides the code
+    }
+    tags = {
+        "git_commit": commit.sha,
+        "git_dirty": str(commit.dirty),
+        "profile": cfg.profile,
+        "stage": "sweep",
+        **driver_tags(),
+    }
+    client, parent = start_parent(
+        cfg.cluster.mlflow(),
+        s.experiment,
+        f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
+        params=params,
+        tags=tags,
+    )
+    client.log_text(parent, yaml.safe_dump(cfg.model_dump(), sort_keys=False), "config.yaml")
+    client.log_inputs(parent, dataset_inputs(list(cells.values()), cfg.profile))
+    return client, parent
