@@ -16,7 +16,7 @@ from pipeline.common.config import load_config
 from pipeline.report import report
 from pipeline.reporting.claims import CLAIMS
 from pipeline.reporting.figures import cell_label
-from pipeline.reporting.page import markdown_table
+from pipeline.reporting.page import html_table, markdown_table
 from pipeline.reporting.plots import FRONTIER_KINDS
 from pipeline.reporting.tables import BORDERLINE, BOUND, cell_means
 from tests.helpers import ROOT, browser
@@ -114,9 +114,11 @@ def test_the_page_and_fidelity_md_lead_with_what_the_run_decided_and_gather_the_
     assert report_problems(out) == []
 
 
-def test_a_markdown_table_keeps_each_cell_in_its_column():
-    frame = pd.DataFrame([{"a": "x | y", "b": 64.0, "c": None}, {"a": "z", "b": 0.0265, "c": "w"}])
-    assert markdown_table(frame) == "| a | b | c |\n| --- | --- | --- |\n| x \\| y | 64 |  |\n| z | 0.0265 | w |"
+def test_both_tables_show_a_missing_value_empty_and_a_whole_number_whole():
+    frame = pd.DataFrame([{"a": "x | y", "b": 64.0, "c": None}, {"a": "**z**", "b": 0.0265, "c": "w"}])
+    assert markdown_table(frame) == "| a | b | c |\n| --- | --- | --- |\n| x \\| y | 64 |  |\n| **z** | 0.0265 | w |"
+    cells = re.findall(r"<td>(.*?)</td>", html_table(frame))
+    assert cells == ["x | y", "64", "", "<b>z</b>", "0.0265", "w"]
 
 
 def test_heatmap_cells_show_undecided_and_borderline_apart_from_unsolved():

@@ -16,9 +16,14 @@ from pipeline.reporting.claims import ClaimStatus
 from pipeline.reporting.figures import Figure
 
 
+def cell_text(value) -> str:
+    """A table cell as both tables show it: a missing value empty, a whole number without ".0"."""
+    return "" if pd.isna(value) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def html_table(frame: pd.DataFrame) -> str:
     """Cells escaped, then markdown bold (the cheapest architecture) as <b>."""
-    shown = frame.map(lambda v: re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(str(v))))
+    shown = frame.map(lambda v: re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(cell_text(v))))
     return shown.to_html(index=False, escape=False)
 
 
@@ -108,15 +113,10 @@ def not_decided_html(checks: list[dict]) -> str:
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
-    """``frame`` as a markdown table, unpadded (its cells are sentences): a missing value empty, a whole number
-    without ".0", a "|" escaped so that it stays in its cell."""
-
-    def cell(value) -> str:
-        text = "" if pd.isna(value) else f"{value:g}" if isinstance(value, float) else str(value)
-        return text.replace("|", "\\|")
-
+    """``frame`` as a markdown table, unpadded (its cells are sentences), a "|" escaped so that it stays in its
+    cell."""
     lines = [list(frame.columns), ["---"] * len(frame.columns)]
-    lines += [[cell(v) for v in row] for row in frame.itertuples(index=False)]
+    lines += [[cell_text(v).replace("|", "\\|") for v in row] for row in frame.itertuples(index=False)]
     return "\n".join(f"| {' | '.join(line)} |" for line in lines)
 
 
