@@ -188,6 +188,18 @@ class RayJob:
     command: list[str]
     groups: list[Nodes]
     slots: int
+    autoscaled: bool  # KubeRay's autoscaler starts the worker pods (enableInTreeAutoscaling); slots: at maxReplicas
+
+    def slots_note(self, cfg: Config) -> str | None:
+        """What the profile must say for the sweep to fill an autoscaled cluster: it opens slots for the pods up
+        at its start unless ``sweep.max_concurrent_trials`` asks for more (``cluster.trial_slots``)."""
+        if not self.autoscaled or cfg.sweep.max_concurrent_trials == self.slots:
+            return None
+        return (
+            f"note: with KubeRay's autoscaler, the sweep runs {amount(self.slots, 'trial')} at once only with "
+            f"sweep.max_concurrent_trials: {self.slots} in the image's params.yaml (now "
+            f"{cfg.sweep.max_concurrent_trials}); otherwise it stays on the pods up at its start"
+        )
 
 
 def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> RayJob:
@@ -239,7 +251,7 @@ def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> R
         )
     hint = "raise a worker group's resources.limits (cpu, nvidia.com/gpu) or its replicas"
     slots = check_nodes(cfg, groups, "the RayJob's pods", hint)
-    return RayJob(str(profile), words[1:], groups, slots)
+    return RayJob(str(profile), words[1:], groups, slots, bool(cluster.get("enableInTreeAutoscaling")))
 
 
 def check_environment(env: dict[str, Any], containers: dict[str, dict]) -> None:
@@ -394,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.manifest}: profile {job.profile}, `{shlex.join(job.command)}`; {groups}: "
                 f"{amount(job.slots, 'trial')} at once (each {trial_need(cfg)})"
             )
+            if note := job.slots_note(cfg):
+                print(note)
         elif args.command == "wait":
             address = args.address or os.environ.get("RAY_ADDRESS")
             if not address:

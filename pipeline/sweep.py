@@ -254,7 +254,7 @@ def train_trials(
         cluster.probe_nodes(next(iter(published.values())))
     # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next trial
     # waits for the last one's worker to come up
-    slots = max(1, min(cluster.trial_slots(**s.trial_resources()), s.max_concurrent_trials or 1 << 30))
+    slots = cluster.trial_slots(**s.trial_resources(), wanted=s.max_concurrent_trials, local=local)
     tuner = tune.Tuner(
         tune.with_resources(run_cell, s.trial_resources()),
         tune_config=tune.TuneConfig(

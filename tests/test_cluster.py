@@ -1,7 +1,8 @@
 """A sweep on a real cluster: two Ray nodes with token authentication and an MLflow server, on loopback inside a
 network namespace (tests/helpers/services.py). The driver runs from a checkout the nodes never look at: the code reaches
-them as Ray py_modules, the datasets through the storage path. The results must equal a local run's. And the resource
-check before any trial, on a cluster whose node with a trial's GPU joins late."""
+them as Ray py_modules, the datasets through the storage path. The results must equal a local run's, there and on a
+cluster whose worker nodes Ray's autoscaler starts as the sweep asks for them. And the resource check before any
+trial, on a cluster whose node with a trial's GPU joins late."""
 
 from __future__ import annotations
 
@@ -62,6 +63,26 @@ def test_a_sweep_on_two_token_authenticated_nodes_records_everything_on_the_serv
     assert (shared / "datasets").is_dir()  # the trials read the data from there
     trial_dirs = [d for d in shared.glob("*/*-lr*") if d.is_dir()]
     assert len(trial_dirs) == 2 and not [c for d in trial_dirs for c in d.glob("checkpoint_*")]  # deleted once done
+    pd.testing.assert_frame_equal(trials(repo / "results")[SAME], trials(local / "results")[SAME])
+
+
+def test_an_autoscaler_starts_the_nodes_the_sweep_asks_for(uninterrupted, tmp_path):
+    """KubeRay's shape under Ray's own autoscaler: a head that takes no trial and a worker group at zero nodes. The
+    resource check's request starts one node, the trial waiting for the second slot (``max_concurrent_trials``) a
+    second; the verdicts are a local run's."""
+    local, _ = uninterrupted
+    repo = copy_repo(tmp_path / "checkout", KILLABLE_SWEEP + "\n  max_concurrent_trials: 2")
+    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    group = {"cpu": {"resources": {"CPU": 1}, "max_workers": 2}}
+    with services.ray_cluster(tmp_path / "ray", nodes=1, cpus_per_node=0, autoscaler=group) as cluster:
+        env = cluster.driver_env(CAPACITY_ATLAS_STORAGE=str(tmp_path / "shared"))
+        result = subprocess.run(cluster.command([sys.executable, "-m", "pipeline.sweep"]), cwd=repo, env=env,
+                                capture_output=True, text=True, timeout=900)
+        monitor = (cluster.head_temp / "session_latest" / "logs" / "monitor.log").read_text()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "no Ray node holds a trial yet; waiting up to 300 s" in result.stdout
+    started = sum(int(n) for n in re.findall(r"Adding (\d+) node\(s\) of type cpu", monitor))
+    assert started == 2, monitor[-3000:]
     pd.testing.assert_frame_equal(trials(repo / "results")[SAME], trials(local / "results")[SAME])
 
 

@@ -252,6 +252,22 @@ def test_the_rayjob_check_on_the_command_line_exits_2_with_the_named_error(tmp_p
     assert done.returncode == 0 and "profile paper, `dvc repro`" in done.stdout and "8 trials at once" in done.stdout
 
 
+def test_an_autoscaled_rayjob_counts_its_pods_at_most_and_says_what_the_sweep_needs_to_use_them(tmp_path):
+    data = manifest()
+    data["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] = True
+    group = workers(data)
+    group.update(replicas=0, minReplicas=0, maxReplicas=8)
+    job = check_rayjob(data)
+    assert job.autoscaled and job.slots == 16  # 8 pods of 2 paper trials
+    path = tmp_path / "rayjob.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = subprocess.run([sys.executable, "-m", "pipeline.launch", "rayjob", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "16 trials at once" in done.stdout, done.stderr
+    assert "only with sweep.max_concurrent_trials: 16 in the image's params.yaml (now None)" in done.stdout
+    assert check_rayjob(manifest()).slots_note(load_config(profile="paper")) is None  # fixed pods: nothing to say
+
+
 def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp_path):
     repo = checkout(tmp_path / "checkout")
     shared = tmp_path / "shared"

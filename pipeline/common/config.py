@@ -325,7 +325,12 @@ class SweepConfig(Section):
         description="processes that build each worker's batches ahead of its steps (0: built in the step's own "
         "process); they use the trial's CPUs, so on a CPU trial they compete with its threads",
     )
-    max_concurrent_trials: PositiveInt | None = None
+    max_concurrent_trials: PositiveInt | None = Field(
+        None,
+        description="trials at once; None: as many as the Ray nodes up at the start hold, each node by its "
+        "scarcest resource. A local Ray takes it as a cap; a cluster as given, for nodes that join mid-sweep: on an "
+        "autoscaling cluster, set it to the trials its node groups hold at their largest",
+    )
     console: Literal["progress", "table"] = Field(
         "progress",
         description="progress: one line that says how far the sweep is (pipeline.tracking.console); "

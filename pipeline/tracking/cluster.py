@@ -9,6 +9,8 @@
   ``cluster.node_wait_s`` for a node that does to join (a group scaling up from zero, a node still starting); it
   fails at once when the autoscaler's node groups cannot hold a trial, and after the wait otherwise, with a
   ``ServiceError`` naming the missing resource.
+- ``trial_slots``: how many trials run at once, by each node's scarcest resource; on a cluster
+  ``sweep.max_concurrent_trials`` where set, so that trials waiting in Ray's queue make an autoscaler start nodes.
 - ``LostNode``: the error of a sweep that lost nodes until none could run a trial
   (``pipeline.tracking.tuning.NodeWatch``).
 - ``probe_nodes``: one zero-CPU task per node imports the package and opens a dataset through the storage path,
@@ -144,9 +146,22 @@ def slots_on(nodes: list[tuple[float, float]], cpu: float, gpu: float) -> int:
     return sum(min(int(c // cpu) if cpu else 1 << 30, int(g // gpu + 1e-9) if gpu else 1 << 30) for c, g in nodes)
 
 
-def trial_slots(cpu: float, gpu: float) -> int:
-    """Trials at once on the alive nodes of the joined Ray cluster (``slots_on``)."""
-    return slots_on([(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in alive_nodes()], cpu, gpu)
+def trial_slots(cpu: float, gpu: float, wanted: int | None, local: bool) -> int:
+    """Trials at once: ``wanted`` (``sweep.max_concurrent_trials``) where set, else as many as the alive nodes hold
+    (``slots_on``). On a local Ray no node joins, so ``wanted`` is only a cap. On a cluster nodes may join mid-sweep
+    (an autoscaler's, one started by hand), so ``wanted`` is taken as given: the trials beyond what the nodes up hold
+    wait in Ray's queue, and that demand is what makes an autoscaler start nodes."""
+    now = slots_on([(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in alive_nodes()], cpu, gpu)
+    if local:
+        return max(1, min(now, wanted or now))
+    if wanted:
+        return wanted
+    print(
+        f"sweep: {now} trial slots, for the nodes up now (sweep.max_concurrent_trials sets more, for the nodes an "
+        "autoscaler would start)",
+        flush=True,
+    )
+    return max(1, now)
 
 
 def probe(location: str, modules: tuple[str, ...]) -> str:

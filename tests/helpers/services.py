@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import secrets
 import shutil
@@ -256,20 +257,43 @@ def job_server_up(url: str, token: Path) -> bool:
 
 
 # every node's `ray start` options, but its resources
-NODE_OPTIONS = ["--block", "--disable-usage-stats", "--object-store-memory=100000000", "--min-worker-port=0",
-                "--max-worker-port=0"]
+OBJECT_STORE_BYTES = 100_000_000
+NODE_OPTIONS = ["--block", "--disable-usage-stats", f"--object-store-memory={OBJECT_STORE_BYTES}",
+                "--min-worker-port=0", "--max-worker-port=0"]
+AUTOSCALED_GCS_PORT = 6379  # the fake provider's nodes join the head here; free, in the cluster's own namespace
+
+
+def autoscaler_config(groups: dict[str, dict], head_cpus: int) -> dict:
+    """A cluster config of Ray's ``fake_multinode`` provider (its example.yaml, without SSH or Docker): the head,
+    then ``groups`` (name -> ``{"resources": {...}, "max_workers": n}``), each starting with no node."""
+    types = {name: {"node_config": {}, "min_workers": 0, **group} for name, group in groups.items()}
+    for group in types.values():  # each node's object store as small as the cluster's other nodes'
+        group["resources"] = {"object_store_memory": OBJECT_STORE_BYTES} | group["resources"]
+    return {
+        "cluster_name": "test", "max_workers": sum(g["max_workers"] for g in groups.values()),
+        "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+                     "disable_launch_config_check": True, "gcs_address": f"127.0.0.1:{AUTOSCALED_GCS_PORT}"},
+        "available_node_types": {"ray.head.default": {"resources": {"CPU": head_cpus}, "node_config": {},
+                                                      "max_workers": 0}} | types,
+        "head_node_type": "ray.head.default", "auth": {}, "upscaling_speed": 1.0, "idle_timeout_minutes": 1,
+        "docker": {}, "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+        "rsync_exclude": [], "rsync_filter": [], **{f"{k}_commands": [] for k in (
+            "initialization", "setup", "head_setup", "worker_setup", "head_start_ray", "worker_start_ray")},
+    }
 
 
 @contextlib.contextmanager
 def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_server: bool = False,
-                **ray_env: str) -> Iterator[RayCluster]:
+                autoscaler: dict[str, dict] | None = None, **ray_env: str) -> Iterator[RayCluster]:
     """A Ray head on 127.0.0.1 and ``nodes - 1`` more nodes on 127.0.0.2, 127.0.0.3, ..., all in a network
     namespace of their own, with token authentication as Ray ships it: RAY_AUTH_MODE=token and the token in a file
     (RAY_AUTH_TOKEN_PATH), one random token per cluster. With ``job_server``, the head runs Ray's job server (the
     dashboard) on 127.0.0.1:8265, for `ray job submit`. The nodes run with this venv first on their PATH, as started
     from an activated environment: a job's entrypoint finds its python and dvc. ``ray_env``: more of every node's
-    environment (Ray's ``RAY_<setting>`` variables). Returns once every node has registered with the head (and the
-    job server answers)."""
+    environment (Ray's ``RAY_<setting>`` variables). With ``autoscaler`` (node group -> its resources, most nodes),
+    the head runs Ray's autoscaler, as `ray up` and KubeRay start it, with the provider Ray tests itself with
+    (``fake_multinode``): it starts a group's nodes as processes of the head's tree, on 127.0.0.1. Returns once every
+    node has registered with the head (and the job server answers)."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     token = tmp_dir / "ray_auth_token"
@@ -285,8 +309,15 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_serve
         procs: list[subprocess.Popen] = []
         head_temp = ray_temp_dir(tmp_dir, "rh", stack)
         head_log = tmp_dir / "ray-head.log"
-        head = start([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", "--port=0", *dashboard,
-                      f"--temp-dir={head_temp}", *common], env, head_log, netns)
+        scaling = []
+        if autoscaler:
+            config = tmp_dir / "autoscaler.json"
+            config.write_text(json.dumps(autoscaler_config(autoscaler, cpus_per_node)))
+            scaling = [f"--autoscaling-config={config}"]
+            env |= {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_TMPDIR": str(head_temp)}
+        head = start([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
+                      f"--port={AUTOSCALED_GCS_PORT if autoscaler else 0}", *dashboard, f"--temp-dir={head_temp}",
+                      *scaling, *common], env, head_log, netns)
         stack.callback(stop, head)
         procs.append(head)
         address_file = head_temp / "ray_current_cluster"  # written by `ray start` once the head is up
