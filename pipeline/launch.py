@@ -14,7 +14,7 @@ Else an ``AllocationError`` naming the profile, what a trial needs and what the 
 without GPUs for a GPU profile stops before ``ray start``, a manifest whose pods are too small before
 ``kubectl apply``. ``rayjob`` reads the nodes' resources as KubeRay gives them to ``ray start``
 (``rayStartParams``, else the Ray container's limits) and checks the rest of the manifest against this checkout:
-the entrypoint runs the pipeline (``ops/kuberay/entrypoint dvc repro``), the profile it names exists, the Ray
+the entrypoint runs the pipeline (``ops/ray-job dvc repro``), the profile it names exists, the Ray
 version is this environment's, MLflow is a server and the storage path is mounted on every pod.
 
 Exit status 0; 2 for input that cannot run (a ``LaunchError``, a ``ConfigError`` or a ``ServiceError``, one line).
@@ -44,7 +44,7 @@ from pipeline.data.storage import filesystem
 from pipeline.tracking.cluster import slots_on
 from pipeline.tracking.services import ServiceError, check_ray_token
 
-ENTRYPOINT = "ops/kuberay/entrypoint"  # the RayJob's entrypoint script, in the image's checkout
+ENTRYPOINT = "ops/ray-job"  # the RayJob's entrypoint script, in the image's checkout
 DRIVERS = (("dvc", "repro"), ("dvc", "exp", "run"))  # the pipeline's commands an entrypoint may run
 PLACEHOLDER = "REPLACE-ME"  # in ops/kuberay/rayjob.yaml's image: the image a user builds goes there
 OUTPUTS = ("params.yaml", "dvc.lock", "results", "report")  # what `keep` copies

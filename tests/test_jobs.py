@@ -1,6 +1,6 @@
 """Ray job submission as docs/cluster.md gives it: a real head with its job server on 127.0.0.1 of a network
 namespace, token authentication on (tests/helpers/services.py), an MLflow server beside it, and `ray job submit
---working-dir <a git copy of this checkout> -- ops/kuberay/entrypoint dvc repro` running the tiny pipeline as the
+--working-dir <a git copy of this checkout> -- ops/ray-job dvc repro` running the tiny pipeline as the
 job's driver; `ray job logs`, `ray job status` and `ray job stop` on real jobs; and the mistakes a submitter makes,
 each stopped with a named error."""
 
@@ -91,7 +91,7 @@ def test_a_submitted_dvc_repro_runs_the_pipeline_on_the_cluster_and_keeps_its_ou
     submit = ray_job(cluster, "submit", "--submission-id", "atlas-tiny", "--working-dir", str(repo),
                      "--runtime-env-json", env_vars(CAPACITY_ATLAS_PROFILE="tiny", MLFLOW_TRACKING_URI=server.uri,
                                                     CAPACITY_ATLAS_STORAGE=str(shared)),
-                     "--", "ops/kuberay/entrypoint", "dvc", "repro", timeout=600, **WITH_GIT)
+                     "--", "ops/ray-job", "dvc", "repro", timeout=600, **WITH_GIT)
     took = time.monotonic() - started
     assert submit.returncode == 0, submit.stdout[-4000:] + submit.stderr[-3000:]
     assert "Job 'atlas-tiny' succeeded" in submit.stdout + submit.stderr
@@ -137,7 +137,7 @@ def test_ray_job_stop_stops_a_running_driver_and_its_processes(head):
     shared = tmp / "shared-stopped"
     submit = ray_job(cluster, "submit", "--no-wait", "--submission-id", "atlas-wait", "--working-dir", str(repo),
                      "--runtime-env-json", env_vars(CAPACITY_ATLAS_PROFILE="tiny", CAPACITY_ATLAS_STORAGE=str(shared)),
-                     "--", "ops/kuberay/entrypoint", "python", "-m", "pipeline.launch", "wait", "--nodes", "2",
+                     "--", "ops/ray-job", "python", "-m", "pipeline.launch", "wait", "--nodes", "2",
                      "--timeout", "600", **WITH_GIT)
     assert submit.returncode == 0, submit.stderr[-3000:]
 
@@ -164,7 +164,7 @@ def test_a_working_dir_without_its_git_is_named_before_anything_runs(head):
     """Ray leaves .git out of a working directory by default: the entrypoint says so and how to ship it."""
     cluster, _, repo, _ = head
     submit = ray_job(cluster, "submit", "--submission-id", "atlas-no-git", "--working-dir", str(repo),
-                     "--", "ops/kuberay/entrypoint", "dvc", "repro", timeout=180)
+                     "--", "ops/ray-job", "dvc", "repro", timeout=180)
     assert submit.returncode != 0 and status(cluster, "atlas-no-git") == "FAILED"
     logs = ray_job(cluster, "logs", "atlas-no-git").stdout
     assert "has no .git" in logs and "RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES=.venv,venv,__pycache__" in logs, logs

@@ -176,9 +176,9 @@ def test_the_shipped_rayjob_runs_dvc_repro_on_a_profile_its_workers_hold():
     data = manifest()
     job = check_rayjob(data)
     spec = data["spec"]
-    # the entrypoint: the image's copy of ops/kuberay/entrypoint, running the pipeline's command
+    # the entrypoint: the image's copy of ops/ray-job, running the pipeline's command
     script, *command = spec["entrypoint"].split()
-    assert script.endswith("/ops/kuberay/entrypoint") and os.access(ROOT / "ops/kuberay/entrypoint", os.X_OK)
+    assert script.endswith("/ops/ray-job") and os.access(ROOT / "ops/ray-job", os.X_OK)
     assert command == ["dvc", "repro"] == job.command
     assert spec["shutdownAfterJobFinishes"] is True and spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}
     lock = re.search(r"(?m)^ray==(\S+)", (ROOT / "requirements.lock").read_text())[1]
@@ -278,7 +278,7 @@ def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp
         "MLFLOW_TRACKING_URI": "http://mlflow:5000", "CAPACITY_ATLAS_STORAGE": str(shared),
     }
     data = manifest()
-    entrypoint = [str(repo / "ops/kuberay/entrypoint"), *data["spec"]["entrypoint"].split()[1:]]
+    entrypoint = [str(repo / "ops/ray-job"), *data["spec"]["entrypoint"].split()[1:]]
     # a checkout without its .git (as `ray job submit --working-dir` ships one by default): named, dvc never runs
     done = subprocess.run(entrypoint, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and f"{repo} has no .git" in done.stderr and not (tmp_path / "dvc.json").exists()
