@@ -1,21 +1,30 @@
 """ops/install: the torch build it picks on each kind of machine (its --dry-run, with the machine's traits made up:
-the wheel folder, an nvidia-smi on the PATH), and the two locks it installs from agreeing. The install itself runs
-in CI: .ci/run is the README's test command, which calls it."""
+the wheel folder, an nvidia-smi on the PATH), the two locks it installs from agreeing, and the CPU build installed
+from an index as PyTorch's (a local one: this machine cannot reach download.pytorch.org). The local build's install
+runs in CI: .ci/run is the README's test command, which calls it."""
 
 import os
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT
+from tests.helpers.repo import copy_repo
 
+WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"  # the file PyTorch's CPU index serves
 CUDA_OWN = re.compile(r"^(torch|triton|setuptools|nvidia-.*|cuda-.*)$")  # what only the CUDA build of torch pins
 
 
-def install(*args: str, path: str | None = None, wheels=None) -> subprocess.CompletedProcess:
-    env = os.environ | ({"PATH": path} if path else {}) | ({"CAPACITY_ATLAS_WHEELS": str(wheels)} if wheels else {})
-    return subprocess.run([ROOT / "ops" / "install", "--dry-run", *args], env=env, capture_output=True, text=True)
+def install(*args: str, path=None, wheels=None, root=ROOT, dry=True, **env) -> subprocess.CompletedProcess:
+    """ops/install with ``args`` (``--dry-run`` unless ``dry`` is false), the PATH ``path``, the wheel folder
+    ``wheels`` and the environment ``env``, as ``root`` has it."""
+    env = os.environ | env | ({"PATH": str(path)} if path else {})
+    env |= {"CAPACITY_ATLAS_WHEELS": str(wheels)} if wheels else {}
+    script = [root / "ops" / "install", *(["--dry-run"] if dry else []), *args]
+    return subprocess.run(script, env=env, capture_output=True, text=True)
 
 
 def pins(name: str) -> dict[str, str]:
@@ -38,7 +47,7 @@ def bare_path(tmp_path):
 def test_install_picks_the_local_wheel_then_cuda_then_pytorchs_cpu_index(tmp_path, bare_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    (wheels / WHEEL).touch()
     local = install("--test", path=str(bare_path), wheels=wheels)
     assert local.returncode == 0, local.stderr
     expected = f"local build: uv pip install -c requirements.lock --find-links {wheels} -e .[test] torch==2.13.0+cpu"
@@ -59,6 +68,34 @@ def test_install_picks_the_local_wheel_then_cuda_then_pytorchs_cpu_index(tmp_pat
 
     smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")  # a driver without a GPU
     assert "cpu build" in install(path=str(bare_path), wheels=empty).stdout
+
+
+@pytest.mark.slow
+def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachable_one_is_named(tmp_path):
+    """The ``cpu`` choice run for real, as on a machine with neither the wheel folder nor a GPU (this one has no
+    nvidia-smi): against a PEP 503 index that serves the wheel PyTorch's CPU index serves, everything else from PyPI."""
+    wheel = Path(os.environ.get("CAPACITY_ATLAS_WHEELS", "/opt/wheels")) / WHEEL
+    if not wheel.exists():
+        pytest.skip(f"no {wheel} to serve")
+    repo = copy_repo(tmp_path / "repo")
+    (tmp_path / "empty").mkdir()
+    unreachable = install(root=repo, dry=False, wheels=tmp_path / "empty", CAPACITY_ATLAS_TORCH_INDEX="file:///none")
+    assert unreachable.returncode == 1, unreachable.stdout + unreachable.stderr
+    assert "the CPU build comes from file:///none" in unreachable.stderr and "--torch cuda" in unreachable.stderr
+
+    (tmp_path / "index" / "torch").mkdir(parents=True)
+    (tmp_path / "index" / "torch" / WHEEL).symlink_to(wheel)
+    (tmp_path / "index" / "torch" / "index.html").write_text(f'<a href="{WHEEL}">{WHEEL}</a>')
+    try:
+        done = install(root=repo, dry=False, wheels=tmp_path / "empty",
+                       CAPACITY_ATLAS_TORCH_INDEX=(tmp_path / "index").as_uri())
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "cpu build" in done.stdout and "torch 2.13.0+cpu, CUDA available: False" in done.stdout
+        python = repo / ".venv" / "bin" / "python"
+        check = "import dvc, lightning, mlflow, ray; import pipeline.common.config as c; c.load_config(profile='tiny')"
+        assert subprocess.run([python, "-c", check], cwd=repo).returncode == 0
+    finally:
+        shutil.rmtree(repo / ".venv", ignore_errors=True)  # 2.5 GB
 
 
 def test_install_names_what_cannot_be_installed(tmp_path):
