@@ -86,6 +86,40 @@ def test_an_autoscaler_starts_the_nodes_the_sweep_asks_for(uninterrupted, tmp_pa
     pd.testing.assert_frame_equal(trials(repo / "results")[SAME], trials(local / "results")[SAME])
 
 
+# A driver that watches the nodes as a sweep does while the autoscaler starts a node and, once it is idle, stops it
+WATCH = """
+import time
+import ray
+from ray.autoscaler.sdk import request_resources
+from pipeline.tracking.cluster import alive_nodes
+from pipeline.tracking.tuning import NodeWatch
+ray.init(log_to_driver=False, logging_level="ERROR")
+watch = NodeWatch(cpu=1, gpu=0, wait=600, every=0)
+request_resources(bundles=[{"CPU": 1}])
+deadline = time.monotonic() + 120
+while len(alive_nodes()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.5)
+watch.on_step_begin(0, [])
+request_resources(bundles=[])
+while len(alive_nodes()) > 1 and time.monotonic() < deadline:
+    time.sleep(0.5)
+watch.on_step_begin(0, [])
+print(f"seen {len(watch.seen)}, gone {len(watch.gone)}, lost {len(watch.lost)}")
+"""
+
+
+def test_a_node_the_autoscaler_lets_go_idle_is_not_a_lost_node(tmp_path):
+    group = {"cpu": {"resources": {"CPU": 1}, "max_workers": 1}}
+    with services.ray_cluster(tmp_path / "ray", nodes=1, cpus_per_node=0, autoscaler=group, idle_timeout_s=3) \
+            as cluster:
+        done = subprocess.run(cluster.command([sys.executable, "-c", WATCH]), cwd=ROOT, env=cluster.driver_env(),
+                              capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "seen 2, gone 1, lost 0" in done.stdout, done.stdout[-2000:]
+    # Ray's message: the autoscaler's "Terminated by autoscaler." or the raylet's "received SIGTERM"
+    assert re.search(r"sweep: Ray node 127\.0\.0\.1 \(node \w+\) left the cluster idle: \S", done.stdout), done.stdout
+
+
 # A driver that checks the cluster for a trial of 1 CPU and 1 GPU, waiting argv[1] seconds; with argv[2:], first
 # reports to the GCS, as an autoscaler does, a node group of that name with that many GPUs that it may start
 CHECK = """

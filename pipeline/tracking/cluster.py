@@ -69,6 +69,19 @@ def alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
+# Ray's NodeDeathInfo reasons for a node let go on purpose: EXPECTED_TERMINATION (`ray stop`, an autoscaler's
+# termination) and AUTOSCALER_DRAIN_IDLE; AUTOSCALER_DRAIN_PREEMPTED (a spot node taken back) is a loss
+LET_GO = {1, 4}
+
+
+def let_go(node_id: str) -> str | None:
+    """Ray's message for a node that left the cluster on purpose (an autoscaler removing it idle), else None."""
+    for n in ray.nodes():
+        if n["NodeID"] == node_id and not n.get("Alive") and n.get("DeathReason") in LET_GO:
+            return n.get("DeathReasonMessage") or "let go"
+    return None
+
+
 def trial_bundle(cpu: float, gpu: float) -> dict[str, float]:
     """One trial's resources on one node, as Ray names them (a trial's workers share a node)."""
     return {k: v for k, v in (("CPU", cpu), ("GPU", gpu)) if v}

@@ -13,7 +13,7 @@ from ray.tune.search import Searcher
 
 from pipeline.data.storage import location_of
 from pipeline.search.searcher import CellSearcher
-from pipeline.tracking.cluster import LostNode, alive_nodes, fits, shortfall, trial_bundle
+from pipeline.tracking.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
 from pipeline.training.checkpoints import drop_checkpoints, drop_trial
 from pipeline.training.status import Status
 
@@ -66,14 +66,16 @@ class DropFinished(tune.Callback):
 class NodeWatch(tune.Callback):
     """Watches the Ray nodes from Tune's loop, at most every ``every`` seconds. A node seen alive that is alive no
     more is named with the unfinished trials whose last report came from it; Tune retries those from their
-    checkpoints on the nodes left (``sweep.max_failures``). Once no alive node can hold a trial (of ``cpu`` CPUs and
-    ``gpu`` GPUs) for ``wait`` seconds, raises ``LostNode`` naming the lost nodes and their trials: Tune itself
-    would wait for resources forever, warning that it cannot see any."""
+    checkpoints on the nodes left (``sweep.max_failures``). A node an autoscaler let go idle, running none, is said
+    to have left, not counted as lost. Once no alive node can hold a trial (of ``cpu`` CPUs and ``gpu`` GPUs) for
+    ``wait`` seconds, raises ``LostNode`` naming the lost nodes and their trials: Tune itself would wait for
+    resources forever, warning that it cannot see any."""
 
     def __init__(self, cpu: float, gpu: float, wait: float, every: float = 1.0):
         self.bundle, self.wait, self.every = trial_bundle(cpu, gpu), wait, every
         self.seen: dict[str, str] = {}  # node id -> address, of every node seen alive
         self.lost: dict[str, str] = {}  # node id -> the node, when it was lost and what it was running
+        self.gone: set[str] = set()  # node ids seen alive and gone: lost, or let go idle by an autoscaler
         self.where: dict[str, str] = {}  # trial name -> the address of the node its last report came from
         self.checked = 0.0
         self.short_since: float | None = None  # since when no alive node can hold a trial
@@ -88,9 +90,13 @@ class NodeWatch(tune.Callback):
         self.checked = now
         alive = alive_nodes()
         self.seen |= {n["NodeID"]: n["NodeManagerAddress"] for n in alive}
-        for node_id in self.seen.keys() - {n["NodeID"] for n in alive} - self.lost.keys():
+        for node_id in self.seen.keys() - {n["NodeID"] for n in alive} - self.gone:
+            self.gone.add(node_id)
             address = self.seen[node_id]
             running = [str(t) for t in trials if not t.is_finished() and self.where.get(str(t)) == address]
+            if not running and (why := let_go(node_id)):  # an autoscaler's idle node: nothing was lost
+                print(f"sweep: Ray node {address} (node {node_id[:12]}) left the cluster idle: {why}", flush=True)
+                continue
             self.lost[node_id] = (
                 f"{address} (node {node_id[:12]}) at {time.strftime('%H:%M:%S')}, running "
                 f"{', '.join(running) or 'no trial that had reported'}"

@@ -263,7 +263,7 @@ NODE_OPTIONS = ["--block", "--disable-usage-stats", f"--object-store-memory={OBJ
 AUTOSCALED_GCS_PORT = 6379  # the fake provider's nodes join the head here; free, in the cluster's own namespace
 
 
-def autoscaler_config(groups: dict[str, dict], head_cpus: int) -> dict:
+def autoscaler_config(groups: dict[str, dict], head_cpus: int, idle_timeout_s: float) -> dict:
     """A cluster config of Ray's ``fake_multinode`` provider (its example.yaml, without SSH or Docker): the head,
     then ``groups`` (name -> ``{"resources": {...}, "max_workers": n}``), each starting with no node."""
     types = {name: {"node_config": {}, "min_workers": 0, **group} for name, group in groups.items()}
@@ -275,8 +275,9 @@ def autoscaler_config(groups: dict[str, dict], head_cpus: int) -> dict:
                      "disable_launch_config_check": True, "gcs_address": f"127.0.0.1:{AUTOSCALED_GCS_PORT}"},
         "available_node_types": {"ray.head.default": {"resources": {"CPU": head_cpus}, "node_config": {},
                                                       "max_workers": 0}} | types,
-        "head_node_type": "ray.head.default", "auth": {}, "upscaling_speed": 1.0, "idle_timeout_minutes": 1,
-        "docker": {}, "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+        "head_node_type": "ray.head.default", "auth": {}, "upscaling_speed": 1.0,
+        "idle_timeout_minutes": idle_timeout_s / 60, "docker": {}, "file_mounts": {}, "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
         "rsync_exclude": [], "rsync_filter": [], **{f"{k}_commands": [] for k in (
             "initialization", "setup", "head_setup", "worker_setup", "head_start_ray", "worker_start_ray")},
     }
@@ -284,7 +285,8 @@ def autoscaler_config(groups: dict[str, dict], head_cpus: int) -> dict:
 
 @contextlib.contextmanager
 def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_server: bool = False,
-                autoscaler: dict[str, dict] | None = None, **ray_env: str) -> Iterator[RayCluster]:
+                autoscaler: dict[str, dict] | None = None, idle_timeout_s: float = 60,
+                **ray_env: str) -> Iterator[RayCluster]:
     """A Ray head on 127.0.0.1 and ``nodes - 1`` more nodes on 127.0.0.2, 127.0.0.3, ..., all in a network
     namespace of their own, with token authentication as Ray ships it: RAY_AUTH_MODE=token and the token in a file
     (RAY_AUTH_TOKEN_PATH), one random token per cluster. With ``job_server``, the head runs Ray's job server (the
@@ -292,7 +294,8 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_serve
     from an activated environment: a job's entrypoint finds its python and dvc. ``ray_env``: more of every node's
     environment (Ray's ``RAY_<setting>`` variables). With ``autoscaler`` (node group -> its resources, most nodes),
     the head runs Ray's autoscaler, as `ray up` and KubeRay start it, with the provider Ray tests itself with
-    (``fake_multinode``): it starts a group's nodes as processes of the head's tree, on 127.0.0.1. Returns once every
+    (``fake_multinode``): it starts a group's nodes as processes of the head's tree, on 127.0.0.1, and stops one
+    that has been idle for ``idle_timeout_s``. Returns once every
     node has registered with the head (and the job server answers)."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -312,7 +315,7 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_serve
         scaling = []
         if autoscaler:
             config = tmp_dir / "autoscaler.json"
-            config.write_text(json.dumps(autoscaler_config(autoscaler, cpus_per_node)))
+            config.write_text(json.dumps(autoscaler_config(autoscaler, cpus_per_node, idle_timeout_s)))
             scaling = [f"--autoscaling-config={config}"]
             env |= {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_TMPDIR": str(head_temp)}
         head = start([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
