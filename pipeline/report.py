@@ -27,15 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.reporting import tables
-from pipeline.reporting.claims import evaluate
+from pipeline.reporting.claims import ClaimStatus, evaluate
 from pipeline.reporting.figures import draw_all, load_histories
 from pipeline.reporting.page import fidelity_markdown, page
 from pipeline.reporting.plots import write
-from pipeline.tracking.services import ServiceError, check_mlflow
+from pipeline.tracking.services import ServiceError, check_mlflow, ui_link
 
 REQUIRED = (
     "task",
@@ -97,10 +98,13 @@ def headline(cfg: Config, table: pd.DataFrame, best: pd.DataFrame, checks: list[
         "cells_at_threshold": int((measured.final_accuracy >= threshold).sum()),
         "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
         "mlflow_parent_run": str(table.parent_run_id.iloc[0]),
-        "claims_hold": statuses.count("holds"),
-        "claims_fail": statuses.count("fails"),
-        "claims_not_tested": statuses.count("not tested"),
-        "claims": {c["id"]: c["status"] for c in checks},
+        "claims_hold": statuses.count(ClaimStatus.HOLDS),
+        "claims_hold_in_part": statuses.count(ClaimStatus.HOLDS_IN_PART),
+        "claims_fail": statuses.count(ClaimStatus.FAILS),
+        "claims_not_tested": statuses.count(ClaimStatus.NOT_TESTED),
+        "claims": {c["id"]: str(c["status"]) for c in checks},
+        # which of the paper's lengths, models and widths each verdict was decided at
+        "claims_coverage": {c["id"]: c["coverage"] for c in checks},
         "min_paper_gflops": {
             f"{r.task}_{r.size}_{r.arch}_d{r.depth}": (
                 None if pd.isna(r.min_paper_gflops) else float(r.min_paper_gflops)
@@ -123,10 +127,26 @@ def log_report(client: MlflowClient, parent: str, out_dir: Path, checks: list[di
     claim."""
     client.log_artifacts(parent, str(out_dir), "report")
     client.log_table(parent, pd.DataFrame(checks), CLAIMS_TABLE)  # the UI shows it as a table
-    for key in ("solved_cells", "solved_below_threshold_on_test", "claims_hold", "claims_fail", "claims_not_tested"):
+    counts = ("claims_hold", "claims_hold_in_part", "claims_fail", "claims_not_tested")
+    for key in ("solved_cells", "solved_below_threshold_on_test", *counts):
         client.log_metric(parent, key, summary[key])
     for check in checks:
-        client.set_tag(parent, f"claim.{check['id']}", check["status"])
+        client.set_tag(parent, f"claim.{check['id']}", str(check["status"]))
+        client.set_tag(parent, f"claim.{check['id']}.coverage", check["coverage"])
+
+
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000` serves
+
+
+def parent_link(client: MlflowClient, parent: str) -> str | None:
+    """The MLflow UI's page of the sweep's parent run: on the tracking server, or on ``LOCAL_UI`` for a local store
+    (None: the run is not in this store)."""
+    try:
+        experiment = client.get_run(parent).info.experiment_id
+    except MlflowException:
+        return None
+    link = ui_link(client.tracking_uri, experiment, parent)
+    return link if link.startswith("http") else LOCAL_UI + link
 
 
 def report(
@@ -137,6 +157,7 @@ def report(
     plots_dir: Path,
     log_mlflow: bool = True,
 ) -> dict:
+    sweep_json = results.with_name("sweep.json")  # the sweep's headline: its compute
     table = load_results(results)
     best = tables.min_gflops(table)
     checks = evaluate(table, swept_at=cfg.report.accuracy_threshold)
@@ -152,10 +173,12 @@ def report(
     best.to_csv(tmp / "min_gflops.csv", index=False)
     (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, cfg.report.accuracy_threshold))
     (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")
-    (tmp / "fidelity.md").write_text(fidelity_markdown(cfg.profile, checks, best))
+    (tmp / "fidelity.md").write_text(fidelity_markdown(cfg, checks, best))
     table.to_csv(tmp / "results.csv", index=False)
     summary = headline(cfg, table, best, checks)
-    (tmp / "index.html").write_text(page(cfg, table, figures, best, checks, summary))
+    sweep = json.loads(sweep_json.read_text()) if sweep_json.exists() else {}
+    link = parent_link(client, summary["mlflow_parent_run"]) if client else None
+    (tmp / "index.html").write_text(page(cfg, table, figures, best, checks, summary, sweep, link))
     # the report and the plot data DVC draws appear whole or not at all, both written before either replaces its old
     for new, old in ((plots_tmp, plots_dir), (tmp, out_dir)):
         shutil.rmtree(old, ignore_errors=True)
@@ -220,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"report: {args.out}/index.html; {summary['solved_cells']} of {summary['cells']} cells solved; claims: "
-        f"{summary['claims_hold']} hold, {summary['claims_fail']} fail, {summary['claims_not_tested']} not tested"
+        f"{summary['claims_hold']} hold, {summary['claims_hold_in_part']} hold in part, {summary['claims_fail']} "
+        f"fail, {summary['claims_not_tested']} not tested"
     )
     return 0
 

@@ -73,9 +73,8 @@ from pipeline.tracking.runs import (
     close_orphans,
     killed_runs,
     reused_run,
-    ui_link,
 )
-from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, check_ray
+from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, check_ray, ui_link
 from pipeline.tracking.tuning import DropFinished, NodeWatch, RungCheckpoints, TuneSearcher
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
@@ -153,6 +152,8 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
         table = cell_table(searcher, cells, cfg.report.accuracy_threshold).assign(parent_run_id=parent)
         summary = summarise(cfg, table, trials, searcher.plan, started, stage_start, slots, parent)
         summary["mlflow_write_errors"] = len(children.writer.errors)
+        # the forecast beside what was spent: the grid's training at its first budget, every learning rate
+        summary["grid_pflops"] = round(sum(expected_cost(c, s) * len(c.lrs) for c in cells.values()) / 1e6, 6)
         curves = curve_table(searcher)
         record(client, parent, out_dir, table, trials, curves, summary, searcher.plan, children.writer.errors)
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"

@@ -202,6 +202,7 @@ class Arithmetic(Task):
     name = "arithmetic"
     paper = "dp"
     test_sizes = (1, 3, 6)
+    paper_sizes = (6, 10, 13, 16)  # §6.1: operators
     # L as the DP paper's Table 2 states it, by number of operators (as quoted in issue 11; docs/datasets.md's
     # table quotes 85 for 6 operators)
     paper_lengths = {6: 87, 10: 221, 13: 355, 16: 505}

@@ -101,8 +101,8 @@ class Packed:
 
 
 class Task(ABC):
-    """A task at one size. Subclasses set ``name``, ``paper`` and ``test_sizes`` (and ``family``, ``paper_lengths``
-    where they differ from the defaults) and implement the abstract methods; ``@register`` checks the class
+    """A task at one size. Subclasses set ``name``, ``paper`` and ``test_sizes`` (and ``family``, ``paper_lengths``,
+    ``paper_sizes`` where they differ from the defaults) and implement the abstract methods; ``@register`` checks the class
     attributes, so what the report and the tests need to know of a task lives in its own module.
     """
 
@@ -111,6 +111,8 @@ class Task(ABC):
     test_sizes: tuple[int, ...]  # a few small sizes the tests generate and check every sample of (quick to run)
     paper_lengths: Mapping[int, int] = {}  # size -> the sequence length L the paper states for it (the report
     # gives the paper-convention cost at that L too); empty where the paper states none
+    paper_sizes: tuple[int, ...] = ()  # the sizes the paper's experiments ran (what a claim's coverage counts); empty
+    # for a task of neither paper's figures
     family: str = "cot"  # cot | classify | ncp (see the module docstring)
     version: str = "2"  # bump when the generator's output for a given seed changes
     features: tuple[str, ...] = ()  # per-sample statistics the kernel reports (their maximum goes in the stats)

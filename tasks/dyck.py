@@ -99,6 +99,7 @@ class Dyck(Task):
     name = "dyck"
     paper = "separations"
     test_sizes = (10, 12, 20)
+    paper_sizes = (20, 50, 100, 200, 400)  # §6 says {20, ..., 400}: index lookup's, as Figure 2 draws them
     family = "classify"
 
     @classmethod

@@ -139,6 +139,7 @@ class ED(Task):
     name = "ed"
     paper = "dp"
     test_sizes = (4, 5, 8)
+    paper_sizes = (6, 12, 16, 20)  # §6.1: averaged string lengths
     local = False  # ed_local re-emits the letters each cell compares
     features = ("locality_window", "cell_locality_window")
 

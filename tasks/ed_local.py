@@ -18,4 +18,5 @@ class EDLocal(ED):
     name = "ed_local"
     paper = "dp"
     test_sizes = (4, 5, 8)
+    paper_sizes = (6, 12, 16, 20)  # Figure 2 states none: ed's (§6.1), which its locality study modifies
     local = True

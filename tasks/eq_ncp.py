@@ -16,6 +16,7 @@ class EqNCP(Equality):
     name = "eq_ncp"
     paper = "separations"
     test_sizes = (2, 10, 20)
+    paper_sizes = (20, 50, 100, 200, 400, 800)  # App. H.2: up to 800
     family = "ncp"
     mode = NCP
     default_alphabet = 1024

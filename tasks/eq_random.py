@@ -14,6 +14,7 @@ class EqRandom(Equality):
     name = "eq_random"
     paper = "separations"
     test_sizes = (2, 10, 20)
+    paper_sizes = (20, 50, 100, 200, 400)  # App. H.2: up to 400
     family = "classify"
     mode = RANDOM
     default_alphabet = 2

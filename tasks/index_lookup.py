@@ -39,6 +39,7 @@ class IndexLookup(Task):
     name = "index_lookup"
     paper = "separations"
     test_sizes = (10, 12, 20)
+    paper_sizes = (20, 50, 100, 200, 400)  # §6
     family = "classify"
 
     @classmethod

@@ -99,6 +99,7 @@ class LIS(Task):
     name = "lis"
     paper = "dp"
     test_sizes = (3, 5, 12)
+    paper_sizes = (40, 110, 175, 250)  # §6.1
 
     @classmethod
     def validate(cls, size: int, **params) -> dict:

@@ -26,6 +26,9 @@ def declaration_errors(cls: type[Task]) -> list[str]:
     lengths = cls.paper_lengths
     if not isinstance(lengths, Mapping) or not all(isinstance(n, int) for pair in lengths.items() for n in pair):
         errors.append(f"paper_lengths {lengths!r} is not a mapping of size -> length (ints)")
+    sizes = cls.paper_sizes
+    if not (isinstance(sizes, tuple) and all(isinstance(n, int) for n in sizes) and list(sizes) == sorted(set(sizes))):
+        errors.append(f"paper_sizes {sizes!r} is not an increasing tuple of ints")
     return errors
 
 

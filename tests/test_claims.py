@@ -41,7 +41,7 @@ def test_every_claim_quotes_its_paper_names_its_threshold_and_is_not_tested_on_a
     results = evaluate(pd.DataFrame(rows("lis", "lstm", 2, {4: 16})))
     assert [r["id"] for r in results] == [c.id for c in CLAIMS]
     for r, claim in zip(results, CLAIMS):
-        assert r["status"] == "not tested" and r["detail"].startswith("needs"), r
+        assert r["status"] == "not tested" and r["coverage"] == "nothing of the paper's scope", r
         assert (r["paper_outcome"], r["needs"]) == (claim.paper_outcome, claim.needs)
 
 
@@ -56,6 +56,7 @@ def test_a_claim_naming_an_unknown_task_or_a_threshold_outside_0_1_is_refused_wh
 def test_every_architecture_a_claim_names_is_registered():
     named = {m.arch for c in CLAIMS for m in named_models(c)}
     assert named and named <= set(models.ARCHITECTURES)
+    assert {s for c in CLAIMS for s in c.scope.subjects if " " not in s} <= set(models.ARCHITECTURES)
 
 
 def named_models(claim) -> list[Models]:
@@ -77,61 +78,75 @@ def standard(task, depth, solved_from, **kw):
     return rows(task, "standard", depth, solved_from, **kw)
 
 
-def test_width_grows_in_most_chains_and_more_than_standard():
-    base = standard("lis", 2, {4: 16, 6: 16})
-    growing = base + rows("lis", "sparse", 2, {4: 16, 6: 64}) + rows("lis", "linear", 2, {4: 32, 6: None})
+def test_width_grows_per_chain_at_the_papers_depth_and_a_flat_chain_at_the_floor_tells_nothing():
+    growing = rows("lis", "sparse", 3, {4: 16, 6: 64}) + rows("lis", "linear", 3, {4: 32, 6: None})
     result = check(growing, "dp_width_grows")
-    assert result["status"] == "holds" and result["detail"].startswith("2 of 2 chains grow more than standard's")
-    # standard grows as much: the contrast the paper draws is not there
-    same = standard("lis", 2, {4: 16, 6: 64}) + rows("lis", "sparse", 2, {4: 16, 6: 64})
-    assert check(same, "dp_width_grows")["status"] == "fails"
-    # one chain of three shrinks: still most
-    most = (base + rows("lis", "sparse", 2, {4: 16, 6: 64}) + rows("ed", "linear", 2, {4: 16, 6: 32})
-            + standard("ed", 2, {4: 16, 6: 16}) + rows("arithmetic", "sparse", 2, {4: 32, 6: 16})
-            + standard("arithmetic", 2, {4: 16, 6: 16}))
-    assert check(most, "dp_width_grows")["status"] == "holds"
-    flat = base + rows("lis", "sparse", 2, {4: 16, 6: 16})  # the narrowest width everywhere: the grid cannot tell
-    assert check(flat, "dp_width_grows")["status"] == "not tested"
-    no_standard = rows("lis", "sparse", 2, {4: 16, 6: 64})
-    assert check(no_standard, "dp_width_grows")["status"] == "not tested"
+    assert result["status"] == "holds in part" and result["detail"].startswith("for (2): lis d3 sparse: n=4 D=16")
+    assert result["coverage"].startswith(
+        "arithmetic n = none of 6, 10, 13, 16; ed n = none of 6, 12, 16, 20; "
+        "lis n = none of 40, 110, 175, 250 (and n = 4, 6, which the paper did not"
+    )
+    shrinks = growing + rows("ed", "linear", 3, {4: 32, 6: 16})
+    assert check(shrinks, "dp_width_grows")["status"] == "fails"
+    flat_above = rows("lis", "sparse", 3, {4: 32, 6: 32})  # flat above the narrowest width: no growth
+    assert check(flat_above, "dp_width_grows")["status"] == "fails"
+    floor = rows("lis", "sparse", 3, {4: 16, 6: 16})  # the narrowest width everywhere: the grid cannot tell
+    assert check(floor, "dp_width_grows")["status"] == "not tested"
+    assert check([r | {"depth": 2} for r in growing], "dp_width_grows")["status"] == "not tested"  # not the paper's
     # the deeper claim: ed only (Figure 3), at depth 5
     assert check(growing, "dp_width_grows_deeper")["status"] == "not tested"
-    deep = standard("ed", 5, {4: 16, 6: 16}) + rows("ed", "sparse", 5, {4: 16, 6: 32})
-    assert check(deep, "dp_width_grows_deeper")["status"] == "holds"
-    assert check([{**r, "task": "lis"} for r in deep], "dp_width_grows_deeper")["status"] == "not tested"
+    deep = rows("ed", "sparse", 5, {4: 16, 6: 32})
+    assert check(deep, "dp_width_grows_deeper")["status"] == "holds in part"
 
 
-def test_no_savings_reads_exact_flops_on_lis_and_a_tie_at_the_narrowest_width_tells_nothing():
+def test_width_comparisons_with_standard_and_a_tie_at_the_narrowest_width_tells_nothing():
     base = standard("lis", 3, {6: 32, 12: 32})
-    assert check(base + rows("lis", "sparse", 3, {6: 64, 12: 64}), "dp_no_savings_general")["status"] == "holds"
-    assert check(base + rows("lis", "linear", 3, {6: 64, 12: None}), "dp_no_savings_general")["status"] == "holds"
-    result = check(base + rows("lis", "linear", 3, {6: 16, 12: 16}), "dp_no_savings_general")
-    assert result["status"] == "fails" and "lis n=6 d3: linear" in result["detail"] and "exact GFLOPs" in result[
-        "detail"]
-    tie = check(standard("lis", 3, {6: 16}) + rows("lis", "sparse", 3, {6: 16}), "dp_no_savings_general")
+    assert check(base + rows("lis", "sparse", 3, {6: 64, 12: 64}), "dp_efficient_wider")["status"] == "holds in part"
+    # "generally": one case against, two for
+    mixed = base + rows("lis", "sparse", 3, {6: 64, 12: 64}) + rows("lis", "linear", 3, {6: 32, 12: None})
+    assert check(mixed, "dp_efficient_wider")["status"] == "holds in part"
+    even = base + rows("lis", "sparse", 3, {6: 64, 12: 32})
+    assert check(even, "dp_efficient_wider")["status"] == "fails"
+    tie = check(standard("lis", 3, {6: 16}) + rows("lis", "sparse", 3, {6: 16}), "dp_efficient_wider")
     assert tie["status"] == "not tested" and "a tie at the narrowest width tried" in tie["detail"]
-    ed = standard("ed", 3, {6: 16}) + rows("ed", "linear", 3, {6: 64})  # ed is not the general DP task
-    assert check(ed, "dp_no_savings_general")["status"] == "not tested"
+    assert check(base, "dp_standard_fixed")["status"] == "holds in part"
+    wide = standard("lis", 3, {6: None}, widths=(64, 128, 256)) + rows("lis", "linear", 3, {6: 256}, widths=(256,))
+    result = check(wide, "dp_standard_fixed")
+    assert result["status"] == "fails" and "where another model reached 90%" in result["detail"]
+    short = check(standard("lis", 3, {6: None}, widths=(64, 128)), "dp_standard_fixed")
+    assert short["status"] == "not tested" and "no width tried reaches 256" in short["detail"]
 
 
-def test_locality_is_a_strict_reduction():
-    assert check(rows("ed", "sparse", 3, {6: 32}) + rows("ed_local", "sparse", 3, {6: 16}),
-                 "dp_locality")["status"] == "holds"
-    assert check(rows("ed", "sparse", 3, {6: 32}) + rows("ed_local", "sparse", 3, {6: 32}),
-                 "dp_locality")["status"] == "fails"  # a tie above the narrowest width: no reduction
-    assert check(rows("ed", "sparse", 3, {6: 16}) + rows("ed_local", "sparse", 3, {6: 16}),
-                 "dp_locality")["status"] == "not tested"  # a tie at the narrowest: cannot show one
+def test_locality_is_a_reduction_at_every_n_and_strict_at_one():
+    assert (
+        check(rows("ed", "sparse", 3, {6: 32, 12: 64}) + rows("ed_local", "sparse", 3, {6: 16, 12: 64}), "dp_locality")[
+            "status"
+        ]
+        == "holds in part"
+    )
+    assert (
+        check(rows("ed", "sparse", 3, {6: 32}) + rows("ed_local", "sparse", 3, {6: 32}), "dp_locality")["status"]
+        == "fails"
+    )  # a tie above the narrowest width: no reduction
+    assert (
+        check(rows("ed", "sparse", 3, {6: 16}) + rows("ed_local", "sparse", 3, {6: 16}), "dp_locality")["status"]
+        == "not tested"
+    )  # a tie at the narrowest: cannot show one
 
 
-def test_table2_order_is_strict_standard_sparse_linear():
+def test_table2_standard_first_against_each_efficient_model_with_the_papers_widths_beside():
     def three(s, sp, li):
-        return (standard("arithmetic", 3, {6: s}) + rows("arithmetic", "sparse", 3, {6: sp})
-                + rows("arithmetic", "linear", 3, {6: li}))
+        return (
+            standard("arithmetic", 3, {6: s})
+            + rows("arithmetic", "sparse", 3, {6: sp})
+            + rows("arithmetic", "linear", 3, {6: li})
+        )
 
-    assert check(three(16, 32, 64), "dp_arithmetic_standard_first")["status"] == "holds"
-    assert check(three(16, 32, None), "dp_arithmetic_standard_first")["status"] == "holds"
+    result = check(three(16, 32, 64), "dp_arithmetic_standard_first")
+    assert result["status"] == "holds in part" and result["coverage"].startswith("arithmetic n = 6 of 6, 10, 13, 16")
+    assert "arithmetic n=6 d3: standard D=16, sparse D=32 (Table 2: standard D=64, sparse D=128)" in result["detail"]
+    assert check(three(16, 32, None), "dp_arithmetic_standard_first")["status"] == "holds in part"
     assert check(three(32, 32, 64), "dp_arithmetic_standard_first")["status"] == "fails"
-    assert check(three(16, 64, 32), "dp_arithmetic_standard_first")["status"] == "fails"
     assert check(three(16, 16, 16), "dp_arithmetic_standard_first")["status"] == "not tested"  # all at the floor
 
 
@@ -145,42 +160,50 @@ def tf(task, depth, solved_from, widths=(64,), accuracy=None, **kw):
 
 def test_near_perfect_needs_the_named_width_and_99_percent_on_test():
     table = tf("index_lookup", 1, {20: 64, 50: 64})
-    assert check(table, "sep_index_lookup_one_layer")["status"] == "holds"
+    result = check(table, "sep_index_lookup_one_layer")
+    assert result["status"] == "holds in part" and result["margin"] == "+0.5 pt"
+    assert result["coverage"].startswith("index_lookup N = 20, 50 of 20, 50, 100, 200, 400")
     low = rows("index_lookup", "transformer", 1, {20: 64}, widths=(64,))  # solved at 90%, held 95%
     converged = [r | {"converged": 1.0} for r in low]
     alone = check(converged, "sep_index_lookup_one_layer")  # no model reached 99%: the recipe is not shown to learn
-    assert alone["status"] == "not tested" and alone["detail"] == (
-        "the recipe is not shown to learn index_lookup here: no model reached 99% where 1-layer transformer D=64 "
-        "N=20: best 95.0%")
+    assert alone["status"] == "not tested" and (
+        "1-layer transformer D=64 N=20: 95.0%: no model reached 99% (the recipe is not shown to learn it)"
+        in alone["detail"]
+    )
     control = [r | NEAR_PERFECT for r in rows("index_lookup", "lstm", 1, {20: 64}, widths=(64,))]
     result = check(converged + control, "sep_index_lookup_one_layer")  # an LSTM learned it: a failure
-    assert result["status"] == "fails" and "1-layer transformer D=64 N=20: best 95.0%" in result["detail"]
+    assert result["status"] == "fails" and "1-layer transformer D=64 N=20: 95.0%, where another" in result["detail"]
     stopped = check(low, "sep_index_lookup_one_layer")  # stopped at 95% still improving: 99% undecided
     assert stopped["status"] == "not tested" and (
-        "at 99%: validation held 95.0% when the trial stopped, not converged" in stopped["detail"])
+        "at 99%: validation held 95.0% when the trial stopped, not converged" in stopped["detail"]
+    )
     wider = tf("index_lookup", 1, {20: 128}, widths=(128,))
-    assert check(wider, "sep_index_lookup_one_layer")["detail"] == (
-        "needs index_lookup with 1-layer transformer D=64: not run")
+    assert "N=20: 1-layer transformer D=64 not run" in check(wider, "sep_index_lookup_one_layer")["detail"]
 
 
 def test_a_failure_claim_needs_every_named_model_and_a_positive_control():
-    recurrent = [r for a in ("lstm", "dss", "mamba", "linear_nofm", "retnet")
-                 for r in rows("index_lookup", a, 2, {200: None}, widths=(64, 256), accuracy=0.3)]
+    recurrent = [
+        r
+        for a in ("lstm", "dss", "mamba", "linear_nofm", "retnet")
+        for r in rows("index_lookup", a, 2, {200: None}, widths=(64, 256), accuracy=0.3)
+    ]
     control = tf("index_lookup", 1, {200: 64})
     result = check(recurrent + control, "sep_index_lookup_recurrent_fail")
-    assert result["status"] == "holds" and "lstm N=200: best 30.0%" in result["detail"]
+    assert result["status"] == "holds in part" and "lstm D<=256 (<=6 layers) N=200: 30.0% beside" in result["detail"]
+    assert result["coverage"].startswith("index_lookup N = 200 of 200, 400; 5 of 5 models")
     lstm_only = [r for r in recurrent if r["arch"] == "lstm"] + control
     result = check(lstm_only, "sep_index_lookup_recurrent_fail")
-    assert result["status"] == "not tested" and "dss, mamba, linear_nofm, retnet: not run" in result["detail"]
+    assert result["status"] == "not tested" and "N=200: dss D<=256 (<=6 layers) not run" in result["detail"]
     no_control = check(recurrent + tf("index_lookup", 1, {200: None}, accuracy=0.4), "sep_index_lookup_recurrent_fail")
     assert no_control["status"] == "not tested"
-    assert no_control["detail"].startswith("the recipe is not shown to learn index_lookup here")
-    learns = [r | NEAR_PERFECT | {"status": "solved", "converged": 0.0} if r["arch"] == "mamba" else r
-              for r in recurrent]
+    assert "no control (1-layer transformer D=64) reached 99%" in no_control["detail"]
+    learns = [
+        r | NEAR_PERFECT | {"status": "solved", "converged": 0.0} if r["arch"] == "mamba" else r for r in recurrent
+    ]
     result = check(learns + control, "sep_index_lookup_recurrent_fail")
-    assert result["status"] == "fails" and "mamba N=200: best 99.5%" in result["detail"]
+    assert result["status"] == "fails" and "mamba D<=256 (<=6 layers) N=200: 99.5% beside" in result["detail"]
     short = check([{**r, "size": 50} for r in recurrent + control], "sep_index_lookup_recurrent_fail")
-    assert short["status"] == "not tested" and "lengths > 100" in short["detail"]
+    assert short["status"] == "not tested" and "N=200: lstm D<=256 (<=6 layers) not run" in short["detail"]
 
 
 def test_eq_ncp_fails_as_near_chance_beside_a_transformer_of_the_same_width():
@@ -193,32 +216,45 @@ def test_eq_ncp_fails_as_near_chance_beside_a_transformer_of_the_same_width():
 
 
 def test_positive_results_of_the_separations_paper():
-    small = [r | NEAR_PERFECT for a, d in (("lstm", 1), ("mamba", 2))
-             for r in rows("dyck", a, d, {100: 64, 400: 64}, widths=(64,))] + tf("dyck", 2, {100: 64, 400: 64})
-    assert check(small, "sep_dyck_small_models")["status"] == "holds"
+    small = [
+        r | NEAR_PERFECT
+        for a, d in (("lstm", 1), ("mamba", 2))
+        for r in rows("dyck", a, d, {100: 64, 400: 64}, widths=(64,))
+    ] + tf("dyck", 2, {100: 64, 400: 64})
+    assert check(small, "sep_dyck_small_models")["status"] == "holds in part"
     beyond = small + [r | {"size": 800} for r in rows("dyck", "lstm", 1, {800: None}, widths=(64,))]
-    assert check(beyond, "sep_dyck_small_models")["status"] == "holds"  # N = 800 is outside the claim's range
-    eq_one = tf("eq_one", 1, {100: 64}) + [r | NEAR_PERFECT for r in rows("eq_one", "lstm", 1, {100: 64},
-                                                                                        widths=(64,))]
-    assert check(eq_one, "sep_eq_one_all_models")["status"] == "holds"
-    match = tf("eq_random", 2, {200: 64}) + [r | NEAR_PERFECT for a in ("dss", "mamba")
-                                             for r in rows("eq_random", a, 2, {200: 64}, widths=(64,))]
-    assert check(match, "sep_eq_random_ssm_match")["status"] == "holds"
-    lag = [r | {"final_accuracy": 0.6, "sustained_accuracy": 0.6, "status": "unsolved", "converged": 1.0}
-           if r["arch"] == "dss" else r for r in match]
+    assert check(beyond, "sep_dyck_small_models")["status"] == "holds in part"  # N = 800: outside the claim
+    eq_one = tf("eq_one", 1, {100: 64}) + [r | NEAR_PERFECT for r in rows("eq_one", "lstm", 1, {100: 64}, widths=(64,))]
+    result = check(eq_one, "sep_eq_one_all_models")
+    assert result["status"] == "holds in part" and "2 of 6 models (transformer, lstm)" in result["coverage"]
+    match = tf("eq_random", 2, {200: 64}) + [
+        r | NEAR_PERFECT for a in ("dss", "mamba") for r in rows("eq_random", a, 2, {200: 64}, widths=(64,))
+    ]
+    assert check(match, "sep_eq_random_ssm_match")["status"] == "holds in part"
+    lag = [
+        r | {"final_accuracy": 0.6, "sustained_accuracy": 0.6, "status": "unsolved", "converged": 1.0}
+        if r["arch"] == "dss"
+        else r
+        for r in match
+    ]
     assert check(lag, "sep_eq_random_ssm_match")["status"] == "fails"
 
 
 def test_failed_trials_are_named_in_the_detail():
-    table = (tf("index_lookup", 1, {20: 64}) + rows("index_lookup", "lstm", 1, {20: None}, widths=(64,),
-                                                    status_override="failed", accuracy=0.0))
+    table = tf("index_lookup", 1, {20: 64}) + rows(
+        "index_lookup", "lstm", 1, {20: None}, widths=(64,), status_override="failed", accuracy=0.0
+    )
     result = check(table, "sep_index_lookup_one_layer")
-    assert result["status"] == "holds" and "1 failed trials in index_lookup" in result["detail"]
+    assert result["status"] == "holds in part" and "1 failed trials in index_lookup" in result["detail"]
 
 
 def test_table2_three_conventions_per_depth_cheapest_and_paper_length():
-    table = pd.DataFrame(rows("arithmetic", "standard", 3, {6: 32}) + rows("arithmetic", "linear", 3, {6: 16})
-                         + rows("arithmetic", "standard", 5, {6: 16}) + rows("arithmetic", "sparse", 3, {6: None}))
+    table = pd.DataFrame(
+        rows("arithmetic", "standard", 3, {6: 32})
+        + rows("arithmetic", "linear", 3, {6: 16})
+        + rows("arithmetic", "standard", 5, {6: 16})
+        + rows("arithmetic", "sparse", 3, {6: None})
+    )
     best = min_gflops(table)
     d3 = best[best.depth == 3].set_index("arch")
     assert d3.loc["standard", "width"] == 32 and d3.loc["linear", "width"] == 16 and pd.isna(d3.loc["sparse", "width"])
@@ -227,7 +263,8 @@ def test_table2_three_conventions_per_depth_cheapest_and_paper_length():
     paper_l = PAPER_LENGTHS["arithmetic"][6]
     assert d3.loc["standard", "paper_L"] == paper_l and d3.loc["standard", "L"] == 65
     assert d3.loc["standard", "paper_gflops_at_paper_L"] == pytest.approx(
-        d3.loc["standard", "min_paper_gflops"] * (paper_l + 2) / (65 + 2))
+        d3.loc["standard", "min_paper_gflops"] * (paper_l + 2) / (65 + 2)
+    )
     marks = cheapest(best[best.depth == 3], "min_paper_gflops").iloc[0]
     assert marks.cheapest == "linear" and marks.ratio_to_standard == pytest.approx(0.25)
     tie = best.assign(min_paper_gflops=1.0)  # every architecture costs the same: standard keeps the mark
@@ -251,33 +288,48 @@ def test_a_width_solved_on_validation_but_below_the_threshold_on_test_is_marked(
     assert BELOW not in convention_table(best, 2, "min_exact_gflops").iloc[0]["sparse"]  # no threshold: no mark
 
 
-def test_a_claim_that_rests_on_an_undecided_cell_is_not_tested_and_names_it():
-    base = standard("lis", 2, {4: 16, 6: 16})
-    growing = base + rows("lis", "sparse", 2, {4: 16, 6: 64})
-    assert check(growing, "dp_width_grows")["status"] == "holds"
+def test_a_case_that_rests_on_an_undecided_cell_is_not_tested_and_names_it():
+    growing = rows("lis", "sparse", 3, {4: 16, 6: 64})
+    assert check(growing, "dp_width_grows")["status"] == "holds in part"
     # sparse n=6 D=16 still improving when its budget ran out: the minimum width 64 is an upper bound
-    narrower = base + rows("lis", "sparse", 2, {4: 16, 6: 64}, undecided={(6, 16)})
+    narrower = rows("lis", "sparse", 3, {4: 16, 6: 64}, undecided={(6, 16)})
     result = check(narrower, "dp_width_grows")
     assert result["status"] == "not tested"
-    assert result["detail"] == ("lis n=6 sparse d2: seed 0 D=16 undecided (budget: still improving at step 6400 "
-                                "(8x the budget of 800))")
+    assert (
+        "lis n=6 sparse d3: seed 0 D=16 undecided (budget: still improving at step 6400 (8x the budget of 800))"
+        in result["detail"]
+    )
     # no width solved, but every one is undecided: no evidence that the models fail
-    recurrent = [r for a in ("lstm", "dss", "mamba", "linear_nofm", "retnet")
-                 for r in rows("index_lookup", a, 1, {200: None}, widths=(64, 128), accuracy=0.04,
-                               undecided={(200, 64), (200, 128)}, seeds=(0, 1))]
+    recurrent = [
+        r
+        for a in ("lstm", "dss", "mamba", "linear_nofm", "retnet")
+        for r in rows(
+            "index_lookup",
+            a,
+            1,
+            {200: None},
+            widths=(64, 128),
+            accuracy=0.04,
+            undecided={(200, 64), (200, 128)},
+            seeds=(0, 1),
+        )
+    ]
     result = check(recurrent + tf("index_lookup", 1, {200: 64}), "sep_index_lookup_recurrent_fail")
     assert result["status"] == "not tested"
-    assert result["detail"].startswith("index_lookup n=200 lstm d1: seed 0 D=64 undecided (budget: ")
-    assert result["detail"].endswith("; and 17 more undecided cells")
+    assert "index_lookup n=200 lstm d1: seed 0 D=64 undecided (budget: " in result["detail"]
+    assert "; and 2 more undecided cells" in result["detail"]
     # an undecided cell wider than a solved width decides nothing: solved stays solved
     solved = tf("index_lookup", 1, {20: 64}, widths=(64, 128), undecided={(20, 128)})
-    assert check(solved, "sep_index_lookup_one_layer")["status"] == "holds"
+    assert check(solved, "sep_index_lookup_one_layer")["status"] == "holds in part"
 
 
 def test_the_min_width_table_never_shows_an_undecided_row_as_unsolved_or_a_bound_as_the_minimum():
-    table = pd.DataFrame(rows("lis", "standard", 2, {6: 32}, undecided={(6, 16)})
-                         + rows("lis", "sparse", 2, {6: None}, undecided={(6, 64)}, accuracy=0.85)
-                         + rows("lis", "linear", 2, {6: None}) + rows("lis", "standard", 3, {6: 32}))
+    table = pd.DataFrame(
+        rows("lis", "standard", 2, {6: 32}, undecided={(6, 16)})
+        + rows("lis", "sparse", 2, {6: None}, undecided={(6, 64)}, accuracy=0.85)
+        + rows("lis", "linear", 2, {6: None})
+        + rows("lis", "standard", 3, {6: 32})
+    )
     best = min_gflops(table).set_index(["arch", "depth"])
     assert best.loc[("standard", 2), "undecided"] == "seed 0 D=16" and best.loc[("standard", 2), "width"] == 32
     assert best.loc[("sparse", 2), "undecided"] == "seed 0 D=64" and pd.isna(best.loc[("sparse", 2), "width"])
@@ -309,11 +361,16 @@ def test_the_table_is_read_at_another_threshold_from_what_each_trial_recorded():
     held = {"sustained_accuracy": 0.995, "converged": 0.0, "target": 0.99}
     grid = pd.DataFrame(
         [r | held for r in rows("index_lookup", "transformer", 1, {20: 64}, widths=(64,))]  # held 99.5%
-        + [r | {"sustained_accuracy": 0.95, "converged": 1.0} for r in rows("index_lookup", "lstm", 1, {20: 64},
-                                                                             widths=(64,))]  # converged at 95%
-        + [r | {"sustained_accuracy": 0.95, "converged": 0.0, "target": 0.99}
-           for r in rows("index_lookup", "dss", 1, {20: 64}, widths=(64,))]  # stopped at its budget
-        + [r | {"measured": False} for r in rows("index_lookup", "mamba", 1, {20: 64}, widths=(64,))])  # inferred
+        + [
+            r | {"sustained_accuracy": 0.95, "converged": 1.0}
+            for r in rows("index_lookup", "lstm", 1, {20: 64}, widths=(64,))
+        ]  # converged at 95%
+        + [
+            r | {"sustained_accuracy": 0.95, "converged": 0.0, "target": 0.99}
+            for r in rows("index_lookup", "dss", 1, {20: 64}, widths=(64,))
+        ]  # stopped at its budget
+        + [r | {"measured": False} for r in rows("index_lookup", "mamba", 1, {20: 64}, widths=(64,))]
+    )  # inferred
     at99 = at_threshold(grid, 0.99, 0.9).set_index("arch")
     assert at99.loc["transformer", "status"] == "solved" and at99.loc["lstm", "status"] == "unsolved"
     assert at99.loc["dss", "status"] == "undecided" and "held 95.0% when the trial stopped" in at99.loc["dss", "reason"]
@@ -323,5 +380,6 @@ def test_the_table_is_read_at_another_threshold_from_what_each_trial_recorded():
     best = min_gflops(at_threshold(grid, 0.99, 0.9)).set_index("arch")
     assert best.loc["transformer", "width"] == 64 and pd.isna(best.loc["lstm", "width"])
     with pytest.raises(ValueError, match="lack \\['sustained_accuracy', 'converged'\\]"):
-        at_threshold(pd.DataFrame(rows("lis", "lstm", 2, {4: 16})).drop(columns=["sustained_accuracy", "converged"]),
-                     0.99, 0.9)
+        at_threshold(
+            pd.DataFrame(rows("lis", "lstm", 2, {4: 16})).drop(columns=["sustained_accuracy", "converged"]), 0.99, 0.9
+        )

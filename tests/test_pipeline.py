@@ -156,16 +156,16 @@ def test_second_repro_does_no_work(repo):
 
 def test_a_changed_claim_rule_makes_dvc_report_the_report_stage_changed_and_nothing_else(repo):
     """DVC's deps are the code each stage imports (tests/test_layout.py): a claim's rule is the report's code."""
-    claims = repo / "pipeline" / "reporting" / "claims.py"
-    original = claims.read_text()
+    rules = repo / "pipeline" / "reporting" / "rules.py"
+    original = rules.read_text()
     assert "\nCHANCE_MARGIN = 0.05" in original
     try:
-        claims.write_text(original.replace("\nCHANCE_MARGIN = 0.05", "\nCHANCE_MARGIN = 0.06"))
+        rules.write_text(original.replace("\nCHANCE_MARGIN = 0.05", "\nCHANCE_MARGIN = 0.06"))
         changed = json.loads(run(["dvc", "status", "--json"], repo).stdout)
         assert set(changed) == {"report"}, changed
-        assert {"changed deps": {"pipeline/reporting/claims.py": "modified"}} in changed["report"]
+        assert {"changed deps": {"pipeline/reporting/rules.py": "modified"}} in changed["report"]
     finally:
-        claims.write_text(original)
+        rules.write_text(original)
     assert json.loads(run(["dvc", "status", "--json"], repo).stdout) == {}
 
 
@@ -334,7 +334,7 @@ def test_the_mlflow_ui_shows_the_sweep_as_a_person_expects(repo, tmp_path):
     report artifact opens, and its per-cell table is shown as a table."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking.runs import ui_link
+    from pipeline.tracking.services import ui_link
     from tests.helpers.browser import Page
     from tests.helpers.mlflow_ui import chart_points, click_in_row, shows, type_into, wait_for_frame, wait_until
     from tests.helpers.services import mlflow_server

@@ -13,6 +13,7 @@ import pandas as pd
 from pipeline.common.config import Config
 from pipeline.reporting import tables
 from pipeline.reporting.claims import ClaimStatus
+from pipeline.reporting.deviations import PAPER_COMPUTE, deviations
 from pipeline.reporting.figures import Figure
 
 
@@ -28,28 +29,44 @@ def html_table(frame: pd.DataFrame) -> str:
 
 
 NIGHTLY_MARKER = "<!-- nightly -->"  # `python -m pipeline.nightly` puts its comparison here
-STATUS_COLOURS = {"holds": "#d4f4d4", "fails": "#f8d0d0", "not tested": "#eeeeee"}
+STATUS_COLOURS = {"holds": "#d4f4d4", "holds in part": "#e8f6d0", "fails": "#f8d0d0", "not tested": "#eeeeee"}
+CLAIMS_LEGEND = (
+    "<b>holds</b>: every comparison the claim makes at the paper's lengths, models and widths went the paper's way. "
+    "<b>holds in part</b>: those tested did, and none went against it; the coverage says which of the paper's were "
+    "tested. <b>fails</b>: a comparison went against it (a claim that a model fails needs a positive control that "
+    "reached the threshold there). <b>not tested</b>: nothing decided, each reason given. <b>Margin</b>: how far past "
+    "the claim's line its decided comparisons landed, in accuracy points: the threshold for near-perfect, the "
+    "control's accuracy less 5 points for 'degrades', chance plus 5 for 'no better than chance'; negative: the other "
+    "side. <b>At 95/99/99.5%</b>: the verdict with the threshold moved. A cell counts as solved when every seed "
+    "passed on validation and the mean test accuracy reaches the threshold; accuracies are the best cell's mean "
+    "over its seeds, with their range."
+)
 
 
 def split_decided(checks: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The checks this run decided (holds, fails) and those it did not (not tested), each in ``CLAIMS``' order."""
+    """The checks this run decided (holds, in part, fails) and those it did not, each in ``CLAIMS``' order."""
     pending = [c for c in checks if c["status"] == ClaimStatus.NOT_TESTED]
     return [c for c in checks if c["status"] != ClaimStatus.NOT_TESTED], pending
 
 
 def claim_cells(check: dict) -> dict[str, str]:
-    """A claim's row, as the page and fidelity.md show it: the paper's side, then ours (a decided claim: the
-    evidence and verdict; else why not and what it needs), then our test."""
-    cells = {
-        "claim": check["id"],
+    """A claim's row, as the page and fidelity.md show it: the verdict with its coverage, the paper's side, ours
+    with the margin and the sensitivity to the threshold (a decided claim), else why not and what it needs; then
+    our test."""
+    cells = {"claim": check["id"]}
+    decided = check["status"] != ClaimStatus.NOT_TESTED
+    if decided:
+        cells |= {"verdict": str(check["status"]), "coverage": check["coverage"]}
+    cells |= {
         "paper": f"{check['paper']}, {check['where']}",
         "the paper's words": f"\u201c{check['claim']}\u201d",
         "the paper's outcome": check["paper_outcome"],
     }
-    if check["status"] == ClaimStatus.NOT_TESTED:
-        cells |= {"why not decided here": check["detail"], "what it needs": check["needs"]}
+    if decided:
+        cells |= {"ours": check["detail"], "margin": check["margin"]}
+        cells |= {f"at {t}": status for t, status in check["at_thresholds"].items()}
     else:
-        cells |= {"ours": check["detail"], "verdict": str(check["status"])}
+        cells |= {"why not decided here": check["detail"], "what it needs": check["needs"]}
     cells["our test"] = f"{check['decided_by']}; at {check['threshold']:.0%} ({check['threshold_source']})"
     return cells
 
@@ -73,15 +90,23 @@ def claims_html(checks: list[dict], table_id: str) -> str:
     return f"<table id='{table_id}' class='claims'><tr>{head}</tr>{rows}</table>"
 
 
+def with_legend(body: str, legend: str) -> str:
+    """``body`` (a table) with its notation in a legend beside it."""
+    return f"<div class='with-legend'><div class='body'>{body}</div><aside class='legend'>{legend}</aside></div>"
+
+
 def decided_count(checks: list[dict]) -> str:
     decided = split_decided(checks)[0]
     if not decided:
         return f"None of the papers' {len(checks)} claims at this scale"
     statuses = [c["status"] for c in decided]
-    return (
-        f"{len(decided)} of the papers' {len(checks)} claims: {statuses.count(ClaimStatus.HOLDS)} hold, "
-        f"{statuses.count(ClaimStatus.FAILS)} fail"
+    plural = {ClaimStatus.HOLDS: "hold", ClaimStatus.HOLDS_IN_PART: "hold in part", ClaimStatus.FAILS: "fail"}
+    counts = ", ".join(
+        f"{n} {status if n == 1 else plural[status]}"
+        for status in ClaimStatus
+        if status.decided and (n := statuses.count(status))
     )
+    return f"{len(decided)} of the papers' {len(checks)} claims: {counts}"
 
 
 def decided_html(checks: list[dict]) -> str:
@@ -93,11 +118,12 @@ def decided_html(checks: list[dict]) -> str:
             "needs. Table 2 and the figures show what this run measured.</p>"
         )
     return (
-        f"<h2>What this run decided</h2><p>{decided_count(checks)}, each by the rule in "
-        "<code>pipeline.reporting.claims</code> on this sweep's results"
+        f"<h2>What this run decided</h2><p>{decided_count(checks)}, each by its rule in "
+        "<code>pipeline.reporting.rules</code> on this sweep's results, with the share of the paper's own lengths, "
+        "models and widths it covers"
         + (f"; the {len(pending)} it cannot decide at its scale are under {later}." if pending else ".")
         + "</p>"
-        + claims_html(decided, "claims")
+        + with_legend(claims_html(decided, "claims"), CLAIMS_LEGEND)
     )
 
 
@@ -112,6 +138,34 @@ def not_decided_html(checks: list[dict]) -> str:
     )
 
 
+def compute_html(cfg: Config, checks: list[dict], sweep: dict) -> str:
+    """The papers' compute beside this profile's forecast and what this run spent."""
+    papers = sorted({c["paper"] for c in checks if c["status"] != ClaimStatus.NOT_TESTED}) or ["DP", "separations"]
+    rows = "".join(f"<tr><td>the {p} paper</td><td>{html.escape(PAPER_COMPUTE[p])}</td></tr>" for p in papers)
+    forecast = sweep.get("grid_pflops")
+    if forecast is not None:
+        rows += (
+            f"<tr><td>forecast, profile <code>{cfg.profile}</code></td><td>{forecast:.4g} PFLOPs of training for its "
+            f"grid at the first budget (<code>python -m pipeline.forecast --profile {cfg.profile}</code> gives its "
+            "GPU-hours on a cluster)</td></tr>"
+        )
+    if "train_pflops" in sweep:
+        rows += (
+            f"<tr><td>this run</td><td>{sweep['train_pflops']:.4g} PFLOPs trained in {sweep['trained']} trials "
+            f"({sweep['reused']} reused), {sweep['wall_seconds'] / 3600:.2f} h wall</td></tr>"
+        )
+    return f"<h2>Compute</h2><table class='claims'>{rows}</table>"
+
+
+def deviations_html(cfg: Config) -> str:
+    frame = pd.DataFrame([vars(d) for d in deviations(cfg)]).rename(
+        columns={"topic": "", "paper": "the papers", "ours": "this run", "effect": "what it may change"}
+    )
+    return "<h2>Deviations from the papers' setups</h2>" + frame.to_html(
+        index=False, escape=True, classes="claims"
+    ).replace("<table", "<table id='deviations'", 1)
+
+
 def markdown_table(frame: pd.DataFrame) -> str:
     """``frame`` as a markdown table, unpadded (its cells are sentences), a "|" escaped so that it stays in its
     cell."""
@@ -120,18 +174,22 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join(f"| {' | '.join(line)} |" for line in lines)
 
 
-def fidelity_markdown(profile: str, checks: list[dict], best: pd.DataFrame) -> str:
-    """``report/fidelity.md``: the claims, paper beside ours, decided first, then those not decided at this scale
-    with what each needs; then Table 2, the paper's cell beside ours."""
+def fidelity_markdown(cfg: Config, checks: list[dict], best: pd.DataFrame) -> str:
+    """``report/fidelity.md``: the claims, verdict and coverage first, the paper beside ours, then those not decided
+    at this scale with what each needs; the deviations from the papers' setups; then Table 2, the paper's cell
+    beside ours."""
     decided, pending = split_decided(checks)
     parts = [
-        f"**Profile `{profile}`**: the papers' claims and the DP paper's Table 2 beside this run's results "
+        f"**Profile `{cfg.profile}`**: the papers' claims and the DP paper's Table 2 beside this run's results "
         "(`python -m pipeline.report`; how each claim is checked: `docs/fidelity.md`).",
         "### What this run decided",
         decided_count(checks) + ".",
     ]
     if decided:
-        parts.append(markdown_table(pd.DataFrame([claim_cells(c) for c in decided])))
+        parts += [
+            markdown_table(pd.DataFrame([claim_cells(c) for c in decided])),
+            CLAIMS_LEGEND.replace("<b>", "**").replace("</b>", "**"),
+        ]
     parts += ["### Not decided at this scale"]
     if pending:
         parts += [
@@ -141,6 +199,8 @@ def fidelity_markdown(profile: str, checks: list[dict], best: pd.DataFrame) -> s
     else:
         parts.append("None: this run decided every claim.")
     parts += [
+        "### Deviations from the papers' setups",
+        markdown_table(pd.DataFrame([vars(d) for d in deviations(cfg)])),
         "### Table 2 of the DP paper against this run",
         "Per architecture and number of operators (3 layers): the paper's minimum width, back-solved from its GFLOPs "
         "(`pipeline/reporting/papers.py`), and its GFLOPs at its L, beside this run's minimum width and its "
@@ -192,37 +252,60 @@ loss not finite; <b>failed</b> = the trial raised. <b>Borderline</b> (&asymp;) =
 accuracy contains the threshold. A cell is its best learning rate, chosen on validation.</li></ul>"""
 
 
-def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict) -> str:
+def page(
+    cfg: Config,
+    table: pd.DataFrame,
+    figures: list,
+    best: pd.DataFrame,
+    checks: list[dict],
+    summary: dict,
+    sweep: dict,
+    parent_link: str | None = None,
+) -> str:
+    parent = summary["mlflow_parent_run"]
+    parent_html = f"<a href='{html.escape(parent_link)}'>{parent}</a>" if parent_link else f"<code>{parent}</code>"
+    if parent_link and parent_link.startswith("http://127.0.0.1"):  # a local store: its UI runs on demand
+        parent_html += " (start <code>mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000</code> first)"
     parts = [
         f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
         "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px;max-width:100%}"
         # a table wider than the page (all cells: ~30 columns) scrolls by itself, its rows one line each
         "table{display:block;max-width:100%;overflow-x:auto}table:not(.claims) td{white-space:nowrap}"
+        ".with-legend{display:flex;gap:12px;align-items:flex-start}.with-legend .body{flex:1;min-width:0}"
+        ".legend{flex:0 0 240px;font-size:12px;background:#f7f7f7;padding:6px;border:1px solid #ddd}"
         "figure{display:inline-block;margin:4px}figcaption{font-size:12px}.omitted{color:#666}</style>",
         f"<h1>Capacity Atlas: profile <code>{cfg.profile}</code></h1>",
+        decided_html(checks),
+        compute_html(cfg, checks, sweep),
+        deviations_html(cfg),
+        "<h2>This run</h2>",
         f"<p>{summary['cells']} cells ({summary['measured']} trained, {summary['inferred']} inferred by the "
         f"width-frontier search), {summary['solved_cells']} solved; verdicts of the trained cells: "
         f"{html.escape(summary['verdicts'])} ({summary['undecided']} undecided: out of steps while still improving, "
         f"no verdict; {summary['borderline']} borderline: test accuracy within noise of the threshold; "
         f"{summary['solved_below_threshold_on_test']} solved on validation but below the threshold on the test "
-        f"set, {tables.BELOW} in the tables). "
-        f"MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
+        f"set, {tables.BELOW} in the tables). MLflow parent run {parent_html}. "
         f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
-        decided_html(checks),
         NIGHTLY_MARKER,
         "<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>",
-        f"<p>{html.escape(tables.note(cfg.report.accuracy_threshold))}</p>",
     ]
+    legend = html.escape(tables.note(cfg.report.accuracy_threshold))
+    threshold = cfg.report.accuracy_threshold
     for depth in sorted(best.depth.unique()):
-        for column, title in tables.CONVENTIONS.items():
-            shown = tables.convention_table(best, depth, column, cfg.report.accuracy_threshold)
-            parts += [f"<h3>Depth {depth}: {title}</h3>", html_table(shown)]
+        conventions = "".join(
+            f"<h4>{title}</h4>" + html_table(tables.convention_table(best, depth, column, threshold))
+            for column, title in tables.CONVENTIONS.items()
+        )
+        parts += [f"<h3>Depth {depth}</h3>", with_legend(conventions, legend)]
     parts += [
-        "<h3>Table 2 of the DP paper against this run</h3><p>The paper's minimum widths on arithmetic at 3 layers, "
-        "back-solved from its GFLOPs (<code>pipeline.reporting.papers</code>), beside this run's at the same "
-        "operators and depth, its paper-convention GFLOPs taken to the paper's L.</p>",
-        html_table(tables.against_table2(best)),
+        "<h3>Table 2 of the DP paper against this run</h3>",
+        with_legend(
+            html_table(tables.against_table2(best)),
+            "The paper's minimum widths on arithmetic at 3 layers, back-solved from its GFLOPs "
+            "(<code>pipeline.reporting.papers</code>), beside this run's at the same operators and depth, its "
+            "paper-convention GFLOPs taken to the paper's L.",
+        ),
     ]
     parts += [
         "<h2>Figures</h2>",

@@ -50,6 +50,12 @@ def table2_widths() -> dict[str, dict[int, int]]:
     }
 
 
+def table2_at(operators: int) -> dict[str, int]:
+    """architecture -> Table 2's minimum width at ``operators`` (empty where Table 2 has no such column)."""
+    length = TABLE2_LENGTHS.get(operators)
+    return {} if length is None else {arch: by_length[length] for arch, by_length in table2_widths().items()}
+
+
 def table2_in_words() -> str:
     """Table 2's outcome: its order, and the widths its GFLOPs stand for at each number of operators."""
     widths = table2_widths()

@@ -92,6 +92,8 @@ def cell_means(table: pd.DataFrame) -> pd.DataFrame:
             scored=table.final_accuracy.where(table.measured),
             solve_cost=table.solve_pflops.where(solved & table.measured) if "solve_pflops" in table else float("nan"),
             near=borderline_cells(table),
+            is_solved=solved.astype(int),
+            is_undecided=(table.status == "undecided").astype(int),
         )
         .groupby(keys, as_index=False)
         .agg(
@@ -101,8 +103,8 @@ def cell_means(table: pd.DataFrame) -> pd.DataFrame:
             accuracy_max=("scored", "max"),
             seeds=("seed", "nunique"),
             measured=("measured", "sum"),
-            solved=("status", lambda st: int((st == "solved").sum())),
-            undecided=("status", lambda st: int((st == "undecided").sum())),
+            solved=("is_solved", "sum"),
+            undecided=("is_undecided", "sum"),
             borderline=("near", "any"),
             statuses=("status", lambda st: ",".join(sorted(set(st)))),
             paper_gflops=("paper_gflops", "first"),

@@ -57,15 +57,6 @@ def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: d
     return client, run.info.run_id
 
 
-def ui_link(uri: str, experiment_id: str, run_id: str | None = None) -> str:
-    """Where MLflow's UI shows an experiment's runs (or one run), for a server URI; for a local store, the path to
-    open in ``mlflow ui --backend-store-uri <store>``. MLflow 3's UI opens every experiment in its GenAI view unless
-    the address asks for model training (its toggle remembers a reader's choice, not the experiment's kind)."""
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else ""
-    run = f"/runs/{run_id}" if run_id else ""
-    return f"{base}/#/experiments/{experiment_id}{run}?workflowType=machine_learning"
-
-
 def standard_tags() -> dict[str, str]:
     """MLflow's own tags of a run (``mlflow.user``, ``mlflow.source.name`` and ``.type``, and the commit as
     ``mlflow.source.git.commit``), which its fluent API sets and the client API this project uses does not: the UI's

@@ -1,7 +1,7 @@
 """The services a sweep needs, checked before any compute: the MLflow store (a server, or an SQLite file), a
 Ray head (reachable, and accepting this driver's auth token), and, for a sweep submitted as a Ray job, stores that
 outlive the job's temporary working directory. Every problem is a ``ServiceError`` that names the address and what to
-do.
+do. ``ui_link``: where MLflow's UI shows a run.
 
 A server with authentication (``mlflow server --app-name basic-auth``) gets the credentials MLflow's client sends
 (``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``, or ``MLFLOW_TRACKING_TOKEN``): a server that refuses
@@ -247,3 +247,12 @@ def check_job_paths(mlflow_uri: str, storage: str, root: Path) -> None:
             f"deletes, and {' and '.join(inside)} would go with it: give them to the job with `ray job submit "
             "--runtime-env-json '{\"env_vars\": {...}}'` (docs/cluster.md#submitting-a-job)"
         )
+
+
+def ui_link(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """Where MLflow's UI shows an experiment's runs (or one run), for a server URI; for a local store, the path to
+    open in ``mlflow ui --backend-store-uri <store>``. MLflow 3's UI opens every experiment in its GenAI view unless
+    the address asks for model training (its toggle remembers a reader's choice, not the experiment's kind)."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else ""
+    run = f"/runs/{run_id}" if run_id else ""
+    return f"{base}/#/experiments/{experiment_id}{run}?workflowType=machine_learning"
