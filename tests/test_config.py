@@ -43,6 +43,33 @@ def test_paper_profile_declares_both_papers_data_and_the_dp_papers_grid():
     assert sorted(cfg.sweep.architectures) == ["linear", "sparse", "standard"]
 
 
+def test_paper_faithful_is_paper_but_the_cells_no_figure_shows():
+    """conf/paper-faithful.yaml is conf/paper.yaml key for key, but for the cells it leaves out."""
+    faithful, paper = (yaml.safe_load((ROOT / "conf" / f"{p}.yaml").read_text()) for p in ("paper-faithful", "paper"))
+    own = {k: faithful["sweep"].pop(k) for k in ("exclude", "task_architectures")}
+    assert faithful == paper and own["task_architectures"] == {"ed_local": ["sparse", "linear"]}
+    cfg = config.load_config(profile="paper-faithful")
+    grid = set(cfg.sweep.grid(cfg.sweep_datasets()))
+    assert len(grid) == 60 + 144 + 72 + 48  # arithmetic d3 to 512; ED d3 and d5; LIS d3; ED_Local sparse, linear d3
+    assert {(t, d) for t, _, _, _, d in grid} == {("arithmetic", 3), ("ed", 3), ("ed", 5), ("lis", 3), ("ed_local", 3)}
+    assert max(w for t, _, _, w, _ in grid if t == "arithmetic") == 512
+    assert all(tasks.TASKS[t].paper_sizes == tuple(cfg.sweep.datasets[t]) for t in cfg.sweep.datasets)
+
+
+def test_a_grid_leaves_out_the_cells_exclude_matches_and_a_pattern_matching_none_is_named(tmp_path):
+    base = "profile: tiny\ntasks: [arithmetic, lis]\n"
+    cfg = config.load_config(write_params(tmp_path / "p.yaml", base + "sweep: {exclude: [{depths: [1], tasks: [lis]}]}"))
+    every = config.load_config(profile="tiny")
+    kept, whole = cfg.sweep.grid(cfg.sweep_datasets()), every.sweep.grid(every.sweep_datasets())
+    assert set(kept) == {c for c in whole if not (c[0] == "lis" and c[4] == 1)} and len(kept) < len(whole)
+    with pytest.raises(config.ConfigError, match=r"sweep.exclude\[0\]: tasks=\['lis'\], widths=\[999\] matches no cell"):
+        config.load_config(write_params(tmp_path / "q.yaml", base + "sweep: {exclude: [{tasks: [lis], widths: [999]}]}"))
+    with pytest.raises(config.ConfigError, match="sweep.exclude.0.task: Extra inputs are not permitted"):
+        config.load_config(write_params(tmp_path / "r.yaml", base + "sweep: {exclude: [{task: [lis]}]}"))
+    with pytest.raises(config.ConfigError, match="sweep.exclude leaves no cell of the grid"):
+        config.load_config(write_params(tmp_path / "s.yaml", base + "sweep: {exclude: [{tasks: [lis, arithmetic]}]}"))
+
+
 def test_separations_profile_declares_the_separations_papers_grid():
     cfg = config.load_config(profile="separations")
     lengths = [20, 50, 100, 200, 400]
@@ -60,7 +87,7 @@ def test_params_overrides_win_over_the_profile(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("profile: nope", "profile: 'nope' is not allowed; allowed values: cpu-repro, laptop, paper, separations, tiny"),
+    ("profile: nope", "profile: 'nope' is not allowed; allowed values: cpu-repro, laptop, paper, paper-faithful, separations, tiny"),
     ("sweep: {architectures: [standard, transformerx]}",
      "sweep.architectures: 'transformerx' is not allowed; allowed values: " + ", ".join(sorted(models.ARCHITECTURES))),
     ("sweep: {widths: [16, 15]}", "sweep.widths: 15 is not divisible by sweep.heads = 2"),

@@ -188,6 +188,23 @@ def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
         )
 
 
+class CellPattern(Section):
+    """Cells a profile leaves out of its grid: those matching every coordinate given (each a list of values)."""
+
+    tasks: list[str] | None = None
+    sizes: list[PositiveInt] | None = None
+    architectures: list[str] | None = None
+    widths: list[PositiveInt] | None = None
+    depths: list[PositiveInt] | None = None
+
+    def matches(self, task: str, size: int, arch: str, width: int, depth: int) -> bool:
+        lists = (self.tasks, self.sizes, self.architectures, self.widths, self.depths)
+        return all(values is None or value in values for values, value in zip(lists, (task, size, arch, width, depth)))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.model_dump(exclude_none=True).items()) or "(every cell)"
+
+
 class SweepConfig(Section):
     architectures: list[str]
     widths: list[PositiveInt]
@@ -217,6 +234,11 @@ class SweepConfig(Section):
     )
     arch_lrs: dict[str, list[FiniteFloat]] = Field(
         default_factory=dict, description="architecture -> its own learning rates instead of sweep.lr / sweep.lrs"
+    )
+    exclude: list[CellPattern] = Field(
+        default_factory=list,
+        description="cells left out of the grid: each entry matches the cells whose coordinates are all among its "
+        "lists (tasks, sizes, architectures, widths, depths); the cells a paper's figures did not run",
     )
     # search: every cell of the grid, or per (task, architecture, depth, seed) the smallest solved width
     search: Literal["grid", "frontier"] = "grid"
@@ -553,6 +575,21 @@ class SweepConfig(Section):
     def widths_for(self, arch: str) -> list[int]:
         return self.arch_widths.get(arch, self.widths)
 
+    def excluded(self, task: str, size: int, arch: str, width: int, depth: int) -> bool:
+        return any(p.matches(task, size, arch, width, depth) for p in self.exclude)
+
+    def grid(self, datasets: list[tuple[str, int]], excluding: bool = True) -> list[tuple[str, int, str, int, int]]:
+        """(task, size, arch, width, depth) of every cell the grid trains on ``datasets``, seeds aside (with
+        ``excluding`` false, the cells ``exclude`` leaves out too)."""
+        return [
+            (task, size, arch, width, depth)
+            for task, size in datasets
+            for arch in self.architectures_for(task)
+            for width in self.widths_for(arch)
+            for depth in self.depths_for(arch)
+            if not (excluding and self.excluded(task, size, arch, width, depth))
+        ]
+
     def learning_rates(self, arch: str | None = None) -> list[float]:
         if arch in self.arch_lrs:
             return list(self.arch_lrs[arch])
@@ -683,6 +720,13 @@ class Config(Section):
                 raise one_of("sweep.task_architectures", task, self.tasks)
         if not self.sweep_datasets():
             raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
+        s = self.sweep
+        every = s.grid(self.sweep_datasets(), excluding=False)
+        for i, pattern in enumerate(s.exclude):
+            if not any(pattern.matches(*c) for c in every):
+                raise ConfigError(f"sweep.exclude[{i}]: {pattern} matches no cell of the grid (a misspelt value?)")
+        if not s.grid(self.sweep_datasets()):
+            raise ConfigError("sweep.exclude leaves no cell of the grid: nothing would train")
         return self
 
     def sweep_datasets(self) -> list[tuple[str, int]]:

@@ -105,23 +105,21 @@ def defined_cells(cfg: Config) -> dict[Cell, CellSpec]:
 
 def grid_cells(cfg: Config, datasets: dict[tuple[str, int], dict[str, Any]]) -> dict[Cell, CellSpec]:
     """The grid over ``datasets`` ((task, size) -> its dataset's fields of ``CellSpec``): every architecture, width,
-    depth and seed the profile trains on each."""
+    depth and seed the profile trains on each, but the cells ``sweep.exclude`` leaves out."""
     s = cfg.sweep
     cells = {}
-    for (task, size), data in datasets.items():
-        for arch in s.architectures_for(task):
-            for width in s.widths_for(arch):
-                for depth in s.depths_for(arch):
-                    for seed in s.seeds:
-                        at = Cell(task, size, arch, width, depth, seed)
-                        cells[at] = CellSpec(
-                            cell=at,
-                            arch_options=s.arch_options.get(arch, {}),
-                            lrs=tuple(s.learning_rates(arch)),
-                            cell_id=cell_id(*at, data_hash=data["data_hash"]),
-                            name=f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}",
-                            **data,
-                        )
+    for task, size, arch, width, depth in s.grid(list(datasets)):
+        data = datasets[task, size]
+        for seed in s.seeds:
+            at = Cell(task, size, arch, width, depth, seed)
+            cells[at] = CellSpec(
+                cell=at,
+                arch_options=s.arch_options.get(arch, {}),
+                lrs=tuple(s.learning_rates(arch)),
+                cell_id=cell_id(*at, data_hash=data["data_hash"]),
+                name=f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}",
+                **data,
+            )
     return cells
 
 
