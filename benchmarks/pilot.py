@@ -5,13 +5,17 @@ For a GPU machine lent for minutes (whose image has no Ray), to see what a recip
 it. It is not a sweep: no search, no reuse, no tracking, and nothing the report or the claims read; its lines are
 evidence for docs/fidelity.md, quoted with their command.
 
-    python -m benchmarks.pilot --params benchmarks/pilot-eq.yaml --out DIR [--parallel 8] [--deadline-s 300]
+    python -m benchmarks.pilot --params benchmarks/pilot-eq.yaml --out DIR [--parallel 8] [--deadline-s 300] [--claims]
 
 ``--params``: a params file (a profile and overrides, as params.yaml). Trials start in the grid's order (tasks,
 sizes, architectures, widths, depths, seeds, then learning rates); at the deadline the running ones are stopped and
 written as ``cut off``, with the ones never started. ``pilot.json`` beside the lines says how they were measured
 (command, commit, date, device, the effective config). Exit status 2 for input that cannot run (named before any
 compute).
+
+``--claims``: the lines are also a results table, one row per cell (its best learning rate, as the sweep keeps it;
+a cut-off trial undecided), whose claim checks (``pipeline.reporting.claims``: the verdicts a sweep's report gives,
+with their coverage) go to ``claims.json`` beside them: a claims run on a lent GPU.
 """
 
 from __future__ import annotations
@@ -24,15 +28,19 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from benchmarks.results import provenance
+from pipeline.common.cell import Cell
 from pipeline.common.config import Config, ConfigError, load_config
 from pipeline.data.datasets import DatasetError
 from pipeline.generate import generate_task
+from pipeline.reporting.claims import evaluate
 from pipeline.reporting.thresholds import training_targets
 from pipeline.search.cells import build_cells, check_architectures
 from pipeline.training.settings import TrainSettings
+from pipeline.training.status import Status, best_run
 from pipeline.training.train import TrialSpec, run_trial
 
 
@@ -46,10 +54,36 @@ def trials(cfg: Config, data_dir: Path, parallel: int) -> list[tuple[str, dict, 
     if not gpu:
         train["precision"] = "32-true"  # the CPU rehearsal: bf16 autocast on a CPU is another model's speed
     return [
-        (f"{spec.name} lr={lr:g}", cell._asdict() | {"lr": lr}, TrialSpec.for_cell(spec, train | {"lr": lr}))
+        (
+            f"{spec.name} lr={lr:g}",
+            cell._asdict() | {"lr": lr, "max_len": spec.max_len},
+            TrialSpec.for_cell(spec, train | {"lr": lr}),
+        )
         for cell, spec in cells.items()
         for lr in spec.lrs
     ]
+
+
+def results_table(lines: list[dict]) -> pd.DataFrame:
+    """The pilot's lines as results/sweep.csv's rows: per cell its best run (``status.best_run``); a trial cut off at
+    the deadline is undecided, with that reason."""
+    runs: dict[tuple, list[dict]] = {}
+    for line in lines:
+        if line["status"] == "cut off":
+            line = line | {"status": Status.UNDECIDED, "sustained_accuracy": 0.0, "converged": 0.0}
+        runs.setdefault(tuple(line[k] for k in Cell._fields), []).append(line)
+    rows = [best_run(found) | {"measured": True, "mlflow_run_id": "", "parent_run_id": ""} for found in runs.values()]
+    scored = ("final_accuracy", "paper_gflops", "exact_gflops", "solve_pflops", "eval_samples", "reason")
+    return pd.DataFrame(rows).reindex(columns=list(dict.fromkeys([*rows[0], *scored])) if rows else scored)
+
+
+def check_claims(cfg: Config, lines: list[dict], out: Path) -> None:
+    """The claim checks on the pilot's cells, written to ``out``/claims.json and printed."""
+    checks = evaluate(results_table(lines), swept_at=cfg.report.accuracy_threshold)
+    (out / "claims.json").write_text(json.dumps(checks, indent=1, default=str) + "\n")
+    for c in checks:
+        if c["status"] != "not tested" or c["paper"] == "separations":
+            print(f"claim {c['id']}: {c['status']} ({c['coverage']})", flush=True)
 
 
 def one(spec: TrialSpec) -> dict:
@@ -67,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for data/ and pilot.jsonl")
     ap.add_argument("--parallel", type=int, default=2, help="trials at once (default: %(default)s)")
     ap.add_argument("--deadline-s", type=float, default=600, help="stop everything after this (default: %(default)s)")
+    ap.add_argument("--claims", action="store_true", help="check the papers' claims on the cells: claims.json")
     args = ap.parse_args(argv)
     if args.parallel < 1 or args.deadline_s <= 0:
         ap.error("--parallel must be at least 1 and --deadline-s above 0")
@@ -89,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = out / "pilot.jsonl"
     pool = mp.get_context("spawn").Pool(args.parallel, maxtasksperchild=1)
     running = {name: (cell, pool.apply_async(one, (spec,))) for name, cell, spec in todo}
+    ended = []
     with lines.open("a") as sink:
         while running:
             done = [name for name, (_, job) in running.items() if job.ready()]
@@ -103,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     row = {"status": "cut off", "reason": f"still training or not started at {args.deadline_s:g} s"}
                 row = {"trial": name, **cell, **row}
+                ended.append(row)
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
                 accuracy = row.get("final_accuracy", float("nan"))
@@ -112,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(1)
     pool.close()
+    if args.claims:
+        check_claims(cfg, ended, out)
     return 0
 
 

@@ -253,9 +253,13 @@ def test_pilot_trains_each_trial_in_parallel_and_writes_a_line_per_verdict(tmp_p
     assert all(r["train_steps"] == 8 and r["task"] == "eq_one" and r["status"] == "undecided" for r in lines)
     assert json.loads((tmp_path / "a" / "pilot.json").read_text())["command"].startswith("python -m benchmarks.pilot")
 
-    assert pilot.main(["--params", str(params), "--out", str(tmp_path / "b"), "--deadline-s", "0.001"]) == 0
+    assert pilot.main(["--params", str(params), "--out", str(tmp_path / "b"), "--deadline-s", "0.001", "--claims"]) == 0
     cut = [json.loads(line) for line in (tmp_path / "b" / "pilot.jsonl").read_text().splitlines()]
     assert len(cut) == 2 and {r["status"] for r in cut} == {"cut off"}
+    # a claims run: the cells' checks as a sweep's report gives them; a cut-off cell is undecided, so decides nothing
+    checks = {c["id"]: c for c in json.loads((tmp_path / "b" / "claims.json").read_text())}
+    assert checks["sep_eq_one_all_models"]["status"] == "not tested"
+    assert "undecided (still training or not started" in checks["sep_eq_one_all_models"]["detail"]
 
     bad = write_params(tmp_path / "bad.yaml", PILOT.replace("[transformer, lstm]", "[transformer, nosuch]"))
     assert pilot.main(["--params", str(bad), "--out", str(tmp_path / "c")]) == 2
