@@ -181,6 +181,15 @@ def test_near_perfect_needs_the_named_width_and_99_percent_on_test():
     assert "N=20: 1-layer transformer D=64 not run" in check(wider, "sep_index_lookup_one_layer")["detail"]
 
 
+def test_an_inferred_cell_has_no_accuracy_to_read_but_its_width_counts():
+    """The frontier inferred D=64 solved from D=16: the near-perfect claim at D=64 has nothing measured to read."""
+    table = [r | {"measured": r["width"] == 16} for r in tf("index_lookup", 1, {20: 16}, widths=(16, 64))]
+    result = check(table, "sep_index_lookup_one_layer")
+    assert result["status"] == "not tested" and "N=20: 1-layer transformer D=64 not run" in result["detail"]
+    grows = [r | {"measured": r["width"] != 64} for r in rows("lis", "sparse", 3, {4: 16, 6: 32}, widths=(16, 32, 64))]
+    assert check(grows, "dp_width_grows")["status"] == "holds in part"
+
+
 def test_a_failure_claim_needs_every_named_model_and_a_positive_control():
     recurrent = [
         r

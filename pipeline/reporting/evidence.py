@@ -137,16 +137,28 @@ class Evidence:
         return sorted(s for t, s in self.cells if t == task)
 
     def of(self, task: str, size: int, models: Models) -> list[CellRecord]:
-        return [c for c in self.cells.get((task, size), []) if models.admits(c)]
+        """The measured cells of ``models`` at (task, size): an inferred cell has no test accuracy to read."""
+        return [c for c in self.cells.get((task, size), []) if c.measured and models.admits(c)]
 
     def undecided_of(self, task: str, size: int, models: Models) -> list[Pending]:
         return [p for p in self.pending.get((task, size), []) if models.admits(p)]
 
     def ran(self, task: str, models: Models, size: int) -> bool:
+        """Some cell of ``models`` was measured at (task, size)."""
         return bool(self.of(task, size, models))
 
-    def widest(self, task: str, size: int, models: Models) -> int | None:
-        return max((c.width for c in self.of(task, size, models)), default=None)
+    def swept(self, task: str, models: Models, size: int) -> bool:
+        """Some cell of ``models`` is in the grid at (task, size), measured or inferred (its width verdict counts)."""
+        return any(models.admits(c) for c in self.cells.get((task, size), []))
+
+    def widest(self, task: str, size: int, models: Models, measured: bool = True) -> int | None:
+        """The widest cell of ``models`` at (task, size): measured, or with ``measured`` false any in the grid."""
+        cells = (
+            self.of(task, size, models)
+            if measured
+            else [c for c in self.cells.get((task, size), []) if models.admits(c)]
+        )
+        return max((c.width for c in cells), default=None)
 
     def narrowest(self, task: str, arch: str) -> int:
         return min(c.width for (t, _), cells in self.cells.items() if t == task for c in cells if c.arch == arch)
@@ -189,7 +201,7 @@ class Evidence:
 
     def learned(self, task: str, size: int) -> bool:
         """Some model of any architecture reached the threshold on (task, size): the recipe learns it here."""
-        return any(self.solved(c) for c in self.cells.get((task, size), []))
+        return any(c.measured and self.solved(c) for c in self.cells.get((task, size), []))
 
     def failed_trials(self, tasks: Iterable[str]) -> int:
         return int(((self.table.status == Status.FAILED) & self.table.task.isin(list(tasks))).sum())

@@ -191,7 +191,7 @@ EFFICIENT = ("sparse", "linear")
 
 
 def chain_sizes(ev: Evidence, task: str, arch: str, depth: int) -> tuple[int, ...]:
-    return tuple(s for s in ev.sizes(task) if ev.ran(task, Models(arch, (depth,)), s))
+    return tuple(s for s in ev.sizes(task) if ev.swept(task, Models(arch, (depth,)), s))
 
 
 def chain_text(task: str, arch: str, depth: int, sizes: tuple[int, ...], widths: list[float]) -> str:
@@ -229,7 +229,7 @@ def width_grows(tasks: Sequence[str], depth: int) -> Rule:
 
 def pairs(ev: Evidence, task: str, depth: int, arch: str) -> list[int]:
     both = Models("standard", (depth,)), Models(arch, (depth,))
-    return [s for s in ev.sizes(task) if all(ev.ran(task, m, s) for m in both)]
+    return [s for s in ev.sizes(task) if all(ev.swept(task, m, s) for m in both)]
 
 
 def compare_widths(ev: Evidence, task: str, size: int, arch: str, depth: int) -> Decision:
@@ -271,7 +271,7 @@ def standard_within(tasks: Sequence[str], depth: int, width: int) -> Rule:
         cases = []
         model = Models("standard", (depth,))
         for task in tasks:
-            for size in [s for s in ev.sizes(task) if ev.ran(task, model, s)]:
+            for size in [s for s in ev.sizes(task) if ev.swept(task, model, s)]:
 
                 def decide(task=task, size=size) -> Decision:
                     found = ev.min_width(task, size, "standard", depth)
@@ -280,7 +280,7 @@ def standard_within(tasks: Sequence[str], depth: int, width: int) -> Rule:
                         return True, text
                     if found < INF:
                         return False, text
-                    if (ev.widest(task, size, model) or 0) < width:
+                    if (ev.widest(task, size, model, measured=False) or 0) < width:
                         return None, text + f": no width tried reaches {width}"
                     if not ev.learned(task, size):
                         return None, f"{text}: no model reached {ev.threshold:.0%} (the recipe is not shown to learn)"
@@ -301,7 +301,7 @@ def locality_reduces(depth: int) -> Rule:
         cases = []
         for arch in EFFICIENT:
             model = Models(arch, (depth,))
-            sizes = tuple(s for s in ev.sizes("ed") if ev.ran("ed", model, s) and ev.ran("ed_local", model, s))
+            sizes = tuple(s for s in ev.sizes("ed") if ev.swept("ed", model, s) and ev.swept("ed_local", model, s))
 
             def decide(arch=arch, sizes=sizes) -> Decision:
                 told, texts = [], []
