@@ -79,41 +79,42 @@ def standard(task, depth, solved_from, **kw):
 
 
 def test_width_grows_per_chain_at_the_papers_depth_and_a_flat_chain_at_the_floor_tells_nothing():
-    growing = rows("lis", "sparse", 3, {4: 16, 6: 64}) + rows("lis", "linear", 3, {4: 32, 6: None})
+    growing = rows("lis", "sparse", 3, {40: 16, 110: 64}) + rows("lis", "linear", 3, {40: 32, 110: None})
     result = check(growing, "dp_width_grows")
-    assert result["status"] == "holds in part" and result["detail"].startswith("for (2): lis d3 sparse: n=4 D=16")
+    assert result["status"] == "holds in part" and result["detail"].startswith("for (2): lis d3 sparse: n=40 D=16")
     assert result["coverage"].startswith(
-        "arithmetic n = none of 6, 10, 13, 16; ed n = none of 6, 12, 16, 20; "
-        "lis n = none of 40, 110, 175, 250 (and n = 4, 6, which the paper did not"
+        "arithmetic n = none of 6, 10, 13, 16; ed n = none of 6, 12, 16, 20; lis n = 40, 110 of 40, 110, 175, 250"
     )
-    shrinks = growing + rows("ed", "linear", 3, {4: 32, 6: 16})
+    small = check(rows("lis", "sparse", 3, {4: 16, 6: 64}), "dp_width_grows")  # below the paper's sizes
+    assert small["status"] == "not tested" and "(outside the paper's n = 40-250)" in small["detail"]
+    shrinks = growing + rows("ed", "linear", 3, {6: 32, 12: 16})
     assert check(shrinks, "dp_width_grows")["status"] == "fails"
-    flat_above = rows("lis", "sparse", 3, {4: 32, 6: 32})  # flat above the narrowest width: no growth
+    flat_above = rows("lis", "sparse", 3, {40: 32, 110: 32})  # flat above the narrowest width: no growth
     assert check(flat_above, "dp_width_grows")["status"] == "fails"
-    floor = rows("lis", "sparse", 3, {4: 16, 6: 16})  # the narrowest width everywhere: the grid cannot tell
+    floor = rows("lis", "sparse", 3, {40: 16, 110: 16})  # the narrowest width everywhere: the grid cannot tell
     assert check(floor, "dp_width_grows")["status"] == "not tested"
     assert check([r | {"depth": 2} for r in growing], "dp_width_grows")["status"] == "not tested"  # not the paper's
     # the deeper claim: ed only (Figure 3), at depth 5
     assert check(growing, "dp_width_grows_deeper")["status"] == "not tested"
-    deep = rows("ed", "sparse", 5, {4: 16, 6: 32})
+    deep = rows("ed", "sparse", 5, {6: 16, 12: 32})
     assert check(deep, "dp_width_grows_deeper")["status"] == "holds in part"
 
 
 def test_width_comparisons_with_standard_and_a_tie_at_the_narrowest_width_tells_nothing():
-    base = standard("lis", 3, {6: 32, 12: 32})
-    assert check(base + rows("lis", "sparse", 3, {6: 64, 12: 64}), "dp_efficient_wider")["status"] == "holds in part"
+    base = standard("lis", 3, {40: 32, 110: 32})
+    assert check(base + rows("lis", "sparse", 3, {40: 64, 110: 64}), "dp_efficient_wider")["status"] == "holds in part"
     # "generally": one case against, two for
-    mixed = base + rows("lis", "sparse", 3, {6: 64, 12: 64}) + rows("lis", "linear", 3, {6: 32, 12: None})
+    mixed = base + rows("lis", "sparse", 3, {40: 64, 110: 64}) + rows("lis", "linear", 3, {40: 32, 110: None})
     assert check(mixed, "dp_efficient_wider")["status"] == "holds in part"
-    even = base + rows("lis", "sparse", 3, {6: 64, 12: 32})
+    even = base + rows("lis", "sparse", 3, {40: 64, 110: 32})
     assert check(even, "dp_efficient_wider")["status"] == "fails"
-    tie = check(standard("lis", 3, {6: 16}) + rows("lis", "sparse", 3, {6: 16}), "dp_efficient_wider")
+    tie = check(standard("lis", 3, {40: 16}) + rows("lis", "sparse", 3, {40: 16}), "dp_efficient_wider")
     assert tie["status"] == "not tested" and "a tie at the narrowest width tried" in tie["detail"]
     assert check(base, "dp_standard_fixed")["status"] == "holds in part"
-    wide = standard("lis", 3, {6: None}, widths=(64, 128, 256)) + rows("lis", "linear", 3, {6: 256}, widths=(256,))
+    wide = standard("lis", 3, {40: None}, widths=(64, 128, 256)) + rows("lis", "linear", 3, {40: 256}, widths=(256,))
     result = check(wide, "dp_standard_fixed")
     assert result["status"] == "fails" and "where another model reached 90%" in result["detail"]
-    short = check(standard("lis", 3, {6: None}, widths=(64, 128)), "dp_standard_fixed")
+    short = check(standard("lis", 3, {40: None}, widths=(64, 128)), "dp_standard_fixed")
     assert short["status"] == "not tested" and "no width tried reaches 256" in short["detail"]
 
 
@@ -186,7 +187,9 @@ def test_an_inferred_cell_has_no_accuracy_to_read_but_its_width_counts():
     table = [r | {"measured": r["width"] == 16} for r in tf("index_lookup", 1, {20: 16}, widths=(16, 64))]
     result = check(table, "sep_index_lookup_one_layer")
     assert result["status"] == "not tested" and "N=20: 1-layer transformer D=64 not run" in result["detail"]
-    grows = [r | {"measured": r["width"] != 64} for r in rows("lis", "sparse", 3, {4: 16, 6: 32}, widths=(16, 32, 64))]
+    grows = [
+        r | {"measured": r["width"] != 64} for r in rows("lis", "sparse", 3, {40: 16, 110: 32}, widths=(16, 32, 64))
+    ]
     assert check(grows, "dp_width_grows")["status"] == "holds in part"
 
 
@@ -298,14 +301,14 @@ def test_a_width_solved_on_validation_but_below_the_threshold_on_test_is_marked(
 
 
 def test_a_case_that_rests_on_an_undecided_cell_is_not_tested_and_names_it():
-    growing = rows("lis", "sparse", 3, {4: 16, 6: 64})
+    growing = rows("lis", "sparse", 3, {40: 16, 110: 64})
     assert check(growing, "dp_width_grows")["status"] == "holds in part"
-    # sparse n=6 D=16 still improving when its budget ran out: the minimum width 64 is an upper bound
-    narrower = rows("lis", "sparse", 3, {4: 16, 6: 64}, undecided={(6, 16)})
+    # sparse n=110 D=16 still improving when its budget ran out: the minimum width 64 is an upper bound
+    narrower = rows("lis", "sparse", 3, {40: 16, 110: 64}, undecided={(110, 16)})
     result = check(narrower, "dp_width_grows")
     assert result["status"] == "not tested"
     assert (
-        "lis n=6 sparse d3: seed 0 D=16 undecided (budget: still improving at step 6400 (8x the budget of 800))"
+        "lis n=110 sparse d3: seed 0 D=16 undecided (budget: still improving at step 6400 (8x the budget of 800))"
         in result["detail"]
     )
     # no width solved, but every one is undecided: no evidence that the models fail

@@ -95,9 +95,9 @@ def test_the_page_and_fidelity_md_lead_with_what_the_run_decided_and_gather_the_
     and gathers the others after the figures, each with why and what it needs; fidelity.md the same, then Table 2
     cell by cell, the paper's beside ours; Chromium shows both claim tables as claims.json has them."""
     table = pd.DataFrame(
-        rows("lis", "standard", 3, {4: 16, 6: 16})
-        + rows("lis", "sparse", 3, {4: 16, 6: 64})
-        + rows("lis", "linear", 3, {4: 32, 6: None})
+        rows("lis", "standard", 3, {40: 16, 110: 16})
+        + rows("lis", "sparse", 3, {40: 16, 110: 64})
+        + rows("lis", "linear", 3, {40: 32, 110: None})
     ).assign(mlflow_run_id="r")
     table.to_csv(tmp_path / "sweep.csv", index=False)
     out = tmp_path / "report"
@@ -111,7 +111,7 @@ def test_the_page_and_fidelity_md_lead_with_what_the_run_decided_and_gather_the_
     )
     decided = {"dp_width_grows", "dp_efficient_wider", "dp_standard_fixed"}
     assert {c for c, status in summary["claims"].items() if status != "not tested"} == decided
-    assert summary["claims_hold_in_part"] == 3  # lis at n = 4 and 6: none of the paper's sizes
+    assert summary["claims_hold_in_part"] == 3  # lis at n = 40 and 110: two of the paper's four sizes
     page = (out / "index.html").read_text()
     assert (
         page.index("id='claims'")
@@ -128,7 +128,7 @@ def test_the_page_and_fidelity_md_lead_with_what_the_run_decided_and_gather_the_
     pending, rest = rest.split("### Deviations from the papers' setups")
     deviations, table2 = rest.split("### Table 2 of the DP paper against this run")
     assert f"3 of the papers' {n} claims: 3 hold in part." in first
-    coverage = "lis n = none of 40, 110, 175, 250 (and n = 4, 6, which the paper did not run)"
+    coverage = "lis n = 40, 110 of 40, 110, 175, 250"
     for claim in CLAIMS:
         row = f"| {claim.paper}, {claim.finding.where} | \u201c{claim.finding.quote}\u201d | {claim.paper_outcome} | "
         if claim.id in decided:

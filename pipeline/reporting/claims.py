@@ -9,8 +9,11 @@ claim's cases. ``judge`` turns the cases into a ``ClaimCheck``:
 - *fails*: a case against the claim (with "generally", ``most``: as many against as for it);
 - *holds*: cases for it and none against, covering the whole scope at the paper's widths;
 - *holds in part*: cases for it and none against, covering part of the scope (its ``Coverage`` says which lengths,
-  models and widths of the paper's were tested, and which sizes outside the paper's);
+  models and widths of the paper's were tested);
 - *not tested*: no case decided, each with why.
+
+A case at a size outside the range of the paper's sizes for its task (lis at n = 4, where the paper ran 40-250)
+decides nothing: a claim is made at the paper's lengths.
 
 Every claim is read at its own threshold and, for its sensitivity, at ``SENSITIVITY``'s (``tables.at_threshold``: a
 trial that stopped short of a threshold without having converged is undecided there). The report leads its page and
@@ -92,6 +95,18 @@ class Scope:
     def subjects(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(m for _, _, m in self.points))
 
+    def covers(self, case: Case) -> bool:
+        """The case's sizes lie within the paper's range for its task: a claim is made at the paper's lengths."""
+        sizes = self.sizes.get(case.task, ())
+        return bool(sizes) and all(sizes[0] <= s <= sizes[-1] for s in case.sizes)
+
+    def outside(self, case: Case) -> Case:
+        """``case`` as not tested: it lies outside the paper's sizes."""
+        sizes = self.sizes.get(case.task, ())
+        span = f"{sizes[0]}-{sizes[-1]}" if sizes else "none"
+        text = f"{case.text} (outside the paper's {size_name(case.task)} = {span})"
+        return Case(case.task, case.sizes, case.subject, None, text)
+
 
 def paper_sizes(task: str, above: int | None = None, upto: int | None = None) -> tuple[int, ...]:
     return tuple(s for s in TASKS[task].paper_sizes if (above is None or s > above) and (upto is None or s <= upto))
@@ -135,7 +150,7 @@ class Coverage:
             outside = [s for s in mine if s not in sizes]
             text = f"{task} {n} = {', '.join(map(str, inside)) or 'none'} of {', '.join(map(str, sizes))}"
             if outside:
-                text += f" (and {n} = {', '.join(map(str, outside))}, which the paper did not run)"
+                text += f" (and {n} = {', '.join(map(str, outside))}, between the paper's)"
             parts.append(text)
         subjects = [m for m in self.scope.subjects if any(p[2] == m for p in self.tested)]
         parts.append(f"{len(subjects)} of {len(self.scope.subjects)} models ({', '.join(subjects)})")
@@ -158,7 +173,9 @@ def listed(cases: Sequence[Case]) -> str:
 
 def judge(cases: Sequence[Case], claim_scope: Scope, most: bool = False) -> ClaimCheck:
     """The verdict of ``cases`` on ``claim_scope``: see the module's docstring. ``most``: the claim says
-    "generally", so it fails only when as many cases are against it as for it."""
+    "generally", so it fails only when as many cases are against it as for it. A case outside the paper's sizes
+    decides nothing."""
+    cases = [c if c.result is None or claim_scope.covers(c) else claim_scope.outside(c) for c in cases]
     passes = [c for c in cases if c.result is True]
     fails = [c for c in cases if c.result is False]
     untested = [c for c in cases if c.result is None]
