@@ -56,14 +56,18 @@ def test_paper_faithful_is_paper_but_the_cells_no_figure_shows():
     assert all(tasks.TASKS[t].paper_sizes == tuple(cfg.sweep.datasets[t]) for t in cfg.sweep.datasets)
 
 
-def test_a_grid_leaves_out_the_cells_exclude_matches_and_a_pattern_matching_none_is_named(tmp_path):
+def test_a_grid_leaves_out_the_cells_exclude_matches_and_a_misspelt_name_is_named(tmp_path):
     base = "profile: tiny\ntasks: [arithmetic, lis]\n"
-    cfg = config.load_config(write_params(tmp_path / "p.yaml", base + "sweep: {exclude: [{depths: [1], tasks: [lis]}]}"))
+    excluded = base + "sweep: {exclude: [{depths: [1], tasks: [lis]}]}"
+    cfg = config.load_config(write_params(tmp_path / "p.yaml", excluded))
     every = config.load_config(profile="tiny")
     kept, whole = cfg.sweep.grid(cfg.sweep_datasets()), every.sweep.grid(every.sweep_datasets())
     assert set(kept) == {c for c in whole if not (c[0] == "lis" and c[4] == 1)} and len(kept) < len(whole)
-    with pytest.raises(config.ConfigError, match=r"sweep.exclude\[0\]: tasks=\['lis'\], widths=\[999\] matches no cell"):
-        config.load_config(write_params(tmp_path / "q.yaml", base + "sweep: {exclude: [{tasks: [lis], widths: [999]}]}"))
+    with pytest.raises(config.ConfigError, match=r"sweep.exclude\[0\].tasks: 'lsi' is not allowed"):
+        config.load_config(write_params(tmp_path / "q.yaml", base + "sweep: {exclude: [{tasks: [lsi]}]}"))
+    typo = config.load_config(write_params(tmp_path / "t.yaml", base + "sweep: {exclude: [{architectures: [lstn]}]}"))
+    with pytest.raises(config.ConfigError, match=r"sweep.exclude\[0\].architectures: 'lstn' is not allowed"):
+        check_architectures(typo)  # the sweep stage's check, before any compute
     with pytest.raises(config.ConfigError, match="sweep.exclude.0.task: Extra inputs are not permitted"):
         config.load_config(write_params(tmp_path / "r.yaml", base + "sweep: {exclude: [{task: [lis]}]}"))
     with pytest.raises(config.ConfigError, match="sweep.exclude leaves no cell of the grid"):
@@ -87,7 +91,8 @@ def test_params_overrides_win_over_the_profile(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("profile: nope", "profile: 'nope' is not allowed; allowed values: cpu-repro, laptop, paper, paper-faithful, separations, tiny"),
+    ("profile: nope",
+     "profile: 'nope' is not allowed; allowed values: cpu-repro, laptop, paper, paper-faithful, separations, tiny"),
     ("sweep: {architectures: [standard, transformerx]}",
      "sweep.architectures: 'transformerx' is not allowed; allowed values: " + ", ".join(sorted(models.ARCHITECTURES))),
     ("sweep: {widths: [16, 15]}", "sweep.widths: 15 is not divisible by sweep.heads = 2"),
@@ -349,7 +354,7 @@ def test_datasets_overrides_replace_the_profiles_and_other_mappings_merge(tmp_pa
 
 @pytest.mark.parametrize("profile, override", [
     ("paper", "{generate: {datasets: {lis: [250]}}, sweep: {datasets: {lis: [250]}}}"),  # its per_task stays
-    ("cpu-repro", "sweep: {datasets: {lis: [4]}}"),  # its task_architectures of index_lookup stay
+    ("cpu-repro", "sweep: {datasets: {dyck: [20]}}"),  # its task_architectures and exclusions of index_lookup stay
     ("separations", "sweep: {architectures: [transformer]}"),  # its arch_depths of the LSTM stay
 ])
 def test_an_override_that_narrows_what_to_run_keeps_the_profiles_other_settings_valid(tmp_path, profile, override):

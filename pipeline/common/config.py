@@ -578,16 +578,15 @@ class SweepConfig(Section):
     def excluded(self, task: str, size: int, arch: str, width: int, depth: int) -> bool:
         return any(p.matches(task, size, arch, width, depth) for p in self.exclude)
 
-    def grid(self, datasets: list[tuple[str, int]], excluding: bool = True) -> list[tuple[str, int, str, int, int]]:
-        """(task, size, arch, width, depth) of every cell the grid trains on ``datasets``, seeds aside (with
-        ``excluding`` false, the cells ``exclude`` leaves out too)."""
+    def grid(self, datasets: list[tuple[str, int]]) -> list[tuple[str, int, str, int, int]]:
+        """(task, size, arch, width, depth) of every cell the grid trains on ``datasets``, seeds aside."""
         return [
             (task, size, arch, width, depth)
             for task, size in datasets
             for arch in self.architectures_for(task)
             for width in self.widths_for(arch)
             for depth in self.depths_for(arch)
-            if not (excluding and self.excluded(task, size, arch, width, depth))
+            if not self.excluded(task, size, arch, width, depth)
         ]
 
     def learning_rates(self, arch: str | None = None) -> list[float]:
@@ -720,12 +719,13 @@ class Config(Section):
                 raise one_of("sweep.task_architectures", task, self.tasks)
         if not self.sweep_datasets():
             raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
-        s = self.sweep
-        every = s.grid(self.sweep_datasets(), excluding=False)
-        for i, pattern in enumerate(s.exclude):
-            if not any(pattern.matches(*c) for c in every):
-                raise ConfigError(f"sweep.exclude[{i}]: {pattern} matches no cell of the grid (a misspelt value?)")
-        if not s.grid(self.sweep_datasets()):
+        # an exclusion names registered tasks (architectures: search/cells.check_architectures); it may match nothing
+        # once an override narrows the grid
+        for i, pattern in enumerate(self.sweep.exclude):
+            for task in pattern.tasks or ():
+                if task not in self.tasks:
+                    raise one_of(f"sweep.exclude[{i}].tasks", task, self.tasks)
+        if not self.sweep.grid(self.sweep_datasets()):
             raise ConfigError("sweep.exclude leaves no cell of the grid: nothing would train")
         return self
 

@@ -35,6 +35,10 @@ def check_architectures(cfg: Config) -> None:
         for arch in getattr(cfg.sweep, key):
             if arch not in models.ARCHITECTURES:
                 raise one_of(f"sweep.{key}", arch, models.ARCHITECTURES)
+    for i, pattern in enumerate(cfg.sweep.exclude):
+        for arch in pattern.architectures or ():
+            if arch not in models.ARCHITECTURES:
+                raise one_of(f"sweep.exclude[{i}].architectures", arch, models.ARCHITECTURES)
     for arch, options in cfg.sweep.arch_options.items():
         try:
             models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
