@@ -179,14 +179,20 @@ def test_near_perfect_needs_the_named_width_and_99_percent_on_test():
         "at 99%: validation held 95.0% when the trial stopped, not converged" in stopped["detail"]
     )
     wider = tf("index_lookup", 1, {20: 128}, widths=(128,))
-    assert "N=20: 1-layer transformer D=64 not run" in check(wider, "sep_index_lookup_one_layer")["detail"]
+    assert (
+        "1-layer transformer D=64 not run on index_lookup at N = 20,"
+        in check(wider, "sep_index_lookup_one_layer")["detail"]
+    )
 
 
 def test_an_inferred_cell_has_no_accuracy_to_read_but_its_width_counts():
     """The frontier inferred D=64 solved from D=16: the near-perfect claim at D=64 has nothing measured to read."""
     table = [r | {"measured": r["width"] == 16} for r in tf("index_lookup", 1, {20: 16}, widths=(16, 64))]
     result = check(table, "sep_index_lookup_one_layer")
-    assert result["status"] == "not tested" and "N=20: 1-layer transformer D=64 not run" in result["detail"]
+    assert (
+        result["status"] == "not tested"
+        and "1-layer transformer D=64 not run on index_lookup at N = 20," in result["detail"]
+    )
     grows = [
         r | {"measured": r["width"] != 64} for r in rows("lis", "sparse", 3, {40: 16, 110: 32}, widths=(16, 32, 64))
     ]
@@ -205,7 +211,10 @@ def test_a_failure_claim_needs_every_named_model_and_a_positive_control():
     assert result["coverage"].startswith("index_lookup N = 200 of 200, 400; 5 of 5 models")
     lstm_only = [r for r in recurrent if r["arch"] == "lstm"] + control
     result = check(lstm_only, "sep_index_lookup_recurrent_fail")
-    assert result["status"] == "not tested" and "N=200: dss D<=256 (<=6 layers) not run" in result["detail"]
+    assert (
+        result["status"] == "not tested"
+        and "dss D<=256 (<=6 layers) not run on index_lookup at N = 200, 400" in result["detail"]
+    )
     no_control = check(recurrent + tf("index_lookup", 1, {200: None}, accuracy=0.4), "sep_index_lookup_recurrent_fail")
     assert no_control["status"] == "not tested"
     assert "no control (1-layer transformer D=64) reached 99%" in no_control["detail"]
@@ -215,7 +224,10 @@ def test_a_failure_claim_needs_every_named_model_and_a_positive_control():
     result = check(learns + control, "sep_index_lookup_recurrent_fail")
     assert result["status"] == "fails" and "mamba D<=256 (<=6 layers) N=200: 99.5% beside" in result["detail"]
     short = check([{**r, "size": 50} for r in recurrent + control], "sep_index_lookup_recurrent_fail")
-    assert short["status"] == "not tested" and "N=200: lstm D<=256 (<=6 layers) not run" in short["detail"]
+    assert (
+        short["status"] == "not tested"
+        and "lstm D<=256 (<=6 layers) not run on index_lookup at N = 200, 400" in short["detail"]
+    )
 
 
 def test_eq_ncp_fails_as_near_chance_beside_a_transformer_of_the_same_width():

@@ -35,6 +35,7 @@ from pipeline.reporting.evidence import Evidence, Models
 from pipeline.reporting.papers import DP, FINDINGS, Finding, table2_in_words
 from pipeline.reporting.rules import (
     EFFICIENT,
+    NOT_RUN,
     Case,
     Rule,
     all_of,
@@ -166,8 +167,20 @@ class ClaimCheck:
 
 
 def listed(cases: Sequence[Case]) -> str:
-    shown = [c.text for c in cases[:SHOWN_CASES]]
-    more = len(cases) - len(shown)
+    """The cases' texts, the first few, then a count; models not run gathered per model and task."""
+    absent: dict[tuple[str, str], list[int]] = {}
+    texts = []
+    for c in cases:
+        if c.result is None and c.text.endswith(NOT_RUN):
+            absent.setdefault((c.subject, c.task), []).extend(c.sizes)
+        else:
+            texts.append(c.text)
+    texts += [
+        f"{subject} not run on {task} at {size_name(task)} = {', '.join(map(str, sizes))}"
+        for (subject, task), sizes in absent.items()
+    ]
+    shown = texts[:SHOWN_CASES]
+    more = len(texts) - len(shown)
     return "; ".join(shown) + (f"; and {more} more" if more else "")
 
 

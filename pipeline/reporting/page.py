@@ -64,7 +64,7 @@ def claim_cells(check: dict) -> dict[str, str]:
     }
     if decided:
         cells |= {"ours": check["detail"], "margin": check["margin"]}
-        cells |= {f"at {t}": status for t, status in check["at_thresholds"].items()}
+        cells["at " + ", ".join(check["at_thresholds"])] = " \u00b7 ".join(check["at_thresholds"].values())
     else:
         cells |= {"why not decided here": check["detail"], "what it needs": check["needs"]}
     cells["our test"] = f"{check['decided_by']}; at {check['threshold']:.0%} ({check['threshold_source']})"

@@ -60,6 +60,14 @@ def judged(ev: Evidence, task: str, sizes: tuple[int, ...], subject: str, decide
     return Case(task, sizes, subject, result, text, margin=rest[0] if rest else None)
 
 
+NOT_RUN = "not run"
+
+
+def not_run(task: str, size: int, models: Models) -> Case:
+    """The case of a model the claim names that did not run at (task, size): not tested."""
+    return Case(task, (size,), str(models), None, f"{task} N={size}: {models} {NOT_RUN}")
+
+
 def lengths(ev: Evidence, task: str, keep: Callable[[int], bool]) -> list[int]:
     """The paper's sizes of ``task`` and those this table ran, that ``keep`` admits."""
     return sorted(s for s in {*TASKS[task].paper_sizes, *ev.sizes(task)} if keep(s))
@@ -87,7 +95,7 @@ def near_perfect(task: str, named: Sequence[Models], *, above: int | None = None
         for size in lengths(ev, task, in_range(above, upto)):
             for models in named:
                 if not ev.ran(task, models, size):
-                    cases.append(Case(task, (size,), str(models), None, f"N={size}: {models} not run"))
+                    cases.append(not_run(task, size, models))
                     continue
 
                 def decide(size=size, models=models) -> Decision:
@@ -126,7 +134,7 @@ def degrades(
             absent = [str(m) for m in failing if not ev.ran(task, m, size)]
             for models in failing:
                 if str(models) in absent:
-                    cases.append(Case(task, (size,), str(models), None, f"N={size}: {models} not run"))
+                    cases.append(not_run(task, size, models))
                     continue
 
                 def decide(size=size, models=models, absent=absent) -> Decision:
@@ -167,7 +175,7 @@ def matches(tasks: Sequence[str], named: Sequence[Models], reference: Models) ->
             for size in lengths(ev, task, in_range(None, None)):
                 for models in named:
                     if not ev.ran(task, models, size):
-                        cases.append(Case(task, (size,), str(models), None, f"{task} N={size}: {models} not run"))
+                        cases.append(not_run(task, size, models))
                         continue
 
                     def decide(task=task, size=size, models=models) -> Decision:
