@@ -2,7 +2,8 @@
 into micro-batches.
 
 A batch is ``Batch(inputs, targets, share, lengths)``: inputs = seq[:-1], targets = seq[1:] with the prompt and
-padding ignored (``IGNORE``), padded to the batch's longest sequence, not the dataset's. ``share`` weighs one piece's
+padding ignored (``IGNORE``), padded to the batch's longest sequence, not the dataset's (but for a graphed step's
+one shape, ``pad_to``). ``share`` weighs one piece's
 mean loss so that DDP's average over workers, and Lightning's over accumulated micro-batches, is the global batch's
 mean loss (``Collate``). ``lengths`` (host memory) are the sequences' real lengths, for the FLOP count: read on the
 host, they cost the GPU no synchronisation.
