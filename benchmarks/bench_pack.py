@@ -1,7 +1,7 @@
 """Many trials a GPU: what one GPU trains per second with one trial, with K trials fused in a step, with P trials as
 processes, with graphed steps, and where a step's time goes; then the throughput the forecast reads.
 
-    python -m benchmarks.bench_pack --out DIR             # a GPU: at most --budget-s (420 s), parts in this order
+    python -m benchmarks.bench_pack --out DIR             # a GPU: at most --budget-s (400 s), parts in this order
     python -m benchmarks.bench_pack --quick --out DIR     # a CPU: toy shapes in seconds (checks the script, CI)
 
 Parts, in priority order (a part that would start past its share of the budget is skipped, and says so; what an
@@ -102,7 +102,7 @@ class Plan(NamedTuple):
     fit_shapes: tuple[tuple[int, int], ...] | None  # part 5's (width, depth)s (None: shapes_to_measure's)
     pack: int  # part 5's processes a GPU
     round_s: float  # seconds of timed steps a variant a round
-    fit_steps: int  # timed steps of a Lightning measurement
+    fit_steps: dict[str, int]  # timed steps of a Lightning measurement, by profile (a paper-shape step: seconds)
 
 
 FULL = Plan(
@@ -116,7 +116,7 @@ FULL = Plan(
     fit_shapes=None,
     pack=8,
     round_s=0.5,
-    fit_steps=20,
+    fit_steps={"separations": 20, "paper": 3},
 )
 QUICK = Plan(
     archs=("transformer", "mamba"),
@@ -129,7 +129,7 @@ QUICK = Plan(
     fit_shapes=((8, 1), (32, 1), (16, 1), (8, 2)),  # the affine fit's three widths and two depths
     pack=2,
     round_s=0.05,
-    fit_steps=2,
+    fit_steps={"tiny": 2},
 )
 
 
@@ -260,45 +260,67 @@ def rounds(variants: dict[str, tuple[Callable[[], None], int]], n: int, device) 
 
 # ---- 1. one trial alone against K fused --------------------------------------------------------------------------
 def part_fused(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: int) -> None:
+    """Eager first, every shape and architecture: one trial alone against K fused; then graphed, shape by shape (a
+    graph records, and compiles, once a shape: the later shapes as the part's share allows), one trial alone and K
+    fused graphed against one trial alone eager, measured again beside them."""
     clock.part("fused")
-    for i, shape in enumerate(plan.shapes):
-        for arch in plan.archs:
-            where = {"part": "fused", "arch": arch, **shape._asdict()}
-            if clock.spent():
-                rows.write(**where, status="skipped: the part's share of the budget is spent")
+    for graphed in (False, True):
+        for shape in plan.shapes:
+            for arch in plan.archs:
+                where = {"part": "fused", "arch": arch, **shape._asdict()}
+                # (trials a step, graphed): the yardstick first
+                wanted = [(K, True), (1, True)] if graphed else [(1, False), (K, False)]
+                if clock.spent():
+                    for k, g in wanted:
+                        rows.write(**where, variant=variant_name(k, g),
+                                   status="skipped: the part's share of the budget is spent")  # fmt: skip
+                    continue
+                variants = built(wanted, arch, shape, plan, device, rows, where)
+                if not variants:
+                    continue
+                if graphed:
+                    variants = built([(1, False)], arch, shape, plan, device, rows, where) | variants
+                if variant_name(1, False) not in variants:
+                    continue
+                got = rounds({name: v[:2] for name, v in variants.items()}, n, device)
+                alone = got[variant_name(1, False)]
+                for name, rates in got.items():
+                    per_s = [r * variants[name][2] for r in rates]
+                    rows.write(**where, variant=name, status="measured", steps=variants[name][1],
+                               trial_steps_per_s=figure(per_s, "trial-steps/s"),
+                               x_alone=figure(ratios(per_s, alone), "x"))  # fmt: skip
+
+
+def variant_name(k: int, graphed: bool) -> str:
+    return f"{'alone' if k == 1 else f'{k} fused'}, {'graphed' if graphed else 'eager'}"
+
+
+def built(wanted: list[tuple[int, bool]], arch: str, shape: Shape, plan: Plan, device: torch.device, rows: Rows,
+          where: dict) -> dict[str, tuple[Callable[[], None], int, int]]:  # fmt: skip
+    """The variants of ``wanted`` that run here, each (its step, its steps a round, its trials a step), warmed up;
+    a row for each that does not, saying why."""
+    variants = {}
+    for k, graphed in wanted:
+        name = variant_name(k, graphed)
+        try:
+            made = (
+                alone_step(arch, shape, device, "graphed" if graphed else "eager")
+                if k == 1
+                else fused_step(arch, shape, k, device, graphed)
+            )
+            if isinstance(made, str):
+                rows.write(**where, variant=name, status=made)
                 continue
-            # (trials a step, graphed); graphs record (and compile) once a shape: alone graphed at the first only
-            wanted = [(1, False), (K, False), (K, True)] + [(1, True)] * (i == 0)
-            variants, trials = {}, {}
-            for k, graphed in wanted:
-                name = f"{'alone' if k == 1 else f'{k} fused'}, {'graphed' if graphed else 'eager'}"
-                try:
-                    made = (
-                        alone_step(arch, shape, device, "graphed" if graphed else "eager")
-                        if k == 1
-                        else fused_step(arch, shape, k, device, graphed)
-                    )
-                    if isinstance(made, str):
-                        rows.write(**where, variant=name, status=made)
-                        continue
-                    variants[name], trials[name] = (made, calibrated(made, device, plan.round_s)), k
-                except TimeUp:
-                    raise
-                except NotImplementedError as why:
-                    rows.write(**where, variant=name, status=f"not measured: {why}")
-                except Exception as err:  # noqa: BLE001 (compilation, memory, a kernel): the row says which
-                    rows.write(**where, variant=name, status=f"failed: {type(err).__name__}: {str(err)[:300]}")
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            if "alone, eager" not in variants:
-                continue
-            got = rounds(variants, n, device)
-            alone = got["alone, eager"]
-            for name, rates in got.items():
-                per_s = [r * trials[name] for r in rates]
-                rows.write(**where, variant=name, status="measured", steps=variants[name][1],
-                           trial_steps_per_s=figure(per_s, "trial-steps/s"),
-                           x_alone=figure(ratios(per_s, alone), "x"))  # fmt: skip
+            variants[name] = (made, calibrated(made, device, plan.round_s), k)
+        except TimeUp:
+            raise
+        except NotImplementedError as why:
+            rows.write(**where, variant=name, status=f"not measured: {why}")
+        except Exception as err:  # noqa: BLE001 (compilation, memory, a kernel): the row says which
+            rows.write(**where, variant=name, status=f"failed: {type(err).__name__}: {str(err)[:300]}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return variants
 
 
 # ---- 2. trials as processes on one GPU -----------------------------------------------------------------------------
@@ -315,19 +337,14 @@ class AtBarrier(L.Callback):
 
 def packed_worker(conn, barrier, share: float, threads: int) -> None:
     """A process of a packed GPU: measures what it is sent (``measure``'s arguments), at the barrier with the others,
-    on ``share`` of the GPU; answers with the measurement and the bytes its CUDA context holds outside the
-    allocator."""
+    on ``share`` of the GPU; answers with the measurement and the bytes its allocator holds (None on a CPU)."""
     torch.set_num_threads(threads)
     while (job := conn.recv()) is not None:
         profile, cell, kwargs = job
         try:
             cfg = load_config(profile=profile)
             m = measure(cfg, cell, share=share, callbacks=[AtBarrier(barrier, kwargs["warmup"])], **kwargs)
-            context = None
-            if torch.cuda.is_available():
-                free, total = torch.cuda.mem_get_info()
-                context = (total - free) - torch.cuda.memory_reserved()  # alone on its GPU: its own
-            conn.send((m, context))
+            conn.send((m, torch.cuda.memory_reserved() if torch.cuda.is_available() else None))
         except Exception as err:  # noqa: BLE001 (the parent writes it as the row's status)
             barrier.abort()
             conn.send(f"{type(err).__name__}: {str(err)[:300]}")
@@ -338,6 +355,8 @@ class Pack:
 
     def __init__(self, processes: int, threads: int):
         ctx = mp.get_context("spawn")  # a CUDA context each
+        # the device's free memory before them: what they take beyond their allocators' is their contexts
+        self.free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
         self.barrier = ctx.Barrier(processes)
         self.conns, self.procs = [], []
         for _ in range(processes):
@@ -348,8 +367,8 @@ class Pack:
             self.procs.append(proc)
 
     def measure(self, profile: str, cell: CellSpec, **kwargs) -> tuple[Measurement, float | None]:
-        """Every process measures ``cell``, together: one packed measurement, and the largest CUDA context (None
-        on a CPU)."""
+        """Every process measures ``cell``, together: one packed measurement, and the bytes a process holds outside
+        its allocator (its CUDA context; None on a CPU)."""
         self.barrier.reset()
         for conn in self.conns:
             conn.send((profile, cell, kwargs))
@@ -357,17 +376,22 @@ class Pack:
         errors = [a for a in answers if isinstance(a, str)]
         if errors:
             raise RuntimeError(errors[0])
-        contexts = [c for _, c in answers if c is not None]
-        return packed([m for m, _ in answers]), max(contexts) if contexts else None
+        context = None
+        if self.free is not None:
+            taken = self.free - torch.cuda.mem_get_info()[0]
+            context = taken / len(answers) - sum(r for _, r in answers) / len(answers)
+        return packed([m for m, _ in answers]), context
 
-    def close(self) -> None:
-        for conn in self.conns:
+    def close(self, kill: bool = False) -> None:
+        """Each process told to end (``kill``: ended at once, as when the budget is spent)."""
+        for conn in self.conns if not kill else []:
             with contextlib.suppress(OSError):
                 conn.send(None)
         for proc in self.procs:
-            proc.join(timeout=10)
+            proc.join(timeout=0 if kill else 10)
             if proc.is_alive():
                 proc.kill()
+                proc.join()
 
 
 @contextlib.contextmanager
@@ -375,8 +399,10 @@ def pack(processes: int, threads: int) -> Iterator[Pack]:
     p = Pack(processes, threads)
     try:
         yield p
-    finally:
-        p.close()
+    except BaseException:
+        p.close(kill=True)
+        raise
+    p.close()
 
 
 def profile_cell(profile: str, arch: str, shape: Shape) -> tuple[Config, CellSpec]:
@@ -387,10 +413,11 @@ def profile_cell(profile: str, arch: str, shape: Shape) -> tuple[Config, CellSpe
     return cfg, cell
 
 
-def fit_kwargs(plan: Plan, shape: Shape, device: torch.device, step: str = "eager") -> dict:
-    precision = "bf16-mixed" if device.type == "cuda" else "32-true"
-    return dict(length=shape.length, batch=shape.batch, steps=plan.fit_steps, warmup=2, device=device,
-                precision=precision, step=step)  # fmt: skip
+def fit_kwargs(plan: Plan, profile: str, shape: Shape, device: torch.device) -> dict:
+    """``measure``'s arguments: the profile's precision on a GPU (both bf16), float32 on a CPU."""
+    precision = load_config(profile=profile).sweep.precision if device.type == "cuda" else "32-true"
+    return dict(length=shape.length, batch=shape.batch, steps=plan.fit_steps[profile], warmup=2, device=device,
+                precision=precision)  # fmt: skip
 
 
 def part_packing(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: int) -> None:
@@ -406,7 +433,7 @@ def part_packing(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: 
             continue
         try:
             with pack(processes, threads) as p:
-                got = [p.measure(plan.profile, cell, **fit_kwargs(plan, shape, device)) for _ in range(n)]
+                got = [p.measure(plan.profile, cell, **fit_kwargs(plan, plan.profile, shape, device)) for _ in range(n)]
         except TimeUp:
             raise
         except Exception as err:  # noqa: BLE001 (a failed pack is a row)
@@ -429,7 +456,7 @@ def part_lightning(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n
         rows.write(**where, status="skipped: the part's share of the budget is spent")
         return
     cfg, cell = profile_cell(plan.profile, plan.arch, shape)
-    kwargs = fit_kwargs(plan, shape, device)
+    kwargs = fit_kwargs(plan, plan.profile, shape, device)
     lightning = [measure(cfg, cell, **kwargs) for _ in range(n)]
     bare = [bare_measure(cfg, cell, **kwargs) for _ in range(n)]
     per_s = {name: [m.flops_per_s / m.step_flops for m in ms] for name, ms in (("lightning", lightning),
@@ -439,10 +466,10 @@ def part_lightning(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n
                bare_x_lightning=figure(ratios(per_s["bare"], per_s["lightning"]), "x"))  # fmt: skip
 
 
-def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, device, precision, step) -> Measurement:
+def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, device, precision) -> Measurement:
     """``measure`` without Lightning: the same module, batches, optimiser and clip, in a plain loop."""
-    settings = replace(TrainSettings.of(cfg), batch_size=batch, precision=precision, step=step,
-                       use_gpu=device.type == "cuda", workers=1, threads=torch.get_num_threads())  # fmt: skip
+    settings = replace(TrainSettings.of(cfg), batch_size=batch, precision=precision, use_gpu=device.type == "cuda",
+                       workers=1, threads=torch.get_num_threads())  # fmt: skip
     device = trial_device(settings)
     torch.manual_seed(0)
     module = SequenceModel(TrialSpec(cell=cell, settings=settings, lr=cell.lrs[0])).to(device)
@@ -465,7 +492,7 @@ def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, d
     synchronize(device)
     seconds = time.perf_counter() - start
     return Measurement(cell.arch, cell.width, cell.depth, length, batch, 1, precision, steps, seconds,
-                       (module.train_flops - flops) / seconds, step=step)  # fmt: skip
+                       (module.train_flops - flops) / seconds)  # fmt: skip
 
 
 # ---- 4. where a step's time goes ----------------------------------------------------------------------------------
@@ -505,9 +532,9 @@ def part_profile(plan: Plan, device: torch.device, clock: Clock, rows: Rows) -> 
 
 # ---- 5. the forecast's throughput ---------------------------------------------------------------------------------
 def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, out: Path) -> None:
-    """Each profile's architectures alone at the affine fit's shapes (``shapes_to_measure`` on a GPU), round by
-    round, then packed ``plan.pack`` a GPU (a GPU profile, on a GPU; --quick: on the CPU) at the same shapes; the
-    file rewritten after each shape."""
+    """Each profile's architectures at the affine fit's shapes (``shapes_to_measure`` on a GPU), round by round:
+    alone; then, for the first profile, K fused (graphed on a GPU; where this checkout has fused trials) and packed
+    ``plan.pack`` a GPU (--quick: on the CPU) at the same shapes; the file rewritten after each shape."""
     clock.part("throughput")
     threads = 1 if device.type == "cpu" else max(1, (os.cpu_count() or 1) // plan.pack)
     name = device_name(device, threads)
@@ -523,8 +550,9 @@ def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, 
             plans[arch] = (datasets[(len(datasets) - 1) // 2][1], shapes)
         path = out / f"throughput-{profile}.json"
         done: list[Measurement] = []
-        ways = [("alone", 1)] + [("packed", plan.pack)] * (profile == plan.throughput[0])
-        for way, processes in ways:
+        ways = ["alone"] + ["fused", "packed"] * (profile == plan.throughput[0])
+        for way in ways:
+            processes = plan.pack if way == "packed" else 1
             if clock.spent():
                 rows.write(part="throughput", profile=profile, way=way, processes=processes,
                            status="skipped: the part's share of the budget is spent")  # fmt: skip
@@ -535,27 +563,52 @@ def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, 
                         if round_ >= len(shapes):
                             continue
                         width, depth = shapes[round_]
-                        shape = Shape(width, depth, base.max_len, cfg.sweep.batch_size if device.type == "cuda"
-                                      else 8)  # fmt: skip
+                        batch = cfg.sweep.batch_size if device.type == "cuda" else 8
+                        shape = Shape(width, depth, base.max_len, batch)
                         where = {"part": "throughput", "profile": profile, "arch": arch, "way": way,
                                  "processes": processes, **shape._asdict()}  # fmt: skip
                         if clock.spent():
                             rows.write(**where, status="skipped: the part's share of the budget is spent")
                             continue
                         cell = replace(base, cell=base.cell._replace(width=width, depth=depth))
-                        kwargs = fit_kwargs(plan, shape, device) | {"precision": cfg.sweep.precision
-                                                                   if device.type == "cuda" else "32-true"}
+                        kwargs = fit_kwargs(plan, profile, shape, device)
                         try:
-                            m = p.measure(profile, cell, **kwargs)[0] if p else measure(cfg, cell, **kwargs)
+                            if way == "fused":
+                                m = fused_measure(arch, shape, device, plan, kwargs["precision"])
+                            else:
+                                m = p.measure(profile, cell, **kwargs)[0] if p else measure(cfg, cell, **kwargs)
                         except TimeUp:
                             raise
                         except Exception as err:  # noqa: BLE001 (out of memory at a paper shape): a row
                             rows.write(**where, status=f"failed: {type(err).__name__}: {str(err)[:300]}")
                             continue
+                        if isinstance(m, str):  # no fused trials here: said once
+                            rows.write(**where, status=m)
+                            break
                         done.append(m)
                         Throughput.of_measured(name, done).dump(path)
                         rows.write(**where, status="measured", file=path.name, flops_per_s=m.flops_per_s,
-                                   step_ms=1e3 * m.step_seconds)  # fmt: skip
+                                   step_ms=1e3 * m.step_seconds, mode=str(m.mode))  # fmt: skip
+                    else:
+                        continue
+                    break
+
+
+def fused_measure(arch: str, shape: Shape, device: torch.device, plan: Plan, precision: str) -> Measurement | str:
+    """K trials fused in a bare step (graphed on a GPU), as the forecast reads it: every member's model FLOPs (3 x
+    exact forward FLOPs x sequences, at bench_pack's vocabulary) a second; or why there is none."""
+    graphed = device.type == "cuda"
+    made = fused_step(arch, shape, K, device, graphed)
+    if isinstance(made, str):
+        return made
+    steps = calibrated(made, device, plan.round_s)
+    rate = steps_per_s(made, steps, device)
+    with torch.device("meta"):
+        model = models.build_model(arch, vocab_size=VOCAB, width=shape.width, depth=shape.depth, heads=4,
+                                   max_len=shape.length + 1)  # fmt: skip
+    flops = 3 * model.exact_flops(shape.length) * shape.batch  # one member's step
+    return Measurement(arch, shape.width, shape.depth, shape.length, shape.batch, 1, precision, steps, steps / rate,
+                       K * flops * rate, models=K, step="graphed" if graphed else "eager")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -565,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder of bench_pack.jsonl and throughput-*.json "
                                                            "(default: docs/benchmarks; none with --quick)")
     ap.add_argument("--budget-s", type=float, default=None, help="stop after this many seconds, rows so far kept "
-                                                                 "(default: 420; --quick 120)")
+                                                                 "(default: 400; --quick 120)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each timed figure (default: 3)")
     ap.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS), help="parts to run (default: all)")
     args = ap.parse_args(argv)
@@ -580,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     else:
         torch.set_num_threads(1)
-    budget = args.budget_s or (120.0 if args.quick else 420.0)
+    budget = args.budget_s or (120.0 if args.quick else 400.0)  # with imports and start: 7 minutes
     rows = Rows(out / "bench_pack.jsonl")
     name = device_name(device, torch.get_num_threads())
     how = provenance("benchmarks.bench_pack", argv)

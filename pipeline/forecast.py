@@ -339,7 +339,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         type=positive,
         nargs="+",
-        help="depths (default: each one's shallowest; on a GPU its deepest too, at its narrowest width)",
+        help="depths (default: each one's shallowest; on a GPU its deepest too, at its narrowest and widest width)",
     )
     tp.add_argument(
         "--measure-budget-s",

@@ -101,8 +101,8 @@ def test_pack_benchmark_quick_writes_its_rows_in_priority_order_and_the_forecast
     saying how it was measured; the fused rows say that this checkout has no fused trials, the graphed ones that
     graphs need a GPU; and a throughput file the forecast reads, with an affine fit of each architecture alone and
     packed two a device, and charges as measured."""
-    bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "1", "--parts", "fused", "lightning", "profile",
-                     "throughput"])
+    bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "1", "--budget-s", "900", "--parts", "fused",
+                     "lightning", "profile", "throughput"])  # a budget that a busy machine does not cut
     rows = pack_rows(tmp_path)
     assert rows[0]["part"] == "run" and rows[0]["command"].startswith("python -m benchmarks.bench_pack --quick")
     assert rows[-1]["part"] == "end" and rows[-1]["stopped"] is None
@@ -120,8 +120,10 @@ def test_pack_benchmark_quick_writes_its_rows_in_priority_order_and_the_forecast
     profiled = {r["step"]: r for r in rows if r["part"] == "profile"}
     assert profiled["eager"]["top_level_cpu_ops_a_step"] > 0 and profiled["eager"]["gpu_busy"] is None
     assert profiled["graphed"]["status"].startswith("not measured")
-    measured = [r for r in rows if r["part"] == "throughput"]
-    assert len(measured) == 16 and {r["status"] for r in measured} == {"measured"}  # 2 archs x 4 shapes x 2 ways
+    measured = [r for r in rows if r["part"] == "throughput" and r["status"] == "measured"]
+    assert len(measured) == 16  # 2 architectures x 4 shapes, alone and packed
+    fused = [r for r in rows if r["part"] == "throughput" and r["way"] == "fused"]
+    assert len(fused) == 1 and fused[0]["status"].startswith("not available in this checkout")  # said once
     throughput = Throughput.load(tmp_path / "throughput-tiny.json", ["standard", "lstm"])
     assert throughput.modes() == [ALONE, Mode(processes=2)]
     # each way priced from what it measured: the affine fit, or (toy CPU steps: noise may hide the FLOPs' share)
@@ -147,12 +149,12 @@ def test_pack_benchmark_stops_at_its_budget_and_keeps_the_rows_before(tmp_path, 
     monkeypatch.setattr(bench_pack, "alone_step", step)
     start = time.monotonic()
     bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "1", "--budget-s", "1.5", "--parts", "fused"])
-    assert time.monotonic() - start < 3
+    assert time.monotonic() - start < 6  # not cut, mamba's row alone would take 7 s
     rows = pack_rows(tmp_path)
     assert rows[0]["part"] == "run" and rows[-1]["stopped"] == "the budget of 1.5 s is spent"
     kept = {r["variant"]: r["status"] for r in rows[1:-1]}  # the first architecture's, cut in the second's
     assert {r["arch"] for r in rows[1:-1]} == {"transformer"} and kept["alone, eager"] == "measured"
-    assert list(kept) == ["7 fused, eager", "7 fused, graphed", "alone, graphed", "alone, eager"]
+    assert list(kept) == ["7 fused, eager", "alone, eager"]
 
 
 @pytest.mark.slow

@@ -358,6 +358,6 @@ def test_processes_measured_together_are_one_packed_measurement_and_the_default_
     with pytest.raises(ValueError, match="different shapes"):
         packed([each[0], replace(each[0], width=128)])
     cells = [make_cell(arch="lstm", width=w, depth=d) for w in (64, 128, 256, 512) for d in (1, 2, 3)]
-    assert shapes_to_measure(cells, None, None, gpu=True) == [(64, 1), (512, 1), (256, 1), (64, 3)]
+    assert shapes_to_measure(cells, None, None, gpu=True) == [(64, 1), (512, 1), (256, 1), (64, 3), (512, 3)]
     assert shapes_to_measure(cells, None, None, gpu=False) == [(64, 1)]
     assert shapes_to_measure(cells, [64, 128], [2], gpu=True) == [(64, 2), (128, 2)]

@@ -422,9 +422,9 @@ def shapes_to_measure(
 ) -> list[tuple[int, int]]:
     """(width, depth) to measure an architecture's ``cells`` at, in the order measured: ``widths`` x ``depths``;
     by default on a GPU its narrowest and widest width at its shallowest depth, then a middle width, then its
-    narrowest at its deepest (what the affine fit needs: three widths, two depths; a narrow model's step is
-    launch-bound, a wide one's FLOP-bound, a deep one pays its launches a layer); on a CPU, its narrowest at its
-    shallowest (FLOP-bound there, and seconds a step)."""
+    narrowest and widest at its deepest (the affine fit needs three widths and two depths: a narrow model's step is
+    launch-bound, a wide one's FLOP-bound, a deep one pays its launches a layer; the fifth shape checks the fit); on a
+    CPU, its narrowest at its shallowest (FLOP-bound there, and seconds a step)."""
     all_widths = sorted({c.width for c in cells})
     all_depths = sorted({c.depth for c in cells})
     if widths or depths:
@@ -433,7 +433,7 @@ def shapes_to_measure(
         return [(all_widths[0], all_depths[0])]
     middle = all_widths[len(all_widths) // 2]
     shapes = [(all_widths[0], all_depths[0]), (all_widths[-1], all_depths[0]), (middle, all_depths[0])]
-    return list(dict.fromkeys([*shapes, (all_widths[0], all_depths[-1])]))
+    return list(dict.fromkeys([*shapes, (all_widths[0], all_depths[-1]), (all_widths[-1], all_depths[-1])]))
 
 
 def measure_all(
