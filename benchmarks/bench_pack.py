@@ -166,12 +166,13 @@ class Clock:
         def up(signum, frame):
             raise TimeUp(f"the budget of {self.budget:g} s is spent")
 
-        signal.signal(signal.SIGALRM, up)
+        self.before = signal.signal(signal.SIGALRM, up)
         signal.setitimer(signal.ITIMER_REAL, self.budget)
         return self
 
     def __exit__(self, *exc) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.before)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start

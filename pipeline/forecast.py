@@ -129,8 +129,8 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
     mine = fc.configured
     if mine.alone and mine.mode != ALONE:
         lines.append(
-            f"  note: {', '.join(mine.alone)} have no rate measured {mine.mode}: their trials are charged at their "
-            f"rate alone, {mine.per_slot:g} of it each (no faster in all than one trial a GPU)"
+            f"  note: no rate of {', '.join(mine.alone)} was measured as {mine.mode}: their trials are charged at "
+            f"their rate alone, {mine.per_slot:g} of it each (no faster in all than one trial a GPU)"
         )
     lines += [
         "",
@@ -191,8 +191,7 @@ def rate_lines(fc: Forecast, s, throughput: Throughput) -> list[str]:
                 how = (
                     "one rate for every width, given"
                     if given == [EVERY_WIDTH]
-                    else f"measured at widths {words(given)}, MODELLED between them (log-log) and beyond (the nearest)"
-                    + ("" if set(widths) <= set(given) else f"; {fit}")
+                    else "its widths' rates, MODELLED between them (log-log) and beyond (the nearest); " + str(fit)
                 )
             elif throughput.of(arch, mode):
                 how = f"not at every width it trains, {fit}: trained alone"

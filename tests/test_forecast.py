@@ -255,8 +255,8 @@ def test_the_affine_fit_finds_the_fixed_cost_the_cost_a_layer_and_the_rate():
     one_depth = [lawful("t", w, 2, 1e6 * w * w * n, FAST, length=n) for w in (64, 128, 512) for n in (100, 400)]
     fit = Affine.fit(one_depth)
     assert isinstance(fit, Affine) and fit.per_layer == 0 and fit.fixed == pytest.approx(2e-3 + 2 * 5e-4)
-    assert "three widths or more" in Affine.fit(measured_by(FAST, archs=("t",), widths=(64, 512)))
-    assert "two depths or lengths" in Affine.fit(measured_by(FAST, archs=("t",), depths=(1,)))
+    assert "it needs 3 widths or more" in Affine.fit(measured_by(FAST, archs=("t",), widths=(64, 512)))
+    assert "2 depths or lengths or more" in Affine.fit(measured_by(FAST, archs=("t",), depths=(1,)))
     flat = [replace(m, seconds=0.02) for m in measured_by(FAST, archs=("t",))]  # the same time at every FLOP count
     assert "do not grow with the steps' FLOPs" in Affine.fit(flat)
 

@@ -140,9 +140,8 @@ class Affine:
         widths, depths, lengths = (sorted({getattr(m, k) for m in measured}) for k in ("width", "depth", "length"))
         if len(widths) < 3 or max(len(depths), len(lengths)) < 2:
             return (
-                f"no fit: measured at widths {' '.join(map(str, widths)) or '-'}, depths "
-                f"{' '.join(map(str, depths)) or '-'}, L {' '.join(map(str, lengths)) or '-'}; a fit needs three "
-                "widths or more and two depths or lengths or more"
+                f"no affine fit (widths {' '.join(map(str, widths)) or '-'}, depths {' '.join(map(str, depths)) or '-'}"
+                f", L {' '.join(map(str, lengths)) or '-'}: it needs 3 widths or more and 2 depths or lengths or more)"
             )
         t = np.array([m.step_seconds for m in measured])
         features = np.array([[1.0, m.depth, m.step_flops] for m in measured]) / t[:, None]  # relative errors
@@ -161,7 +160,7 @@ class Affine:
                 if best is None or error < best[0]:
                     best = (error, coef)
         if best is None or best[1][2] <= 0:
-            return "no fit: the measured step times do not grow with the steps' FLOPs; measure a wider model"
+            return "no affine fit: the measured step times do not grow with the steps' FLOPs (measure a wider model)"
         fixed, per_layer, inverse = best[1]
         worst = float(np.abs(features @ best[1] - 1).max())
         return cls(fixed, per_layer, 1 / inverse, tuple(widths), tuple(depths), tuple(lengths), worst)
