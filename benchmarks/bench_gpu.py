@@ -31,6 +31,7 @@ from benchmarks.bench_models import theoretical_peak
 from benchmarks.results import Results, figure, out_option, out_path
 from models import kernels
 from pipeline.training.memory import GB, budget_bytes, fit_memory
+from pipeline.training.steps import StepForward, effective
 
 # dense bf16 peaks (NVIDIA's data sheets, without sparsity), by a part of the device's name
 PEAK_BF16 = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
@@ -74,9 +75,12 @@ def timed(run, device: torch.device, times: int = 1) -> float:
     return time.perf_counter() - start
 
 
-def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.device, autocast) -> dict:
+def measure(
+    arch: str, args, shape: tuple[int, int, int, int], device: torch.device, autocast, step_mode: str = "eager"
+) -> dict:
     """One architecture's row: built, planned into micro-batches, warmed up (3 steps), then ``args.repeats`` runs
-    of ``args.steps`` timed steps, or of as many as fit ``args.budget_s`` (at least 1, at most 10)."""
+    of ``args.steps`` timed steps, or of as many as fit ``args.budget_s`` (at least 1, at most 10). ``step_mode``:
+    the model's forward as a trial's ``sweep.step`` runs it (``pipeline.training.steps``)."""
     width, depth, length, batch = shape
     gpu = device.type == "cuda"
     torch.manual_seed(0)
@@ -86,9 +90,9 @@ def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.dev
         fit = fit_memory(model, length, batch, budget_bytes(args.memory_gb, 1.0, device), device, lambda: autocast)
     micro = list(torch.randint(2, VOCAB, (batch, length + 1), device=device).tensor_split(fit.micro_batches))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    if args.compile:  # after the plan, which measures the eager model; compiling happens in the warm-up steps
-        model = torch.compile(model)
-    step = functools.partial(training_step, model, micro, opt, autocast)
+    # after the plan, which measures the eager model; compiling happens in the warm-up steps
+    forward = torch.compile(model) if args.compile else StepForward(model, step_mode, device)  # type: ignore[arg-type]
+    step = functools.partial(training_step, forward, micro, opt, autocast)
     timed(step, device, 2)
     one = timed(step, device)  # the third warm-up step, timed: how many steps the budget holds
     steps = args.steps or max(1, min(10, int(args.budget_s / (args.repeats * one))))
@@ -96,6 +100,8 @@ def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.dev
         torch.cuda.reset_peak_memory_stats(device)
     rates = [steps / timed(step, device, steps) for _ in range(args.repeats)]
     per_token = 3 * model.exact_flops(length) / length  # training FLOPs per token
+    if isinstance(forward, StepForward) and forward.mode != step_mode:  # it fell back to eager
+        return {"error": f"not measured: {forward.why}"}
     tokens_per_s = [r * batch * length for r in rates]
     row = {"tokens_per_s": figure(tokens_per_s, "tokens/s"),
            "mfu": figure([100 * t * per_token / args.peak for t in tokens_per_s], "%"),
@@ -104,6 +110,31 @@ def measure(arch: str, args, shape: tuple[int, int, int, int], device: torch.dev
     if gpu:
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / GB
     return row
+
+
+# rows beside the architectures' (issue 46 item 5, paper shapes): the standard model's step as a trial compiles or
+# graphs it (sweep.step), and the linear kernel at head dim 256 (width 1024 over 4 heads: the DP paper's widest) with
+# its keys in tiles against the one tile it took before (models.linear_triton.KEY_TILE); measured on a GPU only
+VARIANTS = ("standard@compiled", "standard@graphed", "linear@dk256", "linear@dk256-one-tile")
+
+
+def variant(name: str, args, shape: tuple[int, int, int, int], device: torch.device, autocast) -> dict:
+    """A ``VARIANTS`` row, or why it is not measured here."""
+    arch, how = name.split("@")
+    if how in ("compiled", "graphed"):
+        why = effective(how, device)[1]  # type: ignore[arg-type]
+        return {"error": f"not measured: {why}"} if why else measure(arch, args, shape, device, autocast, how)
+    if not kernels_run_on(device):
+        return {"error": "not measured: the Triton kernel runs on CUDA (here its torch form would be measured)"}
+    from models import linear_triton
+
+    wide = (1024, *shape[1:])  # 4 heads of 256
+    tile = linear_triton.KEY_TILE
+    try:
+        linear_triton.KEY_TILE = 256 if how.endswith("one-tile") else tile  # one tile: the kernel before tiling
+        return measure(arch, args, wide, device, autocast)
+    finally:
+        linear_triton.KEY_TILE = tile
 
 
 def kernels_run_on(device: torch.device) -> bool:
@@ -144,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-torch-forms", action="store_true", help="skip the <arch>@torch rows")
     ap.add_argument("--compile", action="store_true", help="torch.compile each model (section *_compiled; a "
                                                            "model that does not compile gets a row saying why)")
+    ap.add_argument("--variants", nargs="*", choices=VARIANTS, default=None,
+                    help=f"rows after the architectures' (default: all of {', '.join(VARIANTS)} on a GPU, none "
+                         "with --quick or --compile; measured on a GPU only: elsewhere a row says why)")
     out_option(ap, "bench_gpu")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -190,6 +224,17 @@ def main(argv: list[str] | None = None) -> None:
             res.write(out_path(args, "bench_gpu"))
             if gpu:
                 torch.cuda.empty_cache()
+    default = list(VARIANTS) if gpu and not (args.quick or args.compile) else []
+    for name in default if args.variants is None else args.variants:
+        try:
+            row = variant(name, args, shape, device, autocast)
+        except torch.OutOfMemoryError as e:
+            row = {"error": f"out of memory: {str(e).splitlines()[0]}"}
+        figures[name] = row
+        print(line(name, row, standard, figures.get(name.split("@")[0])), flush=True)
+        res.write(out_path(args, "bench_gpu"))
+        if gpu:
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -5,14 +5,19 @@ Per batch row and head, with S_t = gamma S_{t-1} + k_t v_t^T (dk x dv) from S_0:
 
     out_t = q_t^T S_t
 
-One program per (batch row, head, block of BLOCK_V value columns) walks the chunks of BLOCK_T tokens in order, with
-its (dk, BLOCK_V) slice of S in float32 registers, and every product in float32 (TF32 where torch's are, and for
-bf16 inputs: more exact than their bf16 products under autocast, and the only dtype Triton's interpreter multiplies
-right). A chunk of positions i, j < BLOCK_T (C valid tokens) that starts
+One program per (batch row, head, block of BLOCK_V value columns, tile of at most KEY_TILE key dimensions) walks the
+chunks of BLOCK_T tokens in order, with its (key tile, BLOCK_V) slice of S in float32 registers, and every product in
+float32 (TF32 where torch's are, and for bf16 inputs: more exact than their bf16 products under autocast, and the only
+dtype Triton's interpreter multiplies right). A chunk of positions i, j < BLOCK_T (C valid tokens) that starts
 from S is, in three products (the chunked form of ``chunked_scan``):
 
     out = (q S) gamma^(i + 1) + ((q k^T) * Gamma) v,      Gamma[i, j] = gamma^(i - j) for j <= i, else 0
     S  <- gamma^C S + (k gamma^(C - 1 - j))^T v
+
+Both of out's terms are sums over the key dimensions, so a key tile's program computes its share of out from its own
+columns of q and k (q k^T = the sum over tiles of q_tile k_tile^T), and the shares are added after the kernel. Heads up
+to KEY_TILE wide take one tile, as before; a head of 256 (the DP paper's width 1024 over 4 heads) takes two, each
+state tile half the registers that one (256, BLOCK_V) tile spilled, with more warps.
 
 The backward pass is the same kernel three times (``_LinearScan.backward``): dq is the scan of (do, v, k) from S_0^T,
 and dk and dv are scans of (v, do, q) and (k, q, do) run backwards in time.
@@ -25,9 +30,13 @@ import triton
 import triton.language as tl
 
 # tokens per chunk and value columns per program: tl.dot needs every side >= 16; 32 tokens keep the (BLOCK_T, dk)
-# tiles and the (dk, BLOCK_V) state within registers for heads up to 128 wide (untuned: no GPU measured)
+# tiles and the (dk, BLOCK_V) state within registers for heads up to 128 wide (untuned: no GPU measured). A wider
+# head's keys are split into tiles of KEY_TILE, run with TILED_WARPS warps (untuned too: bench_gpu's
+# `linear@dk256` row measures it beside today's head-dim-128 rows, on a GPU only)
 BLOCK_T = 32
 BLOCK_V = 64
+KEY_TILE = 128
+TILED_WARPS = 8
 
 
 @triton.jit
@@ -36,12 +45,15 @@ def _scan(
     HAS_S0: tl.constexpr, REVERSE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """q, k (B, H, T, DK); v, out (B, H, T, DV); gamma (H,); S0, ST (B, H, DK, DV): the state before the first token
-    and after the last. REVERSE: token t of the scan is T - 1 - t of the tensors."""
+    """q, k (B, H, T, DK); v (B, H, T, DV); out (NK, B, H, T, DV), a share for each of NK key tiles of BLOCK_K; gamma
+    (H,); S0, ST (B, H, DK, DV): the state before the first token and after the last. REVERSE: token t of the scan
+    is T - 1 - t of the tensors."""
     bh = tl.program_id(0).to(tl.int64)  # batch row times H plus head
+    tile = tl.program_id(2).to(tl.int64)  # the key tile
+    out = out + tile * tl.num_programs(0).to(tl.int64) * T * DV  # its share of out
     logg = tl.log(tl.load(gamma + bh % H).to(tl.float32))  # log 1 = 0 for linear attention
     i = tl.arange(0, BLOCK_T)  # (BLOCK_T,): position in the chunk
-    dk = tl.arange(0, BLOCK_K)
+    dk = tile * BLOCK_K + tl.arange(0, BLOCK_K)
     dv = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     kv_in = (dk < DK)[:, None] & (dv < DV)[None, :]  # (BLOCK_K, BLOCK_V)
     kv = bh * DK * DV + dk[:, None] * DV + dv[None, :]
@@ -76,16 +88,19 @@ def _launch(q, k, v, S0, gamma, reverse: bool = False):
     q, k, v, gamma = (t.contiguous() for t in (q, k, v, gamma))
     B, H, T, DK = q.shape
     DV = v.shape[-1]
-    out = torch.empty_like(v)
+    block_k = min(KEY_TILE, max(16, triton.next_power_of_2(DK)))
+    tiles = triton.cdiv(DK, block_k)
+    # one key tile writes out itself; several write float32 shares, added here
+    out = torch.empty_like(v)[None] if tiles == 1 else v.new_empty(tiles, *v.shape, dtype=torch.float32)
     ST = q.new_empty(B, H, DK, DV, dtype=S0.dtype if S0 is not None else q.dtype)
     block_v = min(BLOCK_V, max(16, triton.next_power_of_2(DV)))
     exact = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32  # as torch's float32 products
-    _scan[(B * H, triton.cdiv(DV, block_v))](
+    _scan[(B * H, triton.cdiv(DV, block_v), tiles)](
         q, k, v, gamma, S0.contiguous() if S0 is not None else ST, out, ST, T, H, DK, DV,
         HAS_S0=S0 is not None, REVERSE=reverse, PRECISION="ieee" if exact else "tf32",
-        BLOCK_T=BLOCK_T, BLOCK_K=max(16, triton.next_power_of_2(DK)), BLOCK_V=block_v,
+        BLOCK_T=BLOCK_T, BLOCK_K=block_k, BLOCK_V=block_v, num_warps=4 if tiles == 1 else TILED_WARPS,
     )  # fmt: skip
-    return out, ST
+    return (out[0] if tiles == 1 else out.sum(0).to(v.dtype)), ST
 
 
 class _LinearScan(torch.autograd.Function):

@@ -15,11 +15,22 @@ Their time comes from a measured training throughput, never an assumed one: mode
 of the sweep's own Lightning module, in the micro-batches a trial would take, under the profile's precision,
 measured now for every architecture on this machine's device (cuda if there is one, else the CPU, with the CPU
 threads a trial gets; --warmup-steps, then --measure-steps timed), or read from a --throughput file measured
-elsewhere (--save-throughput writes one). The trials are handed to the cluster's slots (nodes x GPUs per node /
-sweep.gpus_per_trial; on a CPU profile, CPUs per node / the trial's CPUs) longest first, as the sweep's searcher
-hands them out, each on the first free slot (a list schedule, ``pipeline.costs.schedule``); GPU-hours are
-the trials' hours x their GPUs. The hours are those of the device the throughput was measured on: the output says
-so when that is not the cluster's GPU kind (--gpu).
+elsewhere (--save-throughput writes one, benchmarks/bench_pack.py too). A trial's rate is its own shape's where that
+was measured; else an affine model of its step, a fixed cost + a cost a layer + its FLOPs at a rate, fitted on three
+widths or more and two depths or lengths or more (a narrow model's GPU step is bound by launches, a wide one's by
+FLOPs: one FLOP/s cannot stand for both); else its width's measured rate, else the log-log interpolation between two
+measured widths. The output says which rates were measured and which modelled.
+
+A file may also hold rates of many trials a GPU: K models trained in one fused step, P processes packed on one GPU,
+steps compiled or graphed (``pipeline.costs.throughput.Mode``). Each is charged as measured: P trials share a GPU's
+hours, K trials a step's. The forecast prints the GPU-hours and wall time under each way measured beside one trial a
+GPU, and prices the profile's own way (1 / sweep.gpus_per_trial processes a GPU, sweep.step) by its measured rate; an
+architecture with none is charged alone, its share of the GPU no faster in all than one trial alone, and named.
+
+The trials are handed to the cluster's slots (nodes x GPUs per node / sweep.gpus_per_trial; on a CPU profile, CPUs
+per node / the trial's CPUs) longest first, as the sweep's searcher hands them out, each on the first free slot (a
+list schedule, ``pipeline.costs.schedule``); GPU-hours are the trials' hours x their GPUs. The hours are those of
+the device the throughput was measured on: the output says so when that is not the cluster's GPU kind (--gpu).
 
 What a search trains (sweep.search: frontier, sweep.lr_search: halving, sweep.predict) is not known before its
 trials end. For the paper and separations shapes the forecast divides the grid's FLOPs by the savings the replay
@@ -37,15 +48,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import get_args
 
 import torch
 
-from pipeline.common.config import ROOT, Config, ConfigError, Precision, load_config
+from pipeline.common.config import ROOT, Config, ConfigError, Precision, StepMode, load_config
 from pipeline.costs.forecast import REPLAY_COMMAND, Cluster, Forecast, Row, forecast
-from pipeline.costs.throughput import ForecastError, Throughput, measure_all
+from pipeline.costs.throughput import ALONE, EVERY_WIDTH, SOURCES, ForecastError, Throughput, measure_all
 from pipeline.search.cells import check_architectures, defined_cells, model_costs
 
 
@@ -98,18 +110,7 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
         "",
         f"throughput ({source}), model FLOP/s of training steps, on {throughput.device}:",
     ]
-    if throughput.measured:
-        lines += [
-            f"  {m.arch:>14}  {flops(m.flops_per_s)}/s at width {m.width} (depth {m.depth}, L={m.length}, batch "
-            f"{m.batch} in {m.micro_batches}, {m.precision}; {m.steps} steps in {m.seconds:.3g} s)"
-            for m in throughput.measured
-            if m.arch in fc.lrs
-        ]
-    else:
-        for arch in fc.lrs:
-            rates = sorted(throughput.rates[arch].items())
-            lines.append(f"  {arch:>14}  " + ", ".join(f"{flops(r)}/s at " + (f"width {w}" if w else "every width")
-                                                       for w, r in rates))  # fmt: skip
+    lines += rate_lines(fc, s, throughput)
     kind = f"{cluster.gpus} GPUs" + (f" ({cluster.gpu})" if cluster.gpu else "") if fc.unit == "GPU" else ""
     lines.append(
         f"cluster: {cluster.nodes} node{'s' * (cluster.nodes > 1)} x {kind or f'{cluster.cpus} CPUs'} = "
@@ -121,9 +122,15 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
             f"  NOTE: throughput measured on {throughput.device}, not on the cluster's GPUs: the hours below are that "
             "device's"
         )
-    if fc.per_trial != 1:
+    if fc.per_trial > 1:
         lines.append(
             f"  note: a trial on {fc.per_trial:g} devices is taken to train {fc.per_trial:g}x as fast as on one"
+        )
+    mine = fc.configured
+    if mine.alone and mine.mode != ALONE:
+        lines.append(
+            f"  note: no rate of {', '.join(mine.alone)} was measured as {mine.mode}: their trials are charged at "
+            f"their rate alone, {mine.per_slot:g} of it each (no faster in all than one trial a GPU)"
         )
     lines += [
         "",
@@ -132,10 +139,98 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
         row(fc.extended, fc.trials, f"grid, extended {fc.factor}x"),
         "  wall: the trials on the slots longest first, as the sweep hands them out (a list schedule). The extended",
         "  line is the most the grid trains: a trial stops once solved or converged, and how early is not forecast.",
+        f"  rates: {sources(mine.sources)}",
         "",
+        *mode_lines(fc),
         *search_lines(fc),
     ]
     return "\n".join(lines)
+
+
+LISTED = 24  # measurements listed one a line; more are summed up a line per architecture and way
+
+
+def rate_lines(fc: Forecast, s, throughput: Throughput) -> list[str]:
+    """Each measured step, then per architecture and way of training what its trials' rates rest on: measured,
+    or modelled (an affine fit, an interpolation between widths), and why where a way has none."""
+    mine = [m for m in throughput.measured if m.arch in fc.lrs]
+    lines = [
+        f"  {m.arch:>14}  {flops(m.flops_per_s)}/s at width {m.width} (depth {m.depth}, L={m.length}, batch "
+        f"{m.batch} in {m.micro_batches}, {m.precision}; {m.steps} steps in {m.seconds:.3g} s)"
+        + ("" if m.mode == ALONE else f" {m.mode}")
+        for m in (mine if len(mine) <= LISTED else [])
+    ]
+    groups: dict[tuple, list] = {}  # many: a line per architecture and way
+    for m in mine if len(mine) > LISTED else []:
+        groups.setdefault((m.arch, m.mode), []).append(m)
+    for (arch, mode), ms in groups.items():
+        rates = sorted(m.flops_per_s for m in ms)
+        shapes = ", ".join(f"{k} {words(sorted({getattr(m, k) for m in ms}))}" for k in ("width", "depth", "length"))
+        lines.append(
+            f"  {arch:>14}  {mode}: {len(ms)} shapes measured ({shapes}), {flops(rates[0])}/s to {flops(rates[-1])}/s "
+            "the GPU"
+        )
+    if not throughput.measured:  # a file by hand: its rates
+        for arch in fc.lrs:
+            rates = sorted(throughput.rates[arch].items())
+            lines.append(f"  {arch:>14}  " + ", ".join(f"{flops(r)}/s at " + (f"width {w}" if w else "every width")
+                                                       for w, r in rates))  # fmt: skip
+    modes = [p.mode for p in fc.modes] or [fc.configured.mode]
+    lines.append("what each architecture's rates rest on:")
+    for arch in fc.lrs:
+        widths = s.widths_for(arch)
+        for mode in modes:
+            basis = throughput.basis(arch, mode, widths)
+            fit = throughput.affine(arch, mode)
+            if basis == "affine":
+                how = f"MODELLED, affine: {fit}"
+            elif basis == "every width":
+                how = f"measured at every width it trains ({words(widths)}); {fit}"
+            elif basis == "rates":
+                given = sorted(throughput.rates[arch])
+                how = (
+                    "one rate for every width, given"
+                    if given == [EVERY_WIDTH]
+                    else "its widths' rates, MODELLED between them (log-log) and beyond (the nearest); " + str(fit)
+                )
+            elif throughput.of(arch, mode):
+                how = f"not at every width it trains, {fit}: trained alone"
+            else:
+                continue
+            lines.append(f"  {arch:>14}  {mode}: {how}")
+    return lines
+
+
+def sources(counts: dict[str, int]) -> str:
+    """How many trials took their rate each way, most direct first."""
+    said = {
+        "measured": "measured at their own shape",
+        "affine": "MODELLED by the affine fit",
+        "width measured": "measured at their width (another depth or L)",
+        "interpolated": "MODELLED between measured widths",
+        "one rate": "one rate given for every width",
+    }
+    return "; ".join(f"{counts[k]:,} trials {said[k]}" for k in SOURCES if counts.get(k))
+
+
+def mode_lines(fc: Forecast) -> list[str]:
+    """The first budget under every way of training trials a GPU measured: the GPU-hours with and without many
+    trials a GPU (fused in one step, packed as processes), the configured one marked."""
+    if len(fc.modes) < 2:
+        return []
+    lines = [
+        "The grid's first budget under each way of training measured, many trials a GPU or one (an architecture",
+        "with no rate measured that way is charged alone: listed):",
+        f"{'':40} {'slots':>6} {'GPU-hours':>12}   {'wall':12} trials at their rate alone",
+    ]
+    for p in fc.modes:
+        mark = " *" if p is fc.configured else ""
+        lines.append(
+            f"{str(p.mode) + mark:40} {p.slots:>6,} {number(p.row.device_hours):>12}   {duration(p.row.wall_hours):12} "
+            f"{', '.join(p.alone) or '-'}"
+        )
+        lines.append(f"{'':42}rates: {sources(p.sources)}")
+    return [*lines, "* the profile's own (sweep.gpus_per_trial, sweep.step): the grid line above", ""]
 
 
 def row(r: Row, trials: int, label: str) -> str:
@@ -218,20 +313,39 @@ def parser() -> argparse.ArgumentParser:
         "--throughput",
         metavar="FILE",
         type=Path,
-        help='measured elsewhere, JSON: {"device": NAME, "flops_per_s": {ARCH: FLOP/s, or {WIDTH: FLOP/s, ...}}}; '
-        "a width between two measured ones takes the log-log interpolation of their rates",
+        help='measured elsewhere, JSON: {"device": NAME, "flops_per_s": {ARCH: FLOP/s, or {WIDTH: FLOP/s, ...}}, '
+        '"measured": [{"arch": ARCH, "width": W, "depth": D, "length": L, "batch": B, "seconds": S, "steps": N, '
+        '"flops_per_s": R, "models": K, "processes": P, "step": eager|compiled|graphed, ...}, ...]} (--save-throughput '
+        "and benchmarks/bench_pack.py write one): a trial's rate is its own shape's where measured, else an affine "
+        "fit of the step's seconds (fixed + a layer's + FLOPs / rate) on three widths or more and two depths or "
+        "lengths or more, else its width's, else the log-log interpolation between two measured widths",
     )
-    either.add_argument("--save-throughput", metavar="FILE", type=Path, help="write what is measured here to FILE")
+    either.add_argument(
+        "--save-throughput", metavar="FILE", type=Path, help="write what is measured here to FILE, as it is measured"
+    )
     tp.add_argument("--device", choices=["cpu", "cuda"], help="where to measure (default: cuda if there is one)")
     tp.add_argument("--precision", choices=get_args(Precision), help="measured in (default: sweep.precision)")
+    tp.add_argument("--step", choices=get_args(StepMode), help="how the steps run (default: sweep.step)")
     tp.add_argument(
         "--measure-widths",
         metavar="W",
         type=positive,
         nargs="+",
-        help="widths (default: each architecture's narrowest, on a GPU its widest too)",
+        help="widths (default: each architecture's narrowest; on a GPU its widest and a middle one too)",
     )
-    tp.add_argument("--measure-depth", metavar="N", type=positive, help="depth (default: each one's shallowest)")
+    tp.add_argument(
+        "--measure-depths",
+        metavar="N",
+        type=positive,
+        nargs="+",
+        help="depths (default: each one's shallowest; on a GPU its deepest too, at its narrowest and widest width)",
+    )
+    tp.add_argument(
+        "--measure-budget-s",
+        metavar="S",
+        type=float,
+        help="start no new round of measurements after S seconds, once every architecture has one (default: none)",
+    )
     tp.add_argument("--measure-length", metavar="L", type=positive, help="tokens (default: the median dataset's L)")
     tp.add_argument(
         "--measure-batch",
@@ -263,17 +377,19 @@ def measured(
         cfg,
         cells,
         widths=args.measure_widths,
-        depth=args.measure_depth,
+        depths=args.measure_depths,
         length=args.measure_length,
         batch=args.measure_batch,
         steps=args.measure_steps,
         warmup=args.warmup_steps,
         device=device,
         precision=precision,
+        step=args.step or cfg.sweep.step,
+        deadline=None if args.measure_budget_s is None else time.monotonic() + args.measure_budget_s,
+        measured=args.save_throughput and (lambda so_far: so_far.dump(args.save_throughput)),
     )
     if not args.save_throughput:
         return throughput, "measured now"
-    throughput.dump(args.save_throughput)
     return throughput, f"measured now, saved to {args.save_throughput}"
 
 

@@ -1,10 +1,13 @@
 import json
+import time
 
 import pandas as pd
 import pytest
 
 import models
-from benchmarks import bench_gpu, bench_models, results
+from benchmarks import bench_gpu, bench_models, bench_pack, results
+from pipeline.costs.throughput import ALONE, Mode, Throughput
+from pipeline.forecast import main as forecast_main
 from tests.helpers import write_params
 from tests.helpers.tables import recorded_grid
 
@@ -74,6 +77,93 @@ def test_gpu_benchmark_measures_each_kernel_beside_its_torch_form_and_writes_row
     assert written == [{"standard"}, {"standard", "retnet"}, {"standard", "retnet", "retnet@torch"},
                        {"standard", "retnet", "retnet@torch", "lstm"}]
     assert "retnet@torch" in out and "(the Triton kernel:" in out and "lstm@torch" not in out
+
+
+def test_gpu_benchmarks_variant_rows_say_why_they_are_not_measured_on_a_cpu(capsys, tmp_path):
+    """The rows of issue 46's paper shapes (the standard model's step graphed, the linear kernel at head dim 256 in
+    key tiles and in one) are measured on a GPU only: on a CPU each row says why, after the architectures' rows."""
+    bench_gpu.main(["--quick", "--repeats", "1", "--steps", "1", "--archs", "standard", "--variants",
+                    "standard@graphed", "linear@dk256", "linear@dk256-one-tile", "--out", str(tmp_path / "gpu.json")])
+    figures = read_results(tmp_path / "gpu.json", "bench_gpu")["quick"]["figures"]
+    assert list(figures) == ["standard", "standard@graphed", "linear@dk256", "linear@dk256-one-tile"]
+    assert "graphed needs a GPU" in figures["standard@graphed"]["error"]
+    assert all("the Triton kernel runs on CUDA" in figures[n]["error"] for n in ("linear@dk256",
+                                                                                "linear@dk256-one-tile"))
+    assert "linear@dk256 " in capsys.readouterr().out
+
+
+def pack_rows(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "bench_pack.jsonl").read_text().splitlines()]
+
+
+def test_pack_benchmark_quick_writes_its_rows_in_priority_order_and_the_forecasts_throughput(tmp_path, capsys):
+    """bench_pack --quick on a CPU (the GPU run is the same code at the issue's shapes): a line a row, the first
+    saying how it was measured; the fused rows say that this checkout has no fused trials, the graphed ones that
+    graphs need a GPU; and a throughput file the forecast reads, with an affine fit of each architecture alone and
+    packed two a device, and charges as measured."""
+    bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "1", "--budget-s", "900", "--parts", "fused",
+                     "lightning", "profile", "throughput"])  # a budget that a busy machine does not cut
+    rows = pack_rows(tmp_path)
+    assert rows[0]["part"] == "run" and rows[0]["command"].startswith("python -m benchmarks.bench_pack --quick")
+    assert rows[-1]["part"] == "end" and rows[-1]["stopped"] is None
+    parts = [r["part"] for r in rows[1:-1]]
+    assert parts == sorted(parts, key=list(bench_pack.PARTS).index) and set(parts) == set(bench_pack.PARTS) - {
+        "packing"}
+    for arch in bench_pack.QUICK.archs:
+        mine = {r["variant"]: r for r in rows if r["part"] == "fused" and r["arch"] == arch}
+        assert mine["alone, eager"]["status"] == "measured" and is_figure(mine["alone, eager"]["trial_steps_per_s"])
+        assert all(mine[f"7 fused, {how}"]["status"].startswith("not available in this checkout")
+                   for how in ("eager", "graphed"))
+        assert "graphed needs a GPU" in mine["alone, graphed"]["status"]
+    lightning = next(r for r in rows if r["part"] == "lightning")
+    assert is_figure(lightning["lightning_steps_per_s"]) and is_figure(lightning["bare_x_lightning"])
+    profiled = {r["step"]: r for r in rows if r["part"] == "profile"}
+    assert profiled["eager"]["top_level_cpu_ops_a_step"] > 0 and profiled["eager"]["gpu_busy"] is None
+    assert profiled["graphed"]["status"].startswith("not measured")
+    measured = [r for r in rows if r["part"] == "throughput" and r["status"] == "measured"]
+    assert len(measured) == 16  # 2 architectures x 4 shapes, alone and packed
+    fused = [r for r in rows if r["part"] == "throughput" and r["way"] == "fused"]
+    assert len(fused) == 1 and fused[0]["status"].startswith("not available in this checkout")  # said once
+    throughput = Throughput.load(tmp_path / "throughput-tiny.json", ["standard", "lstm"])
+    assert throughput.modes() == [ALONE, Mode(processes=2)]
+    # each way priced from what it measured: the affine fit, or (toy CPU steps: noise may hide the FLOPs' share)
+    # the tiny profile's two widths each measured
+    assert {throughput.basis(a, m, [8, 16]) for a in ("standard", "lstm") for m in throughput.modes()} <= {
+        "affine", "every width"}
+    params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {architectures: "
+                                                    "[standard, lstm], gpus_per_trial: 0.5}\n")
+    capsys.readouterr()
+    assert forecast_main(["--params", str(params), "--throughput", str(tmp_path / "throughput-tiny.json")]) == 0
+    out = capsys.readouterr().out
+    assert "2 processes a GPU, eager *" in out and "one trial alone, eager" in out
+
+
+def test_pack_benchmark_stops_at_its_budget_and_keeps_the_rows_before(tmp_path, monkeypatch):
+    """The time guard: a step slower than the budget is cut mid-row; the rows before stay, and the last line says
+    why it stopped."""
+    def step(arch, shape, device, how):
+        if how != "eager":
+            raise NotImplementedError("not here")
+        return lambda: time.sleep(0.01 if arch == "transformer" else 1.0)  # mamba's: past the budget
+
+    monkeypatch.setattr(bench_pack, "alone_step", step)
+    start = time.monotonic()
+    bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "1", "--budget-s", "1.5", "--parts", "fused"])
+    assert time.monotonic() - start < 6  # not cut, mamba's row alone would take 7 s
+    rows = pack_rows(tmp_path)
+    assert rows[0]["part"] == "run" and rows[-1]["stopped"] == "the budget of 1.5 s is spent"
+    kept = {r["variant"]: r["status"] for r in rows[1:-1]}  # the first architecture's, cut in the second's
+    assert {r["arch"] for r in rows[1:-1]} == {"transformer"} and kept["alone, eager"] == "measured"
+    assert list(kept) == ["7 fused, eager", "alone, eager"]
+
+
+@pytest.mark.slow
+def test_pack_benchmark_packs_processes_on_one_device(tmp_path):
+    """Part packing: 1 and 2 processes (--quick), each a trial's Lightning steps, timed together."""
+    bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "2", "--parts", "packing"])
+    rows = [r for r in pack_rows(tmp_path) if r["part"] == "packing"]
+    assert [(r["processes"], r["status"], r["share"]) for r in rows] == [(1, "measured", 1), (2, "measured", 0.5)]
+    assert all(is_figure(r["trial_steps_per_s"]) and len(r["trial_steps_per_s"]["values"]) == 2 for r in rows)
 
 
 def test_generator_benchmark_writes_its_figures(capsys, tmp_path):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+import re
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -17,9 +18,20 @@ import pipeline.forecast
 import tasks
 from pipeline.common.config import Config, load_config
 from pipeline.costs.forecast import REPLAYED, REPLAYED_CELLS, Cluster, forecast
-from pipeline.costs.throughput import Throughput, measure
+from pipeline.costs.throughput import (
+    ALONE,
+    Affine,
+    ForecastError,
+    Measurement,
+    Mode,
+    Throughput,
+    measure,
+    packed,
+    shapes_to_measure,
+)
+from pipeline.forecast import number
 from pipeline.search.cells import build_cells, defined_cells, model_costs
-from tests.helpers import ROOT, write_params
+from tests.helpers import ROOT, make_cell, write_params
 
 TASKS = "tasks: [arithmetic, ed, ed_local, lis, index_lookup, dyck, eq_random, eq_one, eq_ncp]\n"
 # 2 architectures x 2 widths on one dataset: 4 trials of 8 steps of 32 sequences, on a CPU profile
@@ -184,6 +196,10 @@ def test_measure_counts_the_model_flops_of_real_steps(tiny_cfg):
                                    heads=tiny_cfg.sweep.heads, max_len=12)
     assert m.micro_batches == 1 and m.seconds > 0  # no memory budget on a CPU: the whole batch at once
     assert m.flops_per_s * m.seconds == pytest.approx(3 * model.exact_flops(12) * 8 * 2)
+    assert m.mode == ALONE
+    graphed = measure(tiny_cfg, cell, length=12, batch=8, steps=1, warmup=1, device=torch.device("cpu"),
+                      precision="32-true", step="graphed")
+    assert graphed.step == "eager"  # CUDA graphs need a GPU: the step ran eager, and the measurement says so
 
 
 def test_the_command_runs_on_tiny_with_its_throughput_measured_on_this_cpu(tmp_path, capsys):
@@ -200,3 +216,148 @@ def test_the_command_runs_on_tiny_with_its_throughput_measured_on_this_cpu(tmp_p
     assert [line for line in again.splitlines() if line.startswith("grid, ")] == [
         line for line in measured.splitlines() if line.startswith("grid, ")]
     assert "width 8 (depth 1, L=" in again  # how each rate was measured travels with the file
+
+
+# ---- rates: measured, or an affine fit; many trials a GPU charged as measured ----------------------------------
+# a separations-shaped GPU grid, small: 2 architectures x 3 widths x 2 depths on one dataset, 7 learning rates each
+SMALL_GPU = ("sweep: {architectures: [transformer, lstm], widths: [64, 128, 256], depths: [1, 2], arch_depths: {lstm: "
+             "[1, 2]}, datasets: {index_lookup: [20]}, search: grid}\n")
+FAST, SLOW = (2e-3, 5e-4, 1e14), (3e-3, 6e-4, 5e13)  # (fixed s, s a layer, FLOP/s): two made-up step laws
+
+
+def seconds(law, depth: int, flops: float) -> float:
+    fixed, per_layer, rate = law
+    return fixed + per_layer * depth + flops / rate
+
+
+def lawful(arch, width, depth, flops, law, mode=ALONE, length=100, batch=64) -> Measurement:
+    """A measurement of 4 steps that took exactly what ``law`` says, of ``mode.trials`` trials of ``flops`` a step."""
+    t = seconds(law, depth, flops)
+    return Measurement(arch, width, depth, length, batch, 1, "bf16-mixed", 4, 4 * t, flops / t * mode.trials,
+                       mode.models, mode.processes, mode.step)
+
+
+def measured_by(law, archs=("transformer", "lstm"), mode=ALONE, widths=(64, 128, 512), depths=(1, 6)) -> list:
+    return [lawful(a, w, d, 1e6 * w * w * d, law, mode) for a in archs for w in widths for d in depths]
+
+
+def step_flops(cell, s) -> float:
+    """One trial's training FLOPs a step, from the config and the model alone."""
+    return 3 * cell.exact_gflops * 1e9 * s.batch_size
+
+
+def test_the_affine_fit_finds_the_fixed_cost_the_cost_a_layer_and_the_rate():
+    fit = Affine.fit(measured_by(FAST, archs=("transformer",)))
+    assert isinstance(fit, Affine)
+    assert (fit.fixed, fit.per_layer, fit.rate) == (pytest.approx(2e-3), pytest.approx(5e-4), pytest.approx(1e14))
+    assert fit.worst < 1e-9 and fit.widths == (64, 128, 512) and fit.depths == (1, 6)
+    # one depth but two lengths: its cost a layer is in the fixed cost
+    one_depth = [lawful("t", w, 2, 1e6 * w * w * n, FAST, length=n) for w in (64, 128, 512) for n in (100, 400)]
+    fit = Affine.fit(one_depth)
+    assert isinstance(fit, Affine) and fit.per_layer == 0 and fit.fixed == pytest.approx(2e-3 + 2 * 5e-4)
+    assert "it needs 3 widths or more" in Affine.fit(measured_by(FAST, archs=("t",), widths=(64, 512)))
+    assert "2 depths or lengths or more" in Affine.fit(measured_by(FAST, archs=("t",), depths=(1,)))
+    flat = [replace(m, seconds=0.02) for m in measured_by(FAST, archs=("t",))]  # the same time at every FLOP count
+    assert "do not grow with the steps' FLOPs" in Affine.fit(flat)
+
+
+def test_a_trials_rate_is_its_own_shape_measured_then_the_fit_then_its_width():
+    exact = lawful("transformer", 64, 1, 5e9, SLOW, length=102)  # its own shape, off the fitted law
+    throughput = Throughput.of_measured("GPU", [*measured_by(FAST), exact])
+    shape = (64, 1, 102, 64)
+    price = throughput.price("transformer", ALONE, shape, 10, 10 * 5e9)
+    assert price == (pytest.approx(10 * seconds(SLOW, 1, 5e9)), "measured")
+    other, fit = throughput.price("transformer", ALONE, (256, 2, 102, 64), 10, 10 * 7e9), throughput.affine(
+        "transformer", ALONE)
+    assert other.source == "affine" and other.seconds == pytest.approx(10 * fit.step_seconds(2, 7e9))
+    assert fit.worst > 0.05  # the odd point is in the fit too: a measured shape's own rate goes before it
+    two = Throughput.of_measured("GPU", measured_by(FAST, widths=(64, 512)))  # no fit: a width's rate, or between
+    assert two.price("lstm", ALONE, (64, 2, 102, 64), 10, 1e12).source == "width measured"
+    assert two.price("lstm", ALONE, (128, 2, 102, 64), 10, 1e12).source == "interpolated"
+    assert two.basis("lstm", ALONE, [64, 128]) == "rates" and two.basis("lstm", Mode(7), [64]) is None
+
+
+def test_the_grid_on_a_fit_costs_the_sum_of_its_trials_steps(tmp_path):
+    cfg = load(tmp_path, "separations", SMALL_GPU)
+    cells, s = costed(cfg), cfg.sweep
+    fc = forecast(cfg, cells, Throughput.of_measured("H100", measured_by(FAST)), Cluster(1, 8, "H100", None))
+    steps = s.max_steps
+    hours = sum(7 * steps * seconds(FAST, c.depth, step_flops(c, s)) for c in cells.values()) / 3600
+    assert fc.grid.device_hours == pytest.approx(hours) and fc.configured.sources == {"affine": fc.trials}
+    assert [p.mode for p in fc.modes] == [ALONE]
+
+
+def test_packed_processes_are_charged_at_their_measured_rate_else_as_no_faster_than_alone(tmp_path, capsys):
+    """gpus_per_trial 0.25: four processes a GPU. Measured packed (each process's step at SLOW's law), the GPU-hours
+    are a quarter of the processes' hours; not measured, the trials are charged alone, each on a quarter of a GPU:
+    the same GPU-hours as one trial a GPU, and said so."""
+    cfg = load(tmp_path, "separations", SMALL_GPU.replace("search: grid}", "search: grid, gpus_per_trial: 0.25}"))
+    cells, s = costed(cfg), cfg.sweep
+    four = Mode(processes=4)
+    packed_ = Throughput.of_measured("H100", measured_by(FAST) + measured_by(SLOW, mode=four))
+    fc = forecast(cfg, cells, packed_, Cluster(1, 8, "H100", None))
+    trial_hours = {at: s.max_steps * seconds(SLOW, c.depth, step_flops(c, s)) / 3600 for at, c in cells.items()}
+    alone_hours = {at: s.max_steps * seconds(FAST, c.depth, step_flops(c, s)) / 3600 for at, c in cells.items()}
+    assert fc.configured.mode == four and fc.configured.slots == 32 and not fc.configured.alone
+    assert fc.grid.device_hours == pytest.approx(sum(7 * h / 4 for h in trial_hours.values()))
+    alone = next(p for p in fc.modes if p.mode == ALONE)
+    assert alone.slots == 8 and alone.row.device_hours == pytest.approx(7 * sum(alone_hours.values()))
+    unmeasured = forecast(cfg, cells, Throughput.of_measured("H100", measured_by(FAST)), Cluster(1, 8, "H100", None))
+    assert unmeasured.configured.alone == ["transformer", "lstm"]
+    assert unmeasured.grid.device_hours == pytest.approx(alone.row.device_hours)  # no gain assumed
+    assert unmeasured.grid.wall_hours > alone.row.wall_hours  # each trial 4x as long, on 4x the slots
+    path = tmp_path / "packed.json"
+    packed_.dump(path)
+    params = str(tmp_path / "params.yaml")
+    assert pipeline.forecast.main(["--params", params, "--throughput", str(path), "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer  4 processes a GPU, eager: MODELLED, affine: 3 ms + 0.6 ms a layer" in out
+    assert "4 processes a GPU, eager *" in out and "one trial alone, eager" in out
+    assert f"rates: {fc.trials} trials MODELLED by the affine fit" in out
+    table = [line.replace(" *", "").split(", eager")[1].split()[:2] for line in out.splitlines()
+             if line.startswith(("one trial alone", "4 processes"))]  # slots, GPU-hours
+    assert table == [["8", number(alone.row.device_hours)], ["32", number(fc.grid.device_hours)]]
+
+
+def test_fused_models_are_charged_as_one_job_a_cell_and_an_architecture_without_is_charged_alone(tmp_path):
+    cfg = load(tmp_path, "separations", SMALL_GPU)
+    cells, s = costed(cfg), cfg.sweep
+    seven = Mode(models=7, step="graphed")
+    fused = Throughput.of_measured("H100", measured_by(FAST) + measured_by(SLOW, archs=("transformer",), mode=seven))
+    fc = forecast(cfg, cells, fused, Cluster(1, 8, "H100", None))
+    row = next(p for p in fc.modes if p.mode == seven)
+    hours = sum(s.max_steps * (seconds(SLOW, c.depth, step_flops(c, s)) if c.arch == "transformer" else
+                               7 * seconds(FAST, c.depth, step_flops(c, s))) for c in cells.values()) / 3600
+    assert row.alone == ["lstm"] and row.row.device_hours == pytest.approx(hours)
+    assert row.sources == {"affine": fc.trials} and row.row.pflops == pytest.approx(fc.grid.pflops)
+    assert str(seven) == "7 fused a step, graphed" and str(Mode(2, 3)) == "2 fused a step x 3 processes a GPU, eager"
+
+
+def test_old_throughput_files_still_load_as_one_trial_alone_and_bad_measurements_are_named(tmp_path):
+    for profile in ("paper", "separations"):
+        path = ROOT / f"docs/benchmarks/throughput-{profile}.json"
+        old = Throughput.load(path, [])
+        assert old.modes() == [ALONE] and all(m.mode == ALONE for m in old.measured)
+        assert {a: sorted(w) for a, w in old.rates.items()} == {a: sorted(w) for a, w in
+                                                                Throughput.of_measured("x", old.measured).rates.items()}
+    good = asdict(lawful("lstm", 64, 1, 1e9, FAST))
+    for change, named in [({"models": 0}, "models 0 and processes 1 are at least 1"),
+                          ({"step": "warp"}, "step 'warp' one of eager, compiled, graphed"),
+                          ({"seconds": -1.0}, "must be positive and finite"),
+                          ({"shape": 3}, "not a throughput file")]:
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps({"device": "x", "flops_per_s": {"lstm": 1e12}, "measured": [good | change]}))
+        with pytest.raises(ForecastError, match=re.escape(named)):
+            Throughput.load(path, ["lstm"])
+
+
+def test_processes_measured_together_are_one_packed_measurement_and_the_default_shapes_fit():
+    each = [lawful("lstm", 64, 1, 1e9, FAST), replace(lawful("lstm", 64, 1, 1e9, FAST), seconds=0.5)]
+    both = packed(each)
+    assert (both.processes, both.seconds, both.flops_per_s) == (2, 0.5, each[0].flops_per_s + each[1].flops_per_s)
+    with pytest.raises(ValueError, match="different shapes"):
+        packed([each[0], replace(each[0], width=128)])
+    cells = [make_cell(arch="lstm", width=w, depth=d) for w in (64, 128, 256, 512) for d in (1, 2, 3)]
+    assert shapes_to_measure(cells, None, None, gpu=True) == [(64, 1), (512, 1), (256, 1), (64, 3), (512, 3)]
+    assert shapes_to_measure(cells, None, None, gpu=False) == [(64, 1)]
+    assert shapes_to_measure(cells, [64, 128], [2], gpu=True) == [(64, 2), (128, 2)]

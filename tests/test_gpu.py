@@ -44,12 +44,13 @@ def test_chunked_scan_on_cuda_matches_the_cpu_recurrence():
     torch.testing.assert_close(ours.cpu(), ref, rtol=1e-9, atol=1e-9)
 
 
-def test_linear_triton_kernel_on_cuda_matches_the_cpu_recurrence_forward_state_and_gradients():
+@pytest.mark.parametrize("H, d", [(8, 64), (2, 256)])
+def test_linear_triton_kernel_on_cuda_matches_the_cpu_recurrence_forward_state_and_gradients(H, d):
     """The Triton kernel (retention's decays, a carried state) at a training shape: out, S_T and the gradients of
-    q, k, v and S_0."""
+    q, k, v and S_0; at head dim 256 its keys in two tiles (KEY_TILE)."""
     pytest.importorskip("triton")
     torch.manual_seed(0)
-    B, H, T, d = 4, 8, 512, 64
+    B, T = 4, 512
     q, k = (torch.nn.functional.elu(torch.randn(B, H, T, d)) + 1 for _ in range(2))
     inputs = [q, k, torch.randn(B, H, T, d), torch.randn(B, H, d, d)]
     gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float32))
@@ -166,4 +167,34 @@ def planned_step_within_its_plan(arch: str) -> None:
 
 def test_a_bf16_trial_trains_and_scores_on_cuda(tiny_cfg, tiny_data):
     result = short_trial(tiny_cfg, tiny_data, precision="bf16-mixed", use_gpu=True, gpu_share=0.5)
+    assert result["train_steps"] == 20 and 0 <= result["final_accuracy"] <= 1
+
+
+@pytest.mark.parametrize("arch", ["standard", "mamba"])
+def test_a_graphed_step_trains_as_the_eager_one(arch):
+    """sweep.step: graphed (CUDA graphs through torch.compile's reduce-overhead mode; mamba's Triton scan inside):
+    logits and gradients within float32's rounding of the eager step's, at the recorded graph's replays."""
+    from pipeline.training.steps import StepForward
+
+    torch.manual_seed(0)
+    model = models.build_model(arch, vocab_size=16, width=64, depth=2, heads=4, max_len=65, dropout=0.0).to(CUDA)
+    tokens = torch.randint(0, 16, (8, 64), device=CUDA)
+
+    def run(forward):
+        model.zero_grad()
+        logits = forward(tokens)
+        logits.square().mean().backward()
+        return [logits.detach().clone(), *(p.grad.clone() for p in model.parameters())]
+
+    eager = run(model)
+    step = StepForward(model, "graphed", CUDA)
+    for _ in range(3):  # recorded, then replayed
+        graphed = run(step)
+        assert step.mode == "graphed", step.why
+        for a, b in zip(graphed, eager):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_a_graphed_bf16_trial_trains_and_scores_on_cuda(tiny_cfg, tiny_data):
+    result = short_trial(tiny_cfg, tiny_data, precision="bf16-mixed", use_gpu=True, step="graphed")
     assert result["train_steps"] == 20 and 0 <= result["final_accuracy"] <= 1

@@ -111,11 +111,12 @@ GAMMAS = {"linear attention": [1.0, 1.0, 1.0], "retention": [1 - 2**-5, 1 - 2**-
 
 
 @pytest.mark.parametrize("gamma", GAMMAS.values(), ids=GAMMAS.keys())
-@pytest.mark.parametrize("T, dk, dv", [(1, 4, 4), (37, 4, 8), (70, 20, 70)])
+@pytest.mark.parametrize("T, dk, dv", [(1, 4, 4), (37, 4, 8), (70, 20, 70), (37, 256, 256), (45, 200, 24)])
 def test_linear_kernel_matches_the_recurrence_forward_state_and_gradients(gamma, T, dk, dv):
     """float32 against one token at a time in float64, from a carried state: out, S_T and the gradients of q, k, v
-    and S_0, over an uneven last chunk (T = 37, 70 against BLOCK_T = 32), d padded to 16 and 32, and two blocks of
-    value columns (dv = 70 against BLOCK_V = 64)."""
+    and S_0, over an uneven last chunk (T = 37, 70 against BLOCK_T = 32), d padded to 16 and 32, two blocks of
+    value columns (dv = 70 against BLOCK_V = 64), and keys in tiles of KEY_TILE = 128: head dim 256 (the DP paper's
+    width 1024 over 4 heads; its backward tiles dv = 256 as keys too) and 200 (a partial last tile)."""
     inputs, g = linear_inputs(T, dk, dv), torch.tensor(gamma)
     ref = scan_outputs_and_grads(scan_reference, *(t.double() for t in inputs), g.double())
     ours = scan_outputs_and_grads(lambda *a: chunked_scan(*a, chunk=64), *inputs, g)

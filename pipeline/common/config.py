@@ -94,6 +94,7 @@ MAX_WORKERS = 64
 MAX_SEED = 2**32 - 1
 # Lightning's names of the precisions a trial may train in
 Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
+StepMode = Literal["eager", "compiled", "graphed"]  # how a training step runs (sweep.step)
 
 
 class TaskGenerate(Section):
@@ -346,6 +347,14 @@ class SweepConfig(Section):
         0,
         description="processes that build each worker's batches ahead of its steps (0: built in the step's own "
         "process); they use the trial's CPUs, so on a CPU trial they compete with its threads",
+    )
+    step: StepMode = Field(
+        "eager",
+        description="how a training step runs: eager (PyTorch's own, the fallback of the others); compiled "
+        "(torch.compile of the model: fused kernels); graphed (on a GPU, torch.compile's reduce-overhead mode: the "
+        "step's kernels replayed as CUDA graphs, each batch padded to the dataset's longest sequence so that every "
+        "step has one shape; on a CPU it trains eager and says so). A narrow model's GPU step is bound by kernel "
+        "launches, which graphs remove (pipeline.training.steps, docs/gpu.md)",
     )
     max_concurrent_trials: PositiveInt | None = Field(
         None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import Config, SweepConfig
 from pipeline.costs.schedule import Trial, list_schedule
-from pipeline.costs.throughput import ForecastError, Throughput
+from pipeline.costs.throughput import ALONE, ForecastError, Mode, Throughput
 from pipeline.search.cells import budget_steps, expected_cost
 
 # grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
@@ -98,6 +98,18 @@ class SearchForecast:
 
 
 @dataclass(frozen=True)
+class Priced:
+    """The grid's first budget trained one way (``mode``): its cost, and how its trials' rates were had."""
+
+    mode: Mode
+    slots: int
+    per_slot: float  # devices a slot holds: a share of a GPU, the GPUs of a data-parallel trial, a trial's CPUs
+    row: Row
+    sources: dict[str, int]  # how a trial's rate was had (throughput.SOURCES) -> trials
+    alone: list[str]  # architectures the mode has no rate for: their trials priced alone, sharing their slot
+
+
+@dataclass(frozen=True)
 class Forecast:
     """Everything the plan prints, in one record: the grid, the budget, the slots, the costs."""
 
@@ -110,28 +122,82 @@ class Forecast:
     slots: int
     unit: str  # "GPU" or "CPU core": what a device-hour counts
     per_trial: float  # devices one trial trains on
-    grid: Row  # every trial at its first budget, its wall a list schedule in the sweep's order
+    configured: Priced  # the profile's own way: sweep.gpus_per_trial's packing, sweep.step
+    modes: list[Priced]  # on a GPU profile, every way the throughput measured, the configured one included
+    grid: Row  # every trial at its first budget (the configured way), its wall a list schedule in the sweep's order
     extended: Row  # every trial at its extended budget: the most the grid trains
     search: str  # the configured strategy
     searches: list[SearchForecast]  # the strategies replayed on this profile's shape
     shape_differs: bool  # the grid is not the shape the replay was measured on
 
 
+def configured_mode(s: SweepConfig) -> Mode:
+    """How the profile trains: 1 / sweep.gpus_per_trial processes a GPU (below 1), each step sweep.step."""
+    share = s.gpus_per_trial
+    return Mode(processes=round(1 / share) if 0 < share < 1 else 1, step=s.step)
+
+
+def priced(
+    s: SweepConfig,
+    cells: dict[Cell, CellSpec],
+    throughput: Throughput,
+    mode: Mode,
+    slots: int,
+    per_slot: float,
+    speed: float,
+) -> Priced:
+    """The grid's first budget trained under ``mode`` on ``slots`` slots of ``per_slot`` devices each (a share of a
+    GPU, a data-parallel trial's GPUs, a CPU trial's cores), each trial ``speed`` times as fast as one alone (a share
+    of a GPU; a trial on k workers is taken to train k times as fast as on one). An architecture ``mode`` has a rate
+    for trains ``mode.models`` of a cell's learning rates in one job at that rate (the sharing of its GPU measured
+    in it); any other trains alone at its rate alone times ``speed``: a share of a GPU no faster in all than one
+    trial alone."""
+    jobs: list[Trial] = []
+    sources: dict[str, int] = {}
+    alone: list[str] = []
+    for cell in cells.values():
+        gflops = expected_cost(cell, s)  # a trial run to its first budget, the order the searcher starts it in
+        steps, lrs = budget_steps(cell, s), len(cell.lrs)
+        shape = (cell.width, cell.depth, cell.max_len, s.batch_size)
+        widths = s.widths_for(cell.arch)
+        if throughput.basis(cell.arch, mode, widths) is not None:
+            price, members = throughput.price(cell.arch, mode, shape, steps, gflops * 1e9), mode.models
+            price = price._replace(seconds=price.seconds / max(speed, 1))  # its share of a GPU is in its rate
+        else:
+            price, members = throughput.price(cell.arch, ALONE, shape, steps, gflops * 1e9), 1
+            price = price._replace(seconds=price.seconds / speed)
+            if cell.arch not in alone and mode != ALONE:
+                alone.append(cell.arch)
+        sources[price.source] = sources.get(price.source, 0) + lrs
+        for first in range(0, lrs, members):  # a cell's learning rates, ``members`` a job
+            k = min(members, lrs - first)
+            jobs.append(Trial(gflops * k, price.seconds, gflops * k / 1e6))
+    schedule = list_schedule(jobs, slots)
+    row = Row(schedule.pflops, schedule.busy * per_slot / 3600, schedule.wall / 3600)
+    return Priced(mode, slots, per_slot, row, sources, alone)
+
+
 def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, cluster: Cluster) -> Forecast:
-    """The forecast of ``cells`` (with their model costs) on ``cluster`` at ``throughput``."""
+    """The forecast of ``cells`` (with their model costs) on ``cluster`` at ``throughput``: as the profile trains
+    them, and on a GPU profile under every way of training many trials a GPU that ``throughput`` measured."""
     s = cfg.sweep
     need = s.trial_resources()
     per_trial = need["gpu"] or s.workers()  # a trial on k devices is taken to train k times as fast as on one
     unit, per_hour = ("GPU", need["gpu"]) if need["gpu"] else ("CPU core", need["cpu"])
     slots = cluster.slots(s)
-    trials = []
-    for cell in cells.values():
-        gflops = expected_cost(cell, s)  # a trial run to its first budget, the order the searcher starts it in
-        seconds = gflops * 1e9 / (throughput.rate(cell.arch, cell.width) * per_trial)
-        trials += [Trial(gflops, seconds, gflops / 1e6)] * len(cell.lrs)
-    schedule = list_schedule(trials, slots)
+    mine = configured_mode(s) if unit == "GPU" else ALONE
+    configured = priced(s, cells, throughput, mine, slots, per_hour, per_trial)
+    modes = []
+    if unit == "GPU":
+        for mode in dict.fromkeys([*throughput.modes(), mine]):
+            if mode == mine:
+                modes.append(configured)
+                continue
+            shared = s.model_copy(update={"gpus_per_trial": 1 / mode.processes, "workers_per_trial": 1})
+            share = 1 / mode.processes
+            modes.append(priced(s, cells, throughput, mode, cluster.slots(shared), share, share))
     factor = s.max_budget_factor if s.stop_when_solved else 1
-    grid = Row(schedule.pflops, schedule.busy * per_hour / 3600, schedule.wall / 3600)
+    grid = configured.row
     extended = grid.times(factor)  # every trial factor x as long: the same order, so the same schedule, stretched
     searches = []
     for name, ratios in REPLAYED.get(cfg.profile, {}).items():
@@ -141,13 +207,15 @@ def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, c
     return Forecast(
         profile=cfg.profile,
         cells=len(cells),
-        trials=schedule.trials,
+        trials=sum(len(c.lrs) for c in cells.values()),
         lrs={arch: s.learning_rates(arch) for arch in dict.fromkeys(c.arch for c in cells)},
         steps=sorted({budget_steps(c, s) for c in cells.values()}),
         factor=factor,
         slots=slots,
         unit=unit,
         per_trial=per_trial,
+        configured=configured,
+        modes=modes,
         grid=grid,
         extended=extended,
         search=strategy(s),

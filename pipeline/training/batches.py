@@ -2,7 +2,8 @@
 into micro-batches.
 
 A batch is ``Batch(inputs, targets, share, lengths)``: inputs = seq[:-1], targets = seq[1:] with the prompt and
-padding ignored (``IGNORE``), padded to the batch's longest sequence, not the dataset's. ``share`` weighs one piece's
+padding ignored (``IGNORE``), padded to the batch's longest sequence, not the dataset's (but for a graphed step's
+one shape, ``pad_to``). ``share`` weighs one piece's
 mean loss so that DDP's average over workers, and Lightning's over accumulated micro-batches, is the global batch's
 mean loss (``Collate``). ``lengths`` (host memory) are the sequences' real lengths, for the FLOP count: read on the
 host, they cost the GPU no synchronisation.
@@ -103,8 +104,8 @@ class Collate:
     global batch's. Its mean loss times share, averaged over the workers by DDP and over the parts by Lightning's
     gradient accumulation, is the global batch's mean loss, as one worker computes it in one pass (share = 1)."""
 
-    def __init__(self, data: Dataset, rank: int = 0, world: int = 1, parts: int = 1):
-        self.data, self.rank, self.world, self.parts = data, rank, world, parts
+    def __init__(self, data: Dataset, rank: int = 0, world: int = 1, parts: int = 1, pad_to: int | None = None):
+        self.data, self.rank, self.world, self.parts, self.pad_to = data, rank, world, parts, pad_to
         self.lengths = data.lengths  # (N,) input tokens per sample: the sequence without <eos>
         self.predicted = self.lengths + 1 - data.prompt_len  # (N,) target tokens per sample, <eos> included
 
@@ -114,16 +115,17 @@ class Collate:
         if self.world * self.parts > 1:
             assert isinstance(piece, Piece)  # the training loader's
             share = self.world * self.parts * self.predicted[mine].sum() / self.predicted[piece.batch].sum()
-        inputs, targets = (torch.from_numpy(a) for a in collate(self.data, mine))
+        inputs, targets = (torch.from_numpy(a) for a in collate(self.data, mine, self.pad_to))
         return Batch(inputs, targets, torch.tensor(float(share)), self.lengths[mine])
 
 
-def collate(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) of the samples ``rows``, each (B, T), T = the longest input: one gather from the flat
-    token array, no loop over samples (``collate_reference`` is the loop it is tested against)."""
+def collate(data: Dataset, rows: np.ndarray, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) of the samples ``rows``, each (B, T), T = the longest input (at least ``pad_to``): one
+    gather from the flat token array, no loop over samples (``collate_reference`` is the loop it is tested
+    against)."""
     starts = data.offsets[rows]  # (B,) where each sequence starts in data.values
     n = data.offsets[rows + 1] - starts - 1  # (B,) input tokens: the sequence, <eos> included, less its last
-    pos = np.arange(int(n.max()))  # (T,)
+    pos = np.arange(max(int(n.max()), pad_to or 0))  # (T,)
     inside = pos < n[:, None]  # (B, T) a token of the sequence, else padding
     # (B, T) input t is values[start + t], its target the next; padding reads a token in range, masked below
     at = np.minimum(starts[:, None] + pos, len(data.values) - 2)
@@ -157,16 +159,18 @@ def loader(
     world: int = 1,
     parts: int = 1,
     processes: int = 0,
+    pad_to: int | None = None,
 ) -> DataLoader:
     """Batches of ``batch_size`` samples in all, each in ``parts`` micro-batches; worker ``rank`` of ``world`` gets its
-    share of each. Pinned host memory where a GPU will read the batches (the copy then overlaps the step).
+    share of each, padded to its longest sequence, or to ``pad_to`` tokens (a graphed step's one shape). Pinned host
+    memory where a GPU will read the batches (the copy then overlaps the step).
     ``processes`` > 0 builds them in that many loader processes, ahead of the steps: the sampler stays in this
     process (so a resumed trial's position is still its own), and each process reads the memory-mapped files."""
     sampler = LengthBuckets(data.lengths, batch_size, seed, shuffle, min_batch=world, parts=parts)
     return DataLoader(
         Rows(len(data)),
         batch_sampler=sampler,
-        collate_fn=Collate(data, rank, world, parts),
+        collate_fn=Collate(data, rank, world, parts, pad_to),
         num_workers=processes,
         persistent_workers=processes > 0,  # not restarted every epoch (and every validation)
         pin_memory=torch.cuda.is_available(),

@@ -28,6 +28,10 @@ BYTES_PER_PARAMETER = 16  # float32 weight, gradient and AdamW's exp_avg and exp
 # rounding: measured peaks on CUDA stay within this margin of saved bytes + static (bench_gpu prints both)
 HEADROOM = 1.25
 GB = 1e9
+# what a CUDA process holds outside its caching allocator (its context, the libraries' handles and modules), which
+# set_per_process_memory_fraction does not cap: each of the processes that share a GPU leaves this much of its share
+# (a CUDA 12-13 context on an H100 is of this order; benchmarks/bench_pack.py measures it, row "cuda context")
+CUDA_CONTEXT = 0.6 * GB
 # makes the forward context of a trial's precision: a new one per pass, as Lightning's may be entered only once
 Precision = Callable[[], AbstractContextManager]
 
@@ -116,9 +120,27 @@ def fit_memory(
 
 
 def budget_bytes(memory_gb: float | None, gpu_share: float, device: torch.device) -> float | None:
-    """The memory one worker may fill: the configured figure, else its share of the GPU, else no limit."""
+    """The memory one worker may fill: the configured figure, else its share of the GPU (``memory_cap``), else no
+    limit."""
     if memory_gb is not None:
         return memory_gb * GB
     if device.type == "cuda":
-        return gpu_share * torch.cuda.get_device_properties(device).total_memory
+        total = torch.cuda.get_device_properties(device).total_memory
+        return memory_cap(gpu_share, total) * total
     return None
+
+
+def memory_cap(share: float, total: float, context: float = CUDA_CONTEXT) -> float:
+    """The fraction of a GPU of ``total`` bytes that a process training on ``share`` of it may allocate: the whole GPU
+    for a share of 1, else its share less a CUDA context, so that the 1 / share processes packed on it fit together,
+    contexts included. Raises DoesNotFit where a share holds no more than a context."""
+    if share >= 1:
+        return 1.0
+    cap = share - context / total
+    if cap <= 0:
+        raise DoesNotFit(
+            f"a share of {share:g} of a GPU of {total / GB:.3g} GB is {share * total / GB:.3g} GB, no more than the "
+            f"{context / GB:.3g} GB a CUDA process holds outside its allocator: pack fewer trials a GPU "
+            "(sweep.gpus_per_trial)"
+        )
+    return cap

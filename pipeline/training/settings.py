@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.common.config import Config, Precision, ReportConfig, SweepConfig
+from pipeline.common.config import Config, Precision, ReportConfig, StepMode, SweepConfig
 
 
 def default(name: str, section: type[BaseModel] = SweepConfig) -> Any:
@@ -47,6 +47,7 @@ class TrainSettings:
     memory_gb_per_trial: float | None = default("memory_gb_per_trial")
     micro_batches: int | None = default("micro_batches")
     loader_workers: int = default("loader_workers")
+    step: StepMode = default("step")
     # derived by the sweep
     threshold: float = default("accuracy_threshold", ReportConfig)  # validation accuracy that counts as solved
     targets: dict[str, float] = field(default_factory=dict)  # task -> accuracy a solved trial trains on to

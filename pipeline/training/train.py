@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.environments import LightningEnvironment
@@ -41,9 +42,10 @@ from pipeline.training import distributed
 from pipeline.training.batches import IGNORE, Batch, LengthBuckets, loader
 from pipeline.training.checkpoints import Resumable
 from pipeline.training.evaluation import greedy_accuracy
-from pipeline.training.memory import budget_bytes, fit_memory
+from pipeline.training.memory import budget_bytes, fit_memory, memory_cap
 from pipeline.training.settings import TrainSettings
 from pipeline.training.status import Status
+from pipeline.training.steps import StepForward, pad_to
 from pipeline.training.verdict import Convergence, Verdict
 
 
@@ -106,6 +108,18 @@ class SequenceModel(L.LightningModule):
         self.synced_flops, self.unsynced_flops = 0, 0
         self.flops_by_length: dict[int, int] = {}  # sequence length -> exact forward FLOPs
         self.ncp = NextCharacterTargets(spec.cell.vocab) if spec.cell.family == "ncp" else None
+        # the training forward as sweep.step runs it (set up on its device by ``setup``); kept out of the module's
+        # children, so that a checkpoint holds the model's weights once, under their own names
+        self.__dict__["_step_forward"] = None
+        self.last_loss: torch.Tensor | None = None  # the last training step's loss, logged at each validation
+
+    @property
+    def step_forward(self) -> StepForward | None:
+        return self.__dict__["_step_forward"]
+
+    def setup(self, stage: str) -> None:
+        device = self.trainer.strategy.root_device  # where the model will train (it is moved there after setup)
+        self.__dict__["_step_forward"] = StepForward(self.model, self.spec.settings.step, device)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -131,9 +145,16 @@ class SequenceModel(L.LightningModule):
 
     def training_loss(self, batch: Batch) -> torch.Tensor:
         """The family's loss after the prompt; also adds the batch to the training-compute count."""
-        logits = self.model(batch.inputs)  # (B, T, V)
-        self.unsynced_flops += 3 * sum(self.exact_flops(int(n)) for n in batch.lengths)
+        forward = self.step_forward or self.model  # the eager model outside a fit (tests, benchmarks)
+        logits = forward(batch.inputs)  # (B, T, V)
+        self.unsynced_flops += 3 * self.batch_flops(batch.lengths)
         return self.loss(logits, batch.inputs, batch.targets) * batch.share
+
+    def batch_flops(self, lengths: np.ndarray) -> int:
+        """Exact forward FLOPs of sequences of ``lengths`` tokens: each distinct length's once, times its count (a
+        batch holds few lengths: they are bucketed)."""
+        distinct, counts = np.unique(lengths, return_counts=True)
+        return sum(self.exact_flops(int(n)) * int(c) for n, c in zip(distinct, counts))
 
     def loss(self, logits, inputs, targets) -> torch.Tensor:
         if self.spec.cell.family != "ncp":
@@ -166,10 +187,9 @@ class SequenceModel(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx):
         loss = self.training_loss(batch)
-        # data-parallel: the mean of the workers' weighted losses is the global batch's loss
-        self.log(
-            "train_loss", loss, prog_bar=True, batch_size=len(batch.inputs), sync_dist=self.spec.settings.workers > 1
-        )
+        # logged at the next validation, where it is read (the runs' curves, the checkpoints): self.log at every step
+        # costs host time, and a progress-bar metric a device synchronisation
+        self.last_loss = loss.detach()
         return loss
 
     def exact_flops(self, length: int) -> int:
@@ -188,6 +208,10 @@ class SequenceModel(L.LightningModule):
 
     def on_validation_epoch_end(self):
         self.sync_flops()
+        if self.last_loss is not None:
+            # the last training step's loss; data-parallel: the mean of the workers' weighted losses is the global
+            # batch's loss
+            self.log("train_loss", self.last_loss, sync_dist=self.spec.settings.workers > 1)
         if self.val_data is not None:
             with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
                 accuracy = self.final_accuracy(self.val_data, self.spec.settings.eval_batch_size, self.device)
@@ -259,7 +283,10 @@ def fit(
     val = read_dataset(Path(spec.cell.val_path)).head(s.val_samples)
     module = SequenceModel(spec, val_data=val)
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
-    train_loader = loader(train, s.batch_size, spec.cell.seed, True, rank, s.workers, parts, s.loader_workers)
+    longest = pad_to(s.step, device, int(train.lengths.max()))  # a graphed step's one shape
+    train_loader = loader(
+        train, s.batch_size, spec.cell.seed, True, rank, s.workers, parts, s.loader_workers, pad_to=longest
+    )
     convergence = Convergence(s.convergence_window, s.convergence_tolerance, s.convergence_min_steps, s.min_delta)
     target = s.targets.get(spec.cell.task, s.threshold)
     verdict = Verdict(
@@ -307,8 +334,9 @@ def trial_device(settings: TrainSettings, rank: int = 0) -> torch.device:
     device = torch.device("cuda", rank) if settings.use_gpu else torch.device("cpu")
     if settings.use_gpu:
         torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls: Ampere and later, ~1e-3 relative
-        if settings.gpu_share < 1:  # a fractional GPU: its allocator capped to the trial's share
-            torch.cuda.set_per_process_memory_fraction(settings.gpu_share, device)
+        if settings.gpu_share < 1:  # a fractional GPU: its allocator capped to the trial's share, less a context
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(memory_cap(settings.gpu_share, total), device)
     return device
 
 
