@@ -102,8 +102,8 @@ class Packed:
 
 class Task(ABC):
     """A task at one size. Subclasses set ``name``, ``paper`` and ``test_sizes`` (and ``family``, ``paper_lengths``,
-    ``paper_sizes`` where they differ from the defaults) and implement the abstract methods; ``@register`` checks the class
-    attributes, so what the report and the tests need to know of a task lives in its own module.
+    ``paper_sizes`` where they differ from the defaults) and implement the abstract methods; ``@register`` checks the
+    class attributes, so what the report and the tests need to know of a task lives in its own module.
     """
 
     name: str
