@@ -51,6 +51,7 @@ class CellRecord:
     measured: int
     seeds: int
     solved: int
+    lrs: str  # the learning rates its seeds kept ("": not recorded)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def accuracy_text(cells: list[CellRecord]) -> str:
         return "n/a"
     best = max(scored, key=lambda c: c.accuracy)
     spread = f" ({best.measured} seeds: {best.accuracy_min:.1%}-{best.accuracy_max:.1%})" if best.measured >= 2 else ""
-    return f"{best.accuracy:.1%}{spread}"
+    return f"{best.accuracy:.1%}{spread}" + (f" at lr {best.lrs}" if best.lrs else "")
 
 
 class Evidence:
@@ -110,10 +111,15 @@ class Evidence:
         self.threshold = threshold
         self.table = confirmed(table, threshold)
         self.cells: dict[tuple[str, int], list[CellRecord]] = {}
+        keys = ["task", "size", "arch", "width", "depth"]
+        kept = self.table.get("lr", pd.Series(dtype=float)).dropna()
+        rates = kept.groupby([self.table.loc[kept.index, k] for k in keys]).agg(
+            lambda v: ", ".join(f"{x:g}" for x in sorted(set(v)))
+        )
         for r in cell_means(self.table).itertuples():
             record = CellRecord(
                 r.arch, int(r.depth), int(r.width), float(r.accuracy), float(r.accuracy_min), float(r.accuracy_max),
-                int(r.measured), int(r.seeds), int(r.solved),
+                int(r.measured), int(r.seeds), int(r.solved), rates.get((r.task, r.size, r.arch, r.width, r.depth), ""),
             )  # fmt: skip
             self.cells.setdefault((r.task, int(r.size)), []).append(record)
         self.pending: dict[tuple[str, int], list[Pending]] = {}
