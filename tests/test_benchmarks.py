@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 import models
-from benchmarks import bench_gpu, bench_models, results
+from benchmarks import bench_fused, bench_gpu, bench_models, results
 from tests.helpers import write_params
 from tests.helpers.tables import recorded_grid
 
@@ -44,6 +44,19 @@ def test_model_benchmark_quick_path_runs_every_section(capsys, tmp_path):
     assert all(f["same_tokens"] for f in sections["decoding"]["figures"].values() if "same_tokens" in f)
     assert is_figure(read_results(tmp_path / "bench_memory.json", "bench_memory")["trial"]["figures"]
                      ["training_peak_VmHWM"])
+
+
+def test_fused_benchmark_quick_times_both_sides_for_every_architecture(capsys, tmp_path):
+    """bench_fused --quick: a row per architecture, K separate steps and the fused one each timed, their ratio, and
+    what runs member by member said in the row."""
+    bench_fused.main(["--quick", "--out", str(tmp_path / "fused.json")])
+    figures = read_results(tmp_path / "fused.json", "bench_fused")["cpu"]["figures"]
+    assert set(figures) == {f"{arch}_w16" for arch in bench_fused.ARCHS}
+    for row in figures.values():
+        assert all(is_figure(row[k]) and row[k]["median"] > 0 for k in ("separate_s", "fused_s", "ratio"))
+        assert row["ratio"]["median"] == pytest.approx(row["separate_s"]["median"] / row["fused_s"]["median"])
+    assert figures["lstm_w16"]["notes"] and figures["transformer_w16"]["notes"] and not figures["mamba_w16"]["notes"]
+    assert "nn.LSTM has no vmap batching rule" in capsys.readouterr().out
 
 
 def test_gpu_benchmark_quick_runs_every_architecture_on_this_device(capsys, tmp_path):

@@ -55,6 +55,19 @@ def test_fused_forward_and_gradients_equal_the_members_apart(arch, dtype):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_fused_under_bf16_autocast_equals_the_members_apart_under_it(arch):
+    """The profiles' bf16-mixed precision: each member's logits within bf16's rounding of its own under autocast."""
+    apart = members(arch, torch.float32)
+    fused = Fused(copy.deepcopy(apart)).eval()
+    tokens = torch.randint(0, V, (B, T))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = fused(tokens)
+        for k, model in enumerate(apart):
+            alone = model.eval()(tokens)
+            assert float((logits[k] - alone).abs().max()) <= 2e-2 * float(alone.abs().max()), (arch, k)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_no_gradient_crosses_members(arch):
     """A loss on member 1 alone: every other member's slice of every gradient is exactly zero, member 1's is not."""
     fused = Fused(members(arch))
