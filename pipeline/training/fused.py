@@ -35,7 +35,13 @@ from pipeline.training.train import decay_groups, warmup_steps
 
 
 class FusedAdam(torch.optim.Optimizer):
-    """Adam or AdamW over stacked parameters (K, ...), member k at ``lrs[k]``; see the module's docstring."""
+    """Adam or AdamW over stacked parameters (K, ...), member k at ``lrs[k]``; see the module's docstring.
+
+    Each parameter group holds, besides torch's keys, ``lrs`` (K,) the members' base rates, ``active`` (K,) bool the
+    members still training, and ``steps`` (K,) the steps each member has taken: one count for every parameter of the
+    group, which all step together (torch keeps one per parameter; a parameter without a gradient is skipped, and
+    every parameter of these models has one at every step). Member k's state is its slice of each parameter's
+    ``exp_avg`` and ``exp_avg_sq`` and of ``steps``."""
 
     def __init__(
         self,
@@ -48,28 +54,21 @@ class FusedAdam(torch.optim.Optimizer):
         decoupled: bool = True,
         warmup: int = 1,
     ):
-        groups = list(params)
-        first = groups[0]["params"][0] if isinstance(groups[0], dict) else groups[0]
         self.size = len(lrs)
-        defaults = dict(
-            lrs=torch.tensor(lrs, dtype=torch.float64, device=first.device),  # (K,)
-            active=torch.ones(self.size, dtype=torch.bool, device=first.device),  # (K,): not frozen
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            decoupled=decoupled,
-            warmup=warmup,
-        )
-        super().__init__(groups, defaults)
+        defaults = dict(lrs=lrs, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=decoupled, warmup=warmup)
+        super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.shape[0] != self.size:
                     raise ValueError(f"a parameter of shape {tuple(p.shape)} is not stacked for {self.size} members")
+            device = group["params"][0].device
+            group["lrs"] = torch.tensor(group["lrs"], dtype=torch.float64, device=device)
+            group["active"] = torch.ones(self.size, dtype=torch.bool, device=device)
+            group["steps"] = torch.zeros(self.size, dtype=torch.float64, device=device)
 
     def freeze(self, members: Iterable[int]) -> None:
         """From now on these members' parameters, moments and step counts stay as they are."""
         for group in self.param_groups:
-            group["active"] = group["active"].clone()  # groups may share one tensor: each gets its own
             group["active"][list(members)] = False
 
     @property
@@ -84,47 +83,59 @@ class FusedAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros(self.size, dtype=torch.float64, device=p.device)  # (K,)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                for key in ("lrs", "active"):  # a loaded state_dict's are where the checkpoint was read
-                    group[key] = group[key].to(p.device)
-                state["step"] = step = state["step"].to(p.device)
-                active = group["active"]
-                # (K,) in float64, as torch's Python floats: this step's rate (the factor of the steps before it)
-                lr = group["lrs"] * torch.clamp((step + 1) / group["warmup"], max=1.0)
-                taken = step + active  # (K,): the steps taken after this one
-                param, grad = p, p.grad
-                if group["weight_decay"] and group["decoupled"]:
-                    param = p * per_member(1 - lr * group["weight_decay"], p)
-                elif group["weight_decay"]:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                if p.is_complex():  # as torch's Adam: real and imaginary parts as two reals
-                    param, grad = torch.view_as_real(param), torch.view_as_real(grad)
-                    exp_avg, exp_avg_sq = torch.view_as_real(exp_avg), torch.view_as_real(exp_avg_sq)
-                m = exp_avg.lerp(grad, 1 - beta1)
-                v = (exp_avg_sq * beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (v.sqrt() / per_member((1 - beta2**taken).sqrt(), v)).add_(group["eps"])
-                stepped = param + per_member(-lr / (1 - beta1**taken), m) * (m / denom)
-                keep = per_member(active, m).bool()  # a frozen member's values are left as they are, bit for bit
-                target = torch.view_as_real(p) if p.is_complex() else p
-                for old, new in ((target, stepped), (exp_avg, m), (exp_avg_sq, v)):
-                    old.copy_(torch.where(keep, new, old))
-                step.copy_(taken)
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for key in ("lrs", "active", "steps"):  # a loaded state_dict's are where the checkpoint was read
+                group[key] = group[key].to(params[0].device)
+            self.step_group(group, params)
         return loss
+
+    def step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        """One step of ``params``, a group's parameters with gradients: the members' factors once for the group,
+        (K,) in float64 as torch's Python floats are, then a dozen operations per parameter."""
+        beta1, beta2 = group["betas"]
+        steps, active = group["steps"], group["active"]
+        lr = group["lrs"] * torch.clamp((steps + 1) / group["warmup"], max=1.0)  # LambdaLR's factor of the steps before
+        taken = steps + active  # the steps taken after this one
+        factors = {
+            "shrink": 1 - lr * group["weight_decay"],  # AdamW's decay
+            "step": -lr / (1 - beta1**taken),
+            "root": (1 - beta2**taken).sqrt(),
+            "keep": active,  # a frozen member's values are left as they are, bit for bit
+        }
+        cast: dict[torch.dtype, dict[str, torch.Tensor]] = {}  # the factors in each parameter dtype
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            real = p.real.dtype if p.is_complex() else p.dtype
+            f = cast.setdefault(real, {k: v.to(real if k != "keep" else torch.bool) for k, v in factors.items()})
+            param, grad, exp_avg, exp_avg_sq = p, p.grad, state["exp_avg"], state["exp_avg_sq"]
+            assert grad is not None  # params: those with a gradient
+            if group["weight_decay"] and group["decoupled"]:
+                param = p * per_member(f["shrink"], p)
+            elif group["weight_decay"]:
+                grad = grad.add(p, alpha=group["weight_decay"])
+            target = p
+            if p.is_complex():  # as torch's Adam: real and imaginary parts as two reals
+                param, grad, exp_avg, exp_avg_sq, target = (
+                    torch.view_as_real(t) for t in (param, grad, exp_avg, exp_avg_sq, p)
+                )
+            m = exp_avg.lerp(grad, 1 - beta1)
+            v = (exp_avg_sq * beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (v.sqrt() / per_member(f["root"], v)).add_(group["eps"])
+            stepped = param + per_member(f["step"], m) * (m / denom)
+            keep = per_member(f["keep"], m)
+            for old, new in ((target, stepped), (exp_avg, m), (exp_avg_sq, v)):
+                torch.where(keep, new, old, out=old)
+        steps.copy_(taken)
 
 
 def per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """(K,) -> (K, 1, ...), broadcasting over ``like`` (K, ...), in its (real) dtype."""
-    dtype = like.real.dtype if like.is_complex() else like.dtype
-    return values.to(dtype).view(-1, *[1] * (like.dim() - 1))
+    """(K,) -> (K, 1, ...), a view broadcasting over ``like`` (K, ...)."""
+    return values.view(-1, *[1] * (like.dim() - 1))
 
 
 @torch.no_grad()
@@ -137,7 +148,7 @@ def clip_per_member(params: Iterable[torch.Tensor], max_norm: float) -> torch.Te
     total = torch.linalg.vector_norm(norms, 2, dim=0)  # (K,)
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for g in grads:
-        g.mul_(per_member(scale, g))
+        g.mul_(per_member(scale.to(g.real.dtype if g.is_complex() else g.dtype), g))
     return total
 
 
