@@ -3,6 +3,7 @@ optimizer, schedule and gradient clip (``SequenceModel.configure_optimizers_for`
 what it was while the others go on, and freezing it changes none of them."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -170,6 +171,28 @@ def test_a_fused_step_for_an_architecture_and_shape():
     after = step.model.stacked()[0]
     moved = [max(float((after[n][k] - p[k]).abs().max()) for n, p in before.items()) for k in range(3)]
     assert moved == pytest.approx(LRS, rel=1e-3)  # plain Adam's first step moves a parameter by about its rate
+
+
+def test_the_memory_plan_sizes_a_fused_model_as_it_is():
+    """``fit_memory`` measures K fused members as one model: K times the static bytes, at least K times a member's
+    activations; a budget that holds one member's batch splits the fused batch, and one that holds less than a
+    sample of every member is named before training."""
+    import contextlib
+
+    from models import build_model
+    from pipeline.training.memory import DoesNotFit, fit_memory
+
+    torch.manual_seed(0)
+    model = build_model("transformer", vocab_size=V, width=32, depth=1, heads=2, max_len=T, dropout=0.0)
+    cpu = torch.device("cpu")
+    plan = functools.partial(fit_memory, length=T, batch=64, device=cpu, precision=contextlib.nullcontext)
+    one = plan(model, budget=None)
+    seven = plan(Fused([model] * 7), budget=None)
+    assert seven.static == 7 * one.static and 7 * one.per_sample <= seven.per_sample <= 9 * one.per_sample
+    assert plan(model, budget=one.needed(64)).micro_batches == 1
+    assert plan(Fused([model] * 7), budget=one.needed(64)).micro_batches > 1
+    with pytest.raises(DoesNotFit, match="at one sample per forward pass"):
+        plan(Fused([model] * 7), budget=seven.needed(1) * 0.9)
 
 
 def test_a_parameter_not_stacked_for_every_member_is_refused():
