@@ -10,7 +10,9 @@ axis, on a weightless copy of a member (``functional_call`` on a model on the me
 
 Member k's slice of every output and gradient is what member k alone computes: vmap batches each op over the model
 axis, and every op is separate per member, so a loss on member i gives member j no gradient (and a non-finite
-member stays its own). Dropout draws each member's masks apart (``randomness="different"``).
+member stays its own). Dropout draws each member's masks apart (``randomness="different"``). Under autocast, vmap's
+batching rules run before autocast, which reaches only the ops they call: a Linear's stacked bias is added in float32
+(``SoftmaxAttention`` casts its inputs itself; docs/gpu.md says what that changes).
 
 What is not batched by vmap itself:
 - the scans' kernels (Mamba's numba and Triton kernels, the linear family's Triton kernel) are autograd Functions
@@ -75,9 +77,9 @@ class Fused(nn.Module):
         self.param_names, self.buffer_names = list(params), list(buffers)
         persistent = set(first.state_dict())
         for name, value in params.items():
-            self.register_parameter(_attribute(name), nn.Parameter(value.detach().clone()))
+            self.register_parameter(_attribute(name), nn.Parameter(value.detach()))  # stacked: its own memory
         for name, value in buffers.items():
-            self.register_buffer(_attribute(name), value.clone(), persistent=name in persistent)
+            self.register_buffer(_attribute(name), value, persistent=name in persistent)
         # the architecture without weights: its forward runs on the stacked ones (outside the module tree, so that
         # it is neither a parameter holder nor moved by .to())
         self.__dict__["template"] = copy.deepcopy(first).to("meta")
