@@ -23,7 +23,8 @@ What is not batched by vmap itself:
   member by member (its own per-member fallback; CUDA's flash and memory-efficient kernels have batching rules);
 - ``nn.LSTM`` has no batching rule at all (nor any fallback), so an architecture that says so
   (``LanguageModel.unbatched``) runs its members one after another, each with its slice of the stacked weights.
-``notes`` says which of these applies on a device, for the trial's log: never silently.
+``notes`` says which of these applies on a device, and the first forward pass on a device logs it (a warning of the
+``models.fused`` logger): never silently.
 
 Member k can be taken out as a model of its own (``member``, a copy of its weights: to decode, score or checkpoint
 it as a separate trial would) and put back (``load_member``).
@@ -32,6 +33,7 @@ it as a separate trial would) and put back (``load_member``).
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from collections.abc import Sequence
 
@@ -42,7 +44,9 @@ from torch.func import functional_call, stack_module_state, vmap
 from models.attention import SoftmaxAttention
 from models.backbone import LanguageModel
 
-# said by ``notes`` instead, once per trial, not at every step
+log = logging.getLogger(__name__)
+
+# said by ``notes`` instead, once per model and device, not at every step
 warnings.filterwarnings(
     "ignore",
     "There is a performance drop because we have not yet implemented the batching rule for "
@@ -73,6 +77,7 @@ class Fused(nn.Module):
             first.arch, first.vocab_size, first.width, first.depth, first.max_len,
         )  # fmt: skip
         self.unbatched = first.unbatched
+        self.told: set[torch.device] = set()  # devices whose ``notes`` were logged
         params, buffers = stack_module_state(list(members))
         self.param_names, self.buffer_names = list(params), list(buffers)
         persistent = set(first.state_dict())
@@ -98,6 +103,10 @@ class Fused(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) tokens every member reads, or (K, B, T), member k reading tokens[k] -> (K, B, T, V) logits."""
+        if tokens.device not in self.told:
+            self.told.add(tokens.device)
+            for note in self.notes(tokens.device):
+                log.warning("fused %d models: %s", self.size, note)
         params, buffers = self.stacked()
         per_member = tokens.dim() == 3
         if self.unbatched is None:

@@ -129,9 +129,14 @@ def test_members_of_different_shapes_are_refused(other, match):
         Fused([])
 
 
-def test_what_runs_member_by_member_is_said():
+def test_what_runs_member_by_member_is_said(caplog):
     assert "nn.LSTM has no vmap batching rule" in Fused(members("lstm")).notes(torch.device("cpu"))[0]
     cpu = Fused(members("standard")).notes(torch.device("cpu"))
     assert len(cpu) == 1 and "attention runs member by member" in cpu[0]
     assert Fused(members("standard")).notes(torch.device("cuda")) == []
     assert Fused(members("mamba")).notes(torch.device("cpu")) == []
+    lstm = Fused(members("lstm"))
+    for _ in range(2):
+        lstm(torch.randint(0, V, (B, T)))
+    said = [r for r in caplog.records if r.name == "models.fused"]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and "run one after another" in said[0].getMessage()
