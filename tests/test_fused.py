@@ -8,21 +8,13 @@ import torch
 
 import models
 from models.fused import Fused, FusionError
+from tests.helpers.fused import LENGTH as T
+from tests.helpers.fused import VOCAB as V
+from tests.helpers.fused import members
 
 ARCHS = sorted(models.ARCHITECTURES)
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}  # relative to the largest magnitude compared
-K, B, T, V = 3, 2, 20, 11
-
-
-def members(arch: str, dtype=torch.float64, k: int = K, **kw) -> list:
-    """``k`` models of one shape, each from its own seed (members that differ, as a cell's seeds do)."""
-    out = []
-    for seed in range(k):
-        torch.manual_seed(seed)
-        shape = dict(vocab_size=V, width=16, depth=2, heads=2, max_len=T, dropout=0.0) | kw
-        model = models.build_model(arch, **shape)
-        out.append(model.double() if dtype == torch.float64 else model)  # .double(): DSS's complex C stays complex
-    return out
+K, B = 3, 2
 
 
 def close(a: torch.Tensor, b: torch.Tensor, dtype) -> bool:
