@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import multiprocessing as mp
 import os
@@ -64,6 +63,7 @@ from pipeline.costs.throughput import (
     shapes_to_measure,
 )
 from pipeline.search.cells import defined_cells
+from pipeline.training import fused
 from pipeline.training.batches import loader
 from pipeline.training.memory import GB
 from pipeline.training.settings import TrainSettings
@@ -74,9 +74,7 @@ ARCHS = ("transformer", "mamba", "lstm", "linear_nofm", "dss", "retnet")
 K = 7  # a separations cell's learning rates: the members of one fused trial
 VOCAB = 32
 PARTS = {"fused": 0.40, "packing": 0.20, "lightning": 0.05, "profile": 0.05, "throughput": 0.30}  # budget shares
-# where issue 46 item 1's fused trials land: "module:function", the function (arch, shape, k, device, graphed) -> a
-# callable that runs one optimiser step of k models of ``shape`` with stacked weights on a fixed batch
-FUSED_STEP = "pipeline.training.fused:bench_step"
+PAPER_LRS = (1e-2, 5e-3, 1e-3, 5e-4, 1e-4, 5e-5, 1e-6)  # the separations paper's rates: a fused trial's members
 
 
 class Shape(NamedTuple):
@@ -217,15 +215,23 @@ def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Call
     return run
 
 
-def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: bool) -> Callable[[], None] | str:
-    """K trials of ``arch`` at ``shape`` in one step, with stacked weights (issue 46 item 1): the function
-    ``FUSED_STEP`` names, or why there is none."""
-    module, name = FUSED_STEP.split(":")
-    try:
-        make = getattr(importlib.import_module(module), name)
-    except (ModuleNotFoundError, AttributeError):
-        return f"not available in this checkout ({FUSED_STEP}: fused trials, issue 46 item 1)"
-    return make(arch, shape, k, device, graphed)
+def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: bool) -> Callable[[], None]:
+    """K trials of ``arch`` at ``shape`` in one step, with stacked weights (``pipeline.training.fused``): forward,
+    each member's loss, backward, Adam at each member's rate (the paper's, in turn), no clip, as ``alone_step``;
+    graphed, under torch.compile's reduce-overhead mode (CUDA graphs), whose failure the row names."""
+    if graphed and device.type != "cuda":
+        raise NotImplementedError("graphed needs a GPU: CUDA graphs")
+    settings = TrainSettings(heads=4, dropout=0.0, optimizer="adam", grad_clip=None, warmup_fraction=0.0)
+    lrs = [PAPER_LRS[i % len(PAPER_LRS)] for i in range(k)]
+    step = fused.fused_step(arch, lrs, settings, vocab_size=VOCAB, width=shape.width, depth=shape.depth,
+                            max_len=shape.length + 1, device=device)  # fmt: skip
+    tokens = torch.randint(2, VOCAB, (shape.batch, shape.length + 1), device=device)
+
+    def once() -> None:
+        with autocast(device):
+            step(tokens[:, :-1], tokens[:, 1:])
+
+    return torch.compile(once, mode="reduce-overhead") if graphed else once
 
 
 def calibrated(run: Callable[[], None], device: torch.device, round_s: float) -> int:
@@ -583,25 +589,17 @@ def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, 
                         except Exception as err:  # noqa: BLE001 (out of memory at a paper shape): a row
                             rows.write(**where, status=f"failed: {type(err).__name__}: {str(err)[:300]}")
                             continue
-                        if isinstance(m, str):  # no fused trials here: said once
-                            rows.write(**where, status=m)
-                            break
                         done.append(m)
                         Throughput.of_measured(name, done).dump(path)
                         rows.write(**where, status="measured", file=path.name, flops_per_s=m.flops_per_s,
                                    step_ms=1e3 * m.step_seconds, mode=str(m.mode))  # fmt: skip
-                    else:
-                        continue
-                    break
 
 
-def fused_measure(arch: str, shape: Shape, device: torch.device, plan: Plan, precision: str) -> Measurement | str:
+def fused_measure(arch: str, shape: Shape, device: torch.device, plan: Plan, precision: str) -> Measurement:
     """K trials fused in a bare step (graphed on a GPU), as the forecast reads it: every member's model FLOPs (3 x
-    exact forward FLOPs x sequences, at bench_pack's vocabulary) a second; or why there is none."""
+    exact forward FLOPs x sequences, at bench_pack's vocabulary) a second."""
     graphed = device.type == "cuda"
     made = fused_step(arch, shape, K, device, graphed)
-    if isinstance(made, str):
-        return made
     steps = calibrated(made, device, plan.round_s)
     rate = steps_per_s(made, steps, device)
     with torch.device("meta"):
@@ -638,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = Rows(out / "bench_pack.jsonl")
     name = device_name(device, torch.get_num_threads())
     how = provenance("benchmarks.bench_pack", argv)
-    rows.write(part="run", **how, device=name, budget_s=budget, plan=plan._asdict(), fused_step=FUSED_STEP)
+    rows.write(part="run", **how, device=name, budget_s=budget, plan=plan._asdict())
     stopped = None
     with Clock(budget, [p for p in PARTS if p in args.parts]) as clock:
         try:

@@ -91,6 +91,11 @@ class SoftmaxAttention(Mixer):
     def forward(self, x: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, D = x.shape
         q, k, v = (heads_view(t, self.heads) for t in self.qkv(x).split(D, dim=2))  # (B, H, T, hd) each
+        if torch.is_autocast_enabled(x.device.type):
+            # what autocast does to SDPA's inputs, done here because under vmap (a fused trial, models.fused) autocast
+            # reaches only the kernel SDPA dispatches to, not SDPA: the attention would run in float32
+            dtype = torch.get_autocast_dtype(x.device.type)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         p = self.dropout if self.training else 0.0
         start = cache.pos if cache is not None else 0
         queries = torch.arange(start, start + T, device=x.device)

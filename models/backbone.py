@@ -51,6 +51,9 @@ class LanguageModel(nn.Module):
     width: int
     depth: int
     max_len: int
+    # why torch.func.vmap cannot batch K of these models (``models.fused``), whose members then run one after another;
+    # None: it can
+    unbatched: str | None = None
 
     def new_cache(self, batch: int) -> Cache:
         return Cache(self.depth, batch, self.max_len)

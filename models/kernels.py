@@ -7,6 +7,10 @@ side:
 
 Triton is imported only by the kernel modules, and only when a scan dispatches to them: a CPU install without
 triton never imports it.
+
+The kernels' autograd Functions run under ``torch.func.vmap`` too (the K models of a fused trial, ``models.fused``):
+each has a ``vmap`` rule that folds the model axis into an axis the kernel already loops over (``fold``, ``unfold``),
+so K models are one launch, not K.
 """
 
 from __future__ import annotations
@@ -52,3 +56,17 @@ def triton_ready(*tensors: torch.Tensor) -> bool:
     on_device = devices == {"cuda"} or (devices == {"cpu"} and os.environ.get("TRITON_INTERPRET") == "1")
     wide = any(t.dtype == torch.float64 for t in tensors)
     return on_device and not wide and _backend == "triton" and triton_installed()
+
+
+def fold(t: torch.Tensor | None, dim: int | None, size: int, into: int = 0) -> torch.Tensor | None:
+    """Under vmap: a Function input whose model axis (of ``size`` models) is ``dim`` (None: shared by every model,
+    expanded) -> the model axis merged into axis ``into``, model-major: (..., size * n, ...). None stays None."""
+    if t is None:
+        return None
+    t = t.movedim(dim, into) if dim is not None else t.unsqueeze(into).expand(*t.shape[:into], size, *t.shape[into:])
+    return t.flatten(into, into + 1)
+
+
+def unfold(t: torch.Tensor, size: int, at: int = 0) -> torch.Tensor:
+    """``fold``'s inverse on an output: axis ``at``, (size * n) long, split into (size, n); the model axis is ``at``."""
+    return t.unflatten(at, (size, -1))

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from models.kernels import fold, unfold
+
 # tokens per chunk and value columns per program: tl.dot needs every side >= 16; 32 tokens keep the (BLOCK_T, dk)
 # tiles and the (dk, BLOCK_V) state within registers for heads up to 128 wide (untuned: no GPU measured). A wider
 # head's keys are split into tiles of KEY_TILE, run with TILED_WARPS warps (untuned too: bench_gpu's
@@ -104,14 +106,17 @@ def _launch(q, k, v, S0, gamma, reverse: bool = False):
 
 
 class _LinearScan(torch.autograd.Function):
-    """gamma is a constant (a buffer), not differentiated."""
+    """gamma is a constant (a buffer), not differentiated. Under ``torch.func.vmap`` (the K models of a fused trial,
+    ``models.fused``) the model axis folds into the heads: K models of H heads are one launch over K H heads, each
+    with its own model's gamma (``vmap``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, S0, gamma):
-        q, k, v = (t.detach() for t in (q, k, v))
-        S0 = S0.detach() if S0 is not None else None
-        ctx.save_for_backward(q, k, v, S0, gamma)
-        return _launch(q, k, v, S0, gamma)
+    def forward(q, k, v, S0, gamma):
+        return _launch(q.detach(), k.detach(), v.detach(), S0.detach() if S0 is not None else None, gamma)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, gout, gST):
@@ -133,6 +138,13 @@ class _LinearScan(torch.autograd.Function):
             dv = dv + (left * (k.float() @ gST.float())).to(dv.dtype)
             dS0 = dS0 + torch.exp(logg * T) * gST.float()
         return dq, dk, dv, dS0.to(S0.dtype) if S0 is not None else None, None
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, S0, gamma):
+        K = info.batch_size
+        heads = (fold(t, d, K, into=1) for t, d in zip((q, k, v, S0), in_dims))  # (B, K H, ...)
+        out, ST = _LinearScan.apply(*heads, fold(gamma, in_dims[4], K))  # gamma (K H,)
+        return (unfold(out, K, at=1), unfold(ST, K, at=1)), (1, 1)
 
 
 def linear_scan(q, k, v, S0: torch.Tensor | None, gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

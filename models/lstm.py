@@ -8,6 +8,8 @@ from models.registry import register
 
 
 class LSTMModel(LanguageModel):
+    unbatched = "nn.LSTM has no vmap batching rule (aten::lstm)"
+
     def __init__(self, vocab_size: int, width: int, depth: int, max_len: int, dropout: float):
         super().__init__()
         self.arch, self.vocab_size, self.width, self.depth, self.max_len = "lstm", vocab_size, width, depth, max_len

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from numba import prange
 from torch.utils.checkpoint import checkpoint
 
-from models.kernels import triton_ready
+from models.kernels import fold, triton_ready, unfold
 
 CHECKPOINT = 32  # tokens between saved states: the backward pass recomputes one chunk of states at a time
 
@@ -87,11 +87,14 @@ def selective_scan_reference(dt, x, A, Bm, Cm, h0):
 
 @parallel_kernel
 def _forward(dt, x, A, Bm, Cm, h0, y, hT, saved):  # pragma: no cover (compiled)
-    """dt, x, y (B, E, T); saved (B, E, ceil(T / CHECKPOINT), N): the state before each chunk."""
+    """dt, x, y (B, E, T); A (G, E, N): batch row b decays by A[b // (B / G)] (``grouped``); saved (B, E,
+    ceil(T / CHECKPOINT), N): the state before each chunk."""
     Bsz, E, T = dt.shape
-    N = A.shape[1]
+    N = A.shape[2]
+    rows = Bsz // A.shape[0]  # batch rows per group
     for be in prange(Bsz * E):
         b, e = be // E, be % E
+        Ab = A[b // rows]
         h = h0[b, e].copy()
         for t in range(T):
             if t % CHECKPOINT == 0:
@@ -100,7 +103,7 @@ def _forward(dt, x, A, Bm, Cm, h0, y, hT, saved):  # pragma: no cover (compiled)
             u = d * x[b, e, t]
             acc = np.float32(0.0)
             for n in range(N):
-                h[n] = decay(d * A[e, n]) * h[n] + u * Bm[b, t, n]
+                h[n] = decay(d * Ab[e, n]) * h[n] + u * Bm[b, t, n]
                 acc += h[n] * Cm[b, t, n]
             y[b, e, t] = acc
         hT[b, e] = h
@@ -109,7 +112,7 @@ def _forward(dt, x, A, Bm, Cm, h0, y, hT, saved):  # pragma: no cover (compiled)
 @parallel_kernel
 def _backward(dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0):  # pragma: no cover (compiled)
     """Reverse-mode through the recurrence; one batch row per iteration, so the sums over channels into gB and gC
-    need no locks. gA (B, E, N) holds per-row partial sums.
+    need no locks. A (G, E, N) as in ``_forward``; gA (B, E, N) holds per-row partial sums.
 
     With a_t = exp(dt_t A) and g_t the gradient reaching h_t (from y_t and from h_{t+1}):
         g_t = dL/dy_t C_t + a_{t+1} g_{t+1}
@@ -117,8 +120,10 @@ def _backward(dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0):  # pr
         dL/ddt_t = sum_n g_t (A a_t h_{t-1} + x_t B_t),      dL/dA += g_t dt_t a_t h_{t-1}
     """
     Bsz, E, T = dt.shape
-    N = A.shape[1]
+    N = A.shape[2]
+    rows = Bsz // A.shape[0]
     for b in prange(Bsz):
+        Ab = A[b // rows]
         hs = np.empty((CHECKPOINT + 1, N), dtype=np.float32)  # states h_{t0-1} .. h_{t1-1} of one chunk
         a = np.empty((CHECKPOINT, N), dtype=np.float32)
         for e in range(E):
@@ -131,7 +136,7 @@ def _backward(dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0):  # pr
                     i, d = t - t0, dt[b, e, t]
                     u = d * x[b, e, t]
                     for n in range(N):
-                        a[i, n] = decay(d * A[e, n])
+                        a[i, n] = decay(d * Ab[e, n])
                         hs[i + 1, n] = a[i, n] * hs[i, n] + u * Bm[b, t, n]
                 for t in range(t1 - 1, t0 - 1, -1):
                     i, d, xv, gyt = t - t0, dt[b, e, t], x[b, e, t], gy[b, e, t]
@@ -142,7 +147,7 @@ def _backward(dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0):  # pr
                         gC[b, t, n] += gyt * hs[i + 1, n]
                         gdecay = gn * a[i, n] * hs[i, n]
                         gA[b, e, n] += gdecay * d
-                        gd += gdecay * A[e, n] + gn * xv * Bm[b, t, n]
+                        gd += gdecay * Ab[e, n] + gn * xv * Bm[b, t, n]
                         gxt += gn * d * Bm[b, t, n]
                         gB[b, t, n] += gn * d * xv
                         g[n] = gn * a[i, n]
@@ -159,29 +164,47 @@ def _threads() -> None:
 
 
 class _SelectiveScan(torch.autograd.Function):
+    """The fused kernel under autograd, A (G, E, N) grouped as ``_forward`` takes it. Under ``torch.func.vmap`` (the K
+    models of a fused trial, ``models.fused``) the model axis folds into the batch: K models of B rows each are one
+    call on K B rows in K groups, each group decaying by its own model's A (``vmap``)."""
+
     @staticmethod
-    def forward(ctx, dt, x, A, Bm, Cm, h0):
+    def forward(dt, x, A, Bm, Cm, h0):
         dt_, x_ = (t.detach().transpose(1, 2).contiguous() for t in (dt, x))  # (B, E, T): one row per (b, e)
         A_, Bm_, Cm_, h0_ = (t.detach().contiguous() for t in (A, Bm, Cm, h0))
         Bsz, E, T = dt_.shape
         y, hT = dt_.new_empty(Bsz, E, T), torch.empty_like(h0_)
-        saved = dt_.new_empty(Bsz, E, -(-T // CHECKPOINT), A.shape[1])
+        saved = dt_.new_empty(Bsz, E, -(-T // CHECKPOINT), A.shape[2])
         _threads()
         _forward(*(t.numpy() for t in (dt_, x_, A_, Bm_, Cm_, h0_, y, hT, saved)))
-        ctx.save_for_backward(dt_, x_, A_, Bm_, Cm_, saved)
-        return y.transpose(1, 2), hT
+        return y.transpose(1, 2), hT, saved
 
     @staticmethod
-    def backward(ctx, gy, ghT):
-        dt_, x_, A_, Bm_, Cm_, saved = ctx.saved_tensors
+    def setup_context(ctx, inputs, output):
+        dt, x, A, Bm, Cm, _ = inputs
+        ctx.mark_non_differentiable(output[2])
+        # the inputs, not their (B, E, T) copies: autograd keeps dt and x for other nodes anyway
+        ctx.save_for_backward(dt, x, A, Bm, Cm, output[2])
+
+    @staticmethod
+    def backward(ctx, gy, ghT, _):
+        dt, x, A, Bm, Cm, saved = ctx.saved_tensors
+        dt_, x_ = (t.detach().transpose(1, 2).contiguous() for t in (dt, x))  # (B, E, T)
+        A_, Bm_, Cm_ = (t.detach().contiguous() for t in (A, Bm, Cm))
         gy = gy.transpose(1, 2).contiguous() if gy is not None else torch.zeros_like(dt_)  # (B, E, T)
         ghT = ghT.contiguous() if ghT is not None else saved.new_zeros(saved.shape[:2] + saved.shape[3:])
         gdt, gx = torch.empty_like(dt_), torch.empty_like(x_)
-        gA = saved.new_zeros(dt_.shape[0], *A_.shape)  # per batch row
+        gA = saved.new_zeros(dt_.shape[0], *A_.shape[1:])  # per batch row
         gB, gC, gh0 = torch.zeros_like(Bm_), torch.zeros_like(Cm_), torch.empty_like(ghT)
         _threads()
         _backward(*(t.numpy() for t in (dt_, x_, A_, Bm_, Cm_, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0)))
-        return gdt.transpose(1, 2), gx.transpose(1, 2), gA.sum(0), gB, gC, gh0
+        gA = gA.view(A_.shape[0], -1, *A_.shape[1:]).sum(1)  # (G, E, N): each group's rows
+        return gdt.transpose(1, 2), gx.transpose(1, 2), gA, gB, gC, gh0
+
+    @staticmethod
+    def vmap(info, in_dims, *inputs):
+        y, hT, saved = _SelectiveScan.apply(*(fold(t, d, info.batch_size) for t, d in zip(inputs, in_dims)))
+        return tuple(unfold(t, info.batch_size) for t in (y, hT, saved)), (0, 0, 0)
 
 
 # log|u| of an exact zero: exp(-80 + L) is below float32's smallest normal for any L <= 0
@@ -246,5 +269,6 @@ def selective_scan(dt, x, A, Bm, Cm, h0):
 
         return selective_scan_triton(dt, x, A, Bm, Cm, h0)
     if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (dt, x, A, Bm, Cm, h0)):
-        return _SelectiveScan.apply(dt, x, A, Bm, Cm, h0)
+        y, hT, _ = _SelectiveScan.apply(dt, x, A[None], Bm, Cm, h0)  # one group: every row decays by A
+        return y, hT
     return selective_scan_parallel(dt, x, A, Bm, Cm, h0)

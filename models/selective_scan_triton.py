@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from models.kernels import fold, unfold
+
 CHECKPOINT = 32  # tokens between saved states, as the CPU kernel's: the backward recomputes one chunk at a time
 
 
@@ -34,18 +36,18 @@ WARPS = 1
 
 @triton.jit
 def _forward(
-    dt, x, A, Bm, Cm, h0, y, hT, saved, T, E, N, n_chunks,
+    dt, x, A, Bm, Cm, h0, y, hT, saved, T, E, N, n_chunks, rows,
     CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """dt, x, y (B, T, E); A (E, N); Bm, Cm (B, T, N); h0, hT (B, E, N); saved (B, E, n_chunks, N) float32: the state
-    before each chunk of CHUNK tokens."""
+    """dt, x, y (B, T, E); A (G, E, N): batch row b decays by A[b // rows], rows = B / G; Bm, Cm (B, T, N); h0, hT
+    (B, E, N); saved (B, E, n_chunks, N) float32: the state before each chunk of CHUNK tokens."""
     b = tl.program_id(0).to(tl.int64)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)  # (BLOCK_E,)
     n = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     e_in, n_in = e < E, n < N
     en_in = e_in[:, None] & n_in[None, :]  # (BLOCK_E, BLOCK_N)
     en = e[:, None] * N + n[None, :]  # (BLOCK_E, BLOCK_N): offsets in an (E, N) matrix
-    A_ = tl.load(A + en, mask=en_in, other=0.0).to(tl.float32)
+    A_ = tl.load(A + (b // rows) * E * N + en, mask=en_in, other=0.0).to(tl.float32)
     h = tl.load(h0 + b * E * N + en, mask=en_in, other=0.0).to(tl.float32)
     for c in range(n_chunks):
         tl.store(saved + ((b * E + e[:, None]) * n_chunks + c) * N + n[None, :], h, mask=en_in)
@@ -61,11 +63,12 @@ def _forward(
 
 @triton.jit
 def _backward(
-    dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0, hs, T, E, N, n_chunks,
+    dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0, hs, T, E, N, n_chunks, rows,
     CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Reverse-mode through the recurrence. gA (B, E, N) float32: per batch row; gB, gC (B, n_blocks, T, N) float32:
-    per block of channels; hs (B, n_blocks, CHUNK + 1, BLOCK_E, BLOCK_N): scratch for a chunk's h_{t0-1} .. h_{t1-1}.
+    """Reverse-mode through the recurrence; A (G, E, N) as in ``_forward``. gA (B, E, N) float32: per batch row; gB, gC
+    (B, n_blocks, T, N) float32: per block of channels; hs (B, n_blocks, CHUNK + 1, BLOCK_E, BLOCK_N): scratch for a
+    chunk's h_{t0-1} .. h_{t1-1}.
 
     With a_t = exp(dt_t A) and g_t the gradient reaching h_t (from y_t and from h_{t+1}):
         g_t = dL/dy_t C_t + a_{t+1} g_{t+1}
@@ -81,7 +84,7 @@ def _backward(
     en_in = e_in[:, None] & n_in[None, :]  # (BLOCK_E, BLOCK_N)
     en = e[:, None] * N + n[None, :]
     scratch = hs + part * (CHUNK + 1) * BLOCK_E * BLOCK_N + tl.arange(0, BLOCK_E)[:, None] * BLOCK_N + n[None, :]
-    A_ = tl.load(A + en, mask=en_in, other=0.0).to(tl.float32)
+    A_ = tl.load(A + (b // rows) * E * N + en, mask=en_in, other=0.0).to(tl.float32)
     g = tl.load(ghT + b * E * N + en, mask=en_in, other=0.0).to(tl.float32)  # (BLOCK_E, BLOCK_N)
     gA_ = tl.zeros((BLOCK_E, BLOCK_N), dtype=tl.float32)
     for i in range(n_chunks):
@@ -122,25 +125,33 @@ def _backward(
 
 
 class _SelectiveScanTriton(torch.autograd.Function):
+    """The kernels under autograd, A (G, E, N) grouped as ``_forward`` takes it; under ``torch.func.vmap`` the model
+    axis folds into the batch, as the CPU kernel's ``_SelectiveScan`` does."""
+
     @staticmethod
-    def forward(ctx, dt, x, A, Bm, Cm, h0):
+    def forward(dt, x, A, Bm, Cm, h0):
         dt, x, A, Bm, Cm, h0 = (t.detach().contiguous() for t in (dt, x, A, Bm, Cm, h0))
-        (Bsz, T, E), N = dt.shape, A.shape[1]
+        (Bsz, T, E), N = dt.shape, A.shape[2]
         n_chunks = triton.cdiv(T, CHECKPOINT)
         y, hT = torch.empty_like(x), torch.empty_like(h0)
         saved = dt.new_empty(Bsz, E, n_chunks, N, dtype=torch.float32)
         _forward[(Bsz, triton.cdiv(E, BLOCK_E))](
-            dt, x, A, Bm, Cm, h0, y, hT, saved, T, E, N, n_chunks,
+            dt, x, A, Bm, Cm, h0, y, hT, saved, T, E, N, n_chunks, Bsz // A.shape[0],
             CHUNK=CHECKPOINT, BLOCK_E=BLOCK_E, BLOCK_N=triton.next_power_of_2(N), num_warps=WARPS,
         )  # fmt: skip
-        ctx.save_for_backward(dt, x, A, Bm, Cm, saved)
-        ctx.h0_dtype = h0.dtype
-        return y, hT
+        return y, hT, saved
 
     @staticmethod
-    def backward(ctx, gy, ghT):
-        dt, x, A, Bm, Cm, saved = ctx.saved_tensors
-        (Bsz, T, E), N = dt.shape, A.shape[1]
+    def setup_context(ctx, inputs, output):
+        dt, x, A, Bm, Cm, h0 = inputs
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(dt, x, A, Bm, Cm, output[2])
+        ctx.h0_dtype = h0.dtype
+
+    @staticmethod
+    def backward(ctx, gy, ghT, _):
+        dt, x, A, Bm, Cm, saved = (t.detach().contiguous() for t in ctx.saved_tensors)
+        (Bsz, T, E), (G, _, N) = dt.shape, A.shape
         n_blocks, BLOCK_N = triton.cdiv(E, BLOCK_E), triton.next_power_of_2(N)
         gy = gy.contiguous() if gy is not None else torch.zeros_like(x)
         ghT = ghT.contiguous() if ghT is not None else saved.new_zeros(Bsz, E, N)
@@ -150,12 +161,19 @@ class _SelectiveScanTriton(torch.autograd.Function):
         gB, gC = (saved.new_empty(Bsz, n_blocks, T, N) for _ in range(2))  # per block of channels
         hs = saved.new_empty(Bsz, n_blocks, CHECKPOINT + 1, BLOCK_E, BLOCK_N)
         _backward[(Bsz, n_blocks)](
-            dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0, hs, T, E, N, saved.shape[2],
+            dt, x, A, Bm, Cm, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0, hs, T, E, N, saved.shape[2], Bsz // G,
             CHUNK=CHECKPOINT, BLOCK_E=BLOCK_E, BLOCK_N=BLOCK_N, num_warps=WARPS,
         )  # fmt: skip
-        return gdt, gx, gA.sum(0).to(A.dtype), gB.sum(1).to(Bm.dtype), gC.sum(1).to(Cm.dtype), gh0
+        gA = gA.view(G, -1, E, N).sum(1)  # (G, E, N): each group's rows
+        return gdt, gx, gA.to(A.dtype), gB.sum(1).to(Bm.dtype), gC.sum(1).to(Cm.dtype), gh0
+
+    @staticmethod
+    def vmap(info, in_dims, *inputs):
+        y, hT, saved = _SelectiveScanTriton.apply(*(fold(t, d, info.batch_size) for t, d in zip(inputs, in_dims)))
+        return tuple(unfold(t, info.batch_size) for t in (y, hT, saved)), (0, 0, 0)
 
 
 def selective_scan_triton(dt, x, A, Bm, Cm, h0):
     """Same contract as ``selective_scan_reference``; float32 inside, y in x's dtype and h_T in h0's."""
-    return _SelectiveScanTriton.apply(dt, x, A, Bm, Cm, h0)
+    y, hT, _ = _SelectiveScanTriton.apply(dt, x, A[None], Bm, Cm, h0)  # one group: every row decays by A
+    return y, hT

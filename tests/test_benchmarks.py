@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 import models
-from benchmarks import bench_gpu, bench_models, bench_pack, results
+from benchmarks import bench_fused, bench_gpu, bench_models, bench_pack, results
 from pipeline.costs.throughput import ALONE, Mode, Throughput
 from pipeline.forecast import main as forecast_main
 from tests.helpers import write_params
@@ -47,6 +47,19 @@ def test_model_benchmark_quick_path_runs_every_section(capsys, tmp_path):
     assert all(f["same_tokens"] for f in sections["decoding"]["figures"].values() if "same_tokens" in f)
     assert is_figure(read_results(tmp_path / "bench_memory.json", "bench_memory")["trial"]["figures"]
                      ["training_peak_VmHWM"])
+
+
+def test_fused_benchmark_quick_times_both_sides_for_every_architecture(capsys, tmp_path):
+    """bench_fused --quick: a row per architecture, K separate steps and the fused one each timed, their ratio, and
+    what runs member by member said in the row."""
+    bench_fused.main(["--quick", "--out", str(tmp_path / "fused.json")])
+    figures = read_results(tmp_path / "fused.json", "bench_fused")["cpu"]["figures"]
+    assert set(figures) == {f"{arch}_w16" for arch in bench_fused.ARCHS}
+    for row in figures.values():
+        assert all(is_figure(row[k]) and row[k]["median"] > 0 for k in ("separate_s", "fused_s", "ratio"))
+        assert row["ratio"]["median"] == pytest.approx(row["separate_s"]["median"] / row["fused_s"]["median"])
+    assert figures["lstm_w16"]["notes"] and figures["transformer_w16"]["notes"] and not figures["mamba_w16"]["notes"]
+    assert "nn.LSTM has no vmap batching rule" in capsys.readouterr().out
 
 
 def test_gpu_benchmark_quick_runs_every_architecture_on_this_device(capsys, tmp_path):
@@ -98,8 +111,8 @@ def pack_rows(folder) -> list[dict]:
 
 def test_pack_benchmark_quick_writes_its_rows_in_priority_order_and_the_forecasts_throughput(tmp_path, capsys):
     """bench_pack --quick on a CPU (the GPU run is the same code at the issue's shapes): a line a row, the first
-    saying how it was measured; the fused rows say that this checkout has no fused trials, the graphed ones that
-    graphs need a GPU; and a throughput file the forecast reads, with an affine fit of each architecture alone and
+    saying how it was measured; one trial alone and K fused measured eager, the graphed ones saying that graphs need
+    a GPU; and a throughput file the forecast reads, with an affine fit of each architecture alone and
     packed two a device, and charges as measured."""
     bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "1", "--budget-s", "900", "--parts", "fused",
                      "lightning", "profile", "throughput"])  # a budget that a busy machine does not cut
@@ -112,20 +125,19 @@ def test_pack_benchmark_quick_writes_its_rows_in_priority_order_and_the_forecast
     for arch in bench_pack.QUICK.archs:
         mine = {r["variant"]: r for r in rows if r["part"] == "fused" and r["arch"] == arch}
         assert mine["alone, eager"]["status"] == "measured" and is_figure(mine["alone, eager"]["trial_steps_per_s"])
-        assert all(mine[f"7 fused, {how}"]["status"].startswith("not available in this checkout")
-                   for how in ("eager", "graphed"))
-        assert "graphed needs a GPU" in mine["alone, graphed"]["status"]
+        assert mine["7 fused, eager"]["status"] == "measured" and is_figure(mine["7 fused, eager"]["trial_steps_per_s"])
+        assert all("graphed needs a GPU" in mine[f"{k}, graphed"]["status"] for k in ("alone", "7 fused"))
     lightning = next(r for r in rows if r["part"] == "lightning")
     assert is_figure(lightning["lightning_steps_per_s"]) and is_figure(lightning["bare_x_lightning"])
     profiled = {r["step"]: r for r in rows if r["part"] == "profile"}
     assert profiled["eager"]["top_level_cpu_ops_a_step"] > 0 and profiled["eager"]["gpu_busy"] is None
     assert profiled["graphed"]["status"].startswith("not measured")
-    measured = [r for r in rows if r["part"] == "throughput" and r["status"] == "measured"]
+    measured = [r for r in rows if r["part"] == "throughput" and r["status"] == "measured" and r["way"] != "fused"]
     assert len(measured) == 16  # 2 architectures x 4 shapes, alone and packed
     fused = [r for r in rows if r["part"] == "throughput" and r["way"] == "fused"]
-    assert len(fused) == 1 and fused[0]["status"].startswith("not available in this checkout")  # said once
+    assert fused and all(r["status"] == "measured" for r in fused)
     throughput = Throughput.load(tmp_path / "throughput-tiny.json", ["standard", "lstm"])
-    assert throughput.modes() == [ALONE, Mode(processes=2)]
+    assert throughput.modes() == [ALONE, Mode(models=bench_pack.K), Mode(processes=2)]
     # each way priced from what it measured: the affine fit, or (toy CPU steps: noise may hide the FLOPs' share)
     # the tiny profile's two widths each measured
     assert {throughput.basis(a, m, [8, 16]) for a in ("standard", "lstm") for m in throughput.modes()} <= {

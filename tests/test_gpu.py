@@ -6,14 +6,19 @@ close to float32, a trial fits the memory it plans for, and cached decoding equa
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import pytest
 import torch
 
 import models
 from models import kernels
+from models.fused import Fused
 from models.linear import chunked_scan, scan_reference
 from models.selective_scan import selective_scan, selective_scan_reference
 from pipeline.training.memory import fit_memory
+from tests.helpers.fused import VOCAB, members
 from tests.helpers.training import short_trial
 
 pytestmark = pytest.mark.gpu
@@ -124,6 +129,30 @@ def test_every_architecture_on_cuda_agrees_with_the_cpu_and_under_bf16(arch):
     torch.testing.assert_close(exact.cpu(), cpu, rtol=1e-3, atol=1e-3)
     assert torch.isfinite(low).all()
     assert ((low - exact).norm() / exact.norm()).item() < 0.03
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_models_on_cuda_equal_their_members_with_every_op_batched(arch):
+    """K = 3 fused on CUDA (float32, TF32 off; the Triton kernels' vmap rules compiled): each member's logits and
+    gradients its own's within 1e-4; no op falls back to vmap's per-member loop (CUDA's attention kernels have
+    batching rules), but lstm, whose members run one after another, as its notes say."""
+    apart = [m.to(CUDA) for m in members(arch, torch.float32, width=64, max_len=200)]
+    fused = Fused(copy.deepcopy(apart))
+    tokens = torch.randint(0, VOCAB, (4, 200), device=CUDA)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logits = fused(tokens)
+    assert not [w for w in caught if "batching rule" in str(w.message)]
+    assert bool(fused.notes(CUDA)) == (arch == "lstm")
+    upstream = torch.randn_like(logits)
+    (logits * upstream).sum().backward()
+    params = fused.stacked()[0]
+    for k, model in enumerate(apart):
+        alone = model(tokens)
+        assert (logits[k] - alone).abs().max() <= 1e-4 * alone.abs().max()
+        (alone * upstream[k]).sum().backward()
+        for name, p in model.named_parameters():
+            assert (params[name].grad[k] - p.grad).abs().max() <= 1e-4 * p.grad.abs().max(), name
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -143,6 +143,84 @@ def test_linear_kernel_in_bf16_accumulates_in_float32():
         assert (ours.double() - ref_).abs().max() <= 1e-2 * ref_.abs().max()
 
 
+class Counted:
+    """A Triton kernel (``kernel[grid](...)``) or a function whose calls are counted in ``counts[name]``."""
+
+    def __init__(self, target, counts: dict, name: str):
+        self.target, self.counts, self.name = target, counts, name
+
+    def __getitem__(self, grid):
+        self.counts[self.name] = self.counts.get(self.name, 0) + 1
+        return self.target[grid]
+
+    def __call__(self, *args, **kwargs):
+        self.counts[self.name] = self.counts.get(self.name, 0) + 1
+        return self.target(*args, **kwargs)
+
+
+def counted(monkeypatch, module, *names: str) -> dict:
+    counts: dict[str, int] = {}
+    for name in names:
+        monkeypatch.setattr(module, name, Counted(getattr(module, name), counts, name))
+    return counts
+
+
+def vmapped_against_apart(scan, inputs, in_dims, differentiable):
+    """``scan`` under torch.func.vmap over K models (``in_dims``: 0, or None for an input every model shares) against
+    ``scan`` on each model alone: outputs and the gradients of the ``differentiable`` inputs, within 1e-6 relative
+    (the same float32 kernel on the same rows), a shared input's gradient the sum over the models."""
+    K = next(t.shape[0] for t, d in zip(inputs, in_dims) if d == 0)
+    inputs = [t.detach().requires_grad_(i in differentiable) for i, t in enumerate(inputs)]
+    outputs = torch.func.vmap(scan, in_dims=in_dims)(*inputs)
+    torch.manual_seed(1)
+    upstream = [torch.randn_like(o) for o in outputs]
+    wrt = [inputs[i] for i in differentiable]
+    grads = torch.autograd.grad(sum((o * u).sum() for o, u in zip(outputs, upstream)), wrt)
+    shared = [torch.zeros_like(g) for g in grads]
+    for k in range(K):
+        alone = [(t[k] if d == 0 else t).detach().requires_grad_(i in differentiable)
+                 for i, (t, d) in enumerate(zip(inputs, in_dims))]
+        outs = scan(*alone)
+        for o, ok in zip(outputs, outs):
+            assert (o[k] - ok).abs().max() <= 1e-6 * ok.abs().max()
+        alone_grads = torch.autograd.grad(sum((o * u[k]).sum() for o, u in zip(outs, upstream)),
+                                          [alone[i] for i in differentiable])
+        for j, (i, g, gk) in enumerate(zip(differentiable, grads, alone_grads)):
+            if in_dims[i] == 0:
+                assert (g[k] - gk).abs().max() <= 1e-6 * gk.abs().max()
+            else:
+                shared[j] += gk
+    for i, g, total in zip(differentiable, grads, shared):
+        if in_dims[i] is None:
+            assert (g - total).abs().max() <= 1e-6 * total.abs().max()
+
+
+def test_mamba_kernel_under_vmap_folds_the_models_into_one_launch(monkeypatch):
+    """K = 3 models' scans (a fused trial's) under vmap, h_0 shared: one launch of each kernel for all three, and
+    each model's outputs and gradients those of the kernel on that model alone."""
+    models = [mamba_inputs(2, 37, 5, 3) for _ in range(3)]  # the same seed: made to differ below
+    inputs = [torch.stack([t.detach() * (1 + 0.1 * k) for k, t in enumerate(ts)]) for ts in zip(*models)]
+    inputs[5] = inputs[5][0]  # h_0: one for every model
+    module = importlib.import_module("models.selective_scan_triton")
+    launches = counted(monkeypatch, module, "_forward", "_backward")
+    vmapped_against_apart(selective_scan_triton, inputs, (0, 0, 0, 0, 0, None), range(6))
+    assert launches == {"_forward": 1 + 3, "_backward": 1 + 3}  # fused once, then each model alone
+
+
+@pytest.mark.parametrize("gamma_dim", [None, 0], ids=["shared decay", "a decay per model"])
+def test_linear_kernel_under_vmap_folds_the_models_into_the_heads(gamma_dim, monkeypatch):
+    """K = 3 models' linear scans from carried states under vmap: one forward launch over K H heads (and the
+    backward's three), each model with its own decay; each model's outputs and gradients its own."""
+    K = 3
+    q, k, v, S0 = (torch.stack([t.detach() * (1 + 0.1 * i) for i in range(K)]) for t in linear_inputs(37, 4, 8))
+    gamma = torch.tensor(GAMMAS["retention"])
+    gamma = gamma if gamma_dim is None else torch.stack([gamma ** (i + 1) for i in range(K)])
+    module = importlib.import_module("models.linear_triton")
+    launches = counted(monkeypatch, module, "_launch")
+    vmapped_against_apart(module.linear_scan, [q, k, v, S0, gamma], (0, 0, 0, 0, gamma_dim), range(4))
+    assert launches == {"_launch": 4 + 4 * K}  # forward and three backward launches, fused once, then per model
+
+
 def test_the_scans_run_triton_under_the_interpreter_and_torch_otherwise(monkeypatch):
     inputs = mamba_inputs(1, 3, 2, 4)
     q, k, v, _ = (t.requires_grad_() for t in linear_inputs(3, 4, 4))

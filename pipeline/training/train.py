@@ -232,20 +232,31 @@ class SequenceModel(L.LightningModule):
         if s.optimizer == "adam":
             opt = torch.optim.Adam(self.parameters(), lr=self.spec.lr, betas=(0.9, 0.999))
         else:
-            decay = [p for p in self.parameters() if p.dim() >= 2]
-            no_decay = [p for p in self.parameters() if p.dim() < 2]
             opt = torch.optim.AdamW(
-                [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                lr=self.spec.lr,
-                betas=(0.9, 0.999),
+                decay_groups(self.parameters(), s.weight_decay), lr=self.spec.lr, betas=(0.9, 0.999)
             )
-        warmup = max(1, int(s.warmup_fraction * max(1, total_steps)))
+        warmup = warmup_steps(s, total_steps)
 
         def factor(step: int) -> float:
             return min(1.0, (step + 1) / warmup)
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def decay_groups(params, weight_decay: float, matrix: int = 2) -> list[dict]:
+    """AdamW's parameter groups: weight decay on matrices only (parameters of ``matrix`` dimensions or more; a fused
+    trial's are stacked, one more)."""
+    params = list(params)
+    return [
+        {"params": [p for p in params if p.dim() >= matrix], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < matrix], "weight_decay": 0.0},
+    ]
+
+
+def warmup_steps(settings: TrainSettings, total_steps: int) -> int:
+    """Steps of the learning rate's linear warm-up: ``warmup_fraction`` of the first budget, at least 1."""
+    return max(1, int(settings.warmup_fraction * max(1, total_steps)))
 
 
 # ---- one trial ----------------------------------------------------------------------------------------------

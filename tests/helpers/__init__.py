@@ -13,6 +13,8 @@ What lives where:
   ``push_change`` (a commit pushed to the upstream), ``copy_kernels`` (a copy's numba kernels into a clone), ``git``.
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``short_trial``, a 20-step
   trial on the tiny profile (the GPU tests and their CPU twin).
+- ``tests.helpers.fused``: ``members``, K models of one shape for a fused model (the fused tests and their GPU
+  twin).
 - ``tests.helpers.without``: ``python -m tests.helpers.without ray,mlflow,dvc -m MODULE``, a module run with packages
   blocked from import, as the lent GPU machine's image lacks them.
 - ``tests.helpers.tables``: ``rows``, synthetic sweep-table rows for the claim, report and nightly tests;

@@ -1,0 +1,190 @@
+"""K models of one architecture and shape as one module: their weights stacked on a leading model axis, so that one
+forward pass (and one backward) trains all of them (horizontal fusion: HFTA, MLSys 2021; torch.func's model
+ensembling).
+
+Built from K members (``Fused(members)``), it keeps each parameter and buffer as one tensor of shape (K, ...)
+(``torch.func.stack_module_state``) and runs the architecture's own forward under ``torch.func.vmap`` over the model
+axis, on a weightless copy of a member (``functional_call`` on a model on the meta device):
+
+    tokens (B, T), shared by every member, or (K, B, T), one batch each  ->  logits (K, B, T, V)
+
+Member k's slice of every output and gradient is what member k alone computes: vmap batches each op over the model
+axis, and every op is separate per member, so a loss on member i gives member j no gradient (and a non-finite
+member stays its own). Dropout draws each member's masks apart (``randomness="different"``). Under autocast, vmap's
+batching rules run before autocast, which reaches only the ops they call: a Linear's stacked bias is added in float32
+(``SoftmaxAttention`` casts its inputs itself; docs/gpu.md says what that changes).
+
+What is not batched by vmap itself:
+- the scans' kernels (Mamba's numba and Triton kernels, the linear family's Triton kernel) are autograd Functions
+  with a ``vmap`` rule that folds the model axis into an axis the kernel already walks (``models.kernels.fold``):
+  the batch for Mamba, each model's rows decaying by their own A; the heads for the linear family, each with its
+  own decay. One launch for K models;
+- softmax attention on the CPU: PyTorch has no batching rule for its CPU flash-attention kernel, and vmap runs it
+  member by member (its own per-member fallback; CUDA's flash and memory-efficient kernels have batching rules);
+- ``nn.LSTM`` has no batching rule at all (nor any fallback), so an architecture that says so
+  (``LanguageModel.unbatched``) runs its members one after another, each with its slice of the stacked weights.
+``notes`` says which of these applies on a device, and the first forward pass on a device logs it (a warning of the
+``models.fused`` logger): never silently.
+
+Member k can be taken out as a model of its own (``member``, a copy of its weights: to decode, score or checkpoint
+it as a separate trial would) and put back (``load_member``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from models.attention import SoftmaxAttention
+from models.backbone import LanguageModel
+
+log = logging.getLogger(__name__)
+
+# said by ``notes`` instead, once per model and device, not at every step
+warnings.filterwarnings(
+    "ignore",
+    "There is a performance drop because we have not yet implemented the batching rule for "
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+)
+
+
+class FusionError(ValueError):
+    """Members that cannot be stacked: none, or of different architectures or shapes."""
+
+
+def _attribute(name: str) -> str:
+    """A dotted parameter name as an attribute of ``Fused`` (a module attribute cannot hold a dot)."""
+    return name.replace(".", "/")
+
+
+class Fused(nn.Module):
+    """K members of one architecture and shape, weights stacked (K, ...); ``forward`` returns (K, B, T, V) logits."""
+
+    template: LanguageModel  # the architecture on the meta device, outside the module tree (set in __init__)
+
+    def __init__(self, members: Sequence[LanguageModel]):
+        super().__init__()
+        check_same_shape(members)
+        first = members[0]
+        self.size = len(members)
+        self.arch, self.vocab_size, self.width, self.depth, self.max_len = (
+            first.arch, first.vocab_size, first.width, first.depth, first.max_len,
+        )  # fmt: skip
+        self.unbatched = first.unbatched
+        self.told: set[torch.device] = set()  # devices whose ``notes`` were logged
+        params, buffers = stack_module_state(list(members))
+        self.param_names, self.buffer_names = list(params), list(buffers)
+        persistent = set(first.state_dict())
+        for name, value in params.items():
+            self.register_parameter(_attribute(name), nn.Parameter(value.detach()))  # stacked: its own memory
+        for name, value in buffers.items():
+            self.register_buffer(_attribute(name), value, persistent=name in persistent)
+        # the architecture without weights: its forward runs on the stacked ones (outside the module tree, so that
+        # it is neither a parameter holder nor moved by .to())
+        self.__dict__["template"] = copy.deepcopy(first).to("meta")
+
+    def train(self, mode: bool = True) -> Fused:
+        super().train(mode)
+        self.template.train(mode)  # dropout is the template's: outside the module tree, so set here
+        return self
+
+    def stacked(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The stacked parameters and buffers by the members' names: each (K, ...)."""
+        return (
+            {name: getattr(self, _attribute(name)) for name in self.param_names},
+            {name: getattr(self, _attribute(name)) for name in self.buffer_names},
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) tokens every member reads, or (K, B, T), member k reading tokens[k] -> (K, B, T, V) logits."""
+        if tokens.device not in self.told:
+            self.told.add(tokens.device)
+            for note in self.notes(tokens.device):
+                log.warning("fused %d models: %s", self.size, note)
+        params, buffers = self.stacked()
+        per_member = tokens.dim() == 3
+        if self.unbatched is None:
+            run = vmap(self.call, in_dims=(0, 0, 0 if per_member else None), randomness="different")
+            return run(params, buffers, tokens)
+        return torch.stack(
+            [
+                self.call(
+                    {n: p[k] for n, p in params.items()},
+                    {n: b[k] for n, b in buffers.items()},
+                    tokens[k] if per_member else tokens,
+                )
+                for k in range(self.size)
+            ]
+        )
+
+    def call(self, params: dict, buffers: dict, tokens: torch.Tensor) -> torch.Tensor:
+        """One member's forward with the given weights: (B, T) -> (B, T, V)."""
+        return functional_call(self.template, (params, buffers), (tokens,))
+
+    def notes(self, device: torch.device) -> list[str]:
+        """What of these members does not run as one batched call on ``device``, in words (empty: all of it does)."""
+        if self.unbatched is not None:
+            return [f"{self.arch}: {self.unbatched}: its {self.size} members run one after another"]
+        if device.type == "cpu" and any(isinstance(m, SoftmaxAttention) for m in self.template.modules()):
+            return [
+                f"{self.arch}: PyTorch has no vmap batching rule for its CPU attention kernel: the {self.size} "
+                "members' attention runs member by member (vmap's fallback), everything else batched"
+            ]
+        return []
+
+    def member(self, k: int) -> LanguageModel:
+        """Member k as a model of its own, on the stacked weights' device: a copy of its weights."""
+        params, buffers = self.stacked()
+        device = next(iter(params.values())).device
+        model = copy.deepcopy(self.template).to_empty(device=device)
+        with torch.no_grad():
+            for name, value in (*model.named_parameters(), *model.named_buffers()):
+                value.copy_((params | buffers)[name][k])
+        return model
+
+    def load_member(self, k: int, model: LanguageModel) -> None:
+        """Member k's weights (and buffers) from ``model``, which must have the members' shape."""
+        check_same_shape([self.template, model])
+        params, buffers = self.stacked()
+        with torch.no_grad():
+            for name, value in (*model.named_parameters(), *model.named_buffers()):
+                (params | buffers)[name][k].copy_(value)
+
+    def exact_flops(self, length: int) -> int:
+        """One member's forward FLOPs over one sequence (``LanguageModel.exact_flops``)."""
+        return self.template.exact_flops(length)
+
+
+def check_same_shape(members: Sequence[nn.Module]) -> None:
+    """Raises ``FusionError`` naming the first difference unless every member has the first one's architecture, length
+    and parameter and buffer names, shapes and dtypes. Options that leave every shape alone (an attention window, a
+    scan's chunk) are the caller's to keep equal: a fused trial's members are one cell's."""
+    if not members:
+        raise FusionError("a fused model needs at least one member")
+
+    def shape(m: nn.Module) -> dict[str, tuple]:
+        return {n: (tuple(t.shape), t.dtype) for n, t in (*m.named_parameters(), *m.named_buffers())}
+
+    def kind(m: nn.Module) -> tuple:
+        return type(m).__name__, getattr(m, "arch", None), getattr(m, "max_len", None)
+
+    first = members[0]
+    for i, other in enumerate(members[1:], 1):
+        if kind(other) != kind(first):
+            raise FusionError(
+                f"members of different architectures cannot be fused: member 0 is {kind(first)}, member {i} "
+                f"{kind(other)} (class, architecture, max_len)"
+            )
+        a, b = shape(first), shape(other)
+        if a != b:
+            name = next(n for n in [*a, *b] if a.get(n) != b.get(n))  # the first in the model's order
+            raise FusionError(
+                f"members of different shapes cannot be fused: {kind(first)[1]}'s {name} is "
+                f"{a.get(name, 'absent')} in member 0, {b.get(name, 'absent')} in member {i}"
+            )
