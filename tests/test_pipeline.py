@@ -334,7 +334,7 @@ def test_the_mlflow_ui_shows_the_sweep_as_a_person_expects(repo, tmp_path):
     report artifact opens, and its per-cell table is shown as a table."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking.runs import ui_link
+    from pipeline.tracking.services import ui_link
     from tests.helpers.browser import Page
     from tests.helpers.mlflow_ui import chart_points, click_in_row, shows, type_into, wait_for_frame, wait_until
     from tests.helpers.services import mlflow_server

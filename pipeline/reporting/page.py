@@ -192,6 +192,13 @@ loss not finite; <b>failed</b> = the trial raised. <b>Borderline</b> (&asymp;) =
 accuracy contains the threshold. A cell is its best learning rate, chosen on validation.</li></ul>"""
 
 
+def parent_run_html(summary: dict) -> str:
+    """The sweep's MLflow parent run, linked to its page in MLflow's UI where the report knows it."""
+    run = f"<code>{summary['mlflow_parent_run']}</code>"
+    link = summary.get("parent_link")
+    return f"<a href='{html.escape(link)}'>{run}</a>" if link else run
+
+
 def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict) -> str:
     parts = [
         f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
@@ -207,7 +214,7 @@ def page(cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, ch
         f"no verdict; {summary['borderline']} borderline: test accuracy within noise of the threshold; "
         f"{summary['solved_below_threshold_on_test']} solved on validation but below the threshold on the test "
         f"set, {tables.BELOW} in the tables). "
-        f"MLflow parent run <code>{summary['mlflow_parent_run']}</code>. "
+        f"MLflow parent run {parent_run_html(summary)}. "
         f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
         decided_html(checks),
         NIGHTLY_MARKER,

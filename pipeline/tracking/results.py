@@ -28,7 +28,8 @@ from pipeline.common.cell import CellSpec
 from pipeline.common.config import Config
 from pipeline.search.frontier import Outcome, Plan
 from pipeline.search.searcher import CellSearcher
-from pipeline.tracking.runs import ChildRuns, ui_link
+from pipeline.tracking.runs import ChildRuns
+from pipeline.tracking.services import ui_link
 from pipeline.training.status import Status, borderline_rows
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 

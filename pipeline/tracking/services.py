@@ -247,3 +247,12 @@ def check_job_paths(mlflow_uri: str, storage: str, root: Path) -> None:
             f"deletes, and {' and '.join(inside)} would go with it: give them to the job with `ray job submit "
             "--runtime-env-json '{\"env_vars\": {...}}'` (docs/cluster.md#submitting-a-job)"
         )
+
+
+def ui_link(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """Where MLflow's UI shows an experiment's runs (or one run), for a server URI; for a local store, the path to
+    open in ``mlflow ui --backend-store-uri <store>``. MLflow 3's UI opens every experiment in its GenAI view unless
+    the address asks for model training (its toggle remembers a reader's choice, not the experiment's kind)."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else ""
+    run = f"/runs/{run_id}" if run_id else ""
+    return f"{base}/#/experiments/{experiment_id}{run}?workflowType=machine_learning"
