@@ -519,9 +519,15 @@ def dvc_state(env: dict[str, str], root: Path = ROOT) -> str:
 
 def save_experiment(name: str, targets: list[str], env: dict[str, str], root: Path = ROOT) -> str:
     """The workspace a `dvc repro [TARGETS]` left (its params, dvc.lock, the outputs of ``targets``, else of every
-    stage) as the DVC experiment ``name`` (`dvc exp save`), pushed to ``$CAPACITY_ATLAS_GIT_REMOTE`` (its ref) and DVC's default remote (its outputs) when
-    set, as the nightly's nights are (``pipeline.common.experiments``): where `dvc exp show` finds it once a clone
-    pulls it (`dvc exp pull <remote> <name>`)."""
+    stage) as the DVC experiment ``name`` (`dvc exp save`, committed as the job where the account has no git
+    identity), pushed to ``$CAPACITY_ATLAS_GIT_REMOTE`` (its ref) and DVC's default remote (its outputs) when set, as
+    the nightly's nights are (``pipeline.common.experiments``): where `dvc exp show` finds it once a clone pulls it
+    (`dvc exp pull <remote> <name>`)."""
+    identity = experiments.run(["git", "config", "user.email"], root).stdout.strip() or env.get("GIT_AUTHOR_EMAIL")
+    if not identity:  # a pod's or a job's account often has none: the experiment's commit is the job's
+        name_, email = "Capacity Atlas job", f"job@{socket.gethostname()}"
+        for role in ("AUTHOR", "COMMITTER"):
+            os.environ.update({f"GIT_{role}_NAME": name_, f"GIT_{role}_EMAIL": email})
     run = dvc(["exp", "save", "-n", name, *targets], root)
     if run.returncode != 0:
         raise LaunchError(f"`dvc exp save -n {name} {' '.join(targets)}` failed:\n{experiments.last_lines(run)}")
