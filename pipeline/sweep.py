@@ -21,8 +21,11 @@ for one run, which ``pipeline.nightly --force`` sets).
 Trials checkpoint at every validation into the storage path (``pipeline.training.checkpoints``); a trial whose worker
 died, or whose node was lost, is retried from its checkpoint (``sweep.max_failures``); once lost nodes leave none
 that can run a trial for ``cluster.node_wait_s`` (a local Ray: at once), the sweep stops with ``LostNode`` naming
-them, its unfinished runs KILLED. A sweep killed or stopped continues its trials from their checkpoints when rerun,
-closing a dead sweep's MLflow runs as KILLED. One sweep at a time writes a results directory (a second stops), and
+them, its unfinished runs KILLED. SIGTERM or SIGINT (and dvc's death, when DVC runs it) stops it within
+``cluster.stop_timeout_s``: its unfinished runs and its parent KILLED with the reason, exit status 128 + the signal's
+number (``pipeline.common.signals``). A sweep killed or stopped continues its trials from their checkpoints when rerun
+on any host, closing a dead sweep's MLflow runs as KILLED (its driver's process gone, or its heartbeat missed:
+``pipeline.tracking.runs.close_orphans``). One sweep at a time writes a results directory (a second stops), and
 one at a time trains against a project's stores (a second waits: DVC's queue workers, `dvc queue start -j N`, take
 turns, each on every core). ``sweep.workers_per_trial`` trains a trial data-parallel
 (``pipeline.training.distributed``).

@@ -7,6 +7,10 @@ driver) turns each report into metrics of that trial's child run. One writer mea
 no half-created experiments when many trials start at once; it writes from a thread of its own
 (``pipeline.tracking.writer``), so Tune's loop never waits on MLflow.
 
+The parent carries the driver's heartbeat (``Heartbeat``: a tag refreshed every ``cluster.heartbeat_s``), by which a
+sweep on any host knows whether an unfinished sweep is alive; ``close_orphans`` closes a dead one's runs as KILLED and
+``killed_runs`` hands their curves on.
+
 Every child run records its cell's train and test files as MLflow dataset inputs (``dataset_inputs``: named
 task-size-split, the file's hash as digest, its task, size, split and the profile in its profile), and the resource
 use its trial reports with each validation as MLflow system metrics (``system/...``, the run's System metrics tab).
