@@ -414,26 +414,34 @@ def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp
 
 
 def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_outputs(tmp_path):
-    """`ray job stop`, or a pod's termination, as the entrypoint sees it: a SIGTERM to ops/ray-job reaches the
-    command's whole process group as SIGINT (DVC passes no SIGTERM to its stage), and the outputs are kept."""
+    """A head pod's deletion as the entrypoint sees it: the manifest's preStop hook, run for real, signals the pid
+    ops/ray-job wrote and waits; the command's whole process group gets SIGINT (DVC passes no SIGTERM to its stage),
+    and the outputs are kept. (`ray job stop` signals ops/ray-job the same way, with the rest of its tree.)"""
     repo = checkout(tmp_path / "checkout")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    shared, state = tmp_path / "shared", tmp_path / "state"
+    shared, state, pidfile = tmp_path / "shared", tmp_path / "state", tmp_path / "driver.pid"
     state.mkdir()
     (tmp_path / "stoppable.py").write_text(STOPPABLE)
+    head = yaml.safe_load(MANIFEST.read_text())["spec"]["rayClusterSpec"]["headGroupSpec"]
+    container = head["template"]["spec"]["containers"][0]
+    shipped = {e["name"]: e.get("value") for e in container["env"]}["CAPACITY_ATLAS_DRIVER_PIDFILE"]
+    hook = container["lifecycle"]["preStop"]["exec"]["command"]
     env = services.clean_env() | {"PATH": f"{BIN}:{os.environ['PATH']}", "CAPACITY_ATLAS_PROFILE": "separations",
-                                  "MLFLOW_TRACKING_URI": "http://mlflow:5000", "CAPACITY_ATLAS_STORAGE": str(shared)}
+                                  "MLFLOW_TRACKING_URI": "http://mlflow:5000", "CAPACITY_ATLAS_STORAGE": str(shared),
+                                  "CAPACITY_ATLAS_DRIVER_PIDFILE": str(pidfile)}
     job = subprocess.Popen([str(repo / "ops/ray-job"), sys.executable, str(tmp_path / "stoppable.py"), str(state)],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (state / "driver-running").exists() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    job.send_signal(signal.SIGTERM)
-    out, err = job.communicate(timeout=120)
-    assert job.returncode == 130, out + err  # the command's status: stopped by SIGINT
+    assert pidfile.read_text().strip() == str(job.pid)
+    stop = subprocess.Popen([*hook[:-1], hook[-1].replace(shipped, str(pidfile))])  # waits until the driver is gone
+    out, err = job.communicate(timeout=120)  # (and reaped: its parent, Ray's job supervisor in a pod, reaps it)
+    assert stop.wait(timeout=30) == 0 and job.returncode == 130, out + err  # the command's status: SIGINT
     assert (state / "driver").read_text() == (state / "stage").read_text() == "SIGINT"
     (kept,) = (shared / "outputs").iterdir()
     assert kept.name.startswith("separations-") and profile_of(kept / "params.yaml") == "separations"
+    assert not pidfile.exists()
 
 
 @pytest.mark.slow
