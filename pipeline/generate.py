@@ -28,7 +28,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import sys
 import zlib
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ import tasks
 from pipeline.common.config import MAX_WORKERS, ROOT, Config, ConfigError, GenerateConfig, load_config, one_of
 from pipeline.common.locks import remove_if_dead, try_lock
 from pipeline.common.progress import hide_bars, progress
+from pipeline.common.signals import exit_on_signals
 from pipeline.data.datasets import DatasetError, ParquetSink, dataset_path
 from pipeline.data.dedup import SeenSet, row_hashes
 from pipeline.data.parallel import Pool
@@ -240,28 +240,6 @@ def staging_dir(out_dir: Path, name: str) -> Iterator[Path]:
         raise
     finally:
         os.close(lock)
-
-
-@contextlib.contextmanager
-def exit_on_signals() -> Iterator[None]:
-    """SIGTERM (Python's default dies without clean-up) and SIGINT unwind like an error, so the staging directory
-    is removed at once; the process exits with 128 + the signal's number, as a shell reports a killed command. A
-    signal the caller ignores stays ignored (a shell starts background jobs ignoring SIGINT)."""
-
-    def unwind(signum: int, frame) -> None:
-        for sig in SIGNALS:  # a second signal must not interrupt the clean-up
-            signal.signal(sig, signal.SIG_IGN)
-        raise SystemExit(128 + signum)
-
-    previous = {sig: signal.signal(sig, unwind) for sig in SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,22 +23,27 @@ Exit status 0; 2 for input that cannot run (a ``LaunchError``, a ``ConfigError``
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.metadata
+import json
 import logging
 import math
 import os
 import re
 import shlex
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pyarrow.fs as pafs
 import yaml
 
+from pipeline.common import experiments
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.data.storage import filesystem
 from pipeline.tracking.cluster import slots_on
@@ -48,6 +53,9 @@ ENTRYPOINT = "ops/ray-job"  # the RayJob's entrypoint script, in the image's che
 DRIVERS = (("dvc", "repro"), ("dvc", "exp", "run"))  # the pipeline's commands an entrypoint may run
 PLACEHOLDER = "REPLACE-ME"  # in ops/kuberay/rayjob.yaml's image: the image a user builds goes there
 OUTPUTS = ("params.yaml", "dvc.lock", "results", "report")  # what `keep` copies
+CRDS = ROOT / "ops" / "kuberay" / "crd"  # KubeRay's RayJob schema, one file per release (ops/kuberay/vendor-crd)
+KUBERAY_VERSION = "capacity-atlas/kuberay-version"  # the manifest's annotation: the KubeRay release it is for
+SECRETS = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")  # never a literal value in a manifest
 
 
 class LaunchError(RuntimeError):
@@ -56,6 +64,10 @@ class LaunchError(RuntimeError):
 
 class AllocationError(LaunchError):
     """No node of an allocation (Slurm nodes, a RayJob's pods) holds one trial of the profile."""
+
+
+class SchemaError(LaunchError):
+    """A RayJob manifest that KubeRay's CRD schema (of the release it names) rejects: an unknown field, a wrong type."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,7 @@ class RayJob:
     groups: list[Nodes]
     slots: int
     autoscaled: bool  # KubeRay's autoscaler starts the worker pods (enableInTreeAutoscaling); slots: at maxReplicas
+    kuberay: str  # the KubeRay release whose schema it was checked against
 
     def slots_note(self, cfg: Config) -> str | None:
         """What the profile must say for the sweep to fill an autoscaled cluster: it opens slots for the pods up
@@ -202,13 +215,109 @@ class RayJob:
         )
 
 
+def kuberay_versions() -> list[str]:
+    """The KubeRay releases whose RayJob schema is vendored (``CRDS``)."""
+    return sorted(p.stem.removeprefix("rayjob-") for p in CRDS.glob("rayjob-*.json"))
+
+
+def strict(node: Any) -> Any:
+    """The schema as the API server applies it with strict field validation (kubectl's default): an object whose
+    fields it lists takes no other field, unless it says ``x-kubernetes-preserve-unknown-fields``."""
+    if isinstance(node, list):
+        return [strict(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: strict(v) for k, v in node.items()}
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def field_path(error: jsonschema.ValidationError) -> str:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    return path.lstrip(".") or "(the manifest)"
+
+
+JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list", dict: "a map"}
+
+
+def describe(error: jsonschema.ValidationError, release: str) -> str:
+    """One schema error in a reader's words: the field, what is wrong, and for a misspelled field the right name."""
+    where = field_path(error)
+    if error.validator == "additionalProperties":
+        known = list((error.schema.get("properties") or {}).keys())
+        unknown = [k for k in error.instance if k not in known]
+        return "; ".join(
+            f"{where + '.' if error.absolute_path else ''}{k}: no such field in KubeRay {release}'s RayJob"
+            + (f" (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, known, n=1)) else "")
+            for k in unknown
+        )
+    if error.validator == "type":
+        return (
+            f"{where}: {error.instance!r} is {JSON_TYPES.get(type(error.instance), type(error.instance).__name__)}; "
+            f"KubeRay {release}'s RayJob wants {error.validator_value}"
+        )
+    return f"{where}: {error.message}"
+
+
+def check_schema(manifest: dict) -> str:
+    """The manifest against the RayJob CRD schema of the KubeRay release its annotation ``KUBERAY_VERSION`` names;
+    returns that release. ``SchemaError`` naming each field the schema rejects, ``LaunchError`` for an unknown
+    release."""
+    annotations = (manifest.get("metadata") or {}).get("annotations") or {}
+    release = annotations.get(KUBERAY_VERSION)
+    known = kuberay_versions()
+    if release is None:
+        raise LaunchError(
+            f"metadata.annotations: no {KUBERAY_VERSION!r}: name the KubeRay release the cluster runs (`kubectl get "
+            f"deployment kuberay-operator -o jsonpath='{{..image}}'`), one of {', '.join(known)}, for the manifest "
+            "to be checked against its RayJob schema"
+        )
+    if str(release) not in known:
+        raise LaunchError(
+            f"metadata.annotations.{KUBERAY_VERSION}: KubeRay {release!r} is not a release this checkout knows the "
+            f"RayJob schema of (ops/kuberay/crd/: {', '.join(known)}): vendor its CRD with ops/kuberay/vendor-crd, or "
+            "name a known release"
+        )
+    schema = strict(json.loads((CRDS / f"rayjob-{release}.json").read_text())["schema"])
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(manifest), key=lambda e: list(map(str, e.path)))
+    if errors:
+        more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
+        raise SchemaError("; ".join(describe(e, str(release)) for e in errors[:5]) + more)
+    return str(release)
+
+
+def check_deadlines(spec: dict) -> None:
+    """A RayJob that holds its GPUs only as long as it works: both deadlines, and the cluster deleted at its end."""
+    if spec.get("shutdownAfterJobFinishes") is not True:
+        raise LaunchError(
+            "spec.shutdownAfterJobFinishes is not true: KubeRay would keep the Ray cluster, and its GPUs, after the "
+            "job ends"
+        )
+    for field, why in (
+        ("preRunningDeadlineSeconds", "pods that never schedule or a job that never starts hold their nodes"),
+        ("activeDeadlineSeconds", "a hung sweep holds its GPUs with no end"),
+    ):
+        if field not in spec:
+            raise LaunchError(f"spec.{field} is not set: without it {why} (ops/kuberay/rayjob.yaml sets both)")
+
+
 def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> RayJob:
     """A KubeRay ``RayJob`` that runs this pipeline: its entrypoint, the profile its head names (with the overrides
     of ``params``), its Ray version and image, MLflow and storage; and its pods hold at least one trial
     (``AllocationError`` otherwise)."""
-    if manifest.get("kind") != "RayJob" or not str(manifest.get("apiVersion", "")).startswith("ray.io/"):
-        raise LaunchError(f"not a KubeRay RayJob (apiVersion ray.io/v1, kind RayJob): {manifest.get('kind')!r}")
+    if manifest.get("kind") != "RayJob" or manifest.get("apiVersion") != "ray.io/v1":
+        raise LaunchError(
+            f"not a KubeRay RayJob (apiVersion ray.io/v1, kind RayJob): {manifest.get('apiVersion')!r}, "
+            f"{manifest.get('kind')!r}"
+        )
+    release = check_schema(manifest)
     spec = manifest.get("spec") or {}
+    check_deadlines(spec)
     words = shlex.split(str(spec.get("entrypoint") or ""))
     if not words or not words[0].endswith(ENTRYPOINT) or not any(tuple(words[1 : 1 + len(d)]) == d for d in DRIVERS):
         raise LaunchError(
@@ -251,11 +360,19 @@ def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> R
         )
     hint = "raise a worker group's resources.limits (cpu, nvidia.com/gpu) or its replicas"
     slots = check_nodes(cfg, groups, "the RayJob's pods", hint)
-    return RayJob(str(profile), words[1:], groups, slots, bool(cluster.get("enableInTreeAutoscaling")))
+    autoscaled = bool(cluster.get("enableInTreeAutoscaling"))
+    return RayJob(str(profile), words[1:], groups, slots, autoscaled, release)
 
 
 def check_environment(env: dict[str, Any], containers: dict[str, dict]) -> None:
-    """MLflow is a server (a SQLite file in the head pod goes with it) and the storage path is on every pod."""
+    """MLflow is a server (a SQLite file in the head pod goes with it), its secrets come from a Secret, and the
+    storage path is on every pod."""
+    for key in SECRETS:
+        if env.get(key) is not None:
+            raise LaunchError(
+                f"the head's env: {key} is a literal value in the manifest: take it from a Kubernetes Secret "
+                "(valueFrom.secretKeyRef), as ops/kuberay/rayjob.yaml does"
+            )
     uri = env.get("MLFLOW_TRACKING_URI", "")
     if "MLFLOW_TRACKING_URI" not in env or (uri is not None and not str(uri).startswith(("http://", "https://"))):
         raise LaunchError(
@@ -360,6 +477,69 @@ def keep(storage: str, name: str, root: Path = ROOT) -> str:
     return dest if "://" not in storage else f"{storage.split('://')[0]}://{dest}"
 
 
+# ---- DVC's state, for a checkout that lives as long as its job (a Ray job's copy, a pod's image)
+
+DVC_CACHE, DVC_REMOTE, GIT_REMOTE = "CAPACITY_ATLAS_DVC_CACHE", "CAPACITY_ATLAS_DVC_REMOTE", "CAPACITY_ATLAS_GIT_REMOTE"
+
+
+def dvc(args: list[str], root: Path) -> subprocess.CompletedProcess:
+    return experiments.run(experiments.dvc(*args), root)
+
+
+def dvc_state(env: dict[str, str], root: Path = ROOT) -> str:
+    """Points this checkout's DVC at the cluster's shared state (``.dvc/config.local``): ``$CAPACITY_ATLAS_DVC_CACHE``
+    a cache directory every job shares, ``$CAPACITY_ATLAS_DVC_REMOTE`` the default remote; checks the remotes the
+    results will be pushed to (``$CAPACITY_ATLAS_GIT_REMOTE`` and DVC's default remote) before anything runs; then
+    restores what ``dvc.lock`` records from them (``dvc pull``, else ``dvc checkout``), so that `dvc repro` reruns
+    only what changed instead of generating the datasets again. Returns what it did, in a line."""
+    done = []
+    for key, args in ((DVC_CACHE, ["cache", "dir", "--local"]), (DVC_REMOTE, ["remote", "add", "--local", "-f", "-d"])):
+        if value := env.get(key):
+            cmd = [*args, value] if key == DVC_CACHE else [*args, "cluster", value]
+            if (run := dvc(cmd, root)).returncode != 0:
+                raise LaunchError(f"${key} {value!r}: `dvc {' '.join(cmd)}` failed:\n{experiments.last_lines(run)}")
+            done.append(f"{'cache' if key == DVC_CACHE else 'remote'} {value}")
+    if env.get(GIT_REMOTE):
+        try:
+            done.append(f"results pushed to {experiments.check(root, env[GIT_REMOTE])}")
+        except experiments.RemoteError as err:
+            raise LaunchError(f"${GIT_REMOTE}: {err}") from None
+    remote = dvc(["remote", "default"], root).stdout.strip()
+    restore = ["pull", "--run-cache", "--allow-missing"] if remote else ["checkout", "--allow-missing"]
+    run = dvc(restore, root)
+    if run.returncode != 0:  # nothing is lost: the stages that lack their outputs run
+        print(
+            f"warning: `dvc {' '.join(restore)}` failed; `dvc repro` runs what it lacks:\n"
+            f"{experiments.last_lines(run)}",
+            file=sys.stderr,
+        )
+    done.append(f"outputs restored with `dvc {' '.join(restore)}`")
+    return "DVC: " + "; ".join(done)
+
+
+def save_experiment(name: str, targets: list[str], env: dict[str, str], root: Path = ROOT) -> str:
+    """The workspace a `dvc repro [TARGETS]` left (its params, dvc.lock, the outputs of ``targets``, else of every
+    stage) as the DVC experiment ``name`` (`dvc exp save`, committed as the job where the account has no git
+    identity), pushed to ``$CAPACITY_ATLAS_GIT_REMOTE`` (its ref) and DVC's default remote (its outputs) when set, as
+    the nightly's nights are (``pipeline.common.experiments``): where `dvc exp show` finds it once a clone pulls it
+    (`dvc exp pull <remote> <name>`)."""
+    identity = experiments.run(["git", "config", "user.email"], root).stdout.strip() or env.get("GIT_AUTHOR_EMAIL")
+    if not identity:  # a pod's or a job's account often has none: the experiment's commit is the job's
+        name_, email = "Capacity Atlas job", f"job@{socket.gethostname()}"
+        for role in ("AUTHOR", "COMMITTER"):
+            os.environ.update({f"GIT_{role}_NAME": name_, f"GIT_{role}_EMAIL": email})
+    run = dvc(["exp", "save", "-n", name, *targets], root)
+    if run.returncode != 0:
+        raise LaunchError(f"`dvc exp save -n {name} {' '.join(targets)}` failed:\n{experiments.last_lines(run)}")
+    if not (remote := env.get(GIT_REMOTE)):
+        return f"experiment {name} saved in this checkout (${GIT_REMOTE} not set: not pushed)"
+    try:
+        experiments.push_named(root, remote, [name])
+    except experiments.RemoteError as err:
+        raise LaunchError(str(err)) from None
+    return f"experiment {name} pushed to git remote {remote!r} and DVC's default remote"
+
+
 # ---- the command line
 
 
@@ -384,6 +564,10 @@ def parser() -> argparse.ArgumentParser:
     use.add_argument("profile")
     kept = sub.add_parser("keep", help="copy params.yaml, dvc.lock, results/ and report/ to <storage>/outputs/NAME")
     kept.add_argument("name")
+    sub.add_parser("dvc-state", help="point DVC at the cluster's shared cache and remote, check them, restore outputs")
+    saved = sub.add_parser("save-experiment", help="`dvc exp save -n NAME`, pushed to $CAPACITY_ATLAS_GIT_REMOTE")
+    saved.add_argument("name")
+    saved.add_argument("targets", nargs="*", help="the stages `dvc repro` was given (default: all)")
     return ap
 
 
@@ -403,8 +587,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.params, profile=job.profile)
             groups = "; ".join(g.describe() for g in job.groups)
             print(
-                f"{args.manifest}: profile {job.profile}, `{shlex.join(job.command)}`; {groups}: "
-                f"{amount(job.slots, 'trial')} at once (each {trial_need(cfg)})"
+                f"{args.manifest}: a RayJob of KubeRay {job.kuberay}, profile {job.profile}, "
+                f"`{shlex.join(job.command)}`; {groups}: {amount(job.slots, 'trial')} at once (each {trial_need(cfg)})"
             )
             if note := job.slots_note(cfg):
                 print(note)
@@ -424,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "keep":
             storage = load_config(args.params).cluster.storage()
             print(f"outputs kept in {keep(storage, args.name)}")
+        elif args.command == "dvc-state":
+            print(dvc_state(dict(os.environ)))
+        elif args.command == "save-experiment":
+            print(save_experiment(args.name, args.targets, dict(os.environ)))
     except (LaunchError, ConfigError, ServiceError) as err:
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2

@@ -59,6 +59,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -67,7 +68,7 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common import experiments, notify
+from pipeline.common import experiments, notify, signals
 from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit, library_versions
@@ -78,6 +79,7 @@ SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "re
 LISTED = 15  # changes a summary lists of each kind; the rest are counted (the report has them all)
 TAIL_LINES = 15  # a failed night's summary quotes the last lines of what failed
 TAIL_BYTES = 64 * 1024  # of DVC's output, kept to find them
+STOP_SECONDS = 90  # a stopped night's `dvc exp run`: from SIGINT to its process group to SIGTERM
 WHAT = {"min_width": "minimum width"}  # a change's ``what`` as the summary says it
 
 
@@ -239,17 +241,30 @@ def record_experiments(repo: Path, nights_dir: Path, profile: str) -> list[Path]
 
 
 def run_passing_on(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list[str]]:
-    """Runs ``cmd``, its output (stderr with it) passed on to ours as it comes; returns its exit status and its last
-    TAIL_LINES lines (a progress bar's last state for a line it rewrote)."""
+    """Runs ``cmd`` in a process group of its own, its output (stderr with it) passed on to ours as it comes;
+    returns its exit status and its last TAIL_LINES lines (a progress bar's last state for a line it rewrote). A
+    SIGTERM or SIGINT to this process stops the whole group (``signals.run_group``): DVC passes no signal to its
+    stage."""
     kept = b""
-    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
-        assert proc.stdout is not None
-        while chunk := os.read(proc.stdout.fileno(), 65536):  # whatever has come, at once
+    read, write = os.pipe()
+
+    def pass_on() -> None:
+        nonlocal kept
+        while chunk := os.read(read, 65536):  # whatever has come, at once
             sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
             kept = (kept + chunk)[-TAIL_BYTES:]
+
+    reader = threading.Thread(target=pass_on, name="dvc-output")
+    reader.start()
+    try:
+        code = signals.run_group(cmd, STOP_SECONDS, cwd=cwd, env=env, stdout=write, stderr=subprocess.STDOUT)
+    finally:
+        os.close(write)  # the group's copies are closed with it: the reader sees the end
+        reader.join()
+        os.close(read)
     lines = [line.rsplit("\r", 1)[-1].rstrip() for line in kept.decode(errors="replace").split("\n")]
-    return proc.returncode, [line for line in lines if line][-TAIL_LINES:]
+    return code, [line for line in lines if line][-TAIL_LINES:]
 
 
 def quoted(lines: list[str]) -> str:

@@ -31,6 +31,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
+from pipeline.common.signals import exit_on_signals, held
 from pipeline.reporting import tables
 from pipeline.reporting.claims import ClaimStatus, evaluate
 from pipeline.reporting.figures import draw_all, load_histories
@@ -135,18 +136,18 @@ def log_report(client: MlflowClient, parent: str, out_dir: Path, checks: list[di
         client.set_tag(parent, f"claim.{check['id']}.coverage", check["coverage"])
 
 
-LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000` serves
+MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store, unless told otherwise
 
 
-def parent_link(client: MlflowClient, parent: str) -> str | None:
-    """The MLflow UI's page of the sweep's parent run: on the tracking server, or on ``LOCAL_UI`` for a local store
-    (None: the run is not in this store)."""
+def parent_link(client: MlflowClient, uri: str, parent: str) -> str | None:
+    """The MLflow UI's page of the sweep's parent run (a local store's: as `mlflow ui` serves it); None for a run
+    this store lacks."""
     try:
         experiment = client.get_run(parent).info.experiment_id
     except MlflowException:
         return None
-    link = ui_link(client.tracking_uri, experiment, parent)
-    return link if link.startswith("http") else LOCAL_UI + link
+    link = ui_link(uri, experiment, parent)
+    return link if link.startswith("http") else MLFLOW_UI + link
 
 
 def report(
@@ -161,30 +162,40 @@ def report(
     table = load_results(results)
     best = tables.min_gflops(table)
     checks = evaluate(table, swept_at=cfg.report.accuracy_threshold)
-    client = None
+    client, link = None, None
     if log_mlflow:
         uri = cfg.cluster.mlflow()
         check_mlflow(uri)
         client = MlflowClient(uri)
+        link = parent_link(client, uri, str(table.parent_run_id.iloc[0]))
     tmp, plots_tmp = fresh(out_dir), fresh(plots_dir)
-    histories = load_histories(client, table) if client else None
-    figures = draw_all(table, tmp, histories)
-    write(table, best, histories, plots_tmp)
-    best.to_csv(tmp / "min_gflops.csv", index=False)
-    (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, cfg.report.accuracy_threshold))
-    (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")
-    (tmp / "fidelity.md").write_text(fidelity_markdown(cfg, checks, best))
-    table.to_csv(tmp / "results.csv", index=False)
-    summary = headline(cfg, table, best, checks)
-    sweep = json.loads(sweep_json.read_text()) if sweep_json.exists() else {}
-    link = parent_link(client, summary["mlflow_parent_run"]) if client else None
-    (tmp / "index.html").write_text(page(cfg, table, figures, best, checks, summary, sweep, link))
-    # the report and the plot data DVC draws appear whole or not at all, both written before either replaces its old
-    for new, old in ((plots_tmp, plots_dir), (tmp, out_dir)):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(new, old)
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    metrics_path.write_text(json.dumps(summary, indent=2) + "\n")
+    metrics_tmp = metrics_path.with_name(metrics_path.name + ".tmp")
+    try:
+        histories = load_histories(client, table) if client else None
+        figures = draw_all(table, tmp, histories)
+        write(table, best, histories, plots_tmp)
+        best.to_csv(tmp / "min_gflops.csv", index=False)
+        (tmp / "min_gflops.md").write_text(tables.tables_markdown(best, cfg.report.accuracy_threshold))
+        (tmp / "claims.json").write_text(json.dumps(checks, indent=2) + "\n")
+        (tmp / "fidelity.md").write_text(fidelity_markdown(cfg, checks, best))
+        table.to_csv(tmp / "results.csv", index=False)
+        summary = headline(cfg, table, best, checks)
+        sweep = json.loads(sweep_json.read_text()) if sweep_json.exists() else {}
+        (tmp / "index.html").write_text(page(cfg, table, figures, best, checks, summary | {"parent_link": link}, sweep))
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        metrics_tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    except BaseException:  # an error, SIGTERM, Ctrl-C: the last report stays as it was, and no half-made one is left
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(plots_tmp, ignore_errors=True)
+        metrics_tmp.unlink(missing_ok=True)
+        raise
+    # the report, the plot data DVC draws and the metrics appear whole or not at all: all three written before any
+    # replaces its old version, and a signal held back until all three are in place
+    with held():
+        for new, old in ((plots_tmp, plots_dir), (tmp, out_dir)):
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(new, old)
+        os.replace(metrics_tmp, metrics_path)
     if client is not None:
         log_report(client, summary["mlflow_parent_run"], out_dir, checks, summary)
     return summary
@@ -230,14 +241,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.table_at is not None:
             print(table_at(load_config(args.params), Path(args.results), args.table_at))
             return 0
-        summary = report(
-            load_config(args.params),
-            Path(args.results),
-            Path(args.out),
-            Path(args.metrics),
-            Path(args.plots),
-            log_mlflow=not args.no_mlflow,
-        )
+        with exit_on_signals():  # SIGTERM and Ctrl-C leave the last report whole (``report``)
+            summary = report(
+                load_config(args.params),
+                Path(args.results),
+                Path(args.out),
+                Path(args.metrics),
+                Path(args.plots),
+                log_mlflow=not args.no_mlflow,
+            )
     except (ConfigError, ReportError, ServiceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -21,8 +21,11 @@ for one run, which ``pipeline.nightly --force`` sets).
 Trials checkpoint at every validation into the storage path (``pipeline.training.checkpoints``); a trial whose worker
 died, or whose node was lost, is retried from its checkpoint (``sweep.max_failures``); once lost nodes leave none
 that can run a trial for ``cluster.node_wait_s`` (a local Ray: at once), the sweep stops with ``LostNode`` naming
-them, its unfinished runs KILLED. A sweep killed or stopped continues its trials from their checkpoints when rerun,
-closing a dead sweep's MLflow runs as KILLED. One sweep at a time writes a results directory (a second stops), and
+them, its unfinished runs KILLED. SIGTERM or SIGINT (and dvc's death, when DVC runs it) stops it within
+``cluster.stop_timeout_s``: its unfinished runs and its parent KILLED with the reason, exit status 128 + the signal's
+number (``pipeline.common.signals``). A sweep killed or stopped continues its trials from their checkpoints when rerun
+on any host, closing a dead sweep's MLflow runs as KILLED (its driver's process gone, or its heartbeat missed:
+``pipeline.tracking.runs.close_orphans``). One sweep at a time writes a results directory (a second stops), and
 one at a time trains against a project's stores (a second waits: DVC's queue workers, `dvc queue start -j N`, take
 turns, each on every core). ``sweep.workers_per_trial`` trains a trial data-parallel
 (``pipeline.training.distributed``).
@@ -57,6 +60,7 @@ from ray.tune import CLIReporter
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec
 from pipeline.common.config import RETRAIN_ENV, ROOT, STORES_LOCK, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
+from pipeline.common.signals import STOP, Stopped
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
 from pipeline.reporting.thresholds import training_targets
@@ -70,12 +74,13 @@ from pipeline.tracking.parent import open_parent_run
 from pipeline.tracking.results import cell_table, curve_table, record, summarise, trial_table
 from pipeline.tracking.runs import (
     ChildRuns,
+    Heartbeat,
     close_orphans,
     killed_runs,
     reused_run,
 )
 from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, check_ray, ui_link
-from pipeline.tracking.tuning import DropFinished, NodeWatch, RungCheckpoints, TuneSearcher
+from pipeline.tracking.tuning import DropFinished, NodeWatch, RungCheckpoints, StopOnSignal, TuneSearcher
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
 from pipeline.training.trainable import run_cell
@@ -109,6 +114,8 @@ def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # MLflow's client prints a "View run" link for every run it ends on a server: one per trial
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # Tune's own SIGINT handler ends its loop as if the sweep had finished; the sweep's (STOP) closes it as stopped
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     stage_start = psutil.Process().create_time()  # the stage's process, imports included
     check_job_paths(cfg.cluster.mlflow(), cfg.cluster.storage(), ROOT)  # a submitted job's stores, before its data
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
@@ -123,6 +130,7 @@ def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
         try:
             if local:
                 cluster.connect_ray(None, os.cpu_count() or 1)
+                STOP.install()  # ray.init set its own SIGTERM handler
             return run_sweep(cfg, cells, out_dir, stage_start, local)
         finally:
             ray.shutdown()
@@ -142,6 +150,7 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
     published = prepare_cells(cells, key, s.heads, cfg.cluster.storage())
     started = time.time()
     client, parent = open_parent_run(cfg, cells, train, key)
+    heartbeat = Heartbeat(client, parent, cfg.cluster.heartbeat_s)  # this driver alive, for sweeps on other hosts
     status = "FAILED"
     children = None
     try:
@@ -158,13 +167,15 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
         record(client, parent, out_dir, table, trials, curves, summary, searcher.plan, children.writer.errors)
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"
         return table
-    except BaseException as err:  # a lost node, an error, Ctrl-C: no run is left RUNNING, none holds a result
+    except BaseException as err:  # a lost node, an error, a signal: no run is left RUNNING, none holds a result
         reason = f"killed: the sweep stopped: {type(err).__name__}: {err}"
         client.set_tag(parent, "reason", reason)
         if children is not None:
             children.stop(reason)
+        status = "KILLED" if isinstance(err, Stopped) else "FAILED"  # stopped when asked, or by what went wrong
         raise
     finally:
+        heartbeat.stop()
         client.set_terminated(parent, status)
 
 
@@ -248,6 +259,7 @@ def train_trials(
     has nothing left; returns the number of trial slots."""
     s, store = cfg.sweep, cfg.cluster.storage()
     address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
+    STOP.install()  # ray.init set its own SIGTERM handler
     client.log_param(parent, "ray", address)
     wait = 0 if local else cfg.cluster.node_wait_s  # no node joins a local Ray
     cluster.check_resources(**s.trial_resources(), wait=wait)
@@ -270,7 +282,13 @@ def train_trials(
             name=f"{cfg.profile}-{int(started)}",
             storage_path=store,
             verbose=1 if s.console == "table" else 0,
-            callbacks=[children, SweepProgress(searcher, children.writer, parent), RungCheckpoints(searcher, store)]
+            # a stop request first: it ends the loop before the others read a stopping cluster's events
+            callbacks=[
+                StopOnSignal(),
+                children,
+                SweepProgress(searcher, children.writer, parent),
+                RungCheckpoints(searcher, store),
+            ]
             + ([] if s.keep_checkpoints else [DropFinished()])
             + [NodeWatch(**s.trial_resources(), wait=wait)],
             progress_reporter=reporter() if s.console == "table" else None,
@@ -278,7 +296,8 @@ def train_trials(
             checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep),
         ),
     )
-    tuner.fit()
+    with STOP.deferred():  # a signal stops Tune's loop between two events (StopOnSignal)
+        tuner.fit()
     return slots
 
 
@@ -290,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=str(ROOT / "data"), help="data directory (default: %(default)s)")
     ap.add_argument("--out", default=str(RESULTS), help="results directory (default: %(default)s)")
     args = ap.parse_args(argv)
+    STOP.install()
+    if os.environ.get("DVC_STAGE"):  # run by dvc, which dies of a SIGTERM without passing it on: stop with it
+        STOP.with_parent()
     try:
         out = Path(args.out)
         # one sweep at a time per results directory: a second stops at once instead of racing the first for its
@@ -300,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         with owned(out / ".sweep.lock", busy):
             cfg = load_config(args.params)
+            STOP.install(cfg.cluster.stop_timeout_s)
             if os.environ.get(RETRAIN_ENV) == "1":  # pipeline.nightly --force: a night from scratch
                 print(f"sweep: {RETRAIN_ENV}=1: no finished run is reused, no checkpoint continued", flush=True)
                 cfg = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"reuse": False})})
@@ -308,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError, ServiceError, LockBusy) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Stopped as err:
+        print(
+            f"error: the sweep was {err}: its finished trials are in MLflow, the others continue from their "
+            "checkpoints when it runs again",
+            file=sys.stderr,
+        )
+        return err.signum + 128
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

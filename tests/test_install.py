@@ -7,11 +7,14 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, browser
 from tests.helpers.repo import copy_repo
 
 WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"  # the file PyTorch's CPU index serves
@@ -73,7 +76,8 @@ def test_install_picks_the_local_wheel_then_cuda_then_pytorchs_cpu_index(tmp_pat
 @pytest.mark.slow
 def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachable_one_is_named(tmp_path):
     """The ``cpu`` choice run for real, as on a machine with neither the wheel folder nor a GPU (this one has no
-    nvidia-smi): against a PEP 503 index that serves the wheel PyTorch's CPU index serves, everything else from PyPI."""
+    nvidia-smi): against a PEP 503 index that serves the wheel PyTorch's CPU index serves, everything else from PyPI;
+    with a python3 of another version first on the PATH, which the install passes over for python3.11."""
     wheel = Path(os.environ.get("CAPACITY_ATLAS_WHEELS", "/opt/wheels")) / WHEEL
     if not wheel.exists():
         pytest.skip(f"no {wheel} to serve")
@@ -86,12 +90,18 @@ def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachab
     (tmp_path / "index" / "torch").mkdir(parents=True)
     (tmp_path / "index" / "torch" / WHEEL).symlink_to(wheel)
     (tmp_path / "index" / "torch" / "index.html").write_text(f'<a href="{WHEEL}">{WHEEL}</a>')
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "python3").write_text(PYTHON_312)
+    (other / "python3").chmod(0o755)
     try:
-        done = install(root=repo, dry=False, wheels=tmp_path / "empty",
+        done = install(root=repo, dry=False, wheels=tmp_path / "empty", path=f"{other}:{os.environ['PATH']}",
                        CAPACITY_ATLAS_TORCH_INDEX=(tmp_path / "index").as_uri())
         assert done.returncode == 0, done.stdout + done.stderr
         assert "cpu build" in done.stdout and "torch 2.13.0+cpu, CUDA available: False" in done.stdout
+        assert f"Python 3.11: {shutil.which('python3.11')}" in done.stdout
         python = repo / ".venv" / "bin" / "python"
+        assert subprocess.run([python, "-c", "import sys; assert sys.version_info[:2] == (3, 11)"]).returncode == 0
         check = "import dvc, lightning, mlflow, ray; import pipeline.common.config as c; c.load_config(profile='tiny')"
         assert subprocess.run([python, "-c", check], cwd=repo).returncode == 0
     finally:
@@ -119,3 +129,142 @@ def test_ci_runs_the_readmes_test_command():
     command = "ops/install --test && .venv/bin/python -m pytest"
     assert f"```bash\n{command}\n```" in readme
     assert command in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+# ---- for any user, on any machine
+
+
+def tool_path(tmp_path: Path, **fakes: str) -> Path:
+    """A PATH folder with the tools the scripts call (not nvidia-smi, sudo, apt-get, chromium, npm, uv, python) and
+    ``fakes``: name -> a script's text."""
+    bin_dir = tmp_path / "tools"
+    bin_dir.mkdir()
+    for tool in ("bash", "sh", "grep", "sed", "dirname", "mktemp", "rm", "mv", "mkdir", "tar", "id", "cat", "head",
+                 "printf", "env", "chmod", "touch", "gzip"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    for name, text in fakes.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+PYTHON_312 = "#!/bin/sh\necho 3.12\n"  # answers the install's question, `import sys; print(version)`, and no other
+
+
+def test_install_says_how_it_is_used_and_adds_the_cluster_extra():
+    usage = install("--help", dry=False)
+    assert usage.returncode == 0 and "usage: ops/install [--test] [--cluster]" in usage.stdout
+    assert "--check" in usage.stdout and "uv's managed CPython" in usage.stdout
+    assert "-e .[cluster] torch==2.13.0+cpu" in install("--cluster", "--torch", "local").stdout
+    assert "-e .[test,cluster] torch==2.13.0+cpu" in install("--test", "--cluster", "--torch", "local").stdout
+
+
+def test_install_takes_python_311_and_uvs_managed_cpython_where_python3_is_another_version(tmp_path):
+    tools = tool_path(tmp_path, python3=PYTHON_312)
+    managed = install("--torch", "local", path=str(tools))
+    assert managed.returncode == 0 and "Python 3.11: uv's managed CPython (python3 is 3.12" in managed.stdout
+    (tools / "python3.11").symlink_to(sys.executable)
+    picked = install("--torch", "local", path=str(tools))
+    assert f"Python 3.11: {tools / 'python3.11'}" in picked.stdout
+    (tools / "python3").unlink()
+    (tools / "python3.11").unlink()
+    none = install("--torch", "local", path=str(tools))
+    assert none.returncode == 2 and "no Python 3.11 and no python3 or uv to get uv with" in none.stderr
+
+
+def test_uvs_managed_cpython_that_cannot_be_downloaded_is_named(tmp_path):
+    """The managed path run for real, as on a machine whose python3 is 3.12 and that has uv: uv is asked for its own
+    CPython 3.11 (none on the PATH counts), from a mirror that does not answer."""
+    repo = copy_repo(tmp_path / "repo")
+    tools = tool_path(tmp_path, python3=PYTHON_312)
+    (tools / "uv").symlink_to(Path(sys.executable).parent / "uv")
+    done = install("--torch", "local", root=repo, dry=False, path=str(tools),
+                   UV_PYTHON_INSTALL_DIR=str(tmp_path / "py"), UV_CACHE_DIR=str(tmp_path / "uv"),
+                   UV_PYTHON_INSTALL_MIRROR=(tmp_path / "no-mirror").as_uri())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "uv could not get its managed CPython 3.11 (it downloads it: is the network reachable?)" in done.stderr
+    assert not (repo / ".venv" / "bin" / "python").exists()
+
+
+STUB_TORCH = """__version__ = "2.13.0+cu130"
+class version:
+    cuda = "13.0"
+class cuda:
+    @staticmethod
+    def is_available():
+        return False
+"""
+SMI = """#!/bin/sh
+case "$*" in
+    -L) echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)' ;;
+    *driver_version*) echo 535.104.05 ;;
+esac
+"""
+
+
+def test_a_cuda_build_that_cannot_see_the_gpu_names_the_driver_it_needs(tmp_path):
+    """``--check`` of a venv whose torch is a CUDA 13.0 build that sees no GPU (torch stood in for: this machine has
+    no CUDA build), on a node where nvidia-smi lists one with an older driver."""
+    repo = copy_repo(tmp_path / "repo")
+    (repo / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    stub = tmp_path / "stub"
+    (stub / "torch").mkdir(parents=True)
+    (stub / "torch" / "__init__.py").write_text(STUB_TORCH)
+    tools = tool_path(tmp_path, **{"nvidia-smi": SMI})
+    failed = install("--check", root=repo, dry=False, path=f"{tools}:{os.environ['PATH']}", PYTHONPATH=str(stub))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert ("torch 2.13.0+cu130 (CUDA 13.0) cannot use the GPU that nvidia-smi lists: it needs an NVIDIA driver for "
+            "CUDA 13.0 (580.65.06 or later); this node's is 535.104.05") in failed.stderr
+    (tools / "nvidia-smi").unlink()  # a login node, no GPU: the CUDA build is what it is for
+    assert install("--check", root=repo, dry=False, path=f"{tools}:{os.environ['PATH']}",
+                   PYTHONPATH=str(stub)).returncode == 0
+    # this machine's own venv, the CPU build, with a GPU listed: no error (the CPU build was chosen)
+    (tools / "nvidia-smi").write_text(SMI)
+    (tools / "nvidia-smi").chmod(0o755)
+    done = install("--check", root=repo, dry=False, path=f"{tools}:{os.environ['PATH']}")
+    assert done.returncode == 0 and "torch 2.13.0+cpu, CUDA available: False" in done.stdout, done.stderr
+
+
+SUDO_ASKING = """#!/bin/sh
+# sudo as for a user whose sudo asks a password: -n says so and fails, anything else waits for the password
+[ "$1" = -n ] && { echo "sudo: a password is required" >&2; exit 1; }
+sleep 600
+"""
+RECORDED = """#!/bin/sh
+echo "$0 $*" >>"$HOME/called"
+"""
+
+
+def test_the_test_tools_install_for_a_user_without_root_and_a_missing_browser_makes_its_tests_skip(monkeypatch):
+    """ops/install-test-deps as a user who is not root and whose sudo asks a password (as `nobody` where the tests
+    run as root), where no browser can be downloaded: it never waits for a password nor calls apt-get, succeeds, and
+    says why the browser tests will skip; they then skip with that reason."""
+    home = Path(tempfile.mkdtemp(prefix="user-", dir="/tmp"))
+    try:
+        home.chmod(0o777)
+        # a python the user may run (this venv's may live in root's home)
+        python = shutil.which("python3.11", path="/usr/bin:/usr/local/bin") or sys.executable
+        tools = tool_path(home, sudo=SUDO_ASKING, **{"apt-get": RECORDED})
+        (tools / "python3").symlink_to(python)
+        npm = home / ".cache" / "capacity-atlas" / "npm"  # the CDN's copies already there: this test is the browser's
+        shutil.copytree(browser.NPM_CACHE, npm)
+        as_user = ["runuser", "-u", "nobody", "--"] if os.getuid() == 0 else []
+        subprocess.run(["chown", "-R", "nobody", str(home)], check=True) if as_user else None
+        env = {"HOME": str(home), "PATH": str(tools), "CAPACITY_ATLAS_BROWSER_INDEX": (home / "none.json").as_uri()}
+        began = time.monotonic()
+        done = subprocess.run([*as_user, "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                               str(ROOT / "ops" / "install-test-deps")], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and time.monotonic() - began < 120, done.stdout + done.stderr
+        assert not (home / "called").exists()  # no apt-get without root
+        reason = (home / ".cache" / "capacity-atlas" / "browser-missing").read_text()
+        assert reason.startswith("no headless Chromium: cannot download Chrome for Testing's chrome-headless-shell")
+        assert "the browser tests will skip" in done.stderr
+        monkeypatch.setenv("PATH", str(tools))
+        monkeypatch.setattr(browser, "MISSING", home / ".cache" / "capacity-atlas" / "browser-missing")
+        monkeypatch.setattr(browser, "USER_BROWSER", home / "none")
+        with pytest.raises(pytest.skip.Exception, match="no headless Chromium: cannot download"):
+            browser.chromium()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

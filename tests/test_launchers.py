@@ -23,8 +23,18 @@ import pytest
 import yaml
 
 from pipeline.common.config import ConfigError, load_config
-from pipeline.launch import AllocationError, LaunchError, check_rayjob, check_slurm
+from pipeline.launch import (
+    KUBERAY_VERSION,
+    AllocationError,
+    LaunchError,
+    SchemaError,
+    check_rayjob,
+    check_slurm,
+    kuberay_versions,
+)
 from tests.helpers import ROOT, services
+from tests.helpers.repo import copy_repo, run
+from tests.helpers.upstream import copy_kernels, upstream_and_clone
 
 SBATCH = Path("ops/slurm/capacity-atlas.sbatch")
 MANIFEST = ROOT / "ops" / "kuberay" / "rayjob.yaml"
@@ -33,12 +43,16 @@ IMAGE = "registry.example/capacity-atlas:1"  # what a user puts in place of the 
 NO_NAMESPACES = services.namespace_problem()  # the Ray cluster's test needs them (root)
 
 SCONTROL = """#!/usr/bin/env bash
-# scontrol's stand-in: `scontrol show hostnames a,b` prints a and b, one a line
-[ "$1 $2" = "show hostnames" ] || exit 1
-tr ',' '\\n' <<<"$3"
+# scontrol's stand-in: `scontrol show hostnames a,b` prints a and b, one a line; `scontrol requeue ID` is logged
+case "$1 ${2:-}" in
+    "show hostnames") tr ',' '\\n' <<<"$3" ;;
+    "requeue $SLURM_JOB_ID") echo "$*" >>"$FAKE_SLURM/scontrol.log" ;;
+    *) exit 1 ;;
+esac
 """
 SRUN = """#!/usr/bin/env bash
-# srun's stand-in: logs its call, then runs the step's command here, with a Ray temp dir of the node's own
+# srun's stand-in: logs its call, then runs the step's command here, its Ray temp dir one of the node's own (each
+# node has its own /tmp)
 echo "$*" >>"$FAKE_SLURM/srun.log"
 node=""
 while [ $# -gt 0 ]; do
@@ -48,9 +62,16 @@ while [ $# -gt 0 ]; do
         *) break ;;
     esac
 done
+mkdir -p "$FAKE_SLURM/$node"
+args=()
+for arg in "$@"; do
+    case $arg in
+        --temp-dir=*) args+=("--temp-dir=$FAKE_SLURM/$node") ;;
+        *) args+=("$arg") ;;
+    esac
+done
 export RAY_TMPDIR="$FAKE_SLURM/$node"
-mkdir -p "$RAY_TMPDIR"
-exec "$@"
+exec "${args[@]}"
 """
 DVC = """#!/usr/bin/env bash
 # dvc's stand-in: records how it was called, writes outputs, exits as FAKE_DVC_EXIT says
@@ -87,8 +108,8 @@ sys.exit(3)
 def checkout(dst: Path) -> Path:
     """A copy of what the launchers run in this checkout (tracked and new files of the code, profiles and ops)."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z", "pipeline", "tasks", "models",
-                             "conf", "ops", "params.yaml", "dvc.yaml"], cwd=ROOT, capture_output=True,
-                            check=True).stdout.decode().split("\0")
+                             "conf", "ops", "params.yaml", "dvc.yaml", "dvc.lock", ".dvc", ".dvcignore"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
         if (ROOT / name).is_file():
             (dst / name).parent.mkdir(parents=True, exist_ok=True)
@@ -239,6 +260,89 @@ def test_what_else_a_rayjob_must_get_right_is_named(mistake):
         check_rayjob(data)
 
 
+SCHEMA_MISTAKES = {
+    # the issue's two: KubeRay would ignore the misspelled field and never delete the cluster; the API server would
+    # refuse the string
+    "misspelled": (lambda d: d["spec"].update(shutdownAfterJobFinishs=d["spec"].pop("shutdownAfterJobFinishes")),
+                   "spec.shutdownAfterJobFinishs: no such field in KubeRay 1.7.0's RayJob (did you mean "
+                   "shutdownAfterJobFinishes?)"),
+    "string": (lambda d: d["spec"].update(ttlSecondsAfterFinished="600"),
+               "spec.ttlSecondsAfterFinished: '600' is a string; KubeRay 1.7.0's RayJob wants integer"),
+    "deep": (lambda d: workers(d)["template"]["spec"]["containers"][0].update(
+        volumeMount=workers(d)["template"]["spec"]["containers"][0].pop("volumeMounts")),
+        "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0].volumeMount: no such field in KubeRay "
+        "1.7.0's RayJob (did you mean volumeMounts?)"),
+    "deadline": (lambda d: d["spec"].update(preRunningDeadlineSeconds=0),
+                 "spec.preRunningDeadlineSeconds: 0 is less than the minimum of 1"),
+}
+
+
+@pytest.mark.parametrize("mistake", SCHEMA_MISTAKES)
+def test_a_rayjob_that_kuberays_schema_rejects_is_named_field_by_field(mistake):
+    change, message = SCHEMA_MISTAKES[mistake]
+    data = manifest()
+    change(data)
+    with pytest.raises(SchemaError) as err:
+        check_rayjob(data)
+    assert message in str(err.value)
+
+
+KUBERAY_MISTAKES = {
+    "unknown": (lambda d: d["metadata"]["annotations"].update({KUBERAY_VERSION: "0.9.9"}),
+                "KubeRay '0.9.9' is not a release this checkout knows the RayJob schema of (ops/kuberay/crd/: 1.7.0)"),
+    "unsaid": (lambda d: d["metadata"].pop("annotations"), "no 'capacity-atlas/kuberay-version': name the KubeRay"),
+    "no-deadline": (lambda d: d["spec"].pop("activeDeadlineSeconds"),
+                    "spec.activeDeadlineSeconds is not set: without it a hung sweep holds its GPUs"),
+    "no-start-deadline": (lambda d: d["spec"].pop("preRunningDeadlineSeconds"), "spec.preRunningDeadlineSeconds"),
+    "kept-cluster": (lambda d: d["spec"].update(shutdownAfterJobFinishes=False), "would keep the Ray cluster"),
+    "password": (lambda d: head_env(d)["MLFLOW_TRACKING_PASSWORD"].update(value="hunter2", valueFrom=None) or
+                 head_env(d)["MLFLOW_TRACKING_PASSWORD"].pop("valueFrom"),
+                 "MLFLOW_TRACKING_PASSWORD is a literal value in the manifest: take it from a Kubernetes Secret"),
+}
+
+
+@pytest.mark.parametrize("mistake", KUBERAY_MISTAKES)
+def test_a_rayjob_for_an_unknown_kuberay_without_deadlines_or_with_a_literal_secret_is_named(mistake):
+    change, message = KUBERAY_MISTAKES[mistake]
+    data = manifest()
+    change(data)
+    with pytest.raises(LaunchError) as err:
+        check_rayjob(data)
+    assert message in str(err.value) and not isinstance(err.value, SchemaError)
+
+
+def test_the_vendored_rayjob_schema_says_where_it_came_from_and_resolves_whole():
+    vendored = json.loads((ROOT / "ops/kuberay/crd/rayjob-1.7.0.json").read_text())
+    assert vendored["kuberay_version"] == "1.7.0" and re.fullmatch(r"[0-9a-f]{40}", vendored["commit"])
+    assert vendored["source"].startswith("https://github.com/ray-project/kuberay/blob/v1.7.0/")
+    schema = vendored["schema"]
+    refs = set(re.findall(r'"\$ref": "#/\$defs/(\w+)"', json.dumps(schema)))
+    assert refs == set(schema["$defs"])  # every shared subtree used, every reference there
+    spec = schema["properties"]["spec"]["properties"]
+    assert {"activeDeadlineSeconds", "preRunningDeadlineSeconds", "shutdownAfterJobFinishes"} <= set(spec)
+    assert "status" not in schema["properties"]  # the operator's, never a manifest's
+    assert kuberay_versions() == ["1.7.0"]
+    assert yaml.safe_load(MANIFEST.read_text())["metadata"]["annotations"][KUBERAY_VERSION] == "1.7.0"
+
+
+def test_the_image_recipe_builds_this_checkout_from_the_locks_on_rays_cuda_image():
+    dockerfile = (ROOT / "ops/kuberay/Dockerfile").read_text()
+    ray = re.search(r"(?m)^ray==(\S+)", (ROOT / "requirements.lock").read_text())[1]
+    assert re.search(rf"(?m)^ARG RAY_IMAGE=rayproject/ray:{re.escape(ray)}-py311-gpu$", dockerfile)
+    assert re.search(r"(?m)^FROM \$\{RAY_IMAGE\}$", dockerfile)
+    # the checkout where the manifest's entrypoint runs, installed with the CUDA lock and Ray's job server
+    entrypoint = yaml.safe_load(MANIFEST.read_text())["spec"]["entrypoint"].split()[0]
+    assert "COPY . /srv/capacity-atlas" in dockerfile and entrypoint == "/srv/capacity-atlas/ops/ray-job"
+    assert "RUN ops/install --torch cuda --cluster" in dockerfile
+    assert "ENV PATH=/srv/capacity-atlas/.venv/bin:$PATH" in dockerfile  # KubeRay's `ray start` is the venv's
+    lines = (ROOT / "ops/kuberay/Dockerfile.dockerignore").read_text().splitlines()
+    ignored = [line for line in lines if line and not line.startswith("#")]
+    assert {".venv", "data", "mlflow.db", ".dvc/cache"} <= set(ignored) and ".git" not in ignored
+    dry = subprocess.run([str(ROOT / "ops/install"), "--dry-run", "--torch", "cuda", "--cluster"],
+                         capture_output=True, text=True, timeout=60)
+    assert "-c requirements-cuda.lock -e .[cluster] torch==2.13.0" in dry.stdout, dry.stdout + dry.stderr
+
+
 def test_the_rayjob_check_on_the_command_line_exits_2_with_the_named_error(tmp_path):
     small = tmp_path / "rayjob.yaml"
     small.write_text(yaml.safe_dump(too_small("gpus")))
@@ -249,7 +353,14 @@ def test_the_rayjob_check_on_the_command_line_exits_2_with_the_named_error(tmp_p
     fine.write_text(yaml.safe_dump(manifest()))
     done = subprocess.run([sys.executable, "-m", "pipeline.launch", "rayjob", str(fine)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "profile paper, `dvc repro`" in done.stdout and "8 trials at once" in done.stdout
+    assert done.returncode == 0 and "a RayJob of KubeRay 1.7.0, profile paper, `dvc repro`" in done.stdout
+    assert "8 trials at once" in done.stdout
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(fine.read_text().replace("shutdownAfterJobFinishes", "shutdownAfterJobFinishs"))
+    done = subprocess.run([sys.executable, "-m", "pipeline.launch", "rayjob", str(typo)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: SchemaError: spec.shutdownAfterJobFinishs"), \
+        done.stderr
 
 
 def test_an_autoscaled_rayjob_counts_its_pods_at_most_and_says_what_the_sweep_needs_to_use_them(tmp_path):
@@ -302,6 +413,78 @@ def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp
     assert not (tmp_path / "dvc.json").exists() and profile_of(repo / "params.yaml") == "separations"
 
 
+def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_outputs(tmp_path):
+    """A head pod's deletion as the entrypoint sees it: the manifest's preStop hook, run for real, signals the pid
+    ops/ray-job wrote and waits; the command's whole process group gets SIGINT (DVC passes no SIGTERM to its stage),
+    and the outputs are kept. (`ray job stop` signals ops/ray-job the same way, with the rest of its tree.)"""
+    repo = checkout(tmp_path / "checkout")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    shared, state, pidfile = tmp_path / "shared", tmp_path / "state", tmp_path / "driver.pid"
+    state.mkdir()
+    (tmp_path / "stoppable.py").write_text(STOPPABLE)
+    head = yaml.safe_load(MANIFEST.read_text())["spec"]["rayClusterSpec"]["headGroupSpec"]
+    container = head["template"]["spec"]["containers"][0]
+    shipped = {e["name"]: e.get("value") for e in container["env"]}["CAPACITY_ATLAS_DRIVER_PIDFILE"]
+    hook = container["lifecycle"]["preStop"]["exec"]["command"]
+    env = services.clean_env() | {"PATH": f"{BIN}:{os.environ['PATH']}", "CAPACITY_ATLAS_PROFILE": "separations",
+                                  "MLFLOW_TRACKING_URI": "http://mlflow:5000", "CAPACITY_ATLAS_STORAGE": str(shared),
+                                  "CAPACITY_ATLAS_DRIVER_PIDFILE": str(pidfile)}
+    job = subprocess.Popen([str(repo / "ops/ray-job"), sys.executable, str(tmp_path / "stoppable.py"), str(state)],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (state / "driver-running").exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pidfile.read_text().strip() == str(job.pid)
+    stop = subprocess.Popen([*hook[:-1], hook[-1].replace(shipped, str(pidfile))])  # waits until the driver is gone
+    out, err = job.communicate(timeout=120)  # (and reaped: its parent, Ray's job supervisor in a pod, reaps it)
+    assert stop.wait(timeout=30) == 0 and job.returncode == 130, out + err  # the command's status: SIGINT
+    assert (state / "driver").read_text() == (state / "stage").read_text() == "SIGINT"
+    (kept,) = (shared / "outputs").iterdir()
+    assert kept.name.startswith("separations-") and profile_of(kept / "params.yaml") == "separations"
+    assert not pidfile.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_jobs_share_dvcs_state_reuse_the_datasets_and_push_their_results_as_an_experiment(tmp_path):
+    """Two jobs in fresh checkouts of one upstream (pods of the image, Ray jobs' copies), with the storage they share:
+    the first generates the datasets, saves its workspace as a DVC experiment and pushes it; the second restores the
+    datasets from the shared DVC cache instead of generating them again; a teammate's clone pulls the experiment into
+    `dvc exp show`. (`dvc repro generate`: the sweep's part of DVC's state is the same files.)"""
+    src = copy_repo(tmp_path / "src")
+    upstream, first = upstream_and_clone(src, tmp_path)
+    shared, remote = tmp_path / "shared", tmp_path / "dvc-remote"
+    remote.mkdir()
+    env = {"CAPACITY_ATLAS_PROFILE": "tiny", "CAPACITY_ATLAS_STORAGE": str(shared),
+           "CAPACITY_ATLAS_DVC_REMOTE": str(remote), "CAPACITY_ATLAS_GIT_REMOTE": "origin",
+           "GIT_AUTHOR_NAME": "job", "GIT_AUTHOR_EMAIL": "job@t", "GIT_COMMITTER_NAME": "job",
+           "GIT_COMMITTER_EMAIL": "job@t"}
+
+    def job(checkout: Path) -> subprocess.CompletedProcess:
+        copy_kernels(src, checkout)
+        done = run([str(checkout / "ops/ray-job"), "dvc", "repro", "generate"], checkout, **env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done
+
+    made = job(first)
+    output = made.stdout + made.stderr
+    assert "Running stage 'generate@lis'" in output
+    name = re.search(r"experiment (tiny-\S+) pushed to git remote 'origin'", output)[1]
+    second = tmp_path / "second"
+    subprocess.run(["git", "clone", "-q", str(upstream), str(second)], check=True)
+    (second / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    again = job(second)
+    output = again.stdout + again.stderr
+    assert "Running stage 'generate@" not in output and "is cached - skipping run" in output, output[-3000:]
+    for data in (first / "data").rglob("*.parquet"):
+        assert (second / data.relative_to(first)).read_bytes() == data.read_bytes()
+    teammate = tmp_path / "teammate"
+    subprocess.run(["git", "clone", "-q", str(upstream), str(teammate)], check=True)
+    assert run(["dvc", "exp", "pull", "origin", name], teammate).returncode == 0
+    shown = run(["dvc", "exp", "show", "--json"], teammate)  # the table the same, whole, whatever the width
+    assert name in shown.stdout, shown.stdout + shown.stderr
+
+
 # ---- the Slurm batch script
 
 
@@ -346,13 +529,19 @@ def ray_processes(fake: Path) -> list[psutil.Process]:
 
 
 STOPPABLE = """
-import pathlib, signal, sys, time
+import os, pathlib, signal, subprocess, sys, time
 out = pathlib.Path(sys.argv[1])
-def stop(*_):
-    out.write_text("stopped")
-    sys.exit(143)
+who = sys.argv[2] if len(sys.argv) > 2 else "driver"
+def stop(signum, frame):
+    (out / who).write_text(signal.Signals(signum).name)
+    sys.exit(128 + signum)
+signal.signal(signal.SIGINT, stop)
 signal.signal(signal.SIGTERM, stop)
-out.write_text("running")
+if who == "driver":  # as dvc runs its stage: a child in its process group, which a stop must reach too
+    subprocess.Popen([sys.executable, __file__, str(out), "stage"])
+    while not (out / "stage-running").exists():
+        time.sleep(0.1)
+(out / f"{who}-running").write_text(str(os.getpgid(0)))
 time.sleep(600)
 """
 
@@ -362,16 +551,20 @@ time.sleep(600)
 @pytest.mark.integration
 @pytest.mark.skipif(NO_NAMESPACES is not None, reason=f"needs network namespaces: {NO_NAMESPACES}")
 def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_driver_and_stops_it(tmp_path):
-    """The job as Slurm runs it, twice: the driver ends (its status is the job's), and Slurm's notice before the
-    time limit (SIGTERM to the batch shell, --signal=B:TERM@300) stops the driver first. Ray is gone both times."""
+    """The job as Slurm runs it, three times: the driver ends (its status is the job's); Slurm's notice before the time
+    limit (SIGUSR1 to the batch shell, --signal=B:USR1@300) stops the driver's whole process group, SIGINT first, and
+    then the job requeues itself; a SIGTERM (scancel) stops it without a requeue. Ray is gone each time, and its ports
+    and temp dir are the job's own."""
     repo = checkout(tmp_path / "checkout")
     fake = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))  # short: Ray's socket paths live under it
     shared = tmp_path / "shared"
     env = slurm_env(fake, repo, SLURM_GPUS_ON_NODE="2", CAPACITY_ATLAS_PROFILE="paper",
                     MLFLOW_TRACKING_URI="http://127.0.0.1:5000", CAPACITY_ATLAS_STORAGE=str(shared),
-                    CAPACITY_ATLAS_RAY_ARGS="--object-store-memory=100000000 --min-worker-port=0 --max-worker-port=0",
-                    CAPACITY_ATLAS_WAIT_SECONDS="90")
-    seen, state = tmp_path / "driver.json", tmp_path / "driver.state"
+                    CAPACITY_ATLAS_RAY_ARGS="--object-store-memory=100000000", CAPACITY_ATLAS_WAIT_SECONDS="90")
+    seen = tmp_path / "driver.json"
+    stoppable = tmp_path / "stoppable.py"
+    stoppable.write_text(STOPPABLE)
+    stopped: dict[str, tuple] = {}
     try:
         with services.network_namespace(tmp_path / "netns.log") as netns:
             done = subprocess.run(netns.command(["bash", str(repo / SBATCH), sys.executable, "-c", DRIVER,
@@ -379,35 +572,67 @@ def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_dri
                                   cwd=repo, env=env, capture_output=True, text=True, timeout=300)
             left = ray_processes(fake)
             (fake / "srun.log").rename(fake / "first-srun.log")
-            job = subprocess.Popen(netns.command(["bash", str(repo / SBATCH), sys.executable, "-c", STOPPABLE,
-                                                  str(state)]),
-                                   cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            deadline = time.monotonic() + 240
-            while not state.exists() and job.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.5)
-            job.send_signal(signal.SIGTERM)
-            out, err = job.communicate(timeout=240)
-            left_after_term = ray_processes(fake)
+            for notice in (signal.SIGUSR1, signal.SIGTERM):
+                state = tmp_path / notice.name
+                state.mkdir()
+                job = subprocess.Popen(netns.command(["bash", str(repo / SBATCH), sys.executable, str(stoppable),
+                                                      str(state)]),
+                                       cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                deadline = time.monotonic() + 240
+                while not (state / "driver-running").exists() and job.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                job.send_signal(notice)
+                out, err = job.communicate(timeout=240)
+                requeued = (fake / "scontrol.log").read_text() if (fake / "scontrol.log").exists() else ""
+                stopped[notice.name] = (job.returncode, out, err, state, requeued, ray_processes(fake))
         assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-5000:]  # the driver's status
         driver = json.loads(seen.read_text())
         assert {n["ip"] for n in driver["nodes"]} == {"127.0.0.1", "127.0.0.2"}
         assert all(n["cpu"] == 4 and n["gpu"] == 2 for n in driver["nodes"]), driver["nodes"]
-        assert driver["env"] == {"RAY_ADDRESS": "127.0.0.1:6379", "RAY_AUTH_MODE": "token",
+        port = 20000 + 2 * (42 % 5000)  # the job's own (SLURM_JOB_ID 42), not Ray's 6379 another job may hold
+        assert driver["env"] == {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token",
                                  "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "CAPACITY_ATLAS_STORAGE": str(shared)}
         assert driver["token"] and Path(driver["cwd"]) == repo
         assert profile_of(repo / "params.yaml") == "paper"
+        assert "capacity-atlas.sbatch: job 42, start 1," in done.stderr  # each start says so in the appended log
         steps = (fake / "first-srun.log").read_text().splitlines()
         assert [re.search(r"--nodelist=(\S+)", s)[1] for s in steps] == ["127.0.0.1", "127.0.0.2"]
         assert all("--cpus-per-task=4" in s and "ray start --block" in s for s in steps)
-        assert "--head" in steps[0] and "--address=127.0.0.1:6379" in steps[1]
+        assert all(f"--temp-dir=/tmp/ray-42 --dashboard-agent-listen-port={port + 1}" in s for s in steps)
+        assert all("--min-worker-port=0 --max-worker-port=0" in s for s in steps)
+        assert f"--head --port={port}" in steps[0] and f"--address=127.0.0.1:{port}" in steps[1]
         assert not left, [p.cmdline() for p in left]  # Ray stopped on both nodes
-        assert job.returncode == 143 and "stopping (SIGTERM)" in err, out[-3000:] + err[-5000:]
-        assert state.read_text() == "stopped"  # the driver had its SIGTERM before Ray went
-        assert not left_after_term, [p.cmdline() for p in left_after_term]
+        code, out, err, state, requeued, left = stopped["SIGUSR1"]
+        assert code == 143 and "the time limit is near (SIGUSR1): stopping, then requeueing" in err, out + err
+        # the driver and its stage, one process group, had SIGINT while Ray was still up; then the job requeued
+        assert (state / "driver").read_text() == (state / "stage").read_text() == "SIGINT"
+        assert requeued == "requeue 42\n" and "requeued job 42" in err and not left
+        code, out, err, state, requeued, left = stopped["SIGTERM"]
+        assert code == 143 and "stopping (SIGTERM)" in err, out + err
+        assert (state / "driver").read_text() == (state / "stage").read_text() == "SIGINT"
+        assert requeued == "requeue 42\n" and not left  # no second requeue
     finally:
         for proc in ray_processes(fake):  # only if the script failed to stop them
             proc.kill()
         shutil.rmtree(fake, ignore_errors=True)
+
+
+def test_the_sbatch_script_requeues_itself_at_its_time_limit_and_says_how_to_keep_its_nodes_to_itself():
+    text = (ROOT / SBATCH).read_text()
+    assert {"--requeue", "--open-mode=append", "--signal=B:USR1@300"} <= set(re.findall(r"(?m)^#SBATCH (\S+)", text))
+    assert "--exclusive" in text  # said when jobs may share nodes
+
+
+def test_an_allocation_without_scontrol_is_named_before_anything_starts(tmp_path):
+    repo = checkout(tmp_path / "checkout")
+    fake = tmp_path / "slurm"
+    env = slurm_env(fake, repo, CAPACITY_ATLAS_PROFILE="laptop")
+    (fake / "bin" / "scontrol").unlink()
+    plain = ":".join(p for p in env["PATH"].split(":") if not (Path(p) / "scontrol").exists())
+    done = subprocess.run(["bash", str(repo / SBATCH)], cwd=repo, env=env | {"PATH": plain}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "scontrol is not on the PATH" in done.stderr, done.stderr
+    assert not (fake / "srun.log").exists()
 
 
 def test_the_sbatch_defaults_are_a_gpu_job_of_one_ray_node_per_slurm_node():

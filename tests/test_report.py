@@ -280,3 +280,21 @@ def test_the_min_width_table_is_printed_at_another_threshold_from_the_recorded_r
     pd.read_csv(results).drop(columns=["sustained_accuracy"]).to_csv(old, index=False)
     assert main(["--params", str(params), "--results", str(old), "--table-at", "0.99"]) == 2
     assert "lack ['sustained_accuracy']" in capsys.readouterr().err
+
+
+def test_the_page_links_the_sweeps_parent_run_in_mlflows_ui(tmp_path):
+    """With its MLflow store, the page links the parent run's page (a local store's as `mlflow ui` serves it)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("capacity-atlas", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(experiment).info.run_id
+    table = pd.DataFrame(rows("lis", "standard", 2, {4: 16, 6: 32})).assign(mlflow_run_id=None, parent_run_id=parent)
+    table.to_csv(tmp_path / "sweep.csv", index=False)
+    cfg = load_config(profile="tiny")
+    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"mlflow_tracking_uri": uri})})
+    report(cfg, tmp_path / "sweep.csv", tmp_path / "report", tmp_path / "report.json", tmp_path / "plots")
+    link = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{parent}?workflowType=machine_learning"
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert f"MLflow parent run <a href='{link}'><code>{parent}</code></a>" in page

@@ -1,6 +1,8 @@
 """Sweeps that survive kills, for real: `dvc repro` on a small tiny-profile sweep (a local Ray, SQLite MLflow) is
 (a) run through, (b) killed with SIGKILL, driver and all, mid-sweep and rerun, (c) left running while one Ray
-worker is SIGKILLed. (b) and (c) must end exactly as (a), with one MLflow run per trial holding the whole curve."""
+worker is SIGKILLed, (d) stopped by SIGTERM to dvc, then by SIGTERM to the runner the launchers start it with, and
+rerun, (e) killed on one host (a UTS namespace named node-a) and rerun on another. (b) to (e) must end exactly as (a),
+with one MLflow run per trial holding the whole curve."""
 
 from __future__ import annotations
 
@@ -113,7 +115,7 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
     pd.testing.assert_frame_equal(got[SAME], want[SAME])
     client, parents, children = mlflow_runs(repo)
     killed = [r for r in parents if r.info.status == "KILLED"]
-    assert len(killed) == 1 and "driver process died" in killed[0].data.tags["reason"]
+    assert len(killed) == 1 and "died before the sweep ended" in killed[0].data.tags["reason"]
     assert_one_whole_run_per_trial(repo, reference)
     assert not any(checkpoint_counts(repo))  # finished: the rerun's checkpoints and the killed sweep's are gone
 
@@ -144,3 +146,102 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, tmp_p
 def test_finished_trials_keep_their_checkpoints_only_when_asked(uninterrupted):
     reference, _ = uninterrupted  # sweep.keep_checkpoints: true; the tests above run with the default, false
     assert sorted(checkpoint_counts(reference)) == [2, 2]  # sweep.checkpoints_to_keep of each trial
+
+
+def sweep_process(dvc: subprocess.Popen) -> psutil.Process:
+    return wait_for(lambda: next((p for p in psutil.Process(dvc.pid).children(recursive=True)
+                                  if "pipeline.sweep" in " ".join(p.cmdline())), None), "the sweep stage to start")
+
+
+def ended(proc: psutil.Process) -> bool:
+    """Gone, or dead and not yet reaped (an orphan waits for the container's init to reap it)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def new_checkpoint(repo: Path, before: list[dict]) -> bool:
+    seen = {(m["trial_key"], m["step"]) for m in before}
+    return any((m["trial_key"], m["step"]) not in seen for m in checkpoints(repo))
+
+
+def test_a_stopped_dvc_repro_closes_its_runs_as_killed_and_a_rerun_resumes(uninterrupted, tmp_path):
+    """Stopped twice, then run through: (1) SIGTERM to dvc alone, which passes no signal to its stage: the sweep stops
+    as its parent dies; (2) started as the launchers start it (``python -m pipeline.common.signals -- dvc repro``),
+    SIGTERM to that runner: SIGINT to the whole process group, which dvc waits out and the sweep stops on. Each stop
+    closes the sweep's runs as KILLED with the reason, within the stop's bound; the last run ends as the
+    uninterrupted one did."""
+    reference, _ = uninterrupted
+    repo = copy_repo(tmp_path, KILLABLE_SWEEP)
+    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    first = start(["dvc", "repro"], repo)
+    stage = sweep_process(first)
+    wait_for(lambda: any(m["step"] >= 20 for m in checkpoints(repo)), "a checkpoint at step 20")
+    first.send_signal(signal.SIGTERM)
+    began = time.monotonic()
+    out, _ = first.communicate(timeout=90)  # to its end: the sweep writes to the same pipe as dvc
+    print(f"\nthe sweep stopped {time.monotonic() - began:.1f} s after dvc's SIGTERM")
+    assert first.returncode == -signal.SIGTERM and wait_for(lambda: ended(stage), "the sweep's end", 10), out[-3000:]
+    assert "error: the sweep was stopped by SIGTERM (its parent process" in out
+    _, parents, children = mlflow_runs(repo)
+    assert [p.info.status for p in parents] == ["KILLED"] and {c.info.status for c in children} == {"KILLED"}
+    assert "stopped by SIGTERM (its parent process" in parents[0].data.tags["reason"]
+    assert all("stopped by SIGTERM" in c.data.tags["reason"] and "status" not in c.data.tags for c in children)
+
+    before = checkpoints(repo)
+    second = start([sys.executable, "-m", "pipeline.common.signals", "--", "dvc", "repro"], repo)
+    wait_for(lambda: new_checkpoint(repo, before), "a checkpoint of the resumed sweep")
+    second.send_signal(signal.SIGTERM)
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode != 0 and "sweep: SIGINT received: stopping" in out, out[-3000:]
+    assert "failed to reproduce 'sweep'" in out  # dvc waited for its stage and said so
+    _, parents, children = mlflow_runs(repo)
+    assert sorted(p.info.status for p in parents) == ["KILLED", "KILLED"]
+    assert not [r for r in parents + children if r.info.status == "RUNNING"]
+
+    result = run(["dvc", "repro"], repo)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    got, want = trials(repo), trials(reference)
+    assert (got.resumed_step >= 20).all()  # continued, not restarted
+    pd.testing.assert_frame_equal(got[SAME], want[SAME])
+    assert_one_whole_run_per_trial(repo, reference)
+
+
+NO_UTS = None if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0 else \
+    "`unshare --uts` fails (run as root)"
+
+
+@pytest.mark.skipif(NO_UTS is not None, reason=f"needs a host name of its own: {NO_UTS}")
+def test_a_sweep_killed_on_one_host_is_resumed_on_another(uninterrupted, tmp_path):
+    """`dvc repro` killed, process group and all, on host node-a (a UTS namespace of its own: the same machine under
+    another name, as a Slurm job or a KubeRay retry lands on another node), then run on this host: its runs are known
+    dead by their missed heartbeat, not by their host, closed as KILLED, and their trials continued with their
+    curves; the table is the uninterrupted run's."""
+    reference, _ = uninterrupted
+    repo = copy_repo(tmp_path, KILLABLE_SWEEP)
+    params = repo / "params.yaml"
+    params.write_text(params.read_text().replace("node_wait_s: 300", "node_wait_s: 300\n  heartbeat_s: 1"))
+    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    first = start(["unshare", "--uts", "sh", "-c", "hostname node-a && exec dvc repro"], repo)
+    wait_for(lambda: any(m["step"] >= 20 for m in checkpoints(repo)), "a checkpoint at step 20")
+    os.killpg(first.pid, signal.SIGKILL)  # the node is gone: nothing of it cleans up
+    first.wait()
+    _, parents, _ = mlflow_runs(repo)
+    assert [(p.info.status, p.data.tags["driver_host"]) for p in parents] == [("RUNNING", "node-a")]
+
+    result = run(["dvc", "repro"], repo)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "(pid" in result.stdout and "on node-a) missed 3 heartbeats (every 1 s" in result.stdout
+    got, want = trials(repo), trials(reference)
+    assert (got.resumed_step >= 20).any()
+    pd.testing.assert_frame_equal(got[SAME], want[SAME])
+    _, parents, children = mlflow_runs(repo)
+    killed = [p for p in parents if p.info.status == "KILLED"]
+    assert len(killed) == 1 and "on node-a) missed 3 heartbeats" in killed[0].data.tags["reason"]
+    newest = max(parents, key=lambda r: r.info.start_time)
+    mine = [c for c in children if c.data.tags["mlflow.parentRunId"] == newest.info.run_id]
+    dead = {c.info.run_id for c in children if c.info.status == "KILLED"}
+    assert {c.data.tags.get("resumed_from_run") for c in mine if "resumed_from_run" in c.data.tags} <= dead
+    assert any("resumed_from_run" in c.data.tags for c in mine)  # the killed run's curve handed on
+    assert_one_whole_run_per_trial(repo, reference)

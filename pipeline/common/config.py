@@ -653,6 +653,17 @@ class ClusterConfig(Section):
         "none, before it stops with an error naming them (a local Ray stops at once)",
     )
 
+    heartbeat_s: PositiveFloat = Field(
+        30,
+        description="seconds between a sweep's heartbeats (a tag of its MLflow parent run): a sweep on any host "
+        "takes one that missed 3 of its beats for dead, closes its runs and continues its trials",
+    )
+    stop_timeout_s: PositiveFloat = Field(
+        30,
+        description="seconds a sweep asked to stop (SIGTERM, SIGINT) takes at most to close its MLflow runs and "
+        "leave Ray; as long again, and the process ends as it is",
+    )
+
     def ray(self) -> str | None:
         return self.ray_address or os.environ.get("RAY_ADDRESS") or None
 

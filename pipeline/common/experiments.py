@@ -135,14 +135,20 @@ def push(repo: Path, git_remote: str, profile: str) -> list[str]:
     failed before), its ref to ``git_remote``, its outputs to DVC's default remote; returns their names."""
     there = set(remote_names(repo, git_remote, profile))
     names = [e.name for e in nights(repo, profile) if e.name not in there]
+    push_named(repo, git_remote, names)
+    return names
+
+
+def push_named(repo: Path, git_remote: str, names: list[str]) -> None:
+    """``dvc exp push``: the experiments ``names``, their refs to ``git_remote``, their outputs to DVC's default
+    remote."""
     if names:
         done = run(dvc("exp", "push", git_remote, *names), repo)
         if done.returncode != 0:
-            pushing = " ".join(names) if len(names) < 4 else f"{names[0]} ... ({len(names)} nights)"
+            pushing = " ".join(names) if len(names) < 4 else f"{names[0]} ... ({len(names)} experiments)"
             raise RemoteError(
                 f"`dvc exp push {git_remote} {pushing}` failed (exit {done.returncode}):\n{last_lines(done)}"
             )
-    return names
 
 
 def remote_names(repo: Path, git_remote: str, profile: str) -> list[str]:

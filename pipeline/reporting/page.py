@@ -252,20 +252,20 @@ loss not finite; <b>failed</b> = the trial raised. <b>Borderline</b> (&asymp;) =
 accuracy contains the threshold. A cell is its best learning rate, chosen on validation.</li></ul>"""
 
 
+def parent_run_html(summary: dict) -> str:
+    """The sweep's MLflow parent run, linked to its page in MLflow's UI where the report knows it (a local store's:
+    served by `mlflow ui` on demand, which the page says)."""
+    run = f"<code>{summary['mlflow_parent_run']}</code>"
+    link = summary.get("parent_link")
+    if not link:
+        return run
+    local = " (start <code>mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000</code> first)"
+    return f"<a href='{html.escape(link)}'>{run}</a>" + (local if link.startswith("http://127.0.0.1") else "")
+
+
 def page(
-    cfg: Config,
-    table: pd.DataFrame,
-    figures: list,
-    best: pd.DataFrame,
-    checks: list[dict],
-    summary: dict,
-    sweep: dict,
-    parent_link: str | None = None,
+    cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict, sweep: dict
 ) -> str:
-    parent = summary["mlflow_parent_run"]
-    parent_html = f"<a href='{html.escape(parent_link)}'>{parent}</a>" if parent_link else f"<code>{parent}</code>"
-    if parent_link and parent_link.startswith("http://127.0.0.1"):  # a local store: its UI runs on demand
-        parent_html += " (start <code>mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000</code> first)"
     parts = [
         f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
         "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
@@ -285,7 +285,8 @@ def page(
         f"{html.escape(summary['verdicts'])} ({summary['undecided']} undecided: out of steps while still improving, "
         f"no verdict; {summary['borderline']} borderline: test accuracy within noise of the threshold; "
         f"{summary['solved_below_threshold_on_test']} solved on validation but below the threshold on the test "
-        f"set, {tables.BELOW} in the tables). MLflow parent run {parent_html}. "
+        f"set, {tables.BELOW} in the tables). "
+        f"MLflow parent run {parent_run_html(summary)}. "
         f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
         NIGHTLY_MARKER,
         "<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>",

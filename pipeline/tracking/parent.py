@@ -43,7 +43,7 @@ def open_parent_run(cfg: Config, cells: dict[Cell, CellSpec], train: dict, key: 
         "git_dirty": str(commit.dirty),
         "profile": cfg.profile,
         "stage": "sweep",
-        **driver_tags(),
+        **driver_tags(cfg.cluster.heartbeat_s),
     }
     client, parent = start_parent(
         cfg.cluster.mlflow(),

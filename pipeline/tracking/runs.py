@@ -7,6 +7,10 @@ driver) turns each report into metrics of that trial's child run. One writer mea
 no half-created experiments when many trials start at once; it writes from a thread of its own
 (``pipeline.tracking.writer``), so Tune's loop never waits on MLflow.
 
+The parent carries the driver's heartbeat (``Heartbeat``: a tag refreshed every ``cluster.heartbeat_s``), by which a
+sweep on any host knows whether an unfinished sweep is alive; ``close_orphans`` closes a dead one's runs as KILLED and
+``killed_runs`` hands their curves on.
+
 Every child run records its cell's train and test files as MLflow dataset inputs (``dataset_inputs``: named
 task-size-split, the file's hash as digest, its task, size, split and the profile in its profile), and the resource
 use its trial reports with each validation as MLflow system metrics (``system/...``, the run's System metrics tab).
@@ -14,10 +18,13 @@ use its trial reports with each validation as MLflow system metrics (``system/..
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 import mlflow
@@ -31,7 +38,8 @@ from ray import tune
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import PROJECT
 from pipeline.common.provenance import git_commit
-from pipeline.tracking.services import EXPERIMENT_KIND, MODEL_TRAINING
+from pipeline.common.signals import STOP
+from pipeline.tracking.services import EXPERIMENT_KIND, MODEL_TRAINING, ServiceError
 from pipeline.tracking.writer import RunWriter
 from pipeline.training.status import Status
 from pipeline.training.system import SYSTEM
@@ -64,9 +72,10 @@ def standard_tags() -> dict[str, str]:
     return resolve_tags({MLFLOW_GIT_COMMIT: git_commit().sha})
 
 
-def driver_tags() -> dict[str, str]:
-    """Who runs this sweep: a later sweep closes the runs of one whose process is gone (``close_orphans``); in
-    which checkout, and as which DVC experiment (``dvc exp run`` names it in its stages' environment)."""
+def driver_tags(heartbeat_s: float) -> dict[str, str]:
+    """Who runs this sweep, and its first heartbeat: a later sweep, on any host, closes the runs of one whose
+    driver is gone (``close_orphans``); in which checkout, and as which DVC experiment (``dvc exp run`` names it in
+    its stages' environment)."""
     me = psutil.Process()
     experiment = os.environ.get("DVC_EXP_NAME")
     return {
@@ -74,7 +83,66 @@ def driver_tags() -> dict[str, str]:
         "driver_pid": str(me.pid),
         "driver_started": repr(me.create_time()),
         "checkout": str(PROJECT),
+        HEARTBEAT: beat(heartbeat_s),
     } | ({"dvc_experiment": experiment} if experiment else {})
+
+
+HEARTBEAT = "driver_heartbeat"  # the parent run's tag: {"version", "at" (unix time), "every_s"} as JSON
+HEARTBEAT_VERSION = 1
+MISSED = 3  # heartbeats missed in a row: the driver is dead
+CLOCK_SKEW_S = 300.0  # hosts' clocks may differ by this much: an older heartbeat is missed whatever the clocks
+
+
+class HeartbeatError(ServiceError):
+    """A running sweep's heartbeat tag this version cannot read (a newer version wrote it)."""
+
+
+def beat(every_s: float) -> str:
+    return json.dumps({"version": HEARTBEAT_VERSION, "at": round(time.time(), 3), "every_s": every_s})
+
+
+def read_beat(run: mlflow.entities.Run) -> dict | None:
+    """A parent run's heartbeat (None: a sweep of a version before heartbeats); ``HeartbeatError`` for one this
+    version cannot read."""
+    text = run.data.tags.get(HEARTBEAT)
+    if text is None:
+        return None
+    where = f"MLflow run {run.info.run_id} (a sweep on host {run.data.tags.get('driver_host', '?')})"
+    try:
+        value = json.loads(text)
+        version = int(value["version"])
+    except (ValueError, TypeError, KeyError):
+        raise HeartbeatError(f"{where}: its {HEARTBEAT} tag {text!r} is not a heartbeat this version reads") from None
+    if version > HEARTBEAT_VERSION:
+        raise HeartbeatError(
+            f"{where} carries a {HEARTBEAT} tag of version {version}, newer than this checkout's "
+            f"({HEARTBEAT_VERSION}): a newer version of the pipeline runs against this experiment; update this "
+            "checkout (git pull) before it closes or continues that sweep's runs"
+        )
+    try:
+        return {"at": float(value["at"]), "every_s": float(value["every_s"])}
+    except (ValueError, TypeError, KeyError):
+        raise HeartbeatError(f"{where}: its {HEARTBEAT} tag {text!r} lacks a time or an interval") from None
+
+
+class Heartbeat:
+    """Refreshes the parent run's heartbeat tag every ``every_s`` seconds from a thread of its own until ``stop``:
+    how a sweep on another host knows this driver is alive. A refresh that fails is tried again at the next beat
+    (a sweep that cannot reach MLflow for ``MISSED`` beats is taken for dead)."""
+
+    def __init__(self, client: MlflowClient, run_id: str, every_s: float):
+        self.client, self.run_id, self.every_s = client, run_id, every_s
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            with contextlib.suppress(Exception):  # MLflow's errors, after its own retries
+                self.client.set_tag(self.run_id, HEARTBEAT, beat(self.every_s))
+
+    def stop(self) -> None:
+        self.stopped.set()
 
 
 def driver_alive(tags: dict) -> bool:
@@ -85,30 +153,69 @@ def driver_alive(tags: dict) -> bool:
         return False
 
 
-def close_orphans(client: MlflowClient, experiment_id: str) -> None:
-    """Sweeps of this machine whose driver died (kill -9, a lost node) leave their parent and children RUNNING
-    forever: mark them KILLED. Sweeps of other machines, or still alive here, are left alone."""
+def close_orphans(client: MlflowClient, experiment_id: str) -> list[str]:
+    """Sweeps whose driver died (kill -9, a lost node, a job or pod gone) leave their parent and children RUNNING
+    forever: marks them KILLED, with why, so that a sweep on any host takes their trials over (``killed_runs``).
+    A driver on this host is dead when its process is gone; one elsewhere when its heartbeat has missed ``MISSED``
+    beats: one older than that and ``CLOCK_SKEW_S`` is missed already, a younger one is watched, by this host's
+    clock, until it moves or ``MISSED`` beats have passed. A sweep of a version before heartbeats, on another host,
+    is left alone. Returns the closed parents' run ids."""
     host = socket.gethostname()
-    parents = client.search_runs(
-        [experiment_id],
-        max_results=10_000,
-        filter_string=f"attributes.status = 'RUNNING' and tags.driver_host = '{host}'",
+    running = client.search_runs(
+        [experiment_id], max_results=10_000, filter_string="attributes.status = 'RUNNING' and tags.stage = 'sweep'"
     )
-    for parent in parents:
-        if driver_alive(parent.data.tags):
-            continue
+    dead: dict[str, str] = {}  # run id -> why
+    watched: dict[str, tuple[str, dict]] = {}  # run id -> (its heartbeat tag as first read, the heartbeat)
+    for parent in running:
+        tags, run_id = parent.data.tags, parent.info.run_id
+        heartbeat = read_beat(parent)  # HeartbeatError before anything is closed
+        if tags.get("driver_host") == host:
+            if not driver_alive(tags):
+                dead[run_id] = f"its driver (pid {tags.get('driver_pid')} on {host}) died before the sweep ended"
+        elif heartbeat is not None:
+            age = time.time() - heartbeat["at"]
+            if age > MISSED * heartbeat["every_s"] + CLOCK_SKEW_S:
+                dead[run_id] = missed(tags, heartbeat)
+            else:
+                watched[run_id] = (tags[HEARTBEAT], heartbeat)
+    if watched:
+        longest = MISSED * max(h["every_s"] for _, h in watched.values())
+        print(
+            f"sweep: {len(watched)} running sweep(s) on other hosts: watching their heartbeats for up to {longest:g} s",
+            flush=True,
+        )
+        started = time.monotonic()
+        while watched:
+            for run_id, (tag, heartbeat) in list(watched.items()):
+                now = client.get_run(run_id)
+                if now.info.status != "RUNNING" or now.data.tags.get(HEARTBEAT) != tag:  # ended, or alive
+                    del watched[run_id]
+                elif time.monotonic() - started > MISSED * heartbeat["every_s"]:
+                    dead[run_id] = missed(now.data.tags, heartbeat)
+                    del watched[run_id]
+            time.sleep(min(1.0, longest / 10))
+    for run_id, why in dead.items():
         children = client.search_runs(
             [experiment_id],
             max_results=50_000,
             order_by=["attributes.start_time ASC"],
-            filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+            filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'",
         )
         for child in children:
-            if child.info.status == "RUNNING":
-                client.set_tag(child.info.run_id, "reason", "killed: its sweep's driver died")
-                client.set_terminated(child.info.run_id, "KILLED")
-        client.set_tag(parent.info.run_id, "reason", "killed: the driver process died before the sweep ended")
-        client.set_terminated(parent.info.run_id, "KILLED")
+            client.set_tag(child.info.run_id, "reason", f"killed: its sweep's driver is gone: {why}")
+            client.set_terminated(child.info.run_id, "KILLED")
+        client.set_tag(run_id, "reason", f"killed: {why}")
+        client.set_terminated(run_id, "KILLED")
+        print(f"sweep: closed the runs of sweep {run_id} as KILLED: {why}", flush=True)
+    return list(dead)
+
+
+def missed(tags: dict, heartbeat: dict) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(heartbeat["at"]))
+    return (
+        f"its driver (pid {tags.get('driver_pid')} on {tags.get('driver_host')}) missed {MISSED} heartbeats "
+        f"(every {heartbeat['every_s']:g} s; the last at {when} by that host's clock)"
+    )
 
 
 def killed_runs(client: MlflowClient, experiment_id: str, run_key: str) -> dict[str, str]:
@@ -294,6 +401,8 @@ class ChildRuns(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self.run_of(trial)
+        if STOP.requested:  # its worker died of the same stop (a process group or a pod signalled whole): KILLED
+            return
         self.errors[trial.trial_id] = error_line(trial.error_file)
         tags = {"status": Status.FAILED, "reason": self.errors[trial.trial_id], "error": str(trial.error_file)}
         self.writer.log(run_id, tags=tags)

@@ -1,7 +1,7 @@
 """What Ray Tune calls during a sweep, kept apart from the logic it drives so that the forecast, the replay and a
 trial outside Tune import no Ray: the cell searcher with Tune's ``Searcher`` as its base, the callbacks that
-learn where a paused trial left its checkpoint and delete a finished trial's, and the one that watches for lost
-Ray nodes."""
+learn where a paused trial left its checkpoint and delete a finished trial's, the one that watches for lost
+Ray nodes, and the one that ends Tune's loop when the sweep is asked to stop."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from ray import tune
 from ray.tune.search import Searcher
 
+from pipeline.common.signals import STOP
 from pipeline.data.storage import location_of
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
@@ -116,3 +117,12 @@ class NodeWatch(tune.Callback):
                 f"(cluster.node_wait_s) no node could run a trial: {shortfall(alive, self.bundle)}. The sweep stops: "
                 "its finished trials are in MLflow, and `dvc repro` continues the others from their checkpoints"
             )
+
+
+class StopOnSignal(tune.Callback):
+    """Listed first: a stop request (SIGTERM, SIGINT: ``pipeline.common.signals.STOP``) that came during Tune's loop
+    is raised at its next step, before the step reads its trials' events; Tune's own SIGINT handler would end the loop
+    as if the sweep had finished."""
+
+    def on_step_begin(self, iteration, trials, **info):
+        STOP.check()
