@@ -34,11 +34,19 @@ from pipeline.common.config import Config, load_config  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from tests.helpers import KILLABLE_SWEEP  # noqa: E402
 
+# Marks that make a test slow whatever else it is marked: `-m "not slow"`, the developer's loop, runs none of them
+IMPLY_SLOW = ("integration", "cluster")
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects, so that it selects on the marks added here
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests need CUDA: skipped, and said so, where there is none."""
+    """The tiers: ``integration`` and ``cluster`` tests are ``slow`` too. ``gpu`` tests need CUDA: skipped, and said
+    so, where there is none."""
     import torch
 
+    for item in items:
+        if any(item.get_closest_marker(mark) for mark in IMPLY_SLOW) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")
         for item in items:
