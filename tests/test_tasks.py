@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 
 import tasks
-from benchmarks.reference import lis_dp, reference_sample
 from tasks.arithmetic import DIV, MINUS, PLUS, TIMES, Parser, needs_brackets
 from tasks.base import DISTRIBUTIONS, PAPERS, SPLITS
-from tasks.lis import lis_values
+from tasks.lis import lis_dp, lis_values
 from tasks.registry import declaration_errors, register
 from tests.helpers import SMALL_SIZES
 
@@ -86,13 +85,13 @@ def test_checker_catches_every_corrupted_generated_token_and_answer(name):
 
 @pytest.mark.parametrize("name", sorted(tasks.TASKS))
 def test_reference_generators_follow_the_spec_like_the_compiled_ones(name):
-    """The plain reference generators (benchmarks/reference.py) pass the checkers, and the compiled generators draw
-    from the same distribution: mean lengths and answer frequencies agree within sampling noise."""
+    """The plain reference generators (``Task.reference``) pass the checkers, and the compiled generators draw from
+    the same distribution: mean lengths and answer frequencies agree within sampling noise."""
     size = SMALL_SIZES[name][-1]
     task = tasks.get_task(name, size)
     rnd = random.Random(0)
     for split in DISTRIBUTIONS:
-        ref = [reference_sample(task, rnd, split) for _ in range(1500)]
+        ref = [task.reference_sample(rnd, split) for _ in range(1500)]
         for s in ref:
             task.check(s.tokens, s.prompt_len, s.answer)
         fast = task.sample_batch(np.random.default_rng(1), split, 20_000)
@@ -267,8 +266,7 @@ def test_eq_one_is_drawn_as_the_separations_paper_describes_it():
     ("dyck", 25, {}, "dyck size N must be even and >= 10"),
     ("index_lookup", 8, {}, "index_lookup size N must be >= min_length = 10"),
     ("index_lookup", 20, {"alphabet": 3}, "unknown index_lookup parameters"),
-    ("nonsense", 3, {}, "unknown task 'nonsense'; registered tasks: arithmetic, dyck, ed, ed_local, eq_ncp, eq_one, "
-                        "eq_random, index_lookup, lis"),
+    ("nonsense", 3, {}, f"unknown task 'nonsense'; registered tasks: {', '.join(sorted(tasks.TASKS))}$"),
 ])
 def test_impossible_parameters_are_rejected(name, size, params, match):
     with pytest.raises(tasks.TaskError, match=match):
