@@ -36,7 +36,6 @@ from pipeline.common.locks import LockBusy, owned
 from pipeline.common.signals import STOP, Stopped
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
-from pipeline.reporting.thresholds import training_targets
 from pipeline.search.cells import build_cells, check_architectures, expected_cost, model_costs, run_key
 from pipeline.search.frontier import make_plan
 from pipeline.search.halving import Halving
@@ -57,6 +56,7 @@ from pipeline.tracking.tuning import DropFinished, NodeWatch, RungCheckpoints, S
 from pipeline.training import checkpoints
 from pipeline.training.settings import TrainSettings
 from pipeline.training.trainable import run_cell
+from tasks.registry import training_targets
 
 RESULTS = ROOT / "results"
 
