@@ -31,11 +31,11 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common import experiments, notify, signals
+from pipeline.common import signals
 from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import LockBusy, owned
 from pipeline.common.provenance import git_commit, library_versions
-from pipeline.reporting import comparison, history
+from pipeline.nightly import comparison, experiments, history, notify
 from pipeline.reporting.page import NIGHTLY_MARKER, figures_html
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
@@ -511,7 +511,3 @@ def main(argv: list[str] | None = None) -> int:
         code, text = 2, failure(night, 2, f"pipeline.nightly stopped on {type(err).__name__}: {err}.")
     deliver(text, summary_files, urls)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
