@@ -32,7 +32,7 @@ from ray.tune import CLIReporter
 
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec
 from pipeline.common.config import RETRAIN_ENV, ROOT, STORES_LOCK, Config, ConfigError, load_config
-from pipeline.common.locks import LockBusy, owned
+from pipeline.common.locks import SWEEP_LOCK, LockBusy, owned
 from pipeline.common.signals import STOP, Stopped
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             f"another sweep is running with results in {out} ({{holder}}); wait for it to end, or stop it "
             "(its finished trials are kept)"
         )
-        with owned(out / ".sweep.lock", busy):
+        with owned(out / SWEEP_LOCK, busy):
             cfg = load_config(args.params)
             STOP.install(cfg.cluster.stop_timeout_s)
             if os.environ.get(RETRAIN_ENV) == "1":  # pipeline.nightly --force: a night from scratch
