@@ -40,8 +40,8 @@ import yaml
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.data.storage import filesystem
 from pipeline.nightly import experiments
-from pipeline.tracking.cluster import slots_on
-from pipeline.tracking.services import ServiceError, check_ray_token
+from pipeline.scheduling.cluster import check_ray_token, slots_on
+from pipeline.tracking.services import ServiceError
 
 ENTRYPOINT = "ops/ray-job"  # the RayJob's entrypoint script, in the image's checkout
 DRIVERS = (("dvc", "repro"), ("dvc", "exp", "run"))  # the pipeline's commands an entrypoint may run

@@ -365,7 +365,7 @@ class SweepConfig(Section):
     )
     console: Literal["progress", "table"] = Field(
         "progress",
-        description="progress: one line that says how far the sweep is (pipeline.tracking.console); "
+        description="progress: one line that says how far the sweep is (pipeline.scheduling.console); "
         "table: that line and Ray Tune's table of trials every 30 s",
     )
     workers_per_trial: PositiveInt = Field(
