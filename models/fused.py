@@ -27,7 +27,8 @@ What is not batched by vmap itself:
 ``models.fused`` logger): never silently.
 
 Member k can be taken out as a model of its own (``member``, a copy of its weights: to decode, score or checkpoint
-it as a separate trial would) and put back (``load_member``).
+it as a separate trial would) and put back (``load_member``); ``member_state`` and ``stacked_state`` turn the fused
+module's state dict into member k's, as the member's own model names it, and K of those back into one.
 """
 
 from __future__ import annotations
@@ -159,6 +160,20 @@ class Fused(nn.Module):
     def exact_flops(self, length: int) -> int:
         """One member's forward FLOPs over one sequence (``LanguageModel.exact_flops``)."""
         return self.template.exact_flops(length)
+
+
+def member_state(state: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+    """Member k's state dict (its model's own names) from a ``Fused`` module's (stacked, (K, ...) each)."""
+    return {name.replace("/", "."): value[k].clone() for name, value in state.items()}
+
+
+def stacked_state(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A ``Fused`` module's state dict from its members' (each its model's own names), member k the k-th."""
+    names = list(states[0])
+    for i, other in enumerate(states[1:], 1):
+        if list(other) != names:
+            raise FusionError(f"member {i}'s state names differ from member 0's: they cannot be stacked")
+    return {_attribute(name): torch.stack([s[name] for s in states]) for name in names}
 
 
 def check_same_shape(members: Sequence[nn.Module]) -> None:

@@ -237,7 +237,7 @@ def prepare_searcher(
     print(
         f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
         f"{sum(len(c.lrs) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
-        f"finished with the same data, settings and code (reused), {len(searcher.queue)} to train"
+        f"finished with the same data, settings and code (reused), {searcher.queued} to train"
         f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; "
         f"MLflow {cfg.cluster.mlflow()}, runs at {ui_link(cfg.cluster.mlflow(), experiment, parent)}",
         flush=True,

@@ -40,3 +40,18 @@ def test_latest_finds_the_newest_checkpoint_of_the_same_run_key(tmp_path):
     assert latest(str(tmp_path / "missing"), "k") == {}
     uri = latest(tmp_path.as_uri(), "k")["t1"]["path"]  # s3:// and gs:// take the same way
     assert uri == (tmp_path / "a" / "t1" / "checkpoint_000002").as_uri()
+
+
+def test_a_trial_resumes_from_a_checkpoint_saved_after_it_solved(spec, tmp_path):
+    """Solved at a low threshold, it trains on toward its target: the checkpoints saved after it solved hold its
+    verdict's status as a plain value (it once held the Status class, which a weights-only load refuses) and resume
+    to the uninterrupted result."""
+    spec = with_settings(spec, max_steps=20, threshold=0.05, patience=1, targets={"lis": 0.99})
+    kept = Copies(folder=tmp_path)
+    full = run_trial(spec, checkpoints=kept)
+    assert full["status"] == "solved" and full["solve_step"] < max(kept.saved)
+    last = kept.saved[max(kept.saved)]
+    resumed = run_trial(spec, checkpoints=Copies(last / FILE))
+    assert resumed["resumed_step"] == max(kept.saved)
+    for key in ("status", "reason", "final_accuracy", "solve_step", "train_steps"):
+        assert resumed[key] == full[key], key
