@@ -1,6 +1,6 @@
 """Generator speed, measured side by side in one run on this machine: our compiled batch generators
 (Task.sample_batch, one process) against plain per-sample reference generators written from the spec
-(benchmarks.reference), for every task and size of both papers, on the train split (what most of a dataset is);
+(``Task.reference``), for every task and size of both papers, on the train split (what most of a dataset is);
 and beside them, for the DP paper's datasets, the whole generate stage end to end: a fresh
 ``python -m pipeline.generate`` with 1 and with 2 workers (start-up, deduplication, Parquet writing and the
 re-check of 2,000 samples per file, as the ``paper`` profile runs it), at ``--stage-samples`` train samples plus a
@@ -46,7 +46,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 import tasks  # noqa: E402
-from benchmarks.reference import reference_sample  # noqa: E402
 from benchmarks.repeats import ratios, side_by_side, spread  # noqa: E402
 from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
 from pipeline.common.config import load_config  # noqa: E402
@@ -174,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             rnd, rng = random.Random(0), np.random.default_rng(0)
             task.sample_batch(rng, "train", 1)  # load (or compile) the kernel outside the timing
             refs, ours = side_by_side(
-                lambda task=task, rnd=rnd: rate(lambda: reference_sample(task, rnd, "train") and 1, args.seconds),
+                lambda task=task, rnd=rnd: rate(lambda: task.reference_sample(rnd, "train") and 1, args.seconds),
                 lambda task=task, rng=rng: rate(lambda: len(task.sample_batch(rng, "train", 4096)), args.seconds),
                 args.rounds)
             ref, our = statistics.median(refs), statistics.median(ours)

@@ -4,43 +4,13 @@
     python -m pipeline.forecast --profile paper --save-throughput h100.json        # on a GPU node: measure, keep
     python -m pipeline.forecast --profile paper --throughput h100.json --nodes 4   # anywhere: plan from that file
 
-For the profile (params.yaml's, or --profile, with params.yaml's overrides) it prints the grid's cells (task x size
-x architecture x width x depth x seed), the learning rates and the trials, and the training FLOPs of every trial at
-its first step budget (sweep.max_steps, or epochs x training samples / batch) and at its extended one
-(sweep.max_budget_factor): the most the grid can train, since a trial stops once solved or converged. The FLOPs are
-3 x each model's exact forward FLOPs at the task's longest sequence x the sequences trained (shape-only models:
-nothing is allocated), the count the sweep orders its trials by.
-
-Their time comes from a measured training throughput, never an assumed one: model FLOP/s of real optimiser steps
-of the sweep's own Lightning module, in the micro-batches a trial would take, under the profile's precision,
-measured now for every architecture on this machine's device (cuda if there is one, else the CPU, with the CPU
-threads a trial gets; --warmup-steps, then --measure-steps timed), or read from a --throughput file measured
-elsewhere (--save-throughput writes one, benchmarks/bench_pack.py too). A trial's rate is its own shape's where that
-was measured; else an affine model of its step, a fixed cost + a cost a layer + its FLOPs at a rate, fitted on three
-widths or more and two depths or lengths or more (a narrow model's GPU step is bound by launches, a wide one's by
-FLOPs: one FLOP/s cannot stand for both); else its width's measured rate, else the log-log interpolation between two
-measured widths. The output says which rates were measured and which modelled.
-
-A file may also hold rates of many trials a GPU: K models trained in one fused step, P processes packed on one GPU,
-steps compiled or graphed (``pipeline.costs.throughput.Mode``). Each is charged as measured: P trials share a GPU's
-hours, K trials a step's. The forecast prints the GPU-hours and wall time under each way measured beside one trial a
-GPU, and prices the profile's own way (1 / sweep.gpus_per_trial processes a GPU, sweep.step) by its measured rate; an
-architecture with none is charged alone, its share of the GPU no faster in all than one trial alone, and named.
-
-The trials are handed to the cluster's slots (nodes x GPUs per node / sweep.gpus_per_trial; on a CPU profile, CPUs
-per node / the trial's CPUs) longest first, as the sweep's searcher hands them out, each on the first free slot (a
-list schedule, ``pipeline.costs.schedule``); GPU-hours are the trials' hours x their GPUs. The hours are those of
-the device the throughput was measured on: the output says so when that is not the cluster's GPU kind (--gpu).
-
-What a search trains (sweep.search: frontier, sweep.lr_search: halving, sweep.predict) is not known before its
-trials end. For the paper and separations shapes the forecast divides the grid's FLOPs by the savings the replay
-benchmark measured for each strategy on a synthetic grid of that shape (``pipeline.costs.forecast.REPLAYED``;
-`python -m benchmarks.bench_frontier --synthetic PROFILE --slots 64`, docs/benchmarks.md): a model of the papers'
-reported results, not a measurement of training, and marked so in the output. Its wall time is its device-hours
-over the slots: perfect packing, a lower bound (a frontier trains a chain's sizes in turn).
-
-Exit status 0; 2 for input that cannot give a forecast (an unknown profile or architecture, fewer than 1 node, a
-cluster node that holds no trial, a missing, malformed or incomplete --throughput file), named before any compute.
+For the profile (params.yaml's, or --profile, with params.yaml's overrides) it prints the grid's cells, learning rates
+and trials, their training FLOPs at the first and the extended step budget, and their GPU-hours and wall time on the
+cluster described, from a training throughput measured now on this machine's device or read from a --throughput
+file (one trial a GPU, or many: fused, packed, compiled or graphed), each trial handed to the cluster's slots as the
+sweep's searcher hands them out. What a search would save is modelled from the replay benchmark, and said so. How
+each rate is measured or modelled: docs/profiles.md, "What a profile costs before launch". Exit status 0; 2 for
+input that cannot give a forecast, named before any compute.
 """
 
 from __future__ import annotations

@@ -4,20 +4,13 @@ profile.
     python -m pipeline.generate --task lis              (dvc.yaml runs one of these per task, as a matrix)
     python -m pipeline.generate --task lis --workers 2  (the same bytes, made by two worker processes)
 
-Samples come in chunks of ``generate.chunk_size`` from the task's compiled generator, chunk c of a split seeded by
-(seed, task, size, split, c), so the files are the same whichever process made which chunk. With several workers,
-each makes whole datasets (sizes), the costliest first, when the task's sizes can share the workers evenly; else
-the workers make the chunks of one dataset at a time and this process writes them. Test samples are drawn
-first, then validation samples (``val``: drawn as test is, from a stream of their own), then train samples; with
-``generate.unique`` (the default) every kept sample is new, whole sequences compared through 64-bit hashes, so
-validation is disjoint from test, and train is unique and disjoint from both. Before anything is written, every size
-is validated and the sample counts compared with the space of distinct samples. The task's independent checker
-runs on every sample (or on ``generate.validate_samples`` of each file, at random) as it is handed to the Parquet
-writer, so no file is read back (``python -m pipeline.data.validate`` re-reads files; ``--no-check`` skips the check).
-Everything is written into ``<out>/.staging/<task>/`` and renamed to ``<out>/<task>/`` only once every file is
-complete: an interrupted or failed run leaves no file that looks complete. A failure, SIGTERM or Ctrl-C removes the
-staging directory at once; after a SIGKILL (no clean-up runs) it stays, ignored by DVC (``.dvcignore``), until the
-next generate of any task removes it.
+Every size is validated, and its sample counts compared with the space of distinct samples, before anything is
+written. Samples come from the task's compiled generator in seeded chunks, so the bytes never depend on the workers;
+with ``generate.unique`` (the default) test, validation and train hold no sample twice. The task's checker runs on
+every sample (or ``generate.validate_samples`` of each file) as it is written; ``python -m pipeline.data.validate``
+re-reads stored files. Files are written under ``<out>/.staging/<task>/`` and renamed to ``<out>/<task>/`` once all
+are complete: an interrupted run leaves no file that looks complete. Details: docs/datasets.md, "How the files are
+made".
 """
 
 from __future__ import annotations

@@ -7,16 +7,10 @@
     python -m pipeline.launch use-profile paper                    # params.yaml's profile, checked first
     python -m pipeline.launch keep NAME                            # the outputs to <storage>/outputs/NAME/
 
-``slurm`` and ``rayjob`` ask one question of the profile (params.yaml's, with its overrides): can some node of the
-allocation hold one trial, its ``sweep.cpus_per_trial`` and ``sweep.gpus_per_trial`` times its data-parallel
-workers (``check_nodes``, which counts a node's trials as the sweep does, ``pipeline.tracking.cluster.slots_on``)?
-Else an ``AllocationError`` naming the profile, what a trial needs and what the nodes have: a Slurm allocation
-without GPUs for a GPU profile stops before ``ray start``, a manifest whose pods are too small before
-``kubectl apply``. ``rayjob`` reads the nodes' resources as KubeRay gives them to ``ray start``
-(``rayStartParams``, else the Ray container's limits) and checks the rest of the manifest against this checkout:
-the entrypoint runs the pipeline (``ops/ray-job dvc repro``), the profile it names exists, the Ray
-version is this environment's, MLflow is a server and the storage path is mounted on every pod.
-
+``slurm`` and ``rayjob`` ask whether some node of the allocation holds one trial of the profile (its CPUs and GPUs
+times its data-parallel workers), else stop naming the profile, what a trial needs and what the nodes have;
+``rayjob`` also checks the manifest against this checkout (the entrypoint, the profile, the Ray version, an MLflow
+server, the storage mounted on every pod). Details: docs/cluster.md, "Launching it: Slurm and KubeRay".
 Exit status 0; 2 for input that cannot run (a ``LaunchError``, a ``ConfigError`` or a ``ServiceError``, one line).
 """
 

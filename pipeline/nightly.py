@@ -1,53 +1,16 @@
-"""Nightly rerun: the pipeline on a named profile, compared cell by cell with the previous night's run.
+"""Nightly rerun: the pipeline on a profile as a named DVC experiment, compared cell by cell with the previous night.
 
     python -m pipeline.nightly --profile laptop        # dvc exp run -S profile=laptop -n nightly-laptop-<date>
-    python -m pipeline.nightly                         # the same on params.yaml's profile
     python -m pipeline.nightly --profile laptop --push  # shared: the remotes' nights pulled, this one pushed
     python -m pipeline.nightly --profile laptop --pull  # no run: a teammate's view of the shared nights
     python -m pipeline.nightly --profile laptop --force                    # from scratch: every stage and trial
     python -m pipeline.nightly --profile laptop --notify https://hooks.example.org/...  # the summary to a chat
 
-Each night is a DVC experiment named ``nightly-<profile>-<date>`` whose commit message records the night's date,
-commit, profile and training libraries (``pipeline.common.experiments``), and is kept in
-``nightly/<date>_<commit>/`` (``nightly.history``): the sweep and report tables, the metrics and claim checks, and
-``meta.json`` (that record, the experiment, the MLflow parent run, which is tagged ``nightly.date`` /
-``nightly.commit``). An experiment of the profile that ``nightly/`` lacks (pulled from a remote, or ``nightly/``
-deleted) is recorded there from the experiment's outputs before the night runs.
-
-Shared (``--push [GIT_REMOTE]``, default origin): the git remote and DVC's default remote are checked before
-anything runs (one that is not configured or does not answer, or a local remote directory that does not exist:
-exit 2, named), the nights of the profile they hold are pulled (``dvc exp pull``), and the night is pushed after
-its comparison (``dvc exp push``: its ref to the git remote, its datasets, results and report to the DVC remote); a
-push that fails is said in the summary, exit 2. ``--pull [GIT_REMOTE]`` runs no night: it pulls the nights, records
-them, and draws the atlas over time and the last night against the one before into ``report/history.md``.
-
-The comparison with the latest earlier night of the same profile
-(``pipeline.reporting.comparison``: accuracy, verdict, minimum width, training throughput, the papers' claim checks)
-goes to ``report/nightly.md``, into the night's directory and into a section of ``report/index.html``. Changes to
-or from undecided and borderline verdict flips are listed apart, and are not regressions. With it, the atlas over
-time (``pipeline.reporting.history``): per (task, size), every recorded night's minimum width and test accuracy,
-the last night's regressions ringed in red.
-
-The night ends with its summary, a few lines (``summary``): the verdict; each regression's cell, before -> after;
-what changed since the previous night (the commit, the training libraries' versions); what the sweep trained and
-reused; where the report is. A failed night's summary says why, with the last lines of what failed. It is printed
-last, appended to ``--summary FILE`` (in CI, ``$GITHUB_STEP_SUMMARY``: the job's summary page) and POSTed as JSON
-``{"text": ...}``, the body Slack, Mattermost and Teams webhooks accept, to each ``--notify URL``
-(``pipeline.common.notify``; named in logs by its host only). A POST that fails is said in the printed summary and
-leaves the exit status the night's.
-
-What a night reruns: DVC reruns the stages whose code, data, params or requirements.lock changed, and the sweep
-retrains only the trials whose run key changed (training code, settings, or the installed versions of the
-libraries training runs on: ``provenance.library_versions``), reusing the rest from MLflow. Nothing changed: DVC
-skips every stage. Installed libraries that differ from the previous night's (a bump requirements.lock does not
-show): DVC is forced (``--force``), and every trial retrains under its new run key. ``--force``: every stage reruns
-and no trial is reused (``$CAPACITY_ATLAS_RETRAIN=1`` for the sweep), the night from scratch.
-
-Exit status: 0 no regression (or the first night), 1 a regression beyond the ``nightly`` tolerances in params
-(a scheduler alerts on it; the undecided and borderline lists never fail a night), 2 the pipeline or the config
-failed, or bad input (a --notify URL that is not http(s), a --summary file that cannot be written, a remote that
-cannot be reached: named before anything runs), or the push failed, 3 another nightly run holds the lock (``--wait``
-waits for it instead).
+Each night is kept in nightly/<date>_<commit>/ and compared with the latest earlier night of its profile
+(report/nightly.md, a section of report/index.html, each cell's history across nights); it ends with a short summary,
+printed, appended to --summary FILE and POSTed to each --notify URL. Exit status: 0 no regression, 1 a regression,
+2 bad input or a failed pipeline or push, 3 another nightly holds the lock. What a night compares, reruns and costs,
+its summary and the shared remotes: docs/report.md, "Nightly reruns".
 """
 
 from __future__ import annotations

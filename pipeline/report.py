@@ -1,19 +1,14 @@
 """Stage `report`: the page a researcher would publish, from the sweep's results table.
 
-    python -m pipeline.report
+    python -m pipeline.report           (dvc.yaml runs it after the sweep)
 
-Writes ``report/``: ``index.html`` (the page to open): first the claims of both papers this run decided
-(``pipeline.reporting.claims``), then the DP paper's Table 2 in three cost conventions per depth and against the
-paper's (``pipeline.reporting.tables``), the figures (``pipeline.reporting.figures``: heatmaps, ed_local against ed,
-accuracy against length, width scans, learning curves from the MLflow histories), and the claims not decided at
-this scale with what each needs; ``fidelity.md`` (the claims and Table 2, the paper's beside ours, cell by cell),
-``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json``, and ``results.csv``. Headline numbers and every claim's
-status go to ``results/report.json`` (a DVC metrics file), the data `dvc plots show` draws (learning curves,
-frontier, accuracies) to ``results/plots/`` (``reporting/plots.py``); the directory is logged to the sweep's MLflow
-parent run, the claims as its tags. A cell is solved when its validation accuracy reached the threshold, unsolved
-when it converged below it, undecided when its budget ran out while it was still improving
-(``pipeline.training.verdict``): undecided cells are shown as such and never counted as unsolved. Accuracies shown
-are test-set final-answer accuracies, the mean over seeds. Failed trials appear everywhere, marked as failed.
+Writes ``report/``: ``index.html`` (the page to open: the papers' claims this run decided, Table 2 in three cost
+conventions and against the paper's, the figures, the claims not decided at this scale with what each needs),
+``fidelity.md`` (its markdown twin, cell by cell), ``min_gflops.md`` / ``.csv`` (Table 2), ``claims.json`` and
+``results.csv``; headline numbers and the claims' statuses to ``results/report.json`` (DVC metrics), the data of
+`dvc plots show` to ``results/plots/``; the directory is logged to the sweep's MLflow parent run. Undecided cells are
+shown as such and never counted as unsolved; failed trials appear everywhere, marked as failed. What each part
+shows: docs/report.md.
 """
 
 from __future__ import annotations

@@ -1,44 +1,17 @@
-"""Stage `sweep`: Ray Tune trials over architecture x width x (task, size) x depth x seed x learning rate,
-recorded in MLflow.
+"""Stage `sweep`: Ray Tune trials over architecture x width x (task, size) x depth x seed x learning rate, each
+trained with Lightning to its verdict (solved, unsolved, undecided, diverged; failed if it raised), recorded in MLflow.
 
-    python -m pipeline.sweep                    (dvc.yaml runs this after every `generate`)
+    python -m pipeline.sweep            (dvc.yaml runs it after every `generate`; its settings: the profile's `sweep`)
 
-Before anything trains: the config is validated, every dataset file is opened and hashed, MLflow and the Ray head
-(and its auth token) are checked, the datasets are published to ``cluster.storage_path``, some node must hold a
-trial's CPUs and GPUs (on a cluster, one may join within ``cluster.node_wait_s``: an autoscaler is asked for it), and
-on a cluster every Ray node is probed: it must import the code and read the data (``pipeline.tracking.cluster``).
-``sweep.search`` picks the plan (``pipeline.search.frontier``): ``grid`` trains every
-cell, ``frontier`` finds each (task, architecture, depth, seed)'s smallest solved width per size and infers the
-rest. The plan runs as a Ray Tune searcher (``pipeline.search.searcher``): one trial per (cell, learning rate)
-(``pipeline.training.trainable``), each training with Lightning until its verdict
-(``pipeline.training.verdict``: solved,
-unsolved (converged below the threshold), undecided (still improving when its extended budget ran out),
-diverged; failed if it raised), then scoring the test set. A cell's result is its best learning rate;
-``sweep.lr_search: halving`` trains its learning rates by successive halving (``pipeline.search.halving``).
-Runs this MLflow experiment already finished with the same data, training settings, training code and versions of
-the libraries training runs on are reused (``sweep.reuse: false`` retrains them; so does ``$CAPACITY_ATLAS_RETRAIN=1``
-for one run, which ``pipeline.nightly --force`` sets).
-Trials checkpoint at every validation into the storage path (``pipeline.training.checkpoints``); a trial whose worker
-died, or whose node was lost, is retried from its checkpoint (``sweep.max_failures``); once lost nodes leave none
-that can run a trial for ``cluster.node_wait_s`` (a local Ray: at once), the sweep stops with ``LostNode`` naming
-them, its unfinished runs KILLED. SIGTERM or SIGINT (and dvc's death, when DVC runs it) stops it within
-``cluster.stop_timeout_s``: its unfinished runs and its parent KILLED with the reason, exit status 128 + the signal's
-number (``pipeline.common.signals``). A sweep killed or stopped continues its trials from their checkpoints when rerun
-on any host, closing a dead sweep's MLflow runs as KILLED (its driver's process gone, or its heartbeat missed:
-``pipeline.tracking.runs.close_orphans``). One sweep at a time writes a results directory (a second stops), and
-one at a time trains against a project's stores (a second waits: DVC's queue workers, `dvc queue start -j N`, take
-turns, each on every core). ``sweep.workers_per_trial`` trains a trial data-parallel
-(``pipeline.training.distributed``).
-Outputs (DVC's, ``pipeline.tracking.results``): ``results/sweep.csv`` (one row per cell: measured or inferred,
-verdict, test accuracy, costs), ``results/trials.csv`` (one row per learning-rate run), ``results/curves.csv``
-(every validation of every run) and ``results/sweep.json`` (headline metrics). MLflow gets a parent run per sweep
-(the sweep's datasets as inputs, its settings, progress counts and in the end the per-cell table as an MLflow
-table) and a child run per (cell, learning rate) it trains (its datasets, curves, system metrics and verdict:
-``pipeline.tracking.runs``); a reused one stays the run of the sweep that trained it, which the tables name and the
-parent lists (``tables/reused.json``).
-MLflow's store, the storage path (checkpoints, published datasets) and Ray's trial directories are not DVC
-outputs; by default they are the project's (``mlflow.db``, ``mlartifacts/``, ``ray_results/``): for a DVC experiment
-run in a temporary copy (`dvc exp run --temp`, `--queue`), those of the checkout the copy was made from.
+Before anything trains it checks the config, the datasets, MLflow, the Ray head and the nodes (docs/cluster.md, "What
+the driver checks"). ``sweep.search`` picks the plan, a grid or the width frontier, run as a Ray Tune searcher, one
+trial per (cell, learning rate) (docs/verdicts-and-search.md). Runs MLflow already finished with the same run key are
+reused; trials continue from their checkpoints after a lost worker, node or sweep, and SIGTERM or SIGINT stops the
+sweep with its runs KILLED (docs/cluster.md, "Surviving failures"). One sweep at a time writes a results directory,
+and one at a time trains against a project's stores (docs/profiles.md, "Queued and temporary experiments").
+Outputs: results/sweep.csv (a row per cell), trials.csv (a row per learning-rate run), curves.csv (every validation)
+and sweep.json (headline metrics); in MLflow, a parent run per sweep and a child per trial it trains
+(docs/report.md, "Looking at the results in MLflow").
 """
 
 from __future__ import annotations

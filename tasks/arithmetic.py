@@ -9,6 +9,7 @@ of the prompt (the first expression through the first ``=``).
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 
@@ -240,6 +241,40 @@ class Arithmetic(Task):
         # duplicates beyond the planned count ("fill") have N operators, as in Feng et al.'s generator
         mixture = split == "train" and not fill and self.params["mixture"] == "under"
         arithmetic_kernel(rng, self.size, mixture, out.values, out.offsets, out.prompt_len, out.answer)
+
+    def reference(self, rnd: random.Random, split: str) -> tuple[list[str], int]:
+        n = self.size
+        ops = n if split == "test" else rnd.choices(range(1, n + 1), weights=range(1, n + 1))[0]
+        history = [[str(rnd.randrange(P))]]
+        for _ in range(ops):
+            expr = history[-1]
+            i = rnd.choice([k for k, w in enumerate(expr) if w.isdigit()])
+            x = int(expr[i])
+            while True:  # a uniform operand a and operator among the pairs with a op b = x, b computed
+                a, op = rnd.randrange(P), rnd.choice(OPS)
+                if op in "+-":
+                    b = (x - a) % P if op == "+" else (a - x) % P
+                elif op == "*" and a:
+                    b = x * pow(a, -1, P) % P
+                elif op == "*" and x == 0:
+                    b = rnd.randrange(P)
+                elif op == "/" and a and x:
+                    b = a * pow(x, -1, P) % P
+                elif op == "/" and not a and not x:
+                    b = rnd.randrange(P)
+                    if b == 0:
+                        continue
+                else:
+                    continue
+                break
+            left = expr[i - 1] if i > 0 else None
+            right = expr[i + 1] if i + 1 < len(expr) else None
+            inner = [str(a), op, str(b)]
+            if left == "/" or (op in "+-" and (left in ("*", "-") or right in ("*", "/"))):
+                inner = ["(", *inner, ")"]
+            history.append(expr[:i] + inner + expr[i + 1 :])
+        words = " = ".join(" ".join(step) for step in reversed(history)).split()
+        return words, len(history[-1]) + 1
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         words = self.decode(split_tokens(tokens))

@@ -8,11 +8,13 @@ A sample is stored as one token sequence ending in ``<eos>``, with the prompt le
   per-prefix targets from the sequence itself.
 
 Generators run as numba kernels over a whole batch (``Task.generate``); checkers are plain Python, written from the
-spec without the generator's code, so a bug in one is caught by the other.
+spec without the generator's code, so a bug in one is caught by the other. Beside each kernel, its plain reference
+(``Task.reference``): the spec read a second time, one sample at a time, as the papers' own scripts generate.
 """
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -151,6 +153,14 @@ class Task(ABC):
         'train'), one compiled kernel call."""
 
     @abstractmethod
+    def reference(self, rnd: random.Random, split: str) -> tuple[list[str], int]:
+        """One sample of the distribution ``split`` ('test' or 'train') from a plain generator written from the spec
+        like the papers' own scripts (Python lists and ``random.Random``, one sample at a time): the sequence without
+        ``<eos>`` as token strings, and its prompt length. The baseline benchmarks.bench_generators measures
+        ``generate`` against and, in the tests, an independent second reading of the spec: its samples must pass the
+        checker and follow ``generate``'s distribution."""
+
+    @abstractmethod
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         """Re-derive the answer and every chain-of-thought value from the prompt alone; raise TaskError if wrong."""
 
@@ -186,6 +196,12 @@ class Task(ABC):
     def sample(self, rng: np.random.Generator, split: str) -> Sample:
         """One sample (a batch of one)."""
         return self.sample_batch(rng, split, 1).sample(0)
+
+    def reference_sample(self, rnd: random.Random, split: str) -> Sample:
+        """One sample of ``reference``, encoded with the task's vocabulary."""
+        words, prompt_len = self.reference(rnd, split)
+        tokens = self.encode(words)
+        return Sample(tokens, prompt_len, int(tokens[-2]))
 
     @property
     def vocab_size(self) -> int:

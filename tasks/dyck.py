@@ -10,6 +10,8 @@ classes length exactly N). Labels are drawn 50/50.
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
 from tasks.base import Packed, Task, TaskError, check_answer, split_tokens
@@ -123,6 +125,31 @@ class Dyck(Task):
 
     def generate(self, rng, split, fill, out: Packed) -> None:
         dyck_kernel(rng, self.size, out.values, out.offsets, out.prompt_len, out.answer)
+
+    def reference(self, rnd: random.Random, split: str) -> tuple[list[str], int]:
+        n, positive = self.size, rnd.random() < 0.5
+        closer = {"(": ")", "[": "]"}
+        while True:
+            word: list[str] = []
+            stack: list[str] = []
+            for _ in range(n - 2):
+                choices = ["close"] if len(stack) == 2 else ["(", "["] if not stack else ["(", "[", "close"]
+                move = rnd.choice(choices)
+                word.append(closer[stack.pop()] if move == "close" else move)
+                if move != "close":
+                    stack.append(move)
+            if stack:
+                word += [closer[s] for s in reversed(stack)]
+            else:
+                word += rnd.choice([["(", ")"], ["[", "]"]])
+            if positive:
+                break
+            for p in rnd.sample(range(n), rnd.randint(1, n // 10)):
+                swap = "([)]" if rnd.random() < 0.5 else "()[]"  # switch the type, or turn it around
+                word[p] = swap[swap.index(word[p]) ^ (2 if swap == "([)]" else 1)]
+            if not is_member(word):
+                break
+        return [*word, YES if positive else NO], n
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         words = self.decode(split_tokens(tokens))

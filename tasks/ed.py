@@ -18,6 +18,7 @@ letter it copies).
 
 from __future__ import annotations
 
+import random
 import string
 
 import numpy as np
@@ -182,6 +183,30 @@ class ED(Task):
             out.features["locality_window"],
             out.features["cell_locality_window"],
         )
+
+    def reference(self, rnd: random.Random, split: str) -> tuple[list[str], int]:
+        n = self.size
+        diff = rnd.randint(1, n)
+        while True:
+            letters = rnd.sample(LETTERS, rnd.randint(3, 10))
+            a = [rnd.choice(letters) for _ in range(n)]
+            if rnd.random() < 0.4:
+                b = [rnd.choice(letters) for _ in range(rnd.randint(n - 3, n + 2))]
+            else:
+                b = a[:]
+                for _ in range(diff):
+                    edit = rnd.randrange(3)
+                    if edit == 0 and len(b) > 2:
+                        del b[rnd.randrange(len(b))]
+                    elif edit == 1:
+                        b[rnd.randrange(len(b))] = rnd.choice(letters)
+                    else:
+                        b.insert(rnd.randrange(len(b) + 1), rnd.choice(letters))
+            if a != b and n - 3 <= len(b) <= n + 2:
+                break
+        first, second = (b, a) if len(b) < len(a) else (a, b)
+        prompt = [*first, BAR, *second, SEP]
+        return prompt + self.chain(first, second), len(prompt)
 
     def chain(self, first: list[str], second: list[str]) -> list[str]:
         """The chain of thought after the prompt, by the plain O(|A| |B|) DP."""

@@ -10,6 +10,7 @@ up to even, at least 2); test inputs have k = N exactly. The modes:
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 
@@ -107,6 +108,22 @@ class Equality(Task):
             out.prompt_len,
             out.answer,
         )
+
+    def reference(self, rnd: random.Random, split: str) -> tuple[list[str], int]:
+        n, alphabet = self.size, self.params["alphabet"]
+        half = n // 2 if split == "test" else rnd.randrange(self.params["min_length"], n + 1, 2) // 2
+        w1 = [rnd.randrange(alphabet) for _ in range(half)]
+        w2 = w1[:]
+        if self.mode == NCP:
+            return [*map(str, w1), SEP, *map(str, w2)], 1
+        if rnd.random() >= 0.5:
+            if self.mode == RANDOM:
+                w2 = [rnd.randrange(alphabet) for _ in range(half)]
+            else:
+                i = rnd.randrange(half)
+                w2[i] = rnd.choice([s for s in range(alphabet) if s != w1[i]])
+        words = [*map(str, w1), SEP, *map(str, w2)]
+        return words + [YES if w1 == w2 else NO], len(words)
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         words = self.decode(split_tokens(tokens))

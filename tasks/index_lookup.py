@@ -7,6 +7,8 @@ uniform in 1..k and has its own vocabulary of N position tokens.
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
 from tasks.base import Packed, Task, TaskError, check_answer, split_tokens
@@ -76,6 +78,12 @@ class IndexLookup(Task):
             out.prompt_len,
             out.answer,
         )
+
+    def reference(self, rnd: random.Random, split: str) -> tuple[list[str], int]:
+        k = self.size if split == "test" else rnd.randint(self.params["min_length"], self.size)
+        symbols = [str(rnd.randrange(self.params["symbols"])) for _ in range(k)]
+        p = rnd.randint(1, k)
+        return [*symbols, f"@{p}", symbols[p - 1]], k + 1
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         words = self.decode(split_tokens(tokens))

@@ -11,6 +11,7 @@ other positions uniform.
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_left
 
 import numpy as np
@@ -78,7 +79,7 @@ def lis_kernel(rng, n, r, values, offsets, prompt_len, answer):
 def lis_values(x: list[int]) -> list[int]:
     """The chain of thought, cot_l = length of the longest strictly increasing subsequence ending at x_l, by patience
     sorting in O(n log n) (the checker's own derivation: neither the kernel's Fenwick tree nor the spec's O(n^2) DP,
-    which benchmarks.reference writes out and the tests compare with this).
+    which ``lis_dp`` writes out for the reference generator and the tests compare with this).
 
     tails[k] = the smallest last value of an increasing subsequence of length k + 1 seen so far, increasing in k;
     x_l extends exactly the lengths whose tail is < x_l, so cot_l = bisect_left(tails, x_l) + 1.
@@ -89,6 +90,15 @@ def lis_values(x: list[int]) -> list[int]:
         k = bisect_left(tails, v)
         tails[k : k + 1] = [v]  # replace tails[k], or append when k == len(tails)
         cot.append(k + 1)
+    return cot
+
+
+def lis_dp(x: list[int]) -> list[int]:
+    """The spec's chain of thought, literally: cot_j = 1 + max{cot_i : i < j, x_i < x_j} (0 if none), O(n^2), as in
+    the paper's script (the reference generator's derivation)."""
+    cot: list[int] = []
+    for j in range(len(x)):
+        cot.append(1 + max([cot[i] for i in range(j) if x[i] < x[j]], default=0))
     return cot
 
 
@@ -123,6 +133,17 @@ class LIS(Task):
 
     def generate(self, rng, split, fill, out: Packed) -> None:
         lis_kernel(rng, self.size, self.params["value_range"], out.values, out.offsets, out.prompt_len, out.answer)
+
+    def reference(self, rnd: random.Random, split: str) -> tuple[list[str], int]:
+        n, r = self.size, self.params["value_range"]
+        runs, planted = rnd.randint(1, 3), rnd.randint(3, n)
+        cuts = [0, *sorted(rnd.sample(range(1, planted), runs - 1)), planted]
+        values = [v for lo, hi in zip(cuts, cuts[1:]) for v in sorted(rnd.sample(range(n + 1, r), hi - lo))]
+        x = [rnd.randrange(n + 1, r) for _ in range(n)]
+        for p, v in zip(sorted(rnd.sample(range(n), planted)), values):
+            x[p] = v
+        best = lis_dp(x)
+        return [*map(str, x), SEP, *map(str, best), SEP, str(max(best))], n + 1
 
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         n = self.size

@@ -1,5 +1,6 @@
 """Shared fixtures only (the helpers are in tests/helpers/): tiny datasets generated once per session from the `tiny`
-profile, a tiny trial's spec, and an uninterrupted `dvc repro` of KILLABLE_SWEEP."""
+profile (in this process, and by `dvc repro generate` in a copy of the repo), a tiny trial's spec, and an
+uninterrupted `dvc repro` of KILLABLE_SWEEP; and the tiers (`integration` and `cluster` imply `slow`)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,19 @@ from pipeline.common.config import Config, load_config  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from tests.helpers import KILLABLE_SWEEP  # noqa: E402
 
+# Marks that make a test slow whatever else it is marked: `-m "not slow"`, the developer's loop, runs none of them
+IMPLY_SLOW = ("integration", "cluster")
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects, so that it selects on the marks added here
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests need CUDA: skipped, and said so, where there is none."""
+    """The tiers: ``integration`` and ``cluster`` tests are ``slow`` too. ``gpu`` tests need CUDA: skipped, and said
+    so, where there is none."""
     import torch
 
+    for item in items:
+        if any(item.get_closest_marker(mark) for mark in IMPLY_SLOW) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")
         for item in items:
@@ -78,17 +87,27 @@ def spec(tiny_cfg, tiny_data):
 
 
 @pytest.fixture(scope="session")
-def uninterrupted(tmp_path_factory) -> tuple[Path, float]:
-    """A tiny-profile copy of the repo after `dvc repro` of KILLABLE_SWEEP (keeping the trials' checkpoints), with
-    a local Ray and SQLite MLflow, and the wall time of that `dvc repro` (its data generated first, outside the
-    timing)."""
-    import time
-
+def generated(tmp_path_factory) -> Path:
+    """A tiny-profile copy of the repo after `dvc repro generate`, once per session: the datasets of every `dvc repro`
+    of a sweep on the tiny profile, which ``tests.helpers.repo.copy_generated`` copies instead of generating again."""
     from tests.helpers.repo import copy_repo, run
 
+    repo = copy_repo(tmp_path_factory.mktemp("generated"))
+    result = run(["dvc", "repro", "generate"], repo)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return repo
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(generated, tmp_path_factory) -> tuple[Path, float]:
+    """A tiny-profile copy of the repo after `dvc repro` of KILLABLE_SWEEP (keeping the trials' checkpoints), with
+    a local Ray and SQLite MLflow, and the wall time of that `dvc repro` (its data generated before, ``generated``)."""
+    import time
+
+    from tests.helpers.repo import copy_generated, run
+
     # keep_checkpoints changes what stays in storage, not a result (tests/test_resume.py checks both ways)
-    repo = copy_repo(tmp_path_factory.mktemp("whole"), KILLABLE_SWEEP + "\n  keep_checkpoints: true")
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    repo = copy_generated(generated, tmp_path_factory.mktemp("whole"), KILLABLE_SWEEP + "\n  keep_checkpoints: true")
     began = time.time()
     result = run(["dvc", "repro"], repo)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -366,3 +366,18 @@ def test_pilot_trains_each_trial_in_parallel_and_writes_a_line_per_verdict(tmp_p
     bad = write_params(tmp_path / "bad.yaml", PILOT.replace("[transformer, lstm]", "[transformer, nosuch]"))
     assert pilot.main(["--params", str(bad), "--out", str(tmp_path / "c")]) == 2
     assert "nosuch" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_eq_shortcut_learns_the_count_shortcut_and_scores_the_exact_rule(tmp_path, capsys):
+    """benchmarks.eq_shortcut --quick (a few seconds): the count model, trained as the pilots train (Adam, batch 64,
+    fresh strings), holds 99% on eq_one with 16 symbols; the paper's exact count rule scores 100% on the test
+    strings; an impossible N is named before any training."""
+    from benchmarks import eq_shortcut
+
+    assert eq_shortcut.main(["--quick", "--out", str(tmp_path / "s.json")]) == 0
+    row = read_results(tmp_path / "s.json", "eq_shortcut")["quick"]["figures"]["N=20 alphabet=16 lr=0.01"]
+    assert row["held 99%"] == "1 of 1 seeds" and is_figure(row["steps to hold 99%"])
+    assert row["test accuracy"]["median"] > 95 and row["count rule, test accuracy"]["min"] == 100
+    with pytest.raises(SystemExit):
+        eq_shortcut.main(["--sizes", "21"])
+    assert "size N must be even" in capsys.readouterr().err

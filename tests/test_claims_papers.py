@@ -14,7 +14,7 @@ from pipeline.reporting.claims import CLAIMS, ClaimStatus, evaluate
 from pipeline.reporting.papers import DP, SEPARATIONS
 from pipeline.reporting.reported import ReportedError, reported_table
 from tests.helpers import ROOT
-from tests.test_papers import PAPERS, TEXTS, normalized
+from tests.helpers.papers import PAPERS, TEXTS, normalized
 
 REPORTED = ROOT / "tests" / "reported"
 Entries = list[dict]

@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.helpers import KILLABLE_SWEEP, ROOT, services
-from tests.helpers.repo import copy_repo, run
+from tests.helpers.repo import copy_generated
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.integration]
 if problem := services.namespace_problem():
@@ -30,10 +30,10 @@ def trials(results: Path) -> pd.DataFrame:
     return pd.read_csv(results / "trials.csv").set_index(["arch", "lr"]).sort_index()
 
 
-def test_a_sweep_on_two_token_authenticated_nodes_records_everything_on_the_server(uninterrupted, tmp_path):
+def test_a_sweep_on_two_token_authenticated_nodes_records_everything_on_the_server(uninterrupted, generated,
+                                                                                   tmp_path):
     local, _ = uninterrupted
-    repo = copy_repo(tmp_path / "checkout", KILLABLE_SWEEP)
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    repo = copy_generated(generated, tmp_path / "checkout", KILLABLE_SWEEP)
     shared = tmp_path / "shared"  # what a cluster mounts on every node (or an s3:// URI)
     with services.ray_cluster(tmp_path / "ray") as cluster, \
             services.mlflow_server(tmp_path / "mlflow", cluster.netns) as server:
@@ -66,13 +66,12 @@ def test_a_sweep_on_two_token_authenticated_nodes_records_everything_on_the_serv
     pd.testing.assert_frame_equal(trials(repo / "results")[SAME], trials(local / "results")[SAME])
 
 
-def test_an_autoscaler_starts_the_nodes_the_sweep_asks_for(uninterrupted, tmp_path):
+def test_an_autoscaler_starts_the_nodes_the_sweep_asks_for(uninterrupted, generated, tmp_path):
     """KubeRay's shape under Ray's own autoscaler: a head that takes no trial and a worker group at zero nodes. The
     resource check's request starts one node, the trial waiting for the second slot (``max_concurrent_trials``) a
     second; the verdicts are a local run's."""
     local, _ = uninterrupted
-    repo = copy_repo(tmp_path / "checkout", KILLABLE_SWEEP + "\n  max_concurrent_trials: 2")
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    repo = copy_generated(generated, tmp_path / "checkout", KILLABLE_SWEEP + "\n  max_concurrent_trials: 2")
     group = {"cpu": {"resources": {"CPU": 1}, "max_workers": 2}}
     with services.ray_cluster(tmp_path / "ray", nodes=1, cpus_per_node=0, autoscaler=group) as cluster:
         env = cluster.driver_env(CAPACITY_ATLAS_STORAGE=str(tmp_path / "shared"))

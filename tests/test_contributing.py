@@ -24,7 +24,6 @@ import yaml
 
 import models
 import tasks
-from benchmarks.reference import GENERATORS, reference_sample
 from docs.examples.claim import DYCK_TWO_LAYERS
 from pipeline.common import config
 from pipeline.reporting.claims import CLAIMS, evaluate
@@ -46,7 +45,7 @@ SELECT = "parity or min_gru"
 def registered():
     """The example task and architecture registered (their modules run again, so their @register runs again), and
     the registries as they were afterwards: nothing of the examples outlives the test."""
-    saved = [(registry, dict(registry)) for registry in (tasks.TASKS, models.ARCHITECTURES, GENERATORS)]
+    saved = [(registry, dict(registry)) for registry in (tasks.TASKS, models.ARCHITECTURES)]
     for name in ("docs.examples.parity_task", "docs.examples.min_gru", PLUGIN):
         module = sys.modules.get(name)
         importlib.reload(module) if module else importlib.import_module(name)
@@ -59,7 +58,7 @@ def registered():
 
 
 def test_the_product_neither_registers_nor_imports_the_examples():
-    assert "parity" not in tasks.TASKS and "min_gru" not in models.ARCHITECTURES and "parity" not in GENERATORS
+    assert "parity" not in tasks.TASKS and "min_gru" not in models.ARCHITECTURES
     assert DYCK_TWO_LAYERS.id not in {c.id for c in CLAIMS} and "dyck2" not in config.profiles()
     assert "parity" not in yaml.safe_load((ROOT / "params.yaml").read_text())["tasks"]
     importers = []
@@ -88,9 +87,9 @@ def test_the_example_task_follows_its_spec_and_its_checker_rejects_what_breaks_i
     assert set(train.lengths.tolist()) == set(range(2, 10))  # 1..8 bits and the label
     assert 0.46 < (train.answer == task.index["odd"]).mean() < 0.54  # balanced, as the space says
     assert task.space("test") == 2**8 and task.space("train") == 2**9 - 2
-    for split in ("train", "test"):  # the reference generator, registered as benchmarks/reference.py's would be
+    for split in ("train", "test"):  # the reference generator: its samples pass the checker
         rnd = random.Random(0)
-        for r in (reference_sample(task, rnd, split) for _ in range(200)):
+        for r in (task.reference_sample(rnd, split) for _ in range(200)):
             task.check(r.tokens, r.prompt_len, r.answer)
     with pytest.raises(tasks.TaskError, match="parity size N must be >= min_length = 3, got N = 2"):
         tasks.get_task("parity", 2, min_length=3)

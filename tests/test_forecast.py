@@ -33,7 +33,7 @@ from pipeline.forecast import number
 from pipeline.search.cells import build_cells, defined_cells, model_costs
 from tests.helpers import ROOT, make_cell, write_params
 
-TASKS = "tasks: [arithmetic, ed, ed_local, lis, index_lookup, dyck, eq_random, eq_one, eq_ncp]\n"
+TASKS = "tasks: [" + ", ".join(tasks.TASKS) + "]\n"  # every registered task, as params.yaml lists them
 # 2 architectures x 2 widths on one dataset: 4 trials of 8 steps of 32 sequences, on a CPU profile
 FOUR = "sweep: {architectures: [standard, lstm], widths: [8, 16], datasets: {arithmetic: [2]}}\n"
 

@@ -9,7 +9,6 @@ import re
 import pytest
 
 from pipeline.reporting.papers import (
-    DP,
     FINDINGS,
     TABLE2_GFLOPS,
     TABLE2_LENGTHS,
@@ -18,9 +17,7 @@ from pipeline.reporting.papers import (
     table2_widths,
 )
 from tests.helpers import ROOT
-
-PAPERS = ROOT.parent / "shared" / "papers"  # beside the checkout, as for CI
-TEXTS = {DP: "dp-efficient-transformers.txt"}
+from tests.helpers.papers import PAPERS, TEXTS, normalized
 
 
 def test_table2_back_solves_to_powers_of_two_within_its_rounding():
@@ -34,14 +31,6 @@ def test_table2_back_solves_to_powers_of_two_within_its_rounding():
             assert abs(table2_width(gflops, length) / width - 1) < 0.003
             # within the paper's three decimals (0.027 stands for 0.02685) and its count's small differences
             assert table2_gflops(width, length) == pytest.approx(gflops, rel=0.006)
-
-
-def normalized(text: str) -> str:
-    """The text as extracted from the PDF: curly quotes straight, math repeated four times once ("64646464" is
-    how the extraction writes $64$), whitespace single."""
-    text = text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
-    text = re.sub(r"(\d+?)\1{3}", r"\1", text)
-    return re.sub(r"\s+", " ", text)
 
 
 @pytest.mark.skipif(not PAPERS.is_dir(), reason=f"the papers' text is not at {PAPERS}")

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.helpers import KILLABLE_SWEEP
-from tests.helpers.repo import copy_repo, mlflow_runs, run
+from tests.helpers.repo import copy_generated, mlflow_runs, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -84,10 +84,9 @@ def assert_one_whole_run_per_trial(repo: Path, reference: Path) -> None:
         assert steps == sorted({m.step for m in ref_client.get_metric_history(twin.info.run_id, "val_accuracy")})
 
 
-def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, tmp_path):
+def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, generated, tmp_path):
     reference, whole_seconds = uninterrupted
-    repo = copy_repo(tmp_path, KILLABLE_SWEEP)
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    repo = copy_generated(generated, tmp_path, KILLABLE_SWEEP)
     began = time.time()
     first = start(["dvc", "repro"], repo)
     lock = repo / "results" / ".sweep.lock"
@@ -120,10 +119,9 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
     assert not any(checkpoint_counts(repo))  # finished: the rerun's checkpoints and the killed sweep's are gone
 
 
-def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, tmp_path):
+def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, generated, tmp_path):
     reference, _ = uninterrupted
-    repo = copy_repo(tmp_path, KILLABLE_SWEEP)
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    repo = copy_generated(generated, tmp_path, KILLABLE_SWEEP)
     sweep = start(["dvc", "repro"], repo)
     # whichever trial the killed worker runs has a checkpoint at step 60 or later, so Tune has taken one at step 40
     # or later (a trial starting a second after the other had none yet when the first reached step 40)
@@ -166,15 +164,14 @@ def new_checkpoint(repo: Path, before: list[dict]) -> bool:
     return any((m["trial_key"], m["step"]) not in seen for m in checkpoints(repo))
 
 
-def test_a_stopped_dvc_repro_closes_its_runs_as_killed_and_a_rerun_resumes(uninterrupted, tmp_path):
+def test_a_stopped_dvc_repro_closes_its_runs_as_killed_and_a_rerun_resumes(uninterrupted, generated, tmp_path):
     """Stopped twice, then run through: (1) SIGTERM to dvc alone, which passes no signal to its stage: the sweep stops
     as its parent dies; (2) started as the launchers start it (``python -m pipeline.common.signals -- dvc repro``),
     SIGTERM to that runner: SIGINT to the whole process group, which dvc waits out and the sweep stops on. Each stop
     closes the sweep's runs as KILLED with the reason, within the stop's bound; the last run ends as the
     uninterrupted one did."""
     reference, _ = uninterrupted
-    repo = copy_repo(tmp_path, KILLABLE_SWEEP)
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
+    repo = copy_generated(generated, tmp_path, KILLABLE_SWEEP)
     first = start(["dvc", "repro"], repo)
     stage = sweep_process(first)
     wait_for(lambda: any(m["step"] >= 20 for m in checkpoints(repo)), "a checkpoint at step 20")
@@ -213,16 +210,15 @@ NO_UTS = None if subprocess.run(["unshare", "--uts", "true"], capture_output=Tru
 
 
 @pytest.mark.skipif(NO_UTS is not None, reason=f"needs a host name of its own: {NO_UTS}")
-def test_a_sweep_killed_on_one_host_is_resumed_on_another(uninterrupted, tmp_path):
+def test_a_sweep_killed_on_one_host_is_resumed_on_another(uninterrupted, generated, tmp_path):
     """`dvc repro` killed, process group and all, on host node-a (a UTS namespace of its own: the same machine under
     another name, as a Slurm job or a KubeRay retry lands on another node), then run on this host: its runs are known
     dead by their missed heartbeat, not by their host, closed as KILLED, and their trials continued with their
     curves; the table is the uninterrupted run's."""
     reference, _ = uninterrupted
-    repo = copy_repo(tmp_path, KILLABLE_SWEEP)
+    repo = copy_generated(generated, tmp_path, KILLABLE_SWEEP)
     params = repo / "params.yaml"
     params.write_text(params.read_text().replace("node_wait_s: 300", "node_wait_s: 300\n  heartbeat_s: 1"))
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
     first = start(["unshare", "--uts", "sh", "-c", "hostname node-a && exec dvc repro"], repo)
     wait_for(lambda: any(m["step"] >= 20 for m in checkpoints(repo)), "a checkpoint at step 20")
     os.killpg(first.pid, signal.SIGKILL)  # the node is gone: nothing of it cleans up

@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 
 import tasks
-from benchmarks.reference import lis_dp, reference_sample
 from tasks.arithmetic import DIV, MINUS, PLUS, TIMES, Parser, needs_brackets
 from tasks.base import DISTRIBUTIONS, PAPERS, SPLITS
-from tasks.lis import lis_values
+from tasks.lis import lis_dp, lis_values
 from tasks.registry import declaration_errors, register
 from tests.helpers import SMALL_SIZES
 
@@ -86,13 +85,13 @@ def test_checker_catches_every_corrupted_generated_token_and_answer(name):
 
 @pytest.mark.parametrize("name", sorted(tasks.TASKS))
 def test_reference_generators_follow_the_spec_like_the_compiled_ones(name):
-    """The plain reference generators (benchmarks/reference.py) pass the checkers, and the compiled generators draw
-    from the same distribution: mean lengths and answer frequencies agree within sampling noise."""
+    """The plain reference generators (``Task.reference``) pass the checkers, and the compiled generators draw from
+    the same distribution: mean lengths and answer frequencies agree within sampling noise."""
     size = SMALL_SIZES[name][-1]
     task = tasks.get_task(name, size)
     rnd = random.Random(0)
     for split in DISTRIBUTIONS:
-        ref = [reference_sample(task, rnd, split) for _ in range(1500)]
+        ref = [task.reference_sample(rnd, split) for _ in range(1500)]
         for s in ref:
             task.check(s.tokens, s.prompt_len, s.answer)
         fast = task.sample_batch(np.random.default_rng(1), split, 20_000)
@@ -213,6 +212,48 @@ def test_separation_tasks_have_exact_test_lengths_and_balanced_labels():
     assert set((train.lengths - 2).tolist()) == set(range(6, 51, 2))
 
 
+def equality_halves(task, batch) -> list[tuple[np.ndarray, np.ndarray, bool]]:
+    """(w1, w2, label yes) of each ``w1 [sep] w2 label <eos>`` string, symbols as their values 0..alphabet-1."""
+    out = []
+    for i in range(len(batch)):
+        seq = batch.sequence(i).astype(np.int64)
+        half = (len(seq) - 3) // 2
+        assert seq[half] == task.index["[sep]"]
+        out.append((seq[:half] - task.index["0"], seq[half + 1:2 * half + 1] - task.index["0"],
+                    seq[-2] == task.index["<yes>"]))
+    return out
+
+
+def test_eq_one_is_drawn_as_the_separations_paper_describes_it():
+    """App. H.2: an alphabet of 1024 drawn uniformly, lengths k uniform over N/10, N/10 + 2, ..., N in train and
+    exactly N in test, w2 = w1 for the positives and one position changed for the negatives (which position uniform),
+    labels balanced at every length (the length says nothing of the label); and the Remark's shortcut holds on every
+    string: the symbol counts of w1 and w2 differ exactly for the negatives. ``min_length = N`` (the fixed-length
+    control of docs/fidelity.md) trains at length N only."""
+    task = tasks.get_task("eq_one", 20)
+    assert task.params == {"alphabet": 1024, "min_length": 2}
+    rng = np.random.default_rng(0)
+    test = equality_halves(task, task.sample_batch(rng, "test", 4000))
+    symbols = np.bincount(np.concatenate([w1 for w1, _, _ in test]), minlength=1024)
+    assert len(symbols) == 1024 and 10 < symbols.min() and symbols.max() < 80  # 39 expected of each
+    changed = []
+    for w1, w2, yes in test:
+        assert len(w1) == len(w2) == 10
+        differ = np.flatnonzero(w1 != w2)
+        assert len(differ) == (0 if yes else 1)
+        assert yes == (np.bincount(w1, minlength=1024) == np.bincount(w2, minlength=1024)).all()
+        changed.extend(differ)
+    assert np.allclose(np.bincount(changed, minlength=10) / len(changed), 0.1, atol=0.025)
+    train = equality_halves(task, task.sample_batch(rng, "train", 6000))
+    lengths = np.array([2 * len(w1) for w1, _, _ in train])
+    assert np.allclose(np.bincount(lengths, minlength=21)[2::2] / len(train), 0.1, atol=0.02)  # k = 2, 4, ..., 20
+    yes = np.array([label for _, _, label in train])
+    for k in range(2, 21, 2):
+        assert 0.4 < yes[lengths == k].mean() < 0.6, k
+    fixed = tasks.get_task("eq_one", 20, min_length=20).sample_batch(rng, "train", 200)
+    assert (fixed.lengths == 20 + 2).all()
+
+
 @pytest.mark.parametrize("name, size, params, match", [
     ("lis", 10, {"value_range": 20}, "value_range must be >= 2n \\+ 1 = 21"),
     ("lis", 2, {}, "lis size n must be >= 3"),
@@ -225,8 +266,7 @@ def test_separation_tasks_have_exact_test_lengths_and_balanced_labels():
     ("dyck", 25, {}, "dyck size N must be even and >= 10"),
     ("index_lookup", 8, {}, "index_lookup size N must be >= min_length = 10"),
     ("index_lookup", 20, {"alphabet": 3}, "unknown index_lookup parameters"),
-    ("nonsense", 3, {}, "unknown task 'nonsense'; registered tasks: arithmetic, dyck, ed, ed_local, eq_ncp, eq_one, "
-                        "eq_random, index_lookup, lis"),
+    ("nonsense", 3, {}, f"unknown task 'nonsense'; registered tasks: {', '.join(sorted(tasks.TASKS))}$"),
 ])
 def test_impossible_parameters_are_rejected(name, size, params, match):
     with pytest.raises(tasks.TaskError, match=match):

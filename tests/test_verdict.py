@@ -185,6 +185,22 @@ def test_the_budget_survives_a_resume():
     assert fresh.fit_loop.epoch_loop.max_steps == 200 and again.checks == cb.checks and again.base == 100
 
 
+def test_a_solved_trial_paused_at_a_rung_resumes_from_a_weights_only_checkpoint(tmp_path):
+    """A trial solved at the threshold but short of its target pauses at a halving rung; its checkpoint is loaded
+    with weights_only=True (as the resume does), which refuses any class of ours: the status is saved as a string."""
+    cb, trainer = make(target=0.99)
+    for step in (50, 100):
+        train_to(cb, trainer, step)
+        validate(cb, trainer, 0.95, step)
+    assert cb.status == status.Status.SOLVED
+    torch.save({"callbacks": {"Verdict": cb.state_dict()}}, tmp_path / "c.ckpt")
+    state = torch.load(tmp_path / "c.ckpt", weights_only=True)["callbacks"]["Verdict"]
+    again = verdict.Verdict(0.9, 2, RULE, 8, target=0.99)
+    again.setup(fake_trainer(1000), None, "fit")
+    again.load_state_dict(state)
+    assert again.status is status.Status.SOLVED and again.solved_step == cb.solved_step
+
+
 def test_a_non_finite_loss_is_a_divergence():
     cb, trainer = make()
     trainer.global_step = 7

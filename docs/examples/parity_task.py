@@ -75,6 +75,12 @@ class Parity(Task):
             out.answer,
         )
 
+    def reference(self, rnd: random.Random, split: str) -> tuple[list[str], int]:
+        # the spec read a second time, in plain Python: its samples must pass the checker and match the kernel's
+        k = self.size if split == "test" else rnd.randint(self.params["min_length"], self.size)
+        bits = [rnd.choice("01") for _ in range(k)]
+        return [*bits, "odd" if bits.count("1") % 2 else "even"], k
+
     def check(self, tokens: np.ndarray, prompt_len: int, answer: int) -> None:
         # from the spec alone: count the ones, without the kernel's running xor
         words = self.decode(split_tokens(tokens))
@@ -90,11 +96,3 @@ class Parity(Task):
         if words[-1] != label:
             raise TaskError(f"parity label must be {label!r}, got {words[-1]!r}")
         check_answer(self, words, answer)
-
-
-# In the product this function goes in benchmarks/reference.py, with its line in GENERATORS: a second reading of
-# the spec, in plain Python, whose samples must pass the checker and match the kernel's distribution.
-def reference(task: Task, rnd: random.Random, split: str) -> tuple[list[str], int]:
-    k = task.size if split == "test" else rnd.randint(task.params["min_length"], task.size)
-    bits = [rnd.choice("01") for _ in range(k)]
-    return [*bits, "odd" if bits.count("1") % 2 else "even"], k

@@ -8,7 +8,4 @@ Nothing in the product imports this module or the examples."""
 
 from __future__ import annotations
 
-from benchmarks.reference import GENERATORS
 from docs.examples import min_gru, parity_task  # noqa: F401  (registration side effect)
-
-GENERATORS[parity_task.Parity.name] = parity_task.reference  # in the product, a line of GENERATORS itself

@@ -138,12 +138,12 @@ class Verdict(L.Callback):
             "converged",
             "done",
         )
-        # plain values only: a checkpoint is loaded with weights_only=True, which refuses the Status class
-        status = None if self.status is None else self.status.value
-        return {k: getattr(self, k) for k in keys} | {"status": status, "checks": [vars(c) for c in self.checks]}
+        state = {k: getattr(self, k) for k in keys} | {"checks": [vars(c) for c in self.checks]}
+        # plain values only: a resume loads the checkpoint with weights_only=True, which refuses any class of ours
+        return state | {"status": None if self.status is None else str(self.status)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update({k: v for k, v in state.items() if k != "checks"})
+        self.__dict__.update({k: v for k, v in state.items() if k not in ("checks", "status")})
         self.status = None if state["status"] is None else Status(state["status"])
         self.checks = [Validation(**c) for c in state["checks"]]
         if self.trainer is not None:  # before the fit loop decides whether the restored step ends training

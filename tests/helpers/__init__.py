@@ -24,6 +24,8 @@ What lives where:
   report/index.html [shot.png]``.
 - ``tests.helpers.services``: real services (a two-node Ray cluster, its head with Ray's job server if asked, an
   MLflow server) in a network namespace.
+- ``tests.helpers.papers``: ``PAPERS`` (where the papers' text lies), ``TEXTS``, ``normalized`` (the text as the PDF's
+  extraction writes it), for the tests that check quotes against the papers.
 - ``tests.helpers.webhook``: ``webhook``, a chat webhook: a real HTTP server on loopback that records the POSTs.
 - tests/conftest.py: the fixtures only (``tiny_cfg``, ``tiny_data``, ``spec``, ``uninterrupted``).
 """

@@ -1,5 +1,5 @@
-"""A copy of this checkout to run the real pipeline in: `copy_repo`, `run`, the numba kernels a copy reuses, and the
-copy's MLflow runs."""
+"""A copy of this checkout to run the real pipeline in: `copy_repo`, `copy_generated` (a copy whose datasets are
+made already), `run`, the numba kernels a copy reuses, and the copy's MLflow runs."""
 
 from __future__ import annotations
 
@@ -51,6 +51,21 @@ def copy_repo(dst: Path, sweep: str | None = None) -> Path:
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=dst, check=True)
+    return dst
+
+
+def copy_generated(src: Path, dst: Path, sweep: str | None = None) -> Path:
+    """A copy of ``src``, a ``copy_repo`` without a sweep override after `dvc repro generate`, with its datasets, DVC's
+    record of them and its cache: `dvc repro` in it runs no generate stage (the generate stages read nothing of the
+    sweep). ``sweep`` replaces params.yaml's empty sweep override, committed as ``copy_repo`` commits it. DVC's
+    temporary state (its locks, its hashes by inode) stays behind."""
+    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True,
+                    ignore=lambda folder, names: ["tmp"] if Path(folder) == src / ".dvc" else [])
+    if sweep:
+        params = dst / "params.yaml"
+        params.write_text(params.read_text().replace("sweep: {}", sweep))
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "sweep"], cwd=dst,
+                       check=True)
     return dst
 
 
