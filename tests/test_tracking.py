@@ -317,7 +317,7 @@ def test_a_trials_child_run_has_its_datasets_curve_system_metrics_and_verdict(st
                                             "final_accuracy": 0.4})
     children.on_trial_complete(0, [], trial)
     children.on_experiment_end([])
-    run = client.get_run(children.runs["t1"])
+    run = client.get_run(children.by_key["c1/lr"])
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "unsolved" and run.data.tags["node"] == "n1"
     # MLflow's standard tags, as its UI's User and Source columns read them
     assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.type"] == "LOCAL"
@@ -411,7 +411,7 @@ def test_a_resumed_trials_curve_comes_from_its_checkpoint_not_from_what_a_dead_d
     children.on_trial_result(0, [], trial, {"step": 20, "val_accuracy": 0.3, "val_loss": 2.0, "history": history})
     children.on_trial_result(0, [], trial, {"step": 30, "val_accuracy": 0.5, "val_loss": 1.5})
     children.on_experiment_end([])
-    run_id = children.runs["t1"]
+    run_id = children.by_key["c1/lr"]
     curve = [(m.step, m.value) for m in client.get_metric_history(run_id, "val_accuracy")]
     assert sorted(curve) == [(10, 0.1), (20, 0.3), (30, 0.5)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(10, 2.0)]

@@ -37,6 +37,7 @@ from dataclasses import asdict
 from pipeline.common.cell import Cell, CellSpec
 from pipeline.search.frontier import Plan
 from pipeline.search.halving import Halving
+from pipeline.training.members import member_results
 from pipeline.training.status import Status, best_run
 
 FINISHED = "FINISHED"  # what ``suggest`` returns once nothing is left: Tune's ``Searcher.FINISHED``
@@ -47,24 +48,6 @@ Queued = tuple[float, Cell, tuple[float, ...], int, tuple[dict, ...]]
 def trial_key(cell: CellSpec, lr: float) -> str:
     """Stable id of one learning-rate run of a cell."""
     return hashlib.sha256(json.dumps([cell.cell_id, repr(float(lr))]).encode()).hexdigest()[:16]
-
-
-def members(config: dict) -> list[dict]:
-    """The learning-rate runs a trial's config trains: a fused trial's ``members``, else the trial itself; each
-    with ``lr``, ``trial_key``, ``resume`` and ``resume_step``."""
-    if "members" in config:
-        return config["members"]
-    keys = ("trial_key", "resume", "resume_step")
-    return [{"lr": config["train"]["lr"]} | {k: config.get(k) for k in keys}]
-
-
-def member_results(result: dict) -> list[dict]:
-    """A trial's report as one per learning-rate run: a fused trial's ``members``, each with what the report says of
-    all of them (its node, system metrics, whether final), else the report itself."""
-    if "members" not in result:
-        return [result]
-    shared = {k: v for k, v in result.items() if k != "members"}
-    return [shared | member for member in result["members"]]
 
 
 class CellSearcher:

@@ -15,7 +15,8 @@ from pipeline.common.signals import STOP
 from pipeline.data.storage import location_of
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
-from pipeline.training.checkpoints import drop_checkpoints, drop_trial
+from pipeline.training.checkpoints import checkpoint_dirs, drop_checkpoints, drop_member, drop_trial
+from pipeline.training.members import member_results, members
 from pipeline.training.status import Status
 
 RESUME = (
@@ -47,7 +48,8 @@ class RungCheckpoints(tune.Callback):
         self.searcher, self.storage = searcher, storage
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if result.get("final") and result.get("status") == Status.PAUSED and trial.checkpoint is not None:
+        paused = any(r.get("status") == Status.PAUSED for r in member_results(result))
+        if result.get("final") and paused and trial.checkpoint is not None:
             self.searcher.rung_checkpoints[trial.trial_id] = location_of(trial.checkpoint.path, self.storage)
 
 
@@ -55,13 +57,21 @@ class DropFinished(tune.Callback):
     """Listed after ``ChildRuns`` (which has then set the trial's MLflow run FINISHED, with its verdict): a trial
     that ended deletes its checkpoints, and those of the dead sweep's trial it continued from. A trial that failed
     keeps them (``on_trial_error``, not ``on_trial_complete``), one paused at a rung of successive halving too: it
-    may go on from them (the sweep deletes a dropped one's, ``drop_trial``)."""
+    may go on from them (the sweep deletes a dropped one's, ``drop_trial``). A fused trial's members each apart: one
+    that paused keeps its directory of the trial's checkpoints, the others' are deleted."""
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        if trial.last_result.get("status") != Status.PAUSED:
-            drop_checkpoints(trial.storage.storage_filesystem, trial.path)
-        if trial.config.get("resume"):  # <storage>/<dead sweep or the paused attempt>/<trial>/checkpoint_NNNNNN
-            drop_trial(trial.config["resume"])
+        fs, reports = trial.storage.storage_filesystem, member_results(trial.last_result)
+        ended = [r.get("trial_key") for r in reports if r.get("status") != Status.PAUSED]
+        if len(ended) == len(reports):
+            drop_checkpoints(fs, trial.path)
+        else:
+            for checkpoint in checkpoint_dirs(fs, trial.path):
+                for key in ended:
+                    drop_member(fs, checkpoint, key)
+        for member in members(trial.config):  # <storage>/<dead sweep or paused attempt>/<trial>/checkpoint_NNNNNN
+            if member.get("resume"):
+                drop_trial(member["resume"])
 
 
 class NodeWatch(tune.Callback):

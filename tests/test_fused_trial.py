@@ -1,0 +1,109 @@
+"""A fused trial (pipeline/training/fused_trial.py): a cell's learning rates trained as one model, each member ending
+as its separate trial ends, frozen once it stops, and checkpointed as its separate trial is."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import lightning as L
+import pytest
+import torch
+
+from models.fused import FusionError
+from pipeline.training.checkpoints import FILE
+from pipeline.training.fused_trial import run_fused
+from pipeline.training.train import run_trial
+from tests.helpers.training import Copies, MemberCopies, with_settings
+
+# solved at step 10 (two rates), undecided at the budget, diverged at step 3: each member stops at its own step
+LRS = (3e-2, 3e-3, 1e-5, 1e6)
+NAMES = [f"m{k}" for k in range(len(LRS))]
+SAME = ("status", "reason", "train_steps", "budget_steps", "solve_step", "train_pflops", "final_accuracy",
+        "val_accuracy", "token_accuracy")
+VERDICT = SAME[:-2]  # a diverged member is not validated at its last step (its separate trial validates once more)
+
+
+@pytest.fixture
+def specs(spec):
+    """The tiny trial's learning rates, without dropout (a fused member draws its own masks), solved at 0.4."""
+    solved = with_settings(spec, dropout=0.0, threshold=0.4, patience=1, targets={"lis": 0.4})
+    return [dataclasses.replace(solved, lr=lr) for lr in LRS]
+
+
+def same(a: dict, b: dict, keys=SAME) -> list[str]:
+    """The keys whose values differ (NaN equals NaN)."""
+    return [k for k in keys if not (a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]))]
+
+
+def test_each_member_ends_as_its_separate_trial_ends(specs):
+    fused = run_fused(specs, NAMES)
+    separate = [run_trial(spec) for spec in specs]
+    assert [r["status"] for r in fused] == ["solved", "solved", "undecided", "diverged"]
+    for lr, a, b in zip(LRS, fused, separate):
+        differ = same(a, b, VERDICT if a["status"] == "diverged" else SAME)
+        assert not differ, f"lr {lr}: {differ}"
+        assert a["fused_members"] == len(LRS) and b["fused_members"] == 1
+    assert math.isnan(fused[3]["val_accuracy"]) and separate[3]["val_accuracy"] == 0.0
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes: NaN equals NaN bit for bit (a diverged member's weights)."""
+    return t.detach().contiguous().view(torch.uint8)
+
+
+class Watch(L.Callback):
+    """Each member's weights and Adam moments after every training step, as bytes."""
+
+    def __init__(self):
+        self.steps = {}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        optimizer = trainer.optimizers[0]
+        state = [optimizer.state[p] for p in module.fused.parameters()]
+        self.steps[trainer.global_step] = [
+            [bits(p[k]).clone() for p in module.fused.parameters()]
+            + [bits(s[m][k]).clone() for s in state for m in ("exp_avg", "exp_avg_sq")]
+            for k in range(len(LRS))
+        ]
+
+
+def test_a_member_that_stopped_stays_bit_identical_while_the_others_train(specs):
+    watch = Watch()
+    fused = run_fused(specs, NAMES, callbacks=[watch])
+    for k, result in enumerate(fused):
+        stopped = result["train_steps"]
+        later = [s for s in watch.steps if s >= stopped]
+        assert later or stopped == max(watch.steps), k
+        for step in later:
+            assert all(torch.equal(a, b) for a, b in zip(watch.steps[stopped][k], watch.steps[step][k])), (k, step)
+    assert max(watch.steps) == 40  # the undecided member trained on to its budget
+    assert not all(torch.equal(a, b) for a, b in zip(watch.steps[10][2], watch.steps[40][2]))  # it moved
+
+
+def test_a_members_checkpoint_resumes_alone_or_in_a_smaller_group_to_the_same_end(specs, tmp_path):
+    specs = specs[1:3]  # solved at 10, undecided at 40: checkpoints at 5, 10 (both), 15 to 40 (the second)
+    names = NAMES[1:3]
+    whole = run_fused(specs, names, checkpoints=functools.partial(MemberCopies, folder=tmp_path))
+    assert whole[0]["checkpoints"] == 2 and whole[1]["checkpoints"] == 8
+    saved = tmp_path / "step-5"
+    assert sorted(p.name for p in saved.iterdir()) == names
+    # a member's directory is a separate trial's checkpoint: it continues alone to its separate end
+    alone = run_trial(specs[1], checkpoints=Copies(saved / names[1] / FILE))
+    assert alone["resumed_step"] == 5 and not same(alone, whole[1])
+    # both members again from step 5, and from a later save, where the solved member keeps its checkpoint of step 10
+    for step in (5, 20):
+        group = [tmp_path / f"step-{step}" / name for name in names]
+        again = run_fused(specs, names, resumes=group)
+        assert all(not same(a, b) for a, b in zip(again, whole)), step
+        assert [r["resumed_step"] for r in again] == ([5, 5] if step == 5 else [10, 20])
+
+
+def test_members_of_different_cells_or_repeated_rates_are_refused(specs):
+    cell = specs[1].cell
+    other = dataclasses.replace(specs[1], cell=dataclasses.replace(cell, cell=cell.cell._replace(width=32)))
+    with pytest.raises(FusionError, match="members 0 and 1 of a fused trial differ in their cell"):
+        run_fused([specs[0], other], NAMES[:2])
+    with pytest.raises(FusionError, match="learning rates .* repeat"):
+        run_fused([specs[0], specs[0]], NAMES[:2])
