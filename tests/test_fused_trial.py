@@ -107,3 +107,46 @@ def test_members_of_different_cells_or_repeated_rates_are_refused(specs):
         run_fused([specs[0], other], NAMES[:2])
     with pytest.raises(FusionError, match="learning rates .* repeat"):
         run_fused([specs[0], specs[0]], NAMES[:2])
+
+
+@pytest.mark.integration
+def test_the_tiny_sweep_gives_the_same_verdicts_with_fusion_on_and_off(tmp_path, tiny_data, capsys):
+    """Ray Tune, Lightning and MLflow on the tiny profile (every architecture, at one width and dataset), with three
+    learning rates a cell, fused (one Tune trial a cell; lstm, which cannot fuse, trains them apart and the sweep
+    says so) and not: every learning-rate run ends with the same verdict, reason, steps and scores (some stop at
+    the first budget while the others of their trial go on), in an MLflow run of its own, and no checkpoint is
+    left."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.common.config import load_config
+    from pipeline.sweep import sweep
+    from tests.helpers import write_params
+
+    tables = {}
+    for fuse in ("off", "learning_rates"):
+        (tmp_path / fuse).mkdir()
+        store, db = tmp_path / fuse / "store", tmp_path / fuse / "mlflow.db"
+        p = write_params(tmp_path / f"{fuse}.yaml", f"""
+profile: tiny
+tasks: [arithmetic, lis]
+sweep: {{widths: [8], datasets: {{lis: [3]}}, lrs: [0.03, 0.003, 0.0003], fuse: {fuse}}}
+cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
+""")
+        sweep(load_config(p), tiny_data, tmp_path / fuse / "results")
+        trials = pd.read_csv(tmp_path / fuse / "results" / "trials.csv").sort_values(["arch", "lr"])
+        tables[fuse] = trials.reset_index(drop=True)
+        client = MlflowClient(f"sqlite:///{db}")
+        runs = client.search_runs([client.get_experiment_by_name("capacity-atlas").experiment_id],
+                                  "tags.trial_key != ''")
+        assert sorted(r.info.run_id for r in runs) == sorted(trials.mlflow_run_id)  # one run each
+        for run in runs:
+            assert run.info.status == "FINISHED" and run.data.tags["status"] in set(trials.status)
+            assert client.get_metric_history(run.info.run_id, "val_accuracy"), run.data.tags["trial_key"]
+        assert not list(store.rglob("checkpoint_*")), "a finished trial left its checkpoints"
+    off, on = tables["off"], tables["learning_rates"]
+    assert len(on) == 3 * len(load_config(p).sweep.architectures) and (off.fused_members == 1).all()
+    assert list(on.fused_members) == [3 if arch != "lstm" else 1 for arch in on.arch]
+    assert "sweep: sweep.fuse: learning_rates: lstm cannot fuse" in capsys.readouterr().out
+    for key in ("arch", "lr", "status", "reason", "train_steps", "budget_steps", "solve_step", "final_accuracy"):
+        assert off[key].equals(on[key]), (key, off[key].tolist(), on[key].tolist())

@@ -565,6 +565,12 @@ class SweepConfig(Section):
             raise ConfigError("sweep.lr_search: halving stops runs early: it needs sweep.stop_when_solved: true")
         return self
 
+    @field_validator("fuse", mode="before")
+    @classmethod
+    def fuse_off(cls, value: Any) -> Any:
+        """YAML reads a bare ``off`` as false."""
+        return "off" if value is False else value
+
     @model_validator(mode="after")
     def fusion_fits(self) -> SweepConfig:
         """Fused members train in one process, each stepping on its own."""
