@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -123,16 +124,20 @@ def test_the_tiny_sweep_gives_the_same_verdicts_with_fusion_on_and_off(tmp_path,
     from pipeline.sweep import sweep
     from tests.helpers import write_params
 
-    tables = {}
-    for fuse in ("off", "learning_rates"):
-        (tmp_path / fuse).mkdir()
-        store, db = tmp_path / fuse / "store", tmp_path / fuse / "mlflow.db"
-        p = write_params(tmp_path / f"{fuse}.yaml", f"""
+    def params(fuse: str, stores: str) -> Path:
+        store, db = tmp_path / stores / "store", tmp_path / stores / "mlflow.db"
+        return write_params(tmp_path / f"{fuse}-{stores}.yaml", f"""
 profile: tiny
 tasks: [arithmetic, lis]
 sweep: {{widths: [8], datasets: {{lis: [3]}}, lrs: [0.03, 0.003, 0.0003], fuse: {fuse}}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
+
+    tables = {}
+    for fuse in ("off", "learning_rates"):
+        (tmp_path / fuse).mkdir()
+        store, db = tmp_path / fuse / "store", tmp_path / fuse / "mlflow.db"
+        p = params(fuse, fuse)
         sweep(load_config(p), tiny_data, tmp_path / fuse / "results")
         trials = pd.read_csv(tmp_path / fuse / "results" / "trials.csv").sort_values(["arch", "lr"])
         tables[fuse] = trials.reset_index(drop=True)
@@ -150,3 +155,7 @@ cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
     assert "sweep: sweep.fuse: learning_rates: lstm cannot fuse" in capsys.readouterr().out
     for key in ("arch", "lr", "status", "reason", "train_steps", "budget_steps", "solve_step", "final_accuracy"):
         assert off[key].equals(on[key]), (key, off[key].tolist(), on[key].tolist())
+    # one reuse key, fused or not: the fused sweep over the unfused one's stores trains nothing
+    sweep(load_config(params("learning_rates", "off")), tiny_data, tmp_path / "again")
+    again = pd.read_csv(tmp_path / "again" / "trials.csv")
+    assert again.reused_from.notna().all() and set(again.reused_from) == set(off.mlflow_run_id)

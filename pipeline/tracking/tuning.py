@@ -62,13 +62,14 @@ class DropFinished(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         fs, reports = trial.storage.storage_filesystem, member_results(trial.last_result)
-        ended = [r.get("trial_key") for r in reports if r.get("status") != Status.PAUSED]
-        if len(ended) == len(reports):
+        paused = [r.get("status") == Status.PAUSED for r in reports]
+        if not any(paused):
             drop_checkpoints(fs, trial.path)
-        else:
+        elif not all(paused):  # a fused trial's members that ended
             for checkpoint in checkpoint_dirs(fs, trial.path):
-                for key in ended:
-                    drop_member(fs, checkpoint, key)
+                for report, waits in zip(reports, paused):
+                    if not waits:
+                        drop_member(fs, checkpoint, report["trial_key"])
         for member in members(trial.config):  # <storage>/<dead sweep or paused attempt>/<trial>/checkpoint_NNNNNN
             if member.get("resume"):
                 drop_trial(member["resume"])

@@ -440,7 +440,8 @@ def fit_members(
     test = read_dataset(Path(specs[0].cell.test_path)).head(specs[0].settings.eval_samples)
     results = []
     for k, spec in enumerate(specs):
-        step = members.stopped[k] if members.stopped[k] is not None else trainer.global_step
+        stopped = members.stopped[k]
+        step = trainer.global_step if stopped is None else stopped
         model = module.fused.member(k)
         metrics, seconds, flops = members.metrics[k], members.seconds[k], module.member_flops[k]
         results.append(

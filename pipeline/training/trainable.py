@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,8 +75,18 @@ class TuneMemberCheckpoints(MemberCheckpoints):
     """A fused trial's checkpoints in a Tune worker: each save (a directory per member) goes to Tune with each
     member's progress, and a resumed checkpoint's validations are reported again, member by member."""
 
-    def __init__(self, *args, where: dict, system: SystemSampler, **kwargs):
-        super().__init__(*args, saving=True, **kwargs)
+    def __init__(
+        self,
+        names: Sequence[str],
+        store: Path,
+        resume: Path | None = None,
+        carried: Sequence[str] = (),
+        *,
+        run_key: str,
+        where: dict,
+        system: SystemSampler,
+    ):
+        super().__init__(names, store, resume, saving=True, carried=carried, run_key=run_key)
         self.where, self.system = where, system
 
     def progress(self, trainer: L.Trainer, module: FusedSequenceModel, ks: list[int], history: bool) -> dict:
