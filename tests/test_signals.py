@@ -162,6 +162,35 @@ def test_a_stop_that_hangs_is_forced_after_its_timeout_and_the_process_ends_afte
     assert 1.5 < time.monotonic() - began < 10 and "not stopped 2 s after SIGTERM: exiting" in err
 
 
+@pytest.mark.parametrize("shell", ["/bin/sh", "/bin/bash"])
+def test_a_stage_stops_when_the_process_that_ran_it_ends_through_a_shell_that_outlives_it(tmp_path, shell):
+    """As dvc runs a stage (``$SHELL -c COMMAND``): dash does not exec COMMAND and outlives dvc, bash does; either
+    way the stage watches dvc (a stand-in here, killed), not the shell, and stops saying why."""
+    stage = tmp_path / "stage.py"
+    stage.write_text(textwrap.dedent("""
+        import sys, time
+        from pipeline.common.signals import STOP, Stopped
+        STOP.install()
+        STOP.with_parent()
+        open(sys.argv[1], "w").write(str(STOP.parent))
+        try:
+            time.sleep(60)
+        except Stopped as err:
+            open(sys.argv[2], "w").write(str(err))
+    """))
+    dvc = tmp_path / "dvc.py"  # runs the stage as dvc does and waits for it
+    dvc.write_text(f"import subprocess, sys; subprocess.run([{shell!r}, '-c', sys.argv[1]])")
+    ready, stopped = tmp_path / "ready", tmp_path / "stopped"
+    command = f"{sys.executable} {stage} {ready} {stopped}"
+    proc = subprocess.Popen([sys.executable, str(dvc), command], cwd=ROOT)
+    wait_for(ready)
+    assert ready.read_text() == str(proc.pid)  # the shell, exec'd or not, skipped
+    proc.kill()
+    proc.wait()
+    wait_for(stopped, 10)
+    assert stopped.read_text() == f"stopped by SIGTERM (its parent process {proc.pid}, which ran it (dvc), ended)"
+
+
 def test_a_signal_held_back_is_raised_when_the_block_ends():
     seen = []
     with pytest.raises(signals.Stopped) as stopped, signals.exit_on_signals():

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -36,7 +36,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STOP_REQUESTS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # what run_group passes on (USR1: Slurm's notice)
 KILL_AFTER_S = 10.0  # run_group: from SIGTERM to SIGKILL of what is left of the group
 SAME_REQUEST_S = 2.0  # signals this close to the first are the same request, from several senders
-PR_SET_PDEATHSIG = 1
+SHELLS = {"sh", "dash", "bash", "zsh", "fish"}  # what dvc may run a stage's command with
 
 
 def name(signum: int) -> str:
@@ -91,6 +91,28 @@ def held() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
+def runner(pid: int | None = None) -> int:
+    """The nearest ancestor of ``pid`` (this process) that is not a shell running a command (``sh -c ...``)."""
+    parent = os.getppid() if pid is None else parent_of(pid)
+    while parent > 1 and is_shell(parent):
+        parent = parent_of(parent)
+    return parent
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:  # "pid (comm) state ppid ...", comm may hold spaces and parentheses
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def is_shell(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return os.path.basename(args[0].decode(errors="replace")).lstrip("-") in SHELLS and b"-c" in args[1:]
+
+
 class Stop:
     """The sweep's stop requests (one per process, ``STOP``): ``install`` its handlers (again after ``ray.init``,
     which sets its own for SIGTERM), ``deferred`` around Tune's loop, ``check`` from Tune's loop. ``signum`` is the
@@ -121,14 +143,22 @@ class Stop:
                 signal.signal(sig, self._handle)
 
     def with_parent(self) -> None:
-        """SIGTERM to this process when its parent dies (Linux): a DVC stage's parent is dvc, which dies of a SIGTERM
-        without passing it on."""
-        self.parent = os.getppid()
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            return  # not Linux: the launchers signal the whole process group anyway
-        if os.getppid() != self.parent:  # it died before the request
-            os.kill(os.getpid(), signal.SIGTERM)
+        """SIGTERM to this process when the process that ran it ends (Linux): a DVC stage's is dvc, which dies of a
+        SIGTERM without passing it on. dvc runs a stage through ``$SHELL -c``, and a shell that does not exec its
+        command (dash) outlives dvc, so the process watched is the nearest ancestor that is not such a shell."""
+        try:
+            pid = runner()
+            handle = os.pidfd_open(pid)  # a handle on that very process: its pid may be reused once it is reaped
+        except (AttributeError, OSError):
+            return  # not Linux 5.3+, or it is gone already: the launchers signal the whole process group anyway
+        self.parent = pid
+        threading.Thread(target=self._watch, args=(handle,), name="parent-watch", daemon=True).start()
+
+    def _watch(self, handle: int) -> None:
+        select.select([handle], [], [])  # readable once the process has ended
+        if self.signum is None:
+            self.why = f"its parent process {self.parent}, which ran it (dvc), ended"
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:
@@ -140,8 +170,6 @@ class Stop:
             self.raised = True
             raise Stopped(self.signum, f"{self.why}; forced" if self.why else "forced")
         self.signum, self.since = signum, time.monotonic()
-        if self.parent is not None and os.getppid() != self.parent:
-            self.why = f"its parent process {self.parent}, which ran it (dvc), ended"
         print(
             f"sweep: {name(signum)} received{f' ({self.why})' if self.why else ''}: stopping; its unfinished trials "
             f"continue from their checkpoints when it runs again (a second signal, or {self.timeout:g} s, forces it)",
