@@ -159,3 +159,31 @@ cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
     sweep(load_config(params("learning_rates", "off")), tiny_data, tmp_path / "again")
     again = pd.read_csv(tmp_path / "again" / "trials.csv")
     assert again.reused_from.notna().all() and set(again.reused_from) == set(off.mlflow_run_id)
+
+
+def test_members_that_do_not_fit_together_train_apart_and_one_that_cannot_fit_alone_is_failed(specs, caplog):
+    """The memory plan measures the fused model before it trains: with room for one member's sample and not two's,
+    the two train as fits of one, said in the log, each ending as its separate trial under that budget; with room
+    for none, each is recorded failed with what it needs, as a separate trial is."""
+    import contextlib
+
+    from models.fused import Fused
+    from pipeline.data.datasets import read_dataset
+    from pipeline.training.memory import GB, fit_memory
+    from pipeline.training.train import SequenceModel
+
+    specs = specs[1:3]
+    model = SequenceModel(specs[0]).model
+    length = int(read_dataset(Path(specs[0].cell.train_path)).lengths.max())
+    need = [fit_memory(m, length, 16, None, torch.device("cpu"), contextlib.nullcontext).needed(1)
+            for m in (model, Fused([model] * 2))]
+    assert need[1] > 1.5 * need[0]
+    specs = [with_settings(spec, memory_gb_per_trial=1.25 * need[0] / GB) for spec in specs]
+    with caplog.at_level("WARNING", logger="pipeline.training.fused_trial"):
+        apart = run_fused(specs, NAMES[:2])
+    assert "2 members do not fit together" in caplog.text and "trained as fits of 1 and 1" in caplog.text
+    for a, b in zip(apart, [run_trial(spec) for spec in specs]):
+        assert not same(a, b) and a["fused_members"] == 1, same(a, b)
+    none = run_fused([with_settings(spec, memory_gb_per_trial=0.5 * need[0] / GB) for spec in specs], NAMES[:2])
+    assert [r["status"] for r in none] == ["failed", "failed"]
+    assert all(r["reason"].startswith("does not fit: needs ") for r in none)
