@@ -90,11 +90,6 @@ class Fused(nn.Module):
         # it is neither a parameter holder nor moved by .to())
         self.__dict__["template"] = copy.deepcopy(first).to("meta")
 
-    def train(self, mode: bool = True) -> Fused:
-        super().train(mode)
-        self.template.train(mode)  # dropout is the template's: outside the module tree, so set here
-        return self
-
     def stacked(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The stacked parameters and buffers by the members' names: each (K, ...)."""
         return (
@@ -108,6 +103,10 @@ class Fused(nn.Module):
             self.told.add(tokens.device)
             for note in self.notes(tokens.device):
                 log.warning("fused %d models: %s", self.size, note)
+        # dropout is the template's, outside the module tree: it follows this module's mode however that was set
+        # (Lightning puts modes back after a validation by attribute, not by ``train()``)
+        if self.template.training != self.training:
+            self.template.train(self.training)
         params, buffers = self.stacked()
         per_member = tokens.dim() == 3
         if self.unbatched is None:

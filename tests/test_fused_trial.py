@@ -93,9 +93,13 @@ def test_a_members_checkpoint_resumes_alone_or_in_a_smaller_group_to_the_same_en
     # a member's directory is a separate trial's checkpoint: it continues alone to its separate end
     alone = run_trial(specs[1], checkpoints=Copies(saved / names[1] / FILE))
     assert alone["resumed_step"] == 5 and not same(alone, whole[1])
-    # both members again from step 5, and from a later save, where the solved member keeps its checkpoint of step 10
+    # both members again from step 5, and from a later save, where the solved member keeps its checkpoint of step 10;
+    # with dropout on, which the resumed fit must draw as the uninterrupted one did
+    specs = [with_settings(spec, dropout=0.1) for spec in specs]
+    whole = run_fused(specs, names, checkpoints=functools.partial(MemberCopies, folder=tmp_path / "dropout"))
+    assert [r["train_steps"] for r in whole] == [10, 40]
     for step in (5, 20):
-        group = [tmp_path / f"step-{step}" / name for name in names]
+        group = [tmp_path / "dropout" / f"step-{step}" / name for name in names]
         again = run_fused(specs, names, resumes=group)
         assert all(not same(a, b) for a, b in zip(again, whole)), step
         assert [r["resumed_step"] for r in again] == ([5, 5] if step == 5 else [10, 20])
