@@ -34,9 +34,9 @@ from mlflow.tracking import MlflowClient
 from benchmarks.repeats import spread
 from benchmarks.results import Results, figure, out_option, out_path
 from pipeline.common.cell import Cell, CellSpec
+from pipeline.scheduling.console import SweepProgress
 from pipeline.search.frontier import GridPlan
 from pipeline.search.searcher import CellSearcher
-from pipeline.tracking.console import SweepProgress
 from pipeline.tracking.runs import ChildRuns, start_parent
 from pipeline.tracking.writer import GATHER
 from pipeline.training.status import Status
@@ -76,7 +76,7 @@ def cells(n: int) -> dict[Cell, CellSpec]:
 
 
 def validation(step: int, k: int) -> dict:
-    """A validation's report, as ``pipeline.training.trainable`` sends it (Tune adds its own fields)."""
+    """A validation's report, as ``pipeline.scheduling.trainable`` sends it (Tune adds its own fields)."""
     return {
         "node": "127.0.0.1", "step": step, "train_pflops": 1e-6 * step, "lr": 1e-3, "train_loss": 1.0 / k,
         "val_loss": 1.1 / k, "val_token_accuracy": 1 - 0.5 / k, "val_accuracy": 1 - 0.6 / k,

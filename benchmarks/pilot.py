@@ -37,11 +37,11 @@ from pipeline.common.config import Config, ConfigError, load_config
 from pipeline.data.datasets import DatasetError
 from pipeline.generate import generate_task
 from pipeline.reporting.claims import evaluate
-from pipeline.reporting.thresholds import training_targets
 from pipeline.search.cells import build_cells, check_architectures
 from pipeline.training.settings import TrainSettings
 from pipeline.training.status import Status, best_run
 from pipeline.training.train import TrialSpec, run_trial
+from tasks.registry import training_targets
 
 
 def trials(cfg: Config, data_dir: Path, parallel: int) -> list[tuple[str, dict, TrialSpec]]:

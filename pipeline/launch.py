@@ -37,11 +37,11 @@ import jsonschema
 import pyarrow.fs as pafs
 import yaml
 
-from pipeline.common import experiments
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.data.storage import filesystem
-from pipeline.tracking.cluster import slots_on
-from pipeline.tracking.services import ServiceError, check_ray_token
+from pipeline.nightly import experiments
+from pipeline.scheduling.cluster import check_ray_token, slots_on
+from pipeline.tracking.services import ServiceError
 
 ENTRYPOINT = "ops/ray-job"  # the RayJob's entrypoint script, in the image's checkout
 DRIVERS = (("dvc", "repro"), ("dvc", "exp", "run"))  # the pipeline's commands an entrypoint may run
@@ -515,7 +515,7 @@ def save_experiment(name: str, targets: list[str], env: dict[str, str], root: Pa
     """The workspace a `dvc repro [TARGETS]` left (its params, dvc.lock, the outputs of ``targets``, else of every
     stage) as the DVC experiment ``name`` (`dvc exp save`, committed as the job where the account has no git
     identity), pushed to ``$CAPACITY_ATLAS_GIT_REMOTE`` (its ref) and DVC's default remote (its outputs) when set, as
-    the nightly's nights are (``pipeline.common.experiments``): where `dvc exp show` finds it once a clone pulls it
+    the nightly's nights are (``pipeline.nightly.experiments``): where `dvc exp show` finds it once a clone pulls it
     (`dvc exp pull <remote> <name>`)."""
     identity = experiments.run(["git", "config", "user.email"], root).stdout.strip() or env.get("GIT_AUTHOR_EMAIL")
     if not identity:  # a pod's or a job's account often has none: the experiment's commit is the job's

@@ -33,11 +33,22 @@ from ray.tune import CLIReporter
 
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec
 from pipeline.common.config import RETRAIN_ENV, ROOT, STORES_LOCK, Config, ConfigError, load_config
-from pipeline.common.locks import LockBusy, owned
+from pipeline.common.locks import SWEEP_LOCK, LockBusy, owned
 from pipeline.common.signals import STOP, Stopped
 from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
-from pipeline.reporting.thresholds import training_targets
+from pipeline.scheduling import cluster
+from pipeline.scheduling.cluster import check_ray
+from pipeline.scheduling.console import SweepProgress
+from pipeline.scheduling.trainable import run_cell
+from pipeline.scheduling.tuning import (
+    DropFinished,
+    NodeWatch,
+    RungCheckpoints,
+    StopOnSignal,
+    TuneChildRuns,
+    TuneSearcher,
+)
 from pipeline.search.cells import (
     build_cells,
     check_architectures,
@@ -49,23 +60,19 @@ from pipeline.search.cells import (
 from pipeline.search.frontier import make_plan
 from pipeline.search.halving import Halving
 from pipeline.search.searcher import trial_key
-from pipeline.tracking import cluster
-from pipeline.tracking.console import SweepProgress
 from pipeline.tracking.parent import open_parent_run
 from pipeline.tracking.results import cell_table, curve_table, record, summarise, trial_table
 from pipeline.tracking.runs import (
-    ChildRuns,
     Heartbeat,
     close_orphans,
     killed_runs,
     reused_run,
 )
-from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, check_ray, ui_link
-from pipeline.tracking.tuning import DropFinished, NodeWatch, RungCheckpoints, StopOnSignal, TuneSearcher
+from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, ui_link
 from pipeline.training import checkpoints
 from pipeline.training.members import members
 from pipeline.training.settings import TrainSettings
-from pipeline.training.trainable import run_cell
+from tasks.registry import training_targets
 
 RESULTS = ROOT / "results"
 
@@ -77,7 +84,7 @@ def trial_name(trial) -> str:
 
 
 def reporter() -> CLIReporter:
-    """Ray's trial table, with ``sweep.console: table`` (the progress line of ``pipeline.tracking.console``
+    """Ray's trial table, with ``sweep.console: table`` (the progress line of ``pipeline.scheduling.console``
     comes either way), compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
     accuracies; refreshed every 30 s in logs."""
     return CLIReporter(
@@ -185,7 +192,7 @@ def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str)
 
 def prepare_searcher(
     cfg: Config, client: MlflowClient, parent: str, cells: dict[Cell, CellSpec], train: dict, key: str
-) -> tuple[ChildRuns, TuneSearcher, bool]:
+) -> tuple[TuneChildRuns, TuneSearcher, bool]:
     """The searcher over the plan, knowing which runs this experiment already finished (reused, not trained) and
     which a dead sweep left unfinished (continued from their checkpoints); the dead sweep's runs are closed.
     Also says whether anything needs training."""
@@ -194,7 +201,7 @@ def prepare_searcher(
     close_orphans(client, experiment)  # runs of sweeps whose driver died: KILLED
     # trial key -> the newest checkpoint a dead or stopped sweep left (sweep.reuse: false trains everything anew)
     unfinished = checkpoints.latest(cfg.cluster.storage(), key) if s.reuse else {}
-    children = ChildRuns(client, experiment, parent, cfg.profile, killed_runs(client, experiment, key))
+    children = TuneChildRuns(client, experiment, parent, cfg.profile, killed_runs(client, experiment, key))
     finished = children.finished(key) if s.reuse else {}
 
     def reusable(cell: CellSpec, lr: float) -> dict | None:
@@ -238,7 +245,7 @@ def train_trials(
     client: MlflowClient,
     parent: str,
     searcher: TuneSearcher,
-    children: ChildRuns,
+    children: TuneChildRuns,
     published: dict[str, str],
     local: bool,
     started: float,
@@ -308,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             f"another sweep is running with results in {out} ({{holder}}); wait for it to end, or stop it "
             "(its finished trials are kept)"
         )
-        with owned(out / ".sweep.lock", busy):
+        with owned(out / SWEEP_LOCK, busy):
             cfg = load_config(args.params)
             STOP.install(cfg.cluster.stop_timeout_s)
             if os.environ.get(RETRAIN_ENV) == "1":  # pipeline.nightly --force: a night from scratch

@@ -30,7 +30,6 @@ SPLITS = ("test", "train", "val")
 # test is (e.g. length exactly N), so the verdicts are reached at the distribution the papers score.
 DRAWN_AS = {"test": "test", "train": "train", "val": "test"}
 DISTRIBUTIONS = ("test", "train")
-PAPERS = ("dp", "separations")  # the DP paper (Feng et al. 2023) and the separations paper
 
 
 class TaskError(ValueError):
@@ -109,7 +108,7 @@ class Task(ABC):
     """
 
     name: str
-    paper: str  # which paper's task it is: one of PAPERS (the report groups its figures by it)
+    paper: str  # which paper's task it is: one of ``tasks.papers.PAPERS`` (the report groups its figures by it)
     test_sizes: tuple[int, ...]  # a few small sizes the tests generate and check every sample of (quick to run)
     paper_lengths: Mapping[int, int] = {}  # size -> the sequence length L the paper states for it (the report
     # gives the paper-convention cost at that L too); empty where the paper states none

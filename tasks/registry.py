@@ -7,9 +7,10 @@ lengths, and the tests its small sizes, from the class.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from tasks.base import PAPERS, Task, TaskError
+from tasks.base import Task, TaskError
+from tasks.papers import PAPER_THRESHOLD, PAPERS
 
 TASKS: dict[str, type[Task]] = {}
 
@@ -44,3 +45,9 @@ def get_task(name: str, size: int, **params) -> Task:
     if name not in TASKS:
         raise TaskError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name](size, **params)
+
+
+def training_targets(tasks: Iterable[str], threshold: float) -> dict[str, float]:
+    """task -> the accuracy its trials train on to once solved at ``threshold``: its paper's threshold (the one its
+    claims read), never below ``threshold``."""
+    return {t: max(threshold, PAPER_THRESHOLD[TASKS[t].paper]) for t in tasks}

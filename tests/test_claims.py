@@ -21,8 +21,8 @@ from pipeline.reporting.tables import (
     convention_table,
     min_gflops,
 )
-from pipeline.reporting.thresholds import training_targets
 from tasks import TASKS
+from tasks.registry import training_targets
 from tests.helpers.tables import rows
 
 

@@ -90,8 +90,8 @@ WATCH = """
 import time
 import ray
 from ray.autoscaler.sdk import request_resources
-from pipeline.tracking.cluster import alive_nodes
-from pipeline.tracking.tuning import NodeWatch
+from pipeline.scheduling.cluster import alive_nodes
+from pipeline.scheduling.tuning import NodeWatch
 ray.init(log_to_driver=False, logging_level="ERROR")
 watch = NodeWatch(cpu=1, gpu=0, wait=600, every=0)
 request_resources(bundles=[{"CPU": 1}])
@@ -124,7 +124,7 @@ def test_a_node_the_autoscaler_lets_go_idle_is_not_a_lost_node(tmp_path):
 CHECK = """
 import sys, time
 import ray
-from pipeline.tracking.cluster import check_resources
+from pipeline.scheduling.cluster import check_resources
 from pipeline.tracking.services import ServiceError
 from ray._raylet import GcsClient
 from ray.core.generated.autoscaler_pb2 import ClusterConfig

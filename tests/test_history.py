@@ -1,4 +1,4 @@
-"""The atlas over time (pipeline/reporting/history.py): three synthetic nights read back as the long tables, and
+"""The atlas over time (pipeline/nightly/history.py): three synthetic nights read back as the long tables, and
 their figures, the last night's regressions ringed in red."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.common.config import NightlyConfig
-from pipeline.reporting import history
-from pipeline.reporting.comparison import compare
+from pipeline.nightly import history
+from pipeline.nightly.comparison import compare
 from pipeline.reporting.figures import save
 from tests.helpers.tables import rows
 
@@ -32,7 +32,7 @@ def sweep(standard_from: int, lstm_from: int | None, undecided=(), failed=()) ->
 
 
 def record(nightly: Path, date: str, commit: str, table: pd.DataFrame, profile: str = "laptop") -> Path:
-    """A night as pipeline/nightly.py keeps it."""
+    """A night as pipeline/nightly/rerun.py keeps it."""
     night = nightly / f"{date}_{commit}"
     night.mkdir(parents=True)
     table.to_csv(night / "sweep.csv", index=False)

@@ -90,7 +90,7 @@ exit "${FAKE_DVC_EXIT:-0}"
 DRIVER = """
 import json, os, pathlib, sys
 import ray
-from pipeline.tracking.services import check_ray
+from pipeline.scheduling.cluster import check_ray
 address = os.environ["RAY_ADDRESS"]
 check_ray(address)  # the driver's own pre-flight: the head answers and takes this job's token
 ray.init(address=address, log_to_driver=False, logging_level="ERROR")

@@ -24,10 +24,10 @@ from pipeline.search.cells import TRAINABLE, run_key
 STAGES = {"generate": "pipeline.generate", "sweep": "pipeline.sweep", "report": "pipeline.report"}
 # Top to bottom: a module may import its own package and those below it, never one above.
 LAYERS = ["pipeline.generate pipeline.sweep pipeline.report pipeline.nightly pipeline.forecast pipeline.launch",
-          "pipeline.costs",
-          "pipeline.reporting", "pipeline.tracking", "pipeline.search", "pipeline.training", "pipeline.data",
-          "pipeline.common", "tasks models"]
+          "pipeline.costs", "pipeline.reporting", "pipeline.scheduling", "pipeline.tracking", "pipeline.search",
+          "pipeline.training", "pipeline.data", "pipeline.common", "tasks models"]
 CODE = ("pipeline", "tasks", "models")
+RAYLESS = ("pipeline.training", "pipeline.tracking")  # Ray lives in pipeline.scheduling, which the sweep imports
 
 
 def modules() -> dict[str, Path]:
@@ -78,7 +78,7 @@ def test_each_stages_code_deps_are_exactly_the_code_it_imports(stage):
 def test_the_static_closure_covers_what_a_real_import_loads():
     """The AST walk misses nothing an import executes (it also follows imports inside functions, which an import
     does not run: so it may find more, never less)."""
-    entries = [*STAGES.values(), "pipeline.nightly", TRAINABLE]
+    entries = [*STAGES.values(), "pipeline.nightly.rerun", TRAINABLE]
     script = (f"import sys\nfor m in {entries!r}: __import__(m)\n"
               "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))")
     loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -101,10 +101,10 @@ def test_the_reuse_key_follows_every_file_a_trial_runs_and_no_other(tmp_path):
     before = code_hash(TRAINABLE, root=tmp_path)
     assert before == code_hash(TRAINABLE)
     names = {str(p.relative_to(ROOT)) for p in code_files(TRAINABLE)}
-    assert {"tasks/base.py", "pipeline/training/trainable.py", "pipeline/training/verdict.py"} <= names
+    assert {"tasks/base.py", "pipeline/scheduling/trainable.py", "pipeline/training/verdict.py"} <= names
     assert not {n for n in names if n.startswith(("pipeline/reporting", "pipeline/tracking", "pipeline/search"))}
     for changed, matters in (("pipeline/reporting/claims.py", False), ("tasks/base.py", True),
-                             ("models/lstm.py", True), ("pipeline/training/trainable.py", True)):
+                             ("models/lstm.py", True), ("pipeline/scheduling/trainable.py", True)):
         with open(tmp_path / changed, "a") as f:
             f.write("\n# changed\n")
         after = code_hash(TRAINABLE, root=tmp_path)
@@ -156,3 +156,17 @@ def test_imports_run_downward_and_never_in_a_cycle():
     for name in graph:
         if name not in state:
             visit(name, [name])
+
+
+def test_training_and_tracking_import_no_ray():
+    """Ray in a room of its own (``pipeline.scheduling``): a trial outside Tune, the forecast, the replay and the
+    report run the training and tracking code without it (nor what that code imports), in the code and when imported."""
+    found = modules()
+    rayless = [name for name in found if any(name == p or name.startswith(p + ".") for p in RAYLESS)]
+    reached = set(code_files(*rayless))
+    uses_ray = sorted(f"{name} imports {imported}" for name, path in found.items() if path in reached
+                      for imported in imported_names(path, name) if imported.split(".")[0] == "ray")
+    assert not uses_ray, uses_ray
+    script = f"import sys\nfor m in {rayless!r}: __import__(m)\nprint(sorted(m for m in sys.modules if m == 'ray'))"
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

@@ -17,11 +17,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline import nightly
-from pipeline.common import notify
 from pipeline.common.config import NightlyConfig
 from pipeline.common.locks import LockBusy, owned
-from pipeline.reporting.comparison import LISTS, compare, html, markdown
+from pipeline.nightly import notify, rerun
+from pipeline.nightly.comparison import LISTS, compare, html, markdown
 from tests.helpers import ROOT
 from tests.helpers.browser import report_problems
 from tests.helpers.tables import rows
@@ -202,11 +201,11 @@ def test_the_summary_lists_each_regression_before_and_after_and_links_the_report
                 "after": "failed (RuntimeError: boom)"} for w in range(17)]
     changes.append({"kind": "regression", "what": "min_width", "where": "lis 4 lstm d1", "before": "16", "after": "32"})
     result = {key: [] for key in LISTS} | {"regressions": changes[::-1], "undecided": changes[:2]}
-    night = nightly.Night(tmp_path, "laptop", "https://ci.example.org/runs/7", date="2026-01-02T023000",
-                          commit="0123456789ab")
+    night = rerun.Night(tmp_path, "laptop", "https://ci.example.org/runs/7", date="2026-01-02T023000",
+                        commit="0123456789ab")
     before = tmp_path / "nightly" / "2026-01-01T023000_fedcba987654"
-    text = nightly.summary(night, result, before, ["commit fedcba987654 -> 0123456789ab", "torch 2.13.0 -> 2.14.0"],
-                           "The sweep trained 3 trials and reused 5.")
+    text = rerun.summary(night, result, before, ["commit fedcba987654 -> 0123456789ab", "torch 2.13.0 -> 2.14.0"],
+                         "The sweep trained 3 trials and reused 5.")
     lines = text.splitlines()
     assert lines[0] == ("Capacity Atlas nightly: REGRESSION, 18 regressions (profile laptop, commit 0123456789ab, "
                         "night 2026-01-02T023000)")
@@ -219,7 +218,7 @@ def test_the_summary_lists_each_regression_before_and_after_and_links_the_report
             "missing cells.") in lines
     assert "The sweep trained 3 trials and reused 5." in lines
     assert lines[-1].startswith("Report: https://ci.example.org/runs/7. Took ")
-    first = nightly.summary(nightly.Night(tmp_path, "laptop"), {key: [] for key in LISTS}, None, [], "The sweep ...")
+    first = rerun.summary(rerun.Night(tmp_path, "laptop"), {key: [] for key in LISTS}, None, [], "The sweep ...")
     assert first.startswith("Capacity Atlas nightly: first night (profile laptop, night ")
     assert f"Report: {tmp_path.resolve()}/report/nightly.md and {tmp_path.resolve()}/report/index.html." in first
 

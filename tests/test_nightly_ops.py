@@ -73,14 +73,14 @@ def cron(command: str, home: Path, timeout: int = 120) -> subprocess.CompletedPr
 @pytest.fixture
 def stub(tmp_path) -> tuple[Path, Path]:
     """(upstream, clone) of a stub checkout: ops/nightly, the .gitignore, params.yaml, dvc.yaml and dvc.lock, the
-    webhook notifier, and a pipeline.nightly that only records its calls."""
+    webhook notifier, the locks' module, and a pipeline.nightly that only records its calls."""
     src = tmp_path / "src"
     for name in ("ops/nightly", ".gitignore", "params.yaml", "dvc.yaml", "dvc.lock", "README.md",
-                 "pipeline/common/notify.py"):
+                 "pipeline/nightly/notify.py", "pipeline/common/locks.py"):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, src / name)
     (src / "pipeline" / "__init__.py").write_text("")
-    (src / "pipeline" / "nightly.py").write_text(STUB_NIGHTLY)
+    (src / "pipeline" / "nightly" / "__main__.py").write_text(STUB_NIGHTLY)
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=src, check=True)
     git(src, "add", "-A")
     git(src, "commit", "-qm", "stub")

@@ -22,7 +22,7 @@ if problem := services.namespace_problem():
 DRIVER = """
 import json, os, ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from pipeline.tracking.services import check_ray
+from pipeline.scheduling.cluster import check_ray
 
 check_ray(os.environ["RAY_ADDRESS"])
 ray.init(log_to_driver=False, logging_level="ERROR")
@@ -112,7 +112,7 @@ def test_local_ray_of_the_pipeline_listens_on_loopback_only(monkeypatch):
     import ray
     from ray._private import ray_constants
 
-    from pipeline.tracking.cluster import connect_ray
+    from pipeline.scheduling.cluster import connect_ray
 
     # connect_ray and ray.init set these for this process; the rest of the session gets them back as they were
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
@@ -157,7 +157,7 @@ def test_mlflow_server_takes_artifacts_through_its_api(mlflow, tmp_path):
 def test_a_trials_slots_follow_its_scarcest_resource_node_by_node():
     """GPUs count: an 8-GPU, 128-CPU node holds 8 trials of 4 CPUs and 1 GPU, not 32; a node holds what its own
     CPUs and GPUs hold (two 5-CPU nodes: 4 trials of 2 CPUs, not 5); half a GPU a trial doubles them."""
-    from pipeline.tracking.cluster import slots_on
+    from pipeline.scheduling.cluster import slots_on
 
     assert slots_on([(128, 8)], cpu=4, gpu=1) == 8
     assert slots_on([(5, 0), (5, 0)], cpu=2, gpu=0) == 4

@@ -5,7 +5,7 @@ import pytest
 
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash
 from pipeline.data.storage import DATASETS, fetch, publish
-from pipeline.tracking.cluster import probe
+from pipeline.scheduling.cluster import probe
 
 
 @pytest.fixture

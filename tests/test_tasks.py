@@ -6,8 +6,9 @@ import pytest
 
 import tasks
 from tasks.arithmetic import DIV, MINUS, PLUS, TIMES, Parser, needs_brackets
-from tasks.base import DISTRIBUTIONS, PAPERS, SPLITS
+from tasks.base import DISTRIBUTIONS, SPLITS
 from tasks.lis import lis_dp, lis_values
+from tasks.papers import PAPERS
 from tasks.registry import declaration_errors, register
 from tests.helpers import SMALL_SIZES
 

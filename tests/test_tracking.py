@@ -249,9 +249,9 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
     import io
 
     from pipeline.common.cell import Cell
+    from pipeline.scheduling.console import Counts, SweepProgress, line
     from pipeline.search.frontier import GridPlan
     from pipeline.search.searcher import CellSearcher
-    from pipeline.tracking.console import Counts, SweepProgress, line
     from pipeline.tracking.writer import RunWriter
     from tests.helpers import make_cell
 
@@ -456,8 +456,8 @@ def test_tune_saves_a_note_for_the_searcher_and_a_restore_points_to_how_a_sweep_
     restore, as Tuner.restore makes it, stops with how this pipeline resumes."""
     import logging
 
+    from pipeline.scheduling.tuning import TuneSearcher
     from pipeline.search.frontier import GridPlan
-    from pipeline.tracking.tuning import TuneSearcher
 
     cells = {make_cell().cell: make_cell()}
     searcher = TuneSearcher(GridPlan(cells), cells, {}, lambda cell, lr: None, cost=lambda cell: 1.0)

@@ -39,7 +39,7 @@ class Parity(Task):
     """``size`` = N, the longest input (every test input)."""
 
     name = "parity"
-    paper = "separations"  # one of tasks.base.PAPERS: the report groups its figures by it
+    paper = "separations"  # one of tasks.papers.PAPERS: the report groups its figures by it
     test_sizes = (2, 8, 20)  # the tests generate and check every sample at these sizes
     family = "classify"
 

@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 import tasks
+from pipeline.common import locks
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose code runs
 CONF_DIR = ROOT / "conf"
@@ -53,7 +54,7 @@ def project_root(code: Path) -> Path:
 PROJECT = project_root(ROOT)
 # held by the sweep that trains against the project's stores: DVC's parallel queue workers (`dvc queue start -j N`)
 # take turns, so that each trains on every core, never both at once, and the second reuses what the first trained
-STORES_LOCK = PROJECT / ".dvc" / "tmp" / "capacity-atlas-sweep.lock"
+STORES_LOCK = PROJECT / locks.STORES_LOCK
 # set to 1 in a sweep's environment (``pipeline.nightly --force``): that sweep reuses no finished run and continues
 # no checkpoint, whatever ``sweep.reuse`` says. Reuse decides what trains, never what a result is, so a one-off
 # rerun from scratch need not change params.yaml (and leave it changed for the nights after)
@@ -373,7 +374,7 @@ class SweepConfig(Section):
     )
     console: Literal["progress", "table"] = Field(
         "progress",
-        description="progress: one line that says how far the sweep is (pipeline.tracking.console); "
+        description="progress: one line that says how far the sweep is (pipeline.scheduling.console); "
         "table: that line and Ray Tune's table of trials every 30 s",
     )
     workers_per_trial: PositiveInt = Field(

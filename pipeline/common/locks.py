@@ -10,19 +10,34 @@ a dead run's leftovers (after a SIGKILL no clean-up code runs) and the next run 
 
 Used by the generate stage (``data/.staging/<task>/``) and by every trial for its checkpoints' scratch space
 (``scratch_dir``).
+
+The locks that runs in progress hold in a checkout (``CHECKOUT_LOCKS``), which ``ops/nightly`` waits for before it
+changes the checkout, as the standard library alone reads them (so that the script needs nothing else):
+
+    python -m pipeline.common.locks           # each lock file, one a line, from the checkout's root
+    python -m pipeline.common.locks --held    # those that a live process holds now
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, overload
+
+NIGHTLY_LOCK = ".lock"  # in the nights' directory (``nightly.history``): one nightly run at a time records there
+SWEEP_LOCK = ".sweep.lock"  # in a results directory: one sweep at a time writes it
+STORES_LOCK = ".dvc/tmp/capacity-atlas-sweep.lock"  # in a project: the sweep training against its stores
+DVC_LOCK = ".dvc/tmp/lock"  # DVC 3's repo lock: zc.lockfile flocks it (a hardlink lock with core.hardlink_lock)
+# from a checkout's root, the nights' and the results' directories where they are by default
+CHECKOUT_LOCKS = (f"nightly/{NIGHTLY_LOCK}", DVC_LOCK, f"results/{SWEEP_LOCK}", STORES_LOCK)
 
 
 class LockBusy(RuntimeError):
@@ -68,6 +83,22 @@ def owned(path: Path, busy: str, wait: bool = False, waiting: str | None = None)
         yield
     finally:
         os.close(fd)
+
+
+def held(path: Path) -> bool:
+    """Whether another process holds lock file ``path`` (a missing one nobody does): probed with a shared flock,
+    let go at once, and the file never created."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # lets go of the shared lock, if it got it
+    return False
 
 
 def lock_of(directory: Path) -> Path:
@@ -120,3 +151,20 @@ def scratch_dir(root: Path | None = None) -> Iterator[Path]:
         finally:
             os.close(lock)
             os.close(guard)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.common.locks",
+        description="The lock files that runs in progress hold in a checkout, one a line, from its root (run there).",
+    )
+    ap.add_argument("--held", action="store_true", help="only those that a live process holds now")
+    args = ap.parse_args(argv)
+    for path in CHECKOUT_LOCKS:
+        if not args.held or held(Path(path)):
+            print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

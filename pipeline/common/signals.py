@@ -6,7 +6,7 @@ no clean-up):
   half-written), and exit with 128 + the signal's number, as a shell reports a killed command; ``held`` keeps a
   signal out of a few lines that must run whole (a report's directories swapped in).
 - ``Stop``: the sweep's (``STOP``). A signal unwinds it at once (``Stopped``), except inside Ray Tune's loop
-  (``deferred``), where Tune's next step raises it (``pipeline.tracking.tuning.StopOnSignal``), between two events
+  (``deferred``), where Tune's next step raises it (``pipeline.scheduling.tuning.StopOnSignal``), between two events
   of its trials. A second signal, or ``timeout`` seconds, raises it wherever the sweep is, and ``timeout`` more end
   the process (``os._exit``), whatever it waits on. A sweep that DVC runs stops too when dvc dies (``with_parent``):
   DVC forwards no signal to its stage.

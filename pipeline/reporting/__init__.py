@@ -1,1 +1,1 @@
-"""What the report shows: the papers' claims, the minimum-width tables, the figures, the nightly comparison."""
+"""What the report shows: the papers' claims, the minimum-width tables, the figures, the page."""

@@ -48,8 +48,8 @@ from pipeline.reporting.rules import (
     width_grows,
 )
 from pipeline.reporting.tables import at_threshold
-from pipeline.reporting.thresholds import NEAR_PERFECT, TABLE2_THRESHOLD
 from tasks import TASKS
+from tasks.papers import NEAR_PERFECT, TABLE2_THRESHOLD
 
 
 class ClaimStatus(StrEnum):

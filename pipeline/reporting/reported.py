@@ -16,8 +16,9 @@ An entry states one model's outcomes as its paper words them, with the quote it 
       accuracy: {20: 1.0, 200: 0.6}
 
 A size must be one the task's paper ran (``Task.paper_sizes``): an unknown task, architecture or size is a named
-``ReportedError``. A cell is solved where its accuracy reaches its paper's threshold (``thresholds.PAPER_THRESHOLD``),
-else unsolved; each is one measured seed, converged (the paper trained it to the end).
+``ReportedError``. A cell is solved where its accuracy reaches its paper's threshold
+(``tasks.papers.PAPER_THRESHOLD``), else unsolved; each is one measured seed, converged (the paper trained it to the
+end).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from typing import Any
 import pandas as pd
 
 import models
-from pipeline.reporting.thresholds import PAPER_THRESHOLD
 from pipeline.training.status import Status
 from tasks import TASKS
+from tasks.papers import PAPER_THRESHOLD
 
 KEYS = {"quote", "where", "numbers", "task", "arch", "depth", "widths", "solved_from", "accuracy"}
 

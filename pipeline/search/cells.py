@@ -22,7 +22,7 @@ from pipeline.common.config import Config, ConfigError, SweepConfig, one_of
 from pipeline.common.provenance import code_hash, library_versions
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_metadata
 
-TRAINABLE = "pipeline.training.trainable"  # the module a trial runs: its imports are the training code
+TRAINABLE = "pipeline.scheduling.trainable"  # the module a trial runs: its imports are the training code
 
 
 def check_architectures(cfg: Config) -> None:

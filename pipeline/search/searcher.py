@@ -1,5 +1,5 @@
 """A plan of cells (``pipeline.search.frontier``) driven as Ray Tune drives a ``Searcher``: one trial per (cell,
-learning rate). Ray itself is not imported here (``pipeline.tracking.tuning.TuneSearcher`` gives it Tune's base
+learning rate). Ray itself is not imported here (``pipeline.scheduling.tuning.TuneSearcher`` gives it Tune's base
 class), so the forecast and the replay run where Ray is not installed.
 
 Tune asks ``suggest`` for a trial whenever a slot is free; the searcher takes the cells its plan proposes, turns

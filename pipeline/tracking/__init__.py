@@ -1,1 +1,1 @@
-"""Where runs are recorded and trials run: MLflow runs, the services a sweep needs, the Ray cluster."""
+"""Where runs are recorded: MLflow runs, their writer, the sweep's result tables, the services a sweep needs."""

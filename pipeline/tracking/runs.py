@@ -2,9 +2,9 @@
 A trial an earlier sweep of the experiment finished is not trained and not copied: the sweep refers to that run
 (``finished``, ``reused_run``), so a rerun with nothing to train adds its parent run and no child.
 
-Trials never talk to MLflow: they report to Ray Tune, and ``ChildRuns`` (a Tune callback, so it runs in the
-driver) turns each report into metrics of that trial's child run. One writer means no SQLite lock contention and
-no half-created experiments when many trials start at once; it writes from a thread of its own
+Trials never talk to MLflow: they report to Ray Tune, and ``ChildRuns`` (a Tune callback as ``TuneChildRuns``, so it
+runs in the driver) turns each report into metrics of that trial's child run. One writer means no SQLite lock
+contention and no half-created experiments when many trials start at once; it writes from a thread of its own
 (``pipeline.tracking.writer``), so Tune's loop never waits on MLflow.
 
 The parent carries the driver's heartbeat (``Heartbeat``: a tag refreshed every ``cluster.heartbeat_s``), by which a
@@ -33,7 +33,6 @@ from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.tracking import MlflowClient
 from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT
-from ray import tune
 
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import PROJECT
@@ -267,10 +266,11 @@ def dataset_inputs(cells: list[CellSpec], profile: str) -> list[DatasetInput]:
     return list(inputs.values())
 
 
-class ChildRuns(tune.Callback):
-    """Tune callback: a child run per learning-rate run of a cell (a trial, or each member of a fused trial, as its
-    separate trial's), tagged with its cell id, trial key and, at the end, its verdict; every report becomes
-    metrics at its step."""
+class ChildRuns:
+    """A child run per learning-rate run of a cell (a trial, or each member of a fused trial, as its separate
+    trial's), tagged with its cell id, trial key and, at the end, its verdict; every report becomes metrics at its
+    step. Its ``on_trial_*`` methods are Tune's callback hooks, which Tune calls on
+    ``pipeline.scheduling.tuning.TuneChildRuns``."""
 
     METRICS = ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy", "final_accuracy", "train_pflops", "lr")
     HISTORY = {"loss": "val_loss", "accuracy": "val_accuracy"}  # a resumed trial's validations, from its checkpoint

@@ -1,6 +1,6 @@
-"""The services a sweep needs, checked before any compute: the MLflow store (a server, or an SQLite file), a
-Ray head (reachable, and accepting this driver's auth token), and, for a sweep submitted as a Ray job, stores that
-outlive the job's temporary working directory. Every problem is a ``ServiceError`` that names the address and what to
+"""The services a sweep needs, checked before any compute: the MLflow store (a server, or an SQLite file) and, for a
+sweep submitted as a Ray job, stores that outlive the job's temporary working directory (the Ray head is checked by
+``pipeline.scheduling.cluster.check_ray``). Every problem is a ``ServiceError`` that names the address and what to
 do. ``ui_link``: where MLflow's UI shows a run.
 
 A server with authentication (``mlflow server --app-name basic-auth``) gets the credentials MLflow's client sends
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sqlite3
 import tempfile
 import urllib.parse
@@ -23,9 +22,6 @@ from pathlib import Path, PurePosixPath
 from mlflow.exceptions import MlflowException
 from mlflow.utils.credentials import get_default_host_creds
 from mlflow.utils.rest_utils import http_request
-from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
-from ray._raylet import GcsClient  # type: ignore[attr-defined]  # missing from Ray's _raylet.pyi
-from ray.exceptions import AuthenticationError
 
 
 class ServiceError(RuntimeError):
@@ -156,57 +152,6 @@ def check_sqlite(uri: str, path: Path) -> None:
             db.rollback()
     except sqlite3.Error as err:
         raise ServiceError(f"{where}: {path} {SQLITE_PROBLEMS.get(str(err), 'cannot be written')} ({err})") from None
-
-
-def check_ray(address: str | None) -> None:
-    """Fail fast on a Ray head that does not answer or does not accept this driver: ray.init would retry for 20 s
-    to minutes before giving up with a bare ConnectionError."""
-    if not address or address == "auto":
-        return
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ServiceError(f"Ray address {address!r}: expected host:port or ray://host:port")
-    try:
-        socket.create_connection((host, int(port)), timeout=10).close()
-    except OSError as err:
-        raise ServiceError(
-            f"Ray head at {address} is unreachable ({err}); start one with `ray start --head` "
-            "or unset RAY_ADDRESS / cluster.ray_address for a local Ray"
-        ) from None
-    if not address.startswith("ray://"):  # a GCS address; Ray Client's server speaks another protocol
-        check_ray_token(hostport)
-
-
-def check_ray_token(gcs_address: str) -> None:
-    """A head started with token authentication (RAY_AUTH_MODE=token, Ray's default once a token exists) rejects
-    every request without its token; Ray's GCS client says so at once, where ray.init retries."""
-    try:
-        ensure_token_if_auth_enabled(None, create_token_if_missing=False)  # RAY_AUTH_MODE=token but no token
-        GcsClient(address=gcs_address)  # fetches the cluster id: the first authenticated request
-    except AuthenticationError as err:
-        raise ServiceError(
-            f"Ray head at {gcs_address} requires its auth token: {token_problem()}. "
-            f"{RAY_TOKEN_HELP} (Ray: {err.message})"
-        ) from None
-
-
-RAY_TOKEN_HELP = (
-    "Give the driver the head's token: RAY_AUTH_MODE=token and either RAY_AUTH_TOKEN=<token> or "
-    "RAY_AUTH_TOKEN_PATH=<file holding it>; `ray get-auth-token` on the head prints it"
-)
-
-
-def token_problem() -> str:
-    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
-        return "this driver sends none (RAY_AUTH_MODE is not token)"
-    if not (
-        os.environ.get("RAY_AUTH_TOKEN")
-        or os.environ.get("RAY_AUTH_TOKEN_PATH")
-        or (Path.home() / ".ray" / "auth_token").exists()
-    ):
-        return "RAY_AUTH_MODE=token but no token was found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
-    return "the head rejects the token this driver sends"
 
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # what Ray's job supervisor gives a job's driver: its runtime_env

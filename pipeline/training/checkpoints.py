@@ -44,7 +44,7 @@ class Resumable(L.Callback):
 
     As is, it keeps nothing and tells no one: a trial outside Tune (``saving`` off), or a data-parallel rank > 0,
     which saves beside rank 0 (a collective) and leaves the checkpoint to it. The Tune worker's subclass
-    (``pipeline/training/trainable.py``) hands each checkpoint to Tune."""
+    (``pipeline/scheduling/trainable.py``) hands each checkpoint to Tune."""
 
     def __init__(self, resume: Path | None = None, saving: bool = False):
         self.resume, self.saving = resume, saving

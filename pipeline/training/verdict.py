@@ -3,7 +3,7 @@
 A trial ends at the first of:
 - **solved**: the final-answer accuracy on the validation split (drawn as the test set is, never the test set) is at or
   above ``report.accuracy_threshold`` at ``sweep.patience`` consecutive validations, and at or above the trial's
-  ``target`` too (the highest threshold a claim on its task reads, ``thresholds.training_targets``: 99% for the
+  ``target`` too (the highest threshold a claim on its task reads, ``tasks.registry.training_targets``: 99% for the
   separations paper's "near-perfect"), or has converged short of the target: a trial solved at 90% trains on toward
   the target, with the same budget extensions, and its verdict at 90% stands whatever comes after;
 - **unsolved**: training has converged below the threshold (``Convergence``: neither the validation loss nor the

@@ -2,8 +2,8 @@
 Mattermost's incoming webhooks, Microsoft Teams' connectors and Discord's Slack-compatible ones (``.../slack``)
 accept.
 
-    python pipeline/common/notify.py URL < summary.txt     # post stdin; exit 0 posted, 1 not, 2 a bad URL
-    python pipeline/common/notify.py --check URL           # only check URL (exit 0 or 2)
+    python pipeline/nightly/notify.py URL < summary.txt     # post stdin; exit 0 posted, 1 not, 2 a bad URL
+    python pipeline/nightly/notify.py --check URL           # only check URL (exit 0 or 2)
 
 The standard library only, so that ``ops/nightly`` can run it by its path with any Python, even where the checkout's
 venv is missing (it posts why its night did not run). A webhook URL holds its secret in its path: it is named in

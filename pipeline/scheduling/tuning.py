@@ -1,7 +1,8 @@
 """What Ray Tune calls during a sweep, kept apart from the logic it drives so that the forecast, the replay and a
-trial outside Tune import no Ray: the cell searcher with Tune's ``Searcher`` as its base, the callbacks that
-learn where a paused trial left its checkpoint and delete a finished trial's, the one that watches for lost
-Ray nodes, and the one that ends Tune's loop when the sweep is asked to stop."""
+trial outside Tune import no Ray: the cell searcher with Tune's ``Searcher`` as its base, the trials' MLflow runs
+(``ChildRuns``) as a Tune callback, the callbacks that learn where a paused trial left its checkpoint and delete a
+finished trial's, the one that watches for lost Ray nodes, and the one that ends Tune's loop when the sweep is asked
+to stop."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from ray.tune.search import Searcher
 
 from pipeline.common.signals import STOP
 from pipeline.data.storage import location_of
+from pipeline.scheduling.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
 from pipeline.search.searcher import CellSearcher
-from pipeline.tracking.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
+from pipeline.tracking.runs import ChildRuns
 from pipeline.training.checkpoints import checkpoint_dirs, drop_checkpoints, drop_member, drop_trial
 from pipeline.training.members import member_results, members
 from pipeline.training.status import Status
@@ -38,6 +40,10 @@ class TuneSearcher(CellSearcher, Searcher):  # type: ignore[misc]
 
     def restore(self, checkpoint_path: str) -> None:
         raise RuntimeError(f"Tuner.restore cannot continue this sweep: {RESUME}")
+
+
+class TuneChildRuns(ChildRuns, tune.Callback):
+    """``ChildRuns`` as a Tune callback (its ``on_trial_*`` hooks override Tune's; the rest is Tune's own)."""
 
 
 class RungCheckpoints(tune.Callback):

@@ -1,5 +1,7 @@
 """Joining Ray and checking, before any trial trains, that the cluster can run the sweep.
 
+- ``check_ray``: the Ray head at the address answers and accepts this driver's auth token (``check_ray_token``),
+  said at once where ray.init would retry for 20 s to minutes.
 - ``connect_ray``: a local Ray on loopback only, or the head at ``cluster.ray_address`` / ``$RAY_ADDRESS``
   (its auth token from ``$RAY_AUTH_TOKEN`` / ``$RAY_AUTH_TOKEN_PATH``, as Ray reads it). On a remote head the
   driver ships this checkout's code (``pipeline``, ``models``, ``tasks``) to the workers as Ray ``py_modules``:
@@ -12,7 +14,7 @@
 - ``trial_slots``: how many trials run at once, by each node's scarcest resource; on a cluster
   ``sweep.max_concurrent_trials`` where set, so that trials waiting in Ray's queue make an autoscaler start nodes.
 - ``LostNode``: the error of a sweep that lost nodes until none could run a trial
-  (``pipeline.tracking.tuning.NodeWatch``).
+  (``pipeline.scheduling.tuning.NodeWatch``).
 - ``probe_nodes``: one zero-CPU task per node imports the package and opens a dataset through the storage path,
   so a node that cannot is named before the first trial, not found by a failed trial later.
 """
@@ -22,17 +24,73 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import socket
 import time
+from pathlib import Path
 
 import ray
 from ray._private import ray_constants
+from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
 from ray._private.state import state
+from ray._raylet import GcsClient  # type: ignore[attr-defined]  # missing from Ray's _raylet.pyi
 from ray.autoscaler.sdk import request_resources
+from ray.exceptions import AuthenticationError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.tracking.services import ServiceError
 
 PACKAGES = ("pipeline", "models", "tasks")
+
+
+def check_ray(address: str | None) -> None:
+    """Fail fast on a Ray head that does not answer or does not accept this driver: ray.init would retry for 20 s
+    to minutes before giving up with a bare ConnectionError."""
+    if not address or address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ServiceError(f"Ray address {address!r}: expected host:port or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as err:
+        raise ServiceError(
+            f"Ray head at {address} is unreachable ({err}); start one with `ray start --head` "
+            "or unset RAY_ADDRESS / cluster.ray_address for a local Ray"
+        ) from None
+    if not address.startswith("ray://"):  # a GCS address; Ray Client's server speaks another protocol
+        check_ray_token(hostport)
+
+
+def check_ray_token(gcs_address: str) -> None:
+    """A head started with token authentication (RAY_AUTH_MODE=token, Ray's default once a token exists) rejects
+    every request without its token; Ray's GCS client says so at once, where ray.init retries."""
+    try:
+        ensure_token_if_auth_enabled(None, create_token_if_missing=False)  # RAY_AUTH_MODE=token but no token
+        GcsClient(address=gcs_address)  # fetches the cluster id: the first authenticated request
+    except AuthenticationError as err:
+        raise ServiceError(
+            f"Ray head at {gcs_address} requires its auth token: {token_problem()}. "
+            f"{RAY_TOKEN_HELP} (Ray: {err.message})"
+        ) from None
+
+
+RAY_TOKEN_HELP = (
+    "Give the driver the head's token: RAY_AUTH_MODE=token and either RAY_AUTH_TOKEN=<token> or "
+    "RAY_AUTH_TOKEN_PATH=<file holding it>; `ray get-auth-token` on the head prints it"
+)
+
+
+def token_problem() -> str:
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return "this driver sends none (RAY_AUTH_MODE is not token)"
+    if not (
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or (Path.home() / ".ray" / "auth_token").exists()
+    ):
+        return "RAY_AUTH_MODE=token but no token was found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
+    return "the head rejects the token this driver sends"
 
 
 def connect_ray(address: str | None, cpus: int) -> str:

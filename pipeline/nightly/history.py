@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from pipeline.reporting.comparison import cell_name, row_name
+from pipeline.nightly.comparison import cell_name, row_name
 from pipeline.reporting.figures import Figure, plt, save
 from pipeline.reporting.tables import borderline_cells, min_gflops
 

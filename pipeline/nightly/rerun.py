@@ -31,11 +31,11 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from pipeline.common import experiments, notify, signals
+from pipeline.common import signals
 from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
-from pipeline.common.locks import LockBusy, owned
+from pipeline.common.locks import NIGHTLY_LOCK, LockBusy, owned
 from pipeline.common.provenance import git_commit, library_versions
-from pipeline.reporting import comparison, history
+from pipeline.nightly import comparison, experiments, history, notify
 from pipeline.reporting.page import NIGHTLY_MARKER, figures_html
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
@@ -78,7 +78,7 @@ class Night:
 
 def busy(nights_dir: Path) -> str:
     """What a second nightly run says while another holds the lock."""
-    lock = nights_dir / ".lock"
+    lock = nights_dir / NIGHTLY_LOCK
     return f"another nightly run holds {lock} ({{holder}}); this one stops. Rerun with --wait to queue behind it"
 
 
@@ -316,7 +316,7 @@ def nightly(
     night.profile = cfg.profile
     remotes = experiments.check(repo, push) if push else ""
     nights_dir = repo / cfg.nightly.history
-    with owned(nights_dir / ".lock", busy(nights_dir), wait):
+    with owned(nights_dir / NIGHTLY_LOCK, busy(nights_dir), wait):
         night.date, night.commit = time.strftime("%Y-%m-%dT%H%M%S"), str(git_commit(repo))
         if push:
             pulled = experiments.pull(repo, push, cfg.profile)
@@ -382,7 +382,7 @@ def pull_history(repo: Path, profile: str | None, wait: bool, git_remote: str, n
     night.profile = cfg.profile
     remotes = experiments.check(repo, git_remote)
     nights_dir = repo / cfg.nightly.history
-    with owned(nights_dir / ".lock", busy(nights_dir), wait):
+    with owned(nights_dir / NIGHTLY_LOCK, busy(nights_dir), wait):
         pulled = experiments.pull(repo, git_remote, cfg.profile)
         record_experiments(repo, nights_dir, cfg.profile)
         found = history.nights(nights_dir, cfg.profile)
@@ -511,7 +511,3 @@ def main(argv: list[str] | None = None) -> int:
         code, text = 2, failure(night, 2, f"pipeline.nightly stopped on {type(err).__name__}: {err}.")
     deliver(text, summary_files, urls)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
