@@ -162,7 +162,8 @@ class Resumable(L.Callback):
         """Saves the fit into ``directory``; returns the bytes written. A fused trial's writes one checkpoint per
         member (``pipeline.training.fused_trial.MemberCheckpoints``)."""
         trainer.save_checkpoint(directory / FILE, weights_only=False)  # the whole fit, not just weights
-        return (directory / FILE).stat().st_size
+        # a data-parallel rank > 0 saves with rank 0 (a collective), which alone writes the file
+        return sum(f.stat().st_size for f in directory.iterdir())
 
 
 def write_meta(directory: Path, trial_key: str, run_key: str, step: int) -> None:
