@@ -27,7 +27,8 @@ What is not batched by vmap itself:
 ``models.fused`` logger): never silently.
 
 Member k can be taken out as a model of its own (``member``, a copy of its weights: to decode, score or checkpoint
-it as a separate trial would) and put back (``load_member``).
+it as a separate trial would) and put back (``load_member``); ``member_state`` and ``stacked_state`` turn the fused
+module's state dict into member k's, as the member's own model names it, and K of those back into one.
 """
 
 from __future__ import annotations
@@ -89,11 +90,6 @@ class Fused(nn.Module):
         # it is neither a parameter holder nor moved by .to())
         self.__dict__["template"] = copy.deepcopy(first).to("meta")
 
-    def train(self, mode: bool = True) -> Fused:
-        super().train(mode)
-        self.template.train(mode)  # dropout is the template's: outside the module tree, so set here
-        return self
-
     def stacked(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The stacked parameters and buffers by the members' names: each (K, ...)."""
         return (
@@ -107,6 +103,10 @@ class Fused(nn.Module):
             self.told.add(tokens.device)
             for note in self.notes(tokens.device):
                 log.warning("fused %d models: %s", self.size, note)
+        # dropout is the template's, outside the module tree: it follows this module's mode however that was set
+        # (Lightning puts modes back after a validation by attribute, not by ``train()``)
+        if self.template.training != self.training:
+            self.template.train(self.training)
         params, buffers = self.stacked()
         per_member = tokens.dim() == 3
         if self.unbatched is None:
@@ -159,6 +159,20 @@ class Fused(nn.Module):
     def exact_flops(self, length: int) -> int:
         """One member's forward FLOPs over one sequence (``LanguageModel.exact_flops``)."""
         return self.template.exact_flops(length)
+
+
+def member_state(state: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+    """Member k's state dict (its model's own names) from a ``Fused`` module's (stacked, (K, ...) each)."""
+    return {name.replace("/", "."): value[k].clone() for name, value in state.items()}
+
+
+def stacked_state(states: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A ``Fused`` module's state dict from its members' (each its model's own names), member k the k-th."""
+    names = list(states[0])
+    for i, other in enumerate(states[1:], 1):
+        if list(other) != names:
+            raise FusionError(f"member {i}'s state names differ from member 0's: they cannot be stacked")
+    return {_attribute(name): torch.stack([s[name] for s in states]) for name in names}
 
 
 def check_same_shape(members: Sequence[nn.Module]) -> None:

@@ -53,6 +53,8 @@ def decay(z):  # pragma: no cover (compiled)
     range reduction  exp(z) = 2^k exp(f),  k = round(z / ln 2),  |f| <= ln(2) / 2,  with exp(f) by its degree-7
     Taylor polynomial (error f^8 / 8! < 5e-9), which vectorises over the N states.
     """
+    if z != z:  # NaN (a diverged model's): NaN out, where int32(NaN) would index POW2 out of its bounds
+        return z
     z = max(z, np.float32(-87.0))
     k = np.floor(z * LOG2E + np.float32(0.5))
     f = z - k * LN2_HI - k * LN2_LO

@@ -5,7 +5,8 @@ trained with Lightning to its verdict (solved, unsolved, undecided, diverged; fa
 
 Before anything trains it checks the config, the datasets, MLflow, the Ray head and the nodes (docs/cluster.md, "What
 the driver checks"). ``sweep.search`` picks the plan, a grid or the width frontier, run as a Ray Tune searcher, one
-trial per (cell, learning rate) (docs/verdicts-and-search.md). Runs MLflow already finished with the same run key are
+trial per (cell, learning rate) (docs/verdicts-and-search.md), or with ``sweep.fuse`` a cell's learning rates as one
+fused trial, each recorded as its own (docs/gpu.md). Runs MLflow already finished with the same run key are
 reused; trials continue from their checkpoints after a lost worker, node or sweep, and SIGTERM or SIGINT stops the
 sweep with its runs KILLED (docs/cluster.md, "Surviving failures"). One sweep at a time writes a results directory,
 and one at a time trains against a project's stores (docs/profiles.md, "Queued and temporary experiments").
@@ -48,7 +49,14 @@ from pipeline.scheduling.tuning import (
     TuneChildRuns,
     TuneSearcher,
 )
-from pipeline.search.cells import build_cells, check_architectures, expected_cost, model_costs, run_key
+from pipeline.search.cells import (
+    build_cells,
+    check_architectures,
+    expected_cost,
+    model_costs,
+    run_key,
+    unfusable,
+)
 from pipeline.search.frontier import make_plan
 from pipeline.search.halving import Halving
 from pipeline.search.searcher import trial_key
@@ -62,6 +70,7 @@ from pipeline.tracking.runs import (
 )
 from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, ui_link
 from pipeline.training import checkpoints
+from pipeline.training.members import members
 from pipeline.training.settings import TrainSettings
 from tasks.registry import training_targets
 
@@ -69,7 +78,9 @@ RESULTS = ROOT / "results"
 
 
 def trial_name(trial) -> str:
-    return f"{trial.config['cell']['name']}-lr{trial.config['train']['lr']:g}"
+    """The cell and its learning rate (a fused trial's, joined by +)."""
+    lrs = "+".join(f"{m['lr']:g}" for m in members(trial.config))
+    return f"{trial.config['cell']['name']}-lr{lrs}"
 
 
 def reporter() -> CLIReporter:
@@ -202,6 +213,9 @@ def prepare_searcher(
         if not s.keep_checkpoints:
             checkpoints.drop_trial(run["checkpoint"])
 
+    single = unfusable(cells, s.heads) if s.fuse != "off" else {}
+    for arch, why in single.items():
+        print(f"sweep: sweep.fuse: {s.fuse}: {arch} cannot fuse ({why}): its learning rates train as separate trials")
     searcher = TuneSearcher(
         make_plan(s.search, cells, s.predict),
         cells,
@@ -211,13 +225,14 @@ def prepare_searcher(
         resumable=unfinished,
         halving=Halving.of(s),
         dropped=dropped,
+        fuse=lambda cell: s.fuse == "learning_rates" and cell.arch not in single,
     )
     to_train = searcher.needs_training()  # settles the reused runs first, and fills the queue
     reused = sum("reused_from" in run for runs in searcher.runs.values() for run in runs.values())
     print(
         f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
         f"{sum(len(c.lrs) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
-        f"finished with the same data, settings and code (reused), {len(searcher.queue)} to train"
+        f"finished with the same data, settings and code (reused), {searcher.queued} to train"
         f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; "
         f"MLflow {cfg.cluster.mlflow()}, runs at {ui_link(cfg.cluster.mlflow(), experiment, parent)}",
         flush=True,
@@ -256,7 +271,7 @@ def train_trials(
             max_concurrent_trials=slots,
             reuse_actors=True,
             trial_name_creator=trial_name,
-            trial_dirname_creator=lambda t: f"{trial_name(t)}-{t.config['trial_key']}-{t.trial_id}",
+            trial_dirname_creator=lambda t: f"{trial_name(t)}-{members(t.config)[0]['trial_key']}-{t.trial_id}",
         ),
         run_config=tune.RunConfig(
             name=f"{cfg.profile}-{int(started)}",

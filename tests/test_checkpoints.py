@@ -1,7 +1,7 @@
 """A trial resumed from any of its checkpoints ends exactly as the trial that never stopped."""
 
 
-from pipeline.training.checkpoints import FILE, latest, write_meta
+from pipeline.training.checkpoints import FILE, drop_trial, latest, write_meta
 from pipeline.training.train import run_trial
 from tests.helpers.training import Copies, Curve, with_settings
 
@@ -40,3 +40,37 @@ def test_latest_finds_the_newest_checkpoint_of_the_same_run_key(tmp_path):
     assert latest(str(tmp_path / "missing"), "k") == {}
     uri = latest(tmp_path.as_uri(), "k")["t1"]["path"]  # s3:// and gs:// take the same way
     assert uri == (tmp_path / "a" / "t1" / "checkpoint_000002").as_uri()
+
+
+def test_a_fused_trials_members_are_found_and_dropped_one_by_one(tmp_path):
+    """A fused trial's checkpoint holds a directory per member, each a separate trial's checkpoint: ``latest`` finds
+    each member under its own trial key, and dropping one member deletes its directories only, then a checkpoint
+    once no member is left in it."""
+    trial = tmp_path / "sweep" / "fused"
+    for n, step in ((1, 5), (2, 10)):
+        for member in ("t1", "t2"):
+            directory = trial / f"checkpoint_{n:06d}" / member
+            directory.mkdir(parents=True)
+            write_meta(directory, trial_key=member, run_key="k", step=step)
+    found = latest(str(tmp_path), "k")
+    assert found == {m: {"path": str(trial / "checkpoint_000002" / m), "step": 10} for m in ("t1", "t2")}
+    drop_trial(found["t1"]["path"])
+    assert sorted(p.relative_to(trial).as_posix() for p in trial.glob("*/*")) == [
+        "checkpoint_000001/t2", "checkpoint_000002/t2"]
+    drop_trial(found["t2"]["path"])
+    assert not list(trial.iterdir())
+
+
+def test_a_trial_resumes_from_a_checkpoint_saved_after_it_solved(spec, tmp_path):
+    """Solved at a low threshold, it trains on toward its target: the checkpoints saved after it solved hold its
+    verdict's status as a plain value (it once held the Status class, which a weights-only load refuses) and resume
+    to the uninterrupted result."""
+    spec = with_settings(spec, max_steps=20, threshold=0.05, patience=1, targets={"lis": 0.99})
+    kept = Copies(folder=tmp_path)
+    full = run_trial(spec, checkpoints=kept)
+    assert full["status"] == "solved" and full["solve_step"] < max(kept.saved)
+    last = kept.saved[max(kept.saved)]
+    resumed = run_trial(spec, checkpoints=Copies(last / FILE))
+    assert resumed["resumed_step"] == max(kept.saved)
+    for key in ("status", "reason", "final_accuracy", "solve_step", "train_steps"):
+        assert resumed[key] == full[key], key

@@ -228,6 +228,11 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {search: frontier, predict: [sizes, tea_leaves]}", "sweep.predict.1: Input should be 'sizes', 'seeds' "
                                                                 "or 'neighbours' \\(got 'tea_leaves'\\)"),
     ("sweep: {search: grid, predict: [sizes]}", "sweep.predict: \\['sizes'\\] needs sweep.search: frontier"),
+    ("sweep: {fuse: seeds}", "sweep.fuse: Input should be 'off' or 'learning_rates'"),
+    ("sweep: {fuse: learning_rates, workers_per_trial: 2}",
+     "sweep.fuse: learning_rates trains a cell's learning rates in one process; with 2 data-parallel workers"),
+    ("sweep: {fuse: learning_rates, gpus_per_trial: 1, precision: 16-mixed}",
+     "sweep.fuse: learning_rates with sweep.precision: 16-mixed: the gradient scaler skips a step for every member"),
 ])
 def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, override, message):
     base = {"profile": "tiny", "tasks": ["arithmetic", "lis"]}

@@ -105,6 +105,9 @@ def test_dropout_draws_each_members_masks_apart():
     assert not torch.equal(logits[0], logits[1])
     logits = fused.eval()(tokens)  # the weightless template is put in eval mode too
     assert torch.equal(logits[0], logits[1])
+    fused.training = True  # as Lightning puts a module's mode back after a validation: by attribute, not train()
+    logits = fused(tokens)
+    assert not torch.equal(logits[0], logits[1])  # dropout is on again (it once stayed off for the rest of a fit)
 
 
 @pytest.mark.parametrize("other, match", [

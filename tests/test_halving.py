@@ -67,6 +67,27 @@ def test_the_searcher_pauses_every_rate_continues_the_leaders_and_drops_the_rest
         1e-2: Status.DROPPED, 3e-3: Status.DROPPED, 1e-3: Status.SOLVED, 3e-4: Status.DROPPED}
 
 
+def test_fused_the_rates_pause_as_one_trial_and_the_leaders_go_on_as_a_smaller_one():
+    """``fuse``: a cell's learning rates are one trial (its config lists them as members), each reported and decided
+    apart; the leaders go on as one trial of two, each from its own directory of the first trial's checkpoint."""
+    cell = Cell("lis", 4, "standard", 16, 1, 0)
+    cells = {cell: make_cell(*cell, lrs=LRS)}
+    searcher = CellSearcher(GridPlan(cells), cells, {"dropout": 0.0}, lambda c, lr: None, cost=lambda c: 1.0,
+                            halving=Halving((100, 200), keep=0.5, unguided="rank"), fuse=lambda c: True)
+    first = searcher.suggest("a")
+    assert searcher.suggest("b") is None and searcher.queued == 0 and searcher.running == 4
+    assert [m["lr"] for m in first["members"]] == list(LRS) and first["train"] == {"dropout": 0.0}
+    searcher.rung_checkpoints["a"] = "/store/a/checkpoint_000001"
+    accuracy = {1e-2: 0.1, 3e-3: 0.5, 1e-3: 0.6, 3e-4: 0.3}
+    members = [{"trial_key": m["trial_key"], **paused(accuracy[m["lr"]], 0)} for m in first["members"]]
+    searcher.on_trial_complete("a", {"final": True, "step": 100, "node": "n", "members": members})
+    second = searcher.suggest("b")
+    assert [m["lr"] for m in second["members"]] == [1e-3, 3e-3] and second["pause_at"] == 200
+    assert all(m["resume"] == f"/store/a/checkpoint_000001/{m['trial_key']}" and m["resume_step"] == 100
+               for m in second["members"])
+    assert {lr: r["status"] for lr, r in searcher.runs[cell].items()} == {1e-2: Status.DROPPED, 3e-4: Status.DROPPED}
+
+
 def test_a_neighbours_winner_goes_on_whatever_its_rank():
     """A rate that plateaus early leads one that jumps later; the rate that solved the nearest solved cell of the
     chain (same task, architecture, depth) is kept beside the leaders, and the reason of a dropped rate says so."""
@@ -110,9 +131,12 @@ def test_a_single_learning_rate_never_pauses_and_lr_search_all_never_does():
 
 
 @pytest.mark.integration
-def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_data):
+@pytest.mark.parametrize("fuse", ["off", "learning_rates"])
+def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_data, fuse):
     """Ray Tune, Lightning and MLflow: three learning rates pause at step 4, the leader goes on from its checkpoint
-    in the same MLflow run to its verdict, the other two are dropped (tagged so, checkpoints deleted)."""
+    in the same MLflow run to its verdict, the other two are dropped (tagged so, checkpoints deleted). Fused, the
+    three pause as one trial and the leader goes on alone (the rung shrinks K to 1), from its member's directory of
+    the fused trial's checkpoint."""
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
@@ -124,7 +148,7 @@ def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_d
 profile: tiny
 tasks: [arithmetic, lis]
 sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, lrs: [0.03, 0.003, 0.0003],
-         lr_search: halving, halving_rungs: [4], halving_keep: 0.3, halving_unguided: rank}}
+         lr_search: halving, halving_rungs: [4], halving_keep: 0.3, halving_unguided: rank, fuse: {fuse}}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
     sweep(load_config(p), tiny_data, tmp_path / "results")
@@ -132,6 +156,8 @@ cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
     assert sorted(trials.status) [:2] == ["dropped", "dropped"] and len(trials) == 3
     leader = trials[trials.status != "dropped"].iloc[0]
     assert leader.status in ("solved", "unsolved", "undecided") and leader.train_steps > 4
+    assert leader.fused_members == 1  # its last attempt: alone after the rung, fused or not
+    assert sorted(trials.fused_members) == ([1, 3, 3] if fuse == "learning_rates" else [1, 1, 1])
     assert all(r.startswith("dropped at rung 1 of 1 (step 4)") for r in trials[trials.status == "dropped"].reason)
     client = MlflowClient(f"sqlite:///{db}")
     runs = {r.data.tags["trial_key"]: r for r in client.search_runs(

@@ -194,6 +194,22 @@ def test_selective_scan_kernel_matches_the_loop_forward_and_gradients():
         torch.testing.assert_close(g, g_ref.float(), rtol=1e-4, atol=1e-4)
 
 
+def test_the_selective_scan_kernel_carries_a_nan_through_instead_of_crashing():
+    """A diverged Mamba's NaN decay rate: the kernel's exp gives NaN (it once indexed its table of powers of two with
+    int32(NaN), out of bounds: the worker died of a segfault instead of the trial ending diverged), in that channel
+    only, forward and backward."""
+    torch.manual_seed(0)
+    B, T, E, N = 2, 9, 3, 4
+    dt, x, A, Bm, Cm, h0 = [torch.rand(B, T, E) * 0.5 + 0.01, torch.randn(B, T, E), -torch.rand(E, N) * 8,
+                            torch.randn(B, T, N), torch.randn(B, T, N), torch.randn(B, E, N)]
+    A[1, 2] = float("nan")
+    A.requires_grad_()
+    y, h = selective_scan(dt, x, A, Bm, Cm, h0)
+    assert y[..., 1].isnan().all() and y[..., [0, 2]].isfinite().all() and h[:, 1].isnan().any()
+    (y[..., 0].sum()).backward()
+    assert A.grad[0].isfinite().all()
+
+
 def scan_inputs(T: int, dtype=torch.float64, B: int = 2, E: int = 5, N: int = 16):
     """dt, x, A, B, C, h0 at Mamba's scales: dt = softplus(.) around 0.1, A = -(1..N) (its initial values)."""
     torch.manual_seed(0)

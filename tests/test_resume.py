@@ -35,10 +35,12 @@ def start(cmd: list[str], cwd: Path) -> subprocess.Popen:
 
 
 def checkpoints(repo: Path) -> list[dict]:
+    """What each checkpoint in storage says of itself: a trial's, or each member's of a fused trial's."""
     metas = []
-    for m in (repo / "ray_results").glob("*/*/checkpoint_*/meta.json"):
-        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):  # Tune removing an old one, or writing
-            metas.append(json.loads(m.read_text()))
+    for pattern in ("*/*/checkpoint_*/meta.json", "*/*/checkpoint_*/*/meta.json"):
+        for m in (repo / "ray_results").glob(pattern):
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):  # Tune removing an old one, or writing
+                metas.append(json.loads(m.read_text()))
     return metas
 
 
@@ -241,3 +243,25 @@ def test_a_sweep_killed_on_one_host_is_resumed_on_another(uninterrupted, generat
     assert {c.data.tags.get("resumed_from_run") for c in mine if "resumed_from_run" in c.data.tags} <= dead
     assert any("resumed_from_run" in c.data.tags for c in mine)  # the killed run's curve handed on
     assert_one_whole_run_per_trial(repo, reference)
+
+
+def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(generated, tmp_path):
+    """``sweep.fuse``: two learning rates of one cell as one fused trial, killed mid-way with SIGKILL: the rerun finds
+    each member's directory of the fused trial's checkpoints (under its own trial key), continues them as one fused
+    trial, and ends each as the uninterrupted fused sweep did, one whole MLflow run each, no checkpoint left."""
+    fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]") + "\n  lrs: [0.003, 0.001]\n  fuse: learning_rates"
+    reference = copy_generated(generated, tmp_path / "whole", fused)
+    assert run(["dvc", "repro"], reference).returncode == 0
+    repo = copy_generated(generated, tmp_path / "killed", fused)
+    first = start(["dvc", "repro"], repo)
+    wait_for(lambda: len({m["trial_key"] for m in checkpoints(repo) if m["step"] >= 20}) == 2,
+             "both members' checkpoints at step 20")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    result = run(["dvc", "repro"], repo)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    got, want = trials(repo), trials(reference)
+    assert (got.resumed_step >= 20).all() and (got.fused_members == 2).all()  # both continued, fused again
+    pd.testing.assert_frame_equal(got[SAME], want[SAME])
+    assert_one_whole_run_per_trial(repo, reference)
+    assert not list((repo / "ray_results").glob("*/*/checkpoint_*"))

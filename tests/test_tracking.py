@@ -223,7 +223,7 @@ def test_a_trial_that_dies_while_starting_gets_its_run_at_its_first_event(store,
     callback.on_trial_error(0, [], trial)
     callback.on_experiment_end([])
     runs = client.search_runs([experiment], "tags.cell_id = 'c1'")
-    assert len(runs) == 1 and runs[0].info.run_id == callback.runs["t1"]
+    assert len(runs) == 1 and runs[0].info.run_id == callback.by_key["c1/lr"]
     assert runs[0].data.tags["restarts"] == "2" and runs[0].data.tags["status"] == "failed"
     assert runs[0].info.status == "FAILED"
 
@@ -295,6 +295,39 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
     assert text == "sweep: 3/5 trials (at most 40) | 1 solved | 2 running | 0 failed | 2m00s elapsed | ~2m00s left"
 
 
+def test_a_fused_trials_members_each_have_the_run_a_separate_trial_would(store):
+    """A fused trial (``sweep.fuse``): a child run per member, named and parametrised by its own learning rate, each
+    with its own curve and verdict from the trial's reports, all ended with the trial."""
+    client = MlflowClient(f"sqlite:///{store}")
+    experiment = client.create_experiment("fused")
+    parent = client.create_run(experiment).info.run_id
+    members = [{"lr": lr, "trial_key": key, "resume": None, "resume_step": None}
+               for lr, key in ((1e-3, "k1"), (3e-3, "k3"))]
+    trial = types.SimpleNamespace(trial_id="t1", error_file=None, config={
+        "cell": asdict(make_cell(run_key="k")), "train": {"dropout": 0.0}, "members": members})
+    children = ChildRuns(client, experiment, parent, "tiny")
+    children.on_trial_start(0, [], trial)
+    children.on_trial_result(0, [], trial, {"step": 10, "node": "n1", "members": [
+        {"trial_key": "k1", "step": 10, "val_accuracy": 0.25}, {"trial_key": "k3", "step": 10, "val_accuracy": 0.5}]})
+    children.on_trial_result(0, [], trial, {"step": 20, "node": "n1", "members": [  # k1 stopped at 10
+        {"trial_key": "k3", "step": 20, "val_accuracy": 0.75}]})
+    children.on_trial_result(0, [], trial, {"step": 20, "final": True, "node": "n1", "members": [
+        {"trial_key": "k1", "step": 10, "status": "unsolved", "reason": "converged", "fused_members": 2},
+        {"trial_key": "k3", "step": 20, "status": "undecided", "reason": "budget", "fused_members": 2}]})
+    children.on_trial_complete(0, [], trial)
+    children.on_experiment_end([])
+    curves = {}
+    for key, lr, status, curve in (("k1", 1e-3, "unsolved", [(10, 0.25)]), ("k3", 3e-3, "undecided",
+                                                                            [(10, 0.5), (20, 0.75)])):
+        run = client.get_run(children.by_key[key])
+        assert run.info.status == "FINISHED" and run.data.tags["status"] == status and run.data.tags["node"] == "n1"
+        assert run.data.params["train.lr"] == str(lr) and run.info.run_name.endswith(f"-lr{lr:g}")
+        assert run.data.metrics["fused_members"] == 2
+        curves[key] = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
+        assert curves[key] == curve, key
+    assert set(children.runs["t1"]) == {"k1", "k3"}
+
+
 def test_a_trials_child_run_has_its_datasets_curve_system_metrics_and_verdict(store):
     """ChildRuns over a real SQLite store: the trial's train and test files are the run's dataset inputs (digest:
     the file's hash; context: the split), every report is a point of its curve, the system metrics it reports are
@@ -317,7 +350,7 @@ def test_a_trials_child_run_has_its_datasets_curve_system_metrics_and_verdict(st
                                             "final_accuracy": 0.4})
     children.on_trial_complete(0, [], trial)
     children.on_experiment_end([])
-    run = client.get_run(children.runs["t1"])
+    run = client.get_run(children.by_key["c1/lr"])
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "unsolved" and run.data.tags["node"] == "n1"
     # MLflow's standard tags, as its UI's User and Source columns read them
     assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.type"] == "LOCAL"
@@ -411,7 +444,7 @@ def test_a_resumed_trials_curve_comes_from_its_checkpoint_not_from_what_a_dead_d
     children.on_trial_result(0, [], trial, {"step": 20, "val_accuracy": 0.3, "val_loss": 2.0, "history": history})
     children.on_trial_result(0, [], trial, {"step": 30, "val_accuracy": 0.5, "val_loss": 1.5})
     children.on_experiment_end([])
-    run_id = children.runs["t1"]
+    run_id = children.by_key["c1/lr"]
     curve = [(m.step, m.value) for m in client.get_metric_history(run_id, "val_accuracy")]
     assert sorted(curve) == [(10, 0.1), (20, 0.3), (30, 0.5)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(10, 2.0)]

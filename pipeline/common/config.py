@@ -357,6 +357,15 @@ class SweepConfig(Section):
         "step has one shape; on a CPU it trains eager and says so). A narrow model's GPU step is bound by kernel "
         "launches, which graphs remove (pipeline.training.steps, docs/gpu.md)",
     )
+    fuse: Literal["off", "learning_rates"] = Field(
+        "off",
+        description="learning_rates: a cell's learning rates train as one trial of K models with stacked weights, "
+        "each with its own rate, optimizer state, verdict, MLflow run, checkpoint and reuse key, as its separate "
+        "trial would have them (pipeline.training.fused_trial); an architecture PyTorch cannot batch (lstm) trains "
+        "them as separate trials, and the sweep says so. off: a trial per learning rate. Off by default: on a CPU "
+        "a fused step is slower than K separate ones (bench_fused); on a GPU, where a narrow step is bound by "
+        "kernel launches, bench_pack measures what it gains (docs/gpu.md)",
+    )
     max_concurrent_trials: PositiveInt | None = Field(
         None,
         description="trials at once; None: as many as the Ray nodes up at the start hold, each node by its "
@@ -555,6 +564,29 @@ class SweepConfig(Section):
             )
         if self.stop_when_solved is False:
             raise ConfigError("sweep.lr_search: halving stops runs early: it needs sweep.stop_when_solved: true")
+        return self
+
+    @field_validator("fuse", mode="before")
+    @classmethod
+    def fuse_off(cls, value: Any) -> Any:
+        """YAML reads a bare ``off`` as false."""
+        return "off" if value is False else value
+
+    @model_validator(mode="after")
+    def fusion_fits(self) -> SweepConfig:
+        """Fused members train in one process, each stepping on its own."""
+        if self.fuse == "off":
+            return self
+        if self.workers() > 1:
+            raise ConfigError(
+                f"sweep.fuse: {self.fuse} trains a cell's learning rates in one process; with {self.workers()} "
+                "data-parallel workers per trial (sweep.workers_per_trial, gpus_per_trial) set sweep.fuse: off"
+            )
+        if self.precision == "16-mixed":
+            raise ConfigError(
+                f"sweep.fuse: {self.fuse} with sweep.precision: 16-mixed: the gradient scaler skips a step for every "
+                "member when one member's gradients overflow; use bf16-mixed (or sweep.fuse: off)"
+            )
         return self
 
     @model_validator(mode="after")

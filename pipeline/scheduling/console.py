@@ -37,7 +37,7 @@ class Counts:
     @classmethod
     def of(cls, searcher: CellSearcher) -> Counts:
         runs = [run for by_lr in searcher.runs.values() for run in by_lr.values()]
-        running, queued = len(searcher.live), len(searcher.queue)
+        running, queued = searcher.running, searcher.queued
         return cls(
             finished=len(runs),
             planned=len(runs) + running + queued,

@@ -17,7 +17,8 @@ from pipeline.data.storage import location_of
 from pipeline.scheduling.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.runs import ChildRuns
-from pipeline.training.checkpoints import drop_checkpoints, drop_trial
+from pipeline.training.checkpoints import checkpoint_dirs, drop_checkpoints, drop_member, drop_trial
+from pipeline.training.members import member_results, members
 from pipeline.training.status import Status
 
 RESUME = (
@@ -53,7 +54,8 @@ class RungCheckpoints(tune.Callback):
         self.searcher, self.storage = searcher, storage
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if result.get("final") and result.get("status") == Status.PAUSED and trial.checkpoint is not None:
+        paused = any(r.get("status") == Status.PAUSED for r in member_results(result))
+        if result.get("final") and paused and trial.checkpoint is not None:
             self.searcher.rung_checkpoints[trial.trial_id] = location_of(trial.checkpoint.path, self.storage)
 
 
@@ -61,13 +63,22 @@ class DropFinished(tune.Callback):
     """Listed after ``ChildRuns`` (which has then set the trial's MLflow run FINISHED, with its verdict): a trial
     that ended deletes its checkpoints, and those of the dead sweep's trial it continued from. A trial that failed
     keeps them (``on_trial_error``, not ``on_trial_complete``), one paused at a rung of successive halving too: it
-    may go on from them (the sweep deletes a dropped one's, ``drop_trial``)."""
+    may go on from them (the sweep deletes a dropped one's, ``drop_trial``). A fused trial's members each apart: one
+    that paused keeps its directory of the trial's checkpoints, the others' are deleted."""
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        if trial.last_result.get("status") != Status.PAUSED:
-            drop_checkpoints(trial.storage.storage_filesystem, trial.path)
-        if trial.config.get("resume"):  # <storage>/<dead sweep or the paused attempt>/<trial>/checkpoint_NNNNNN
-            drop_trial(trial.config["resume"])
+        fs, reports = trial.storage.storage_filesystem, member_results(trial.last_result)
+        paused = [r.get("status") == Status.PAUSED for r in reports]
+        if not any(paused):
+            drop_checkpoints(fs, trial.path)
+        elif not all(paused):  # a fused trial's members that ended
+            for checkpoint in checkpoint_dirs(fs, trial.path):
+                for report, waits in zip(reports, paused):
+                    if not waits:
+                        drop_member(fs, checkpoint, report["trial_key"])
+        for member in members(trial.config):  # <storage>/<dead sweep or paused attempt>/<trial>/checkpoint_NNNNNN
+            if member.get("resume"):
+                drop_trial(member["resume"])
 
 
 class NodeWatch(tune.Callback):

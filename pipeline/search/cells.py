@@ -127,11 +127,10 @@ def grid_cells(cfg: Config, datasets: dict[tuple[str, int], dict[str, Any]]) -> 
     return cells
 
 
-def model_costs(cell: CellSpec, heads: int) -> dict[str, Any]:
-    """A cell's model sizes and FLOPs, known without training (a shape-only copy on the meta device): every
-    cell has them, trained or inferred."""
+def shape_model(cell: CellSpec, heads: int) -> models.LanguageModel:
+    """The cell's model as a shape-only copy on the meta device: its sizes and costs without weights."""
     with torch.device("meta"):
-        model = models.build_model(
+        return models.build_model(
             cell.arch,
             vocab_size=cell.vocab_size,
             width=cell.width,
@@ -140,6 +139,20 @@ def model_costs(cell: CellSpec, heads: int) -> dict[str, Any]:
             max_len=cell.max_len,
             **cell.arch_options,
         )
+
+
+def unfusable(cells: dict[Cell, CellSpec], heads: int) -> dict[str, str]:
+    """architecture -> why its learning rates cannot train as one fused model (``LanguageModel.unbatched``: PyTorch
+    has no batching rule for it), for the architectures of ``cells`` that cannot (``sweep.fuse``)."""
+    first = {cell.arch: spec for cell, spec in cells.items()}
+    why = {arch: shape_model(spec, heads).unbatched for arch, spec in first.items()}
+    return {arch: reason for arch, reason in why.items() if reason is not None}
+
+
+def model_costs(cell: CellSpec, heads: int) -> dict[str, Any]:
+    """A cell's model sizes and FLOPs, known without training (a shape-only copy on the meta device): every
+    cell has them, trained or inferred."""
+    model = shape_model(cell, heads)
     L = cell.max_len
     return {
         "params": model.num_params(),

@@ -17,6 +17,12 @@ them have paused or ended, the leaders (and the learning rates that solved the n
 chain, ``favoured``) are suggested again as trials that continue from their rung's checkpoint
 (``tuning.RungCheckpoints`` learns where Tune stored it) and the others are dropped (``dropped`` hears of each, so
 that the sweep tags its MLflow run and deletes its checkpoints).
+
+With ``fuse`` (``sweep.fuse: learning_rates``), the learning rates of a cell that are due together are one Tune trial
+(``pipeline.training.fused_trial``): its config lists them as ``members`` (each with its trial key and the checkpoint
+it continues from), its results report each one (``members``, a list: Tune passes lists through as they are), and
+everything after is per learning rate as above: the runs, the rungs (the leaders continue as one smaller group), the
+reuse. Learning rates continuing from checkpoints of different steps are separate groups, one per step.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from dataclasses import asdict
 from pipeline.common.cell import Cell, CellSpec
 from pipeline.search.frontier import Plan
 from pipeline.search.halving import Halving
+from pipeline.training.members import member_results
 from pipeline.training.status import Status, best_run
 
 FINISHED = "FINISHED"  # what ``suggest`` returns once nothing is left: Tune's ``Searcher.FINISHED``
-Queued = tuple[float, Cell, float, int, dict]  # (expected cost, cell, lr, rung, checkpoint to continue from)
+# (expected cost, cell, learning rates trained together (one unless fused), rung, each one's checkpoint to go on from)
+Queued = tuple[float, Cell, tuple[float, ...], int, tuple[dict, ...]]
 
 
 def trial_key(cell: CellSpec, lr: float) -> str:
@@ -53,18 +61,19 @@ class CellSearcher:
         resumable: dict[str, dict] | None = None,
         halving: Halving | None = None,
         dropped: Callable[[dict], None] = lambda run: None,
+        fuse: Callable[[Cell], bool] = lambda cell: False,
     ):
         """``cells``: every cell of the grid, each with its learning rates (``lrs``); ``resumable``: trial key
         -> the checkpoint (``path``, ``step``) an earlier, interrupted sweep left for it; ``halving``: the rungs of
-        successive halving (none: every learning rate to its verdict); ``dropped(run)``: a run halving dropped."""
+        successive halving (none: every learning rate to its verdict); ``dropped(run)``: a run halving dropped;
+        ``fuse(cell)``: whether the cell's learning rates train as fused trials."""
         super().__init__()  # Tune's Searcher, where ``TuneSearcher`` puts it in the class hierarchy
         self.plan, self.cells, self.train = plan, cells, train
         self.reusable, self.cost, self.resumable = reusable, cost, resumable or {}
-        self.halving, self.dropped = halving or Halving(), dropped
+        self.halving, self.dropped, self.fuse = halving or Halving(), dropped, fuse
         self.queue: list[Queued] = []  # longest first
-        self.live: dict[str, tuple[Cell, float, int]] = {}  # Tune trial id -> (cell, lr, rung)
+        self.live: dict[str, tuple[Cell, tuple[float, ...], int]] = {}  # Tune trial id -> (cell, lrs, rung)
         self.runs: dict[Cell, dict[float, dict]] = {}  # cell -> lr -> its run record, while no attempt of it is due
-        self.trial_ids: dict[str, str] = {}  # Tune trial id -> trial key
         self.rung_checkpoints: dict[str, str] = {}  # Tune trial id -> where a paused trial's checkpoint is
         self.curves: dict[tuple[Cell, float], dict[int, dict]] = {}  # (cell, lr) -> step -> its validation
 
@@ -78,17 +87,27 @@ class CellSearcher:
                 return
             for cell in proposed:
                 self.runs[cell] = {}
+                due = {}
                 for lr in self.cells[cell].lrs:
                     previous = self.reusable(self.cells[cell], lr)
                     if previous is not None:
                         key = trial_key(self.cells[cell], lr)
                         self.finish(cell, lr, previous | {"lr": lr, "trial_key": key, "rung": None})
                     else:
-                        self.enqueue(cell, lr, 0, self.resumable.get(trial_key(self.cells[cell], lr), {}))
+                        due[lr] = self.resumable.get(trial_key(self.cells[cell], lr), {})
+                self.enqueue(cell, due, 0)
 
-    def enqueue(self, cell: Cell, lr: float, rung: int, checkpoint: dict) -> None:
-        # after those of equal cost, as a stable sort would: in place, not a sort of the whole queue per trial
-        bisect.insort(self.queue, (self.cost(self.cells[cell]), cell, lr, rung, checkpoint), key=lambda item: -item[0])
+    def enqueue(self, cell: Cell, due: dict[float, dict], rung: int) -> None:
+        """Learning rates of ``cell`` to train at ``rung``, each from its checkpoint (``path``, ``step``; empty: from
+        the start): one trial each, or fused, one trial per step they continue from."""
+        groups: dict[object, list[float]] = {}
+        for lr, checkpoint in due.items():
+            groups.setdefault(checkpoint.get("step") if self.fuse(cell) else lr, []).append(lr)
+        cost = self.cost(self.cells[cell])
+        for lrs in groups.values():
+            item = (cost * len(lrs), cell, tuple(lrs), rung, tuple(due[lr] for lr in lrs))
+            # after those of equal cost, as a stable sort would: in place, not a sort of the whole queue per trial
+            bisect.insort(self.queue, item, key=lambda queued: -queued[0])
 
     def finish(self, cell: Cell, lr: float, run: dict) -> None:
         """One attempt of (cell, lr) ended (or was reused). Once every learning rate of the cell has paused or
@@ -102,9 +121,10 @@ class CellSearcher:
             for lr_, reason in dropped.items():
                 runs[lr_] = runs[lr_] | {"status": Status.DROPPED, "reason": reason}
                 self.dropped(runs[lr_])
-            for lr_ in go_on:
-                paused = runs.pop(lr_)
-                self.enqueue(cell, lr_, paused["rung"] + 1, {"path": paused["checkpoint"], "step": paused["step"]})
+            leaders = {lr_: runs.pop(lr_) for lr_ in go_on}
+            self.enqueue(
+                cell, {lr_: {"path": p["checkpoint"], "step": p["step"]} for lr_, p in leaders.items()}, run["rung"] + 1
+            )
             if go_on:
                 return
         self.plan.record(cell, Status(best_run(list(runs.values()))["status"]))
@@ -124,6 +144,16 @@ class CellSearcher:
                 near.setdefault(distance, set()).update(solved)
         return frozenset(near[min(near)]) if near else None
 
+    @property
+    def queued(self) -> int:
+        """Learning-rate runs waiting for a slot (a fused trial's each count)."""
+        return sum(len(lrs) for _, _, lrs, _, _ in self.queue)
+
+    @property
+    def running(self) -> int:
+        """Learning-rate runs training now."""
+        return sum(len(lrs) for _, lrs, _ in self.live.values())
+
     def needs_training(self) -> bool:
         self.settle_reused()
         return bool(self.queue)
@@ -132,43 +162,60 @@ class CellSearcher:
     def suggest(self, trial_id: str) -> dict | str | None:
         self.settle_reused(spare=1)  # Tune asks when a slot is free
         if self.queue:
-            _, cell, lr, rung, resume = self.queue.pop(0)
-            self.live[trial_id] = (cell, lr, rung)
-            key = self.trial_ids[trial_id] = trial_key(self.cells[cell], lr)
-            return {
-                "cell": asdict(self.cells[cell]),
-                "train": self.train | {"lr": lr},
-                "trial_key": key,
-                "resume": resume.get("path"),
-                "resume_step": resume.get("step"),
-                "rung": rung,
-                "pause_at": self.halving.pause_at(rung) if len(self.cells[cell].lrs) > 1 else None,
-            }
+            _, cell, lrs, rung, resumes = self.queue.pop(0)
+            self.live[trial_id] = (cell, lrs, rung)
+            spec = self.cells[cell]
+            pause_at = self.halving.pause_at(rung) if len(spec.lrs) > 1 else None
+            runs = [
+                {"lr": lr, "trial_key": trial_key(spec, lr), "resume": r.get("path"), "resume_step": r.get("step")}
+                for lr, r in zip(lrs, resumes)
+            ]
+            config = {"cell": asdict(spec), "rung": rung, "pause_at": pause_at}
+            if len(runs) > 1:  # fused: the learning rates apart, the settings they share
+                return config | {"train": self.train, "members": runs}
+            return config | {"train": self.train | {"lr": lrs[0]}} | {k: v for k, v in runs[0].items() if k != "lr"}
         return FINISHED if not self.live and self.plan.done() else None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """Every validation, for the replay of other strategies (``results/curves.csv``)."""
-        if "val_accuracy" in result and not result.get("final") and trial_id in self.live:
-            cell, lr, _ = self.live[trial_id]
-            self.curves.setdefault((cell, lr), {})[int(result["step"])] = {
-                k: result.get(k) for k in ("val_accuracy", "val_loss", "train_pflops")
-            }
+        if result.get("final") or trial_id not in self.live:
+            return
+        cell, lrs, _ = self.live[trial_id]
+        for lr, report in self.reported(trial_id, result):
+            if "val_accuracy" in report:
+                self.curves.setdefault((cell, lr), {})[int(report["step"])] = {
+                    k: report.get(k) for k in ("val_accuracy", "val_loss", "train_pflops")
+                }
+
+    def reported(self, trial_id: str, result: dict) -> list[tuple[float, dict]]:
+        """(learning rate, its report) of each learning-rate run a trial's result reports on."""
+        cell, lrs, _ = self.live[trial_id]
+        if len(lrs) == 1:
+            return [(lrs[0], result)]
+        by_key = {trial_key(self.cells[cell], lr): lr for lr in lrs}
+        return [(by_key[r["trial_key"]], r) for r in member_results(result)]
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        cell, lr, rung = self.live.pop(trial_id)
+        cell, lrs, rung = self.live[trial_id]
         checkpoint = self.rung_checkpoints.pop(trial_id, None)
-        if error or not result or not result.get("final"):
-            run = {
-                "status": Status.FAILED,
-                "reason": "the trial raised (see its MLflow run's error tag)",
-                "trial_id": trial_id,
-            }
-        elif result["status"] == Status.PAUSED and checkpoint is None:
-            run = {"status": Status.FAILED, "reason": "paused at a rung without a checkpoint", "trial_id": trial_id}
-        else:
-            run = {k: v for k, v in result.items() if k not in ("config",)} | {"trial_id": trial_id}
-            run |= {"checkpoint": checkpoint} if checkpoint else {}
-        self.finish(cell, lr, run | {"lr": lr, "trial_key": self.trial_ids[trial_id], "rung": rung})
+        reports = dict(self.reported(trial_id, result)) if result and result.get("final") and not error else {}
+        del self.live[trial_id]
+        for lr in lrs:
+            key = trial_key(self.cells[cell], lr)
+            report = reports.get(lr)
+            if report is None:
+                run = {
+                    "status": Status.FAILED,
+                    "reason": "the trial raised (see its MLflow run's error tag)",
+                    "trial_id": trial_id,
+                }
+            elif report["status"] == Status.PAUSED and checkpoint is None:
+                run = {"status": Status.FAILED, "reason": "paused at a rung without a checkpoint", "trial_id": trial_id}
+            else:
+                run = {k: v for k, v in report.items() if k not in ("config", "members")} | {"trial_id": trial_id}
+                if checkpoint and report["status"] == Status.PAUSED:  # a fused trial's: the member's own directory
+                    run["checkpoint"] = checkpoint if len(lrs) == 1 else f"{checkpoint.rstrip('/')}/{key}"
+            self.finish(cell, lr, run | {"lr": lr, "trial_key": key, "rung": rung})
 
     # ---- results --------------------------------------------------------------------------------------------
     def best(self, cell: Cell) -> dict | None:

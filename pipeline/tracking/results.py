@@ -68,7 +68,7 @@ def trial_table(searcher: CellSearcher, cells: dict, children: ChildRuns) -> pd.
         for run in by_lr.values():
             trial = run.get("trial_id")
             if trial is not None:
-                run.setdefault("mlflow_run_id", children.runs.get(trial))
+                run.setdefault("mlflow_run_id", children.by_key.get(run["trial_key"]))
                 if run["status"] == Status.FAILED:
                     run["reason"] = children.errors.get(trial, run["reason"])
             runs.append(

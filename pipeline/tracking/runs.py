@@ -40,6 +40,7 @@ from pipeline.common.provenance import git_commit
 from pipeline.common.signals import STOP
 from pipeline.tracking.services import EXPERIMENT_KIND, MODEL_TRAINING, ServiceError
 from pipeline.tracking.writer import RunWriter
+from pipeline.training.members import member_results, members
 from pipeline.training.status import Status
 from pipeline.training.system import SYSTEM
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
@@ -266,9 +267,10 @@ def dataset_inputs(cells: list[CellSpec], profile: str) -> list[DatasetInput]:
 
 
 class ChildRuns:
-    """A child run per trial (one learning-rate run of a cell), tagged with its cell id, trial key and, at the end,
-    its verdict; every report becomes metrics at its step. Its ``on_trial_*`` methods are Tune's callback hooks, which
-    Tune calls on ``pipeline.scheduling.tuning.TuneChildRuns``."""
+    """A child run per learning-rate run of a cell (a trial, or each member of a fused trial, as its separate
+    trial's), tagged with its cell id, trial key and, at the end, its verdict; every report becomes metrics at its
+    step. Its ``on_trial_*`` methods are Tune's callback hooks, which Tune calls on
+    ``pipeline.scheduling.tuning.TuneChildRuns``."""
 
     METRICS = ("train_loss", "val_loss", "val_token_accuracy", "val_accuracy", "final_accuracy", "train_pflops", "lr")
     HISTORY = {"loss": "val_loss", "accuracy": "val_accuracy"}  # a resumed trial's validations, from its checkpoint
@@ -285,7 +287,7 @@ class ChildRuns:
         self.client, self.experiment_id, self.parent_id, self.profile = client, experiment_id, parent_id, profile
         self.writer = RunWriter(client)  # every write of a run after its creation
         self.killed = killed or {}  # trial key -> run id of a dead sweep (``close_orphans``)
-        self.runs: dict[str, str] = {}  # Tune trial id -> MLflow run id
+        self.runs: dict[str, dict[str, str]] = {}  # Tune trial id -> trial key -> MLflow run id (fused: several)
         self.errors: dict[str, str] = {}  # Tune trial id -> the error's last line
         self.restarts: dict[str, int] = {}  # Tune trial id -> retries after a worker died or the trial raised
         self.nodes: dict[str, str] = {}  # Tune trial id -> the Ray node it runs on
@@ -338,51 +340,62 @@ class ChildRuns:
         run_id = self.by_key[run["trial_key"]]
         self.writer.log(run_id, tags={"status": Status.DROPPED, "reason": run["reason"]})
 
-    def run_of(self, trial) -> str:
-        """The trial's run id, its run created on first need: a trial whose actor dies while starting gets
-        ``on_trial_recover`` or ``on_trial_error`` from Tune without any ``on_trial_start`` before it."""
-        if trial.trial_id in self.runs:  # a retry or a later event: the same run goes on
-            return self.runs[trial.trial_id]
-        config = trial.config
-        if config.get("rung") and config["trial_key"] in self.by_key:  # past a rung: the paused run goes on
-            run_id = self.runs[trial.trial_id] = self.by_key[config["trial_key"]]
+    def runs_of(self, trial) -> dict[str, str]:
+        """trial key -> MLflow run id of each learning-rate run the trial trains (one, or a fused trial's
+        members), created on first need: a trial whose actor dies while starting gets ``on_trial_recover`` or
+        ``on_trial_error`` from Tune without any ``on_trial_start`` before it."""
+        if trial.trial_id not in self.runs:  # else a retry or a later event: the same runs go on
+            config = trial.config
+            self.runs[trial.trial_id] = {m["trial_key"]: self.member_run(config, m, trial) for m in members(config)}
+        return self.runs[trial.trial_id]
+
+    def member_run(self, config: dict, member: dict, trial) -> str:
+        """The run of one learning-rate run (``searcher.members``) of the trial's config."""
+        key = member["trial_key"]
+        if config.get("rung") and key in self.by_key:  # past a rung: the paused run goes on
+            run_id = self.by_key[key]
             self.writer.reopen(run_id)
             self.writer.log(run_id, tags={"ray_trial_id": trial.trial_id, "status": "running", "reason": ""})
             self.open.add(run_id)
             return run_id
-        run_id = self.child(
-            CellSpec(**config["cell"]), config["train"], config["trial_key"], ray_trial_id=trial.trial_id
-        )
-        self.runs[trial.trial_id] = self.by_key[config["trial_key"]] = run_id
+        train = config["train"] | {"lr": member["lr"]}
+        run_id = self.by_key[key] = self.child(CellSpec(**config["cell"]), train, key, ray_trial_id=trial.trial_id)
         self.open.add(run_id)
-        previous = self.killed.get(config["trial_key"])
-        if config.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours
+        previous = self.killed.get(key)
+        if member.get("resume") and previous:  # one curve: the dead sweep's run up to the checkpoint, then ours
             history = [
                 m
-                for key in self.METRICS
-                if key not in self.HISTORY.values()  # the trial reports them from its checkpoint
-                for m in self.client.get_metric_history(previous, key)
-                if m.step < config["resume_step"]
+                for name in self.METRICS
+                if name not in self.HISTORY.values()  # the trial reports them from its checkpoint
+                for m in self.client.get_metric_history(previous, name)
+                if m.step < member["resume_step"]
             ]  # the resumed trial reports the checkpoint's step
             self.writer.log(run_id, history, tags={"resumed_from_run": previous})
         return run_id
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.run_of(trial)
+        self.runs_of(trial)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self.restarts[trial.trial_id] = self.restarts.get(trial.trial_id, 0) + 1
-        self.writer.log(self.run_of(trial), tags={"restarts": self.restarts[trial.trial_id]})
+        for run_id in self.runs_of(trial).values():
+            self.writer.log(run_id, tags={"restarts": self.restarts[trial.trial_id]})
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        run_id = self.run_of(trial)
-        metrics = numeric({k: v for k, v in result.items() if k in self.METRICS or k.startswith(SYSTEM)})
+        runs = self.runs_of(trial)
         tags = {}
         if "node" in result and self.nodes.get(trial.trial_id) != result["node"]:  # first report, or a new node
             self.nodes[trial.trial_id] = tags["node"] = result["node"]
+        for report in member_results(result):  # a fused trial's members each to its own run
+            run_id = runs[report["trial_key"]] if "members" in result else next(iter(runs.values()))
+            self.log_report(run_id, report, iteration, tags)
+
+    def log_report(self, run_id: str, result: dict, iteration: int, tags: dict) -> None:
+        """One learning-rate run's report: metrics at its step, and its verdict if final."""
+        metrics = numeric({k: v for k, v in result.items() if k in self.METRICS or k.startswith(SYSTEM)})
         if result.get("final"):
             metrics.update(numeric({k: v for k, v in result.items() if k in CELL_METRICS + TRIAL_METRICS}))
-            tags |= {key: result[key] for key in ("status", "reason")}
+            tags = tags | {key: result[key] for key in ("status", "reason")}
         step = int(result.get("step", iteration))
         validated = self.validated.setdefault(run_id, set())
         # a resumed trial: the validations before its checkpoint, as the checkpoint holds them (its report has the
@@ -397,16 +410,18 @@ class ChildRuns:
         self.writer.log(run_id, metrics, step=step, tags=tags)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.end(self.run_of(trial), "FINISHED")
+        for run_id in self.runs_of(trial).values():
+            self.end(run_id, "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        run_id = self.run_of(trial)
+        runs = self.runs_of(trial)
         if STOP.requested:  # its worker died of the same stop (a process group or a pod signalled whole): KILLED
             return
         self.errors[trial.trial_id] = error_line(trial.error_file)
         tags = {"status": Status.FAILED, "reason": self.errors[trial.trial_id], "error": str(trial.error_file)}
-        self.writer.log(run_id, tags=tags)
-        self.end(run_id, "FAILED")
+        for run_id in runs.values():
+            self.writer.log(run_id, tags=tags)
+            self.end(run_id, "FAILED")
 
     def end(self, run_id: str, status: str) -> None:
         self.open.discard(run_id)

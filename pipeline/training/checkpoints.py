@@ -19,7 +19,9 @@ trials' checkpoints would fill the storage (two of a width-1024, depth-5 model: 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -150,14 +152,18 @@ class Resumable(L.Callback):
         start = time.perf_counter()
         directory = self.scratch / f"step-{trainer.global_step}"
         directory.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(directory / FILE, weights_only=False)  # the whole fit, not just weights
-        self.save_bytes = sum(f.stat().st_size for f in directory.iterdir())
+        self.save_bytes = self.write(trainer, module, directory)
         self.keep(trainer, module, directory)
-        for f in directory.iterdir():  # kept: Tune has copied it to storage
-            f.unlink()
-        directory.rmdir()
+        shutil.rmtree(directory)  # kept: Tune has copied it to storage
         self.saves += 1
         self.save_seconds += time.perf_counter() - start
+
+    def write(self, trainer: L.Trainer, module: L.LightningModule, directory: Path) -> int:
+        """Saves the fit into ``directory``; returns the bytes written. A fused trial's writes one checkpoint per
+        member (``pipeline.training.fused_trial.MemberCheckpoints``)."""
+        trainer.save_checkpoint(directory / FILE, weights_only=False)  # the whole fit, not just weights
+        # a data-parallel rank > 0 saves with rank 0 (a collective), which alone writes the file
+        return sum(f.stat().st_size for f in directory.iterdir())
 
 
 def write_meta(directory: Path, trial_key: str, run_key: str, step: int) -> None:
@@ -177,14 +183,21 @@ def latest(storage: str, run_key: str) -> dict[str, dict]:
             if trial_dir.type != pafs.FileType.Directory:
                 continue
             for ckpt in checkpoint_dirs(fs, trial_dir.path):
-                try:
-                    with fs.open_input_stream(f"{ckpt}/{META}") as f:
-                        meta = json.loads(f.read())
-                except (OSError, ValueError):
-                    continue  # a checkpoint still being copied, or not ours
-                if meta.get("run_key") == run_key and meta["step"] > found.get(meta["trial_key"], {}).get("step", -1):
-                    found[meta["trial_key"]] = {"path": location_of(ckpt, storage), "step": meta["step"]}
+                for saved in (ckpt, *member_dirs(fs, ckpt)):
+                    try:
+                        with fs.open_input_stream(f"{saved}/{META}") as f:
+                            meta = json.loads(f.read())
+                    except (OSError, ValueError):
+                        continue  # a checkpoint still being copied, a fused trial's (its members'), or not ours
+                    key, step = meta.get("trial_key"), meta.get("step", -1)
+                    if meta.get("run_key") == run_key and step > found.get(key, {}).get("step", -1):
+                        found[key] = {"path": location_of(saved, storage), "step": step}
     return found
+
+
+def member_dirs(fs: pafs.FileSystem, checkpoint: str) -> list[str]:
+    """The member directories of a fused trial's checkpoint (one per member, each a separate trial's checkpoint)."""
+    return [e.path for e in fs.get_file_info(pafs.FileSelector(checkpoint)) if e.type == pafs.FileType.Directory]
 
 
 def checkpoint_dirs(fs: pafs.FileSystem, trial_dir: str) -> list[str]:
@@ -202,6 +215,21 @@ def drop_checkpoints(fs: pafs.FileSystem, trial_dir: str) -> None:
 
 
 def drop_trial(checkpoint: str) -> None:
-    """Deletes every checkpoint of the trial that saved ``checkpoint`` (a location under the storage path)."""
+    """Deletes every checkpoint of the trial that saved ``checkpoint`` (a location under the storage path): a
+    trial's checkpoint_NNNNNN, or a member's directory in a fused trial's, whose other members' are left in place
+    (a checkpoint left with none is deleted)."""
     fs, path = filesystem(checkpoint)
-    drop_checkpoints(fs, path.rstrip("/").rsplit("/", 1)[0])
+    parent, name = path.rstrip("/").rsplit("/", 1)
+    if name.startswith("checkpoint_"):
+        drop_checkpoints(fs, parent)
+        return
+    for ckpt in checkpoint_dirs(fs, parent.rsplit("/", 1)[0]):  # <trial>/checkpoint_NNNNNN/<member>
+        drop_member(fs, ckpt, name)
+
+
+def drop_member(fs: pafs.FileSystem, checkpoint: str, member: str) -> None:
+    """Deletes one member's directory of a fused trial's checkpoint, and the checkpoint once no member is left."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_dir(f"{checkpoint}/{member}")
+    if not member_dirs(fs, checkpoint):
+        fs.delete_dir(checkpoint)

@@ -12,6 +12,10 @@ parameters, moments and step count stay bit-identical while the others go on. It
 inside the fused call, their result discarded; a caller that wants the compute back builds a smaller fused model of
 the members still training (``Fused.member``), as learning-rate halving's rungs would.
 
+A member's slice of the optimizer is also what a separate trial's checkpoint holds (``member_state``: its
+torch.optim.Adam(W) state dict and its LambdaLR's), and K of those load back into one (``load_state_dict`` of
+``{"members": [...], "active": [...]}``): a fused trial's members are checkpointed, and resumed, as separate trials.
+
 ``clip_per_member`` is the trial's gradient clip (``sweep.grad_clip``: Lightning's ``gradient_clip_val``, torch's
 ``clip_grad_norm_`` over all of one model's parameters) for each member apart.
 
@@ -76,6 +80,42 @@ class FusedAdam(torch.optim.Optimizer):
         """(K,) bool: the members still training."""
         return self.param_groups[0]["active"]
 
+    def rates(self) -> list[float]:
+        """Each member's learning rate at its next step, as its LambdaLR would have set it (host floats)."""
+        group = self.param_groups[0]
+        return (group["lrs"] * torch.clamp((group["steps"] + 1) / group["warmup"], max=1.0)).tolist()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, or ``{"members": [K separate trials' Adam(W) state dicts], "active": [K bools]}``: member k's
+        learning rate, step count and moments from the k-th (``member_state``'s inverse), with this optimizer's own
+        warm-up and parameter groups, which must match the members'."""
+        if "members" not in state_dict:
+            super().load_state_dict(state_dict)
+            return
+        members, active = state_dict["members"], state_dict["active"]
+        if len(members) != self.size:
+            raise ValueError(f"{len(members)} members' optimizer states for {self.size} fused members")
+        index = 0
+        for g, group in enumerate(self.param_groups):
+            device = group["params"][0].device
+            sizes = {len(m["param_groups"][g]["params"]) for m in members}
+            if sizes != {len(group["params"])}:
+                raise ValueError(
+                    f"parameter group {g}: the members' hold {sorted(sizes)} parameters, not {len(group['params'])}"
+                )
+            group["lrs"] = torch.tensor(
+                [m["param_groups"][g]["initial_lr"] for m in members], dtype=torch.float64, device=device
+            )
+            group["active"] = torch.tensor(active, dtype=torch.bool, device=device)
+            first = [m["state"][m["param_groups"][g]["params"][0]] for m in members]
+            group["steps"] = torch.tensor([float(s["step"]) for s in first], dtype=torch.float64, device=device)
+            for p in group["params"]:
+                self.state[p] = {
+                    key: torch.stack([m["state"][index][key] for m in members]).to(p)
+                    for key in ("exp_avg", "exp_avg_sq")
+                }
+                index += 1
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -131,6 +171,40 @@ class FusedAdam(torch.optim.Optimizer):
             for old, new in ((target, stepped), (exp_avg, m), (exp_avg_sq, v)):
                 torch.where(keep, new, old, out=old)
         steps.copy_(taken)
+
+
+def member_state(state: dict, k: int) -> tuple[dict, dict]:
+    """Member k's slice of a ``FusedAdam`` state dict as a separate trial of it holds its optimizer: the state dicts
+    of torch.optim.Adam(W) (its parameter groups, each parameter's step, exp_avg and exp_avg_sq) and of the LambdaLR
+    warm-up over it (``SequenceModel.configure_optimizers_for``), after as many steps as member k has taken."""
+    groups = state["param_groups"]
+    first = groups[0]
+    lr, steps, warmup = float(first["lrs"][k]), int(first["steps"][k]), first["warmup"]
+    kind = torch.optim.AdamW if first["decoupled"] else torch.optim.Adam
+    # torch's own parameter groups (every key it keeps), over placeholders in the members' grouping
+    placeholders = [
+        {"params": [torch.zeros(()) for _ in g["params"]], "weight_decay": g["weight_decay"]} for g in groups
+    ]
+    optimizer = kind(placeholders, lr=lr, betas=first["betas"], eps=first["eps"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup))
+    rate = lr * min(1.0, (steps + 1) / warmup)  # what the schedule has set after ``steps`` steps
+    for group in optimizer.param_groups:
+        group["lr"] = rate
+    out = optimizer.state_dict()
+    out["state"] = {
+        i: {
+            "step": torch.tensor(float(steps)),
+            "exp_avg": s["exp_avg"][k].clone(),
+            "exp_avg_sq": s["exp_avg_sq"][k].clone(),
+        }
+        for i, s in state["state"].items()
+    }
+    scheduled = schedule.state_dict() | {
+        "last_epoch": steps,
+        "_step_count": steps + 1,
+        "_last_lr": [rate] * len(groups),
+    }
+    return out, scheduled
 
 
 def per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

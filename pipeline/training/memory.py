@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.training.status import Status
+
 BYTES_PER_PARAMETER = 16  # float32 weight, gradient and AdamW's exp_avg and exp_avg_sq
 # the backward pass holds, besides what the forward saved, the gradients of the layer it is in and the allocator's
 # rounding: measured peaks on CUDA stay within this margin of saved bytes + static (bench_gpu prints both)
@@ -38,6 +40,10 @@ Precision = Callable[[], AbstractContextManager]
 
 class DoesNotFit(RuntimeError):
     """Even one sample per forward pass needs more memory than the trial was given."""
+
+    def record(self) -> dict:
+        """The trial's record: failed, with how much it needs (a retry would not fit either)."""
+        return {"status": Status.FAILED, "reason": f"does not fit: {self}", "train_steps": 0}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import functools
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,17 +171,20 @@ class SequenceModel(L.LightningModule):
         assert self.ncp is not None  # made for the ncp family
         return ((logits > 0) == self.ncp.targets(inputs, targets).bool()).all(-1)
 
-    def final_accuracy(self, data: Dataset, batch_size: int, device) -> float:
-        """The family's final score, as the papers score it: greedy final answers (cot, classify) or, for ncp, the
-        fraction of sequences right at every prefix (teacher-forced, one pass)."""
+    def final_accuracy(
+        self, data: Dataset, batch_size: int, device, model: models.LanguageModel | None = None
+    ) -> float:
+        """The family's final score of ``model`` (default: this trial's), as the papers score it: greedy final answers
+        (cot, classify) or, for ncp, the fraction of sequences right at every prefix (teacher-forced, one pass)."""
+        model = model or self.model
         if self.spec.cell.family != "ncp":
-            return greedy_accuracy(self.model, data, batch_size, device)
-        self.eval()
+            return greedy_accuracy(model, data, batch_size, device)
+        model.eval()
         right = 0
         with torch.no_grad():
             for batch in loader(data, batch_size, 0, False):
                 inputs, targets = batch.inputs.to(device), batch.targets.to(device)
-                ok = self.correct(self.model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
+                ok = self.correct(model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
                 right += int(ok.all(1).sum())
         return right / len(data)
 
@@ -287,21 +290,42 @@ def run_rank(spec: TrialSpec, rank: int, port: int, checkpoints: Resumable) -> N
 def fit(
     spec: TrialSpec, checkpoints: Resumable, callbacks: Sequence[L.Callback] = (), log_every: int = 50, rank: int = 0
 ):
+    verdict = trial_verdict(spec)
+    build = functools.partial(SequenceModel, spec)
+    trainer, module = fit_module(spec, build, verdict, checkpoints, callbacks, log_every, rank)
+    return trainer, module, checkpoints, verdict
+
+
+def trial_verdict(spec: TrialSpec) -> Verdict:
+    """The trial's ``Verdict`` under its settings, its task's target and its pause."""
+    s = spec.settings
+    convergence = Convergence(s.convergence_window, s.convergence_tolerance, s.convergence_min_steps, s.min_delta)
+    target = s.targets.get(spec.cell.task, s.threshold)
+    return Verdict(s.threshold, s.patience, convergence, s.max_budget_factor, s.stop_when_solved, spec.pause_at, target)
+
+
+def fit_module(
+    spec: TrialSpec,
+    build: Callable[[Dataset], SequenceModel],
+    stopping: L.Callback,
+    checkpoints: Resumable,
+    callbacks: Sequence[L.Callback] = (),
+    log_every: int = 50,
+    rank: int = 0,
+) -> tuple[L.Trainer, SequenceModel]:
+    """Fits the module ``build(validation data)`` makes, after seeding as the cell's trials are (one initialisation,
+    one order of batches: ``spec``'s cell and settings), with ``stopping`` (the verdict) first among its callbacks
+    and ``checkpoints`` last (it saves what the others decided)."""
     s = spec.settings
     device = trial_device(s, rank)
     L.seed_everything(spec.cell.seed, workers=True, verbose=False)
     train = read_dataset(Path(spec.cell.train_path))
     val = read_dataset(Path(spec.cell.val_path)).head(s.val_samples)
-    module = SequenceModel(spec, val_data=val)
+    module = build(val)
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
     longest = pad_to(s.step, device, int(train.lengths.max()))  # a graphed step's one shape
     train_loader = loader(
         train, s.batch_size, spec.cell.seed, True, rank, s.workers, parts, s.loader_workers, pad_to=longest
-    )
-    convergence = Convergence(s.convergence_window, s.convergence_tolerance, s.convergence_min_steps, s.min_delta)
-    target = s.targets.get(spec.cell.task, s.threshold)
-    verdict = Verdict(
-        s.threshold, s.patience, convergence, s.max_budget_factor, s.stop_when_solved, spec.pause_at, target
     )
     parallel = (
         dict(devices=s.workers, strategy=distributed.strategy(s.use_gpu), use_distributed_sampler=False)
@@ -321,7 +345,7 @@ def fit(
             check_val_every_n_epoch=None if s.val_every_steps else 1,
             num_sanity_val_steps=0,
             log_every_n_steps=log_every,
-            callbacks=[verdict, *callbacks, checkpoints],
+            callbacks=[stopping, *callbacks, checkpoints],
             deterministic=False,
         )
         with warnings.catch_warnings():
@@ -335,7 +359,7 @@ def fit(
                 weights_only=True,
             )
     module.sync_flops()  # the steps after the last validation
-    return trainer, module, checkpoints, verdict
+    return trainer, module
 
 
 def trial_device(settings: TrainSettings, rank: int = 0) -> torch.device:
@@ -406,14 +430,40 @@ CELL_METRICS = (
     "solve_step", "solve_pflops", "state_bytes", "train_steps", "budget_steps", "train_seconds", "eval_seconds",
     "eval_samples", "target", "sustained_accuracy", "converged",
 )  # fmt: skip
-TRIAL_METRICS = ("resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes")
+# fused_members: the models its trial trained as one (1: a trial of its own; pipeline.training.fused_trial)
+TRIAL_METRICS = ("resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes", "fused_members")
 
 
 def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: Verdict) -> dict:
     """The verdict and the test set's score of a fitted trial (rank 0 only), with its costs."""
     test = read_dataset(Path(spec.cell.test_path)).head(spec.settings.eval_samples)
-    train_seconds = resumable.elapsed()
-    status, reason = verdict.outcome(trainer)
+    metrics, seconds = resumable.last_metrics(), resumable.elapsed()
+    return scored(
+        spec, trainer, module, module.model, verdict, trainer.global_step, module.train_flops, metrics, seconds, test
+    ) | {
+        "resumed_step": math.nan if resumable.resumed_step is None else resumable.resumed_step,
+        "checkpoints": resumable.saves,
+        "checkpoint_seconds": resumable.save_seconds,
+        "checkpoint_bytes": resumable.save_bytes,
+        "fused_members": 1,
+    }
+
+
+def scored(
+    spec: TrialSpec,
+    trainer: L.Trainer,
+    module: SequenceModel,
+    model: models.LanguageModel,
+    verdict: Verdict,
+    step: int,
+    train_flops: int,
+    metrics: dict[str, float],
+    train_seconds: float,
+    test: Dataset,
+) -> dict:
+    """``CELL_METRICS``, status and reason of ``model``, trained by ``module``'s fit to ``step`` with ``train_flops``
+    FLOPs in ``train_seconds``: its verdict, its last validation's ``metrics`` and its score on ``test``."""
+    status, reason = verdict.outcome_at(step)
     start = time.perf_counter()
     device = torch.device("cuda") if spec.settings.use_gpu else torch.device("cpu")
     module.to(device)
@@ -422,24 +472,22 @@ def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable:
     accuracy = math.nan
     if status not in (Status.DIVERGED, Status.PAUSED):
         with trainer.precision_plugin.forward_context():  # the test set under the policy validation used
-            accuracy = module.final_accuracy(test, spec.settings.eval_batch_size, device)
-    model = module.model
-    metric = resumable.last_metrics()
+            accuracy = module.final_accuracy(test, spec.settings.eval_batch_size, device, model)
     return {
         "status": status,
         "reason": reason,
         "final_accuracy": accuracy,
-        "val_accuracy": float(metric.get("val_accuracy", float("nan"))),
+        "val_accuracy": float(metrics.get("val_accuracy", float("nan"))),
         "eval_samples": len(test),
-        "token_accuracy": float(metric.get("val_token_accuracy", float("nan"))),
-        "train_steps": trainer.global_step,
+        "token_accuracy": float(metrics.get("val_token_accuracy", float("nan"))),
+        "train_steps": step,
         "budget_steps": verdict.budget,
         "train_seconds": train_seconds,
         "eval_seconds": time.perf_counter() - start,
         "params": model.num_params(),
         "paper_gflops": model.paper_flops(spec.cell.max_len) / 1e9,
         "exact_gflops": model.exact_flops(spec.cell.max_len) / 1e9,
-        "train_pflops": module.train_flops / 1e15,
+        "train_pflops": train_flops / 1e15,
         "solve_step": math.nan if verdict.solved_step is None else verdict.solved_step,
         "solve_pflops": verdict.solved_pflops,
         # what decides the trial at any other threshold (tables.at_threshold)
@@ -447,8 +495,4 @@ def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable:
         "sustained_accuracy": verdict.sustained,
         "converged": float(verdict.converged),
         "state_bytes": model.state_size(spec.cell.max_len),
-        "resumed_step": math.nan if resumable.resumed_step is None else resumable.resumed_step,
-        "checkpoints": resumable.saves,
-        "checkpoint_seconds": resumable.save_seconds,
-        "checkpoint_bytes": resumable.save_bytes,
     }

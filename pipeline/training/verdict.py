@@ -153,15 +153,14 @@ class Verdict(L.Callback):
         self.trainer = trainer  # Lightning calls setup before it restores a checkpoint
 
     def on_train_start(self, trainer, module):
-        if not self.base:  # a resumed trial keeps its budget, extensions included
-            self.base = self.budget = int(trainer.estimated_stepping_batches)
+        if self.begin(int(trainer.estimated_stepping_batches)):
             self.apply_budget(trainer)
 
     def apply_budget(self, trainer) -> None:
         """The budget in steps (a pause before it ends this attempt there); the epoch limit no longer binds once
         the budget is extended. A pause is not a stop: the checkpoint saved there continues the same fit."""
-        trainer.fit_loop.epoch_loop.max_steps = min(self.budget, self.pause_at or self.budget)
-        if self.budget > self.base:
+        trainer.fit_loop.epoch_loop.max_steps = self.limit
+        if self.extended:
             trainer.fit_loop.max_epochs = -1
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -169,46 +168,77 @@ class Verdict(L.Callback):
         diverged = loss is not None and not math.isfinite(float(loss))
         # every data-parallel worker stops together, or the others wait for it forever
         if trainer.strategy.reduce_boolean_decision(diverged, all=False):
-            self.status, self.reason = Status.DIVERGED, f"training loss {float(loss)} at step {trainer.global_step}"
+            self.diverge(f"training loss {float(loss)} at step {trainer.global_step}")
             trainer.should_stop = True
+        elif self.extend(trainer.global_step):
+            self.apply_budget(trainer)
+
+    def on_validation_end(self, trainer, module):
+        if trainer.sanity_checking:
             return
-        at_budget = trainer.global_step >= self.budget
+        metrics = trainer.callback_metrics
+        accuracy = float(metrics.get(MONITOR, float("nan")))
+        loss = float(metrics.get(LOSS, float("nan")))
+        if self.validated(trainer.global_step, loss, accuracy, getattr(module, "train_flops", 0) / 1e15):
+            trainer.should_stop = True
+
+    # ---- the rules, without a Trainer: a fused trial keeps one Verdict per member (pipeline.training.fused_trial)
+    def begin(self, budget: int) -> bool:
+        """At the start of training: ``budget`` steps the first budget; False for a resumed trial, which keeps its
+        own (extensions included)."""
+        if self.base:
+            return False
+        self.base = self.budget = budget
+        return True
+
+    @property
+    def limit(self) -> int:
+        """The step this attempt trains to: the budget, or the pause before it."""
+        return min(self.budget, self.pause_at or self.budget)
+
+    @property
+    def extended(self) -> bool:
+        return self.budget > self.base
+
+    def diverge(self, reason: str) -> None:
+        self.status, self.reason = Status.DIVERGED, reason
+
+    def extend(self, step: int) -> bool:
+        """After training step ``step``: at the budget, doubles it (up to ``max_budget_factor`` times the first)
+        while the trial is still learning and the evidence does not say it has converged. True if it did."""
+        at_budget = step >= self.budget
         learning = self.status is None or (self.status == Status.SOLVED and not self.done)
         if at_budget and learning and self.budget < self.max_budget_factor * self.base:
             converged, _ = self.convergence.evidence(self.checks)
             if not converged:  # still improving (or too early to tell): the evidence, not the budget, decides
                 self.budget = min(2 * self.budget, self.max_budget_factor * self.base)
-                self.apply_budget(trainer)
+                return True
+        return False
 
-    def on_validation_end(self, trainer, module):
-        if trainer.sanity_checking or self.done or self.status in (Status.DIVERGED, Status.UNSOLVED):
-            return
-        metrics = trainer.callback_metrics
-        accuracy = float(metrics.get(MONITOR, float("nan")))
-        loss = float(metrics.get(LOSS, float("nan")))
+    def validated(self, step: int, loss: float, accuracy: float, pflops: float) -> bool:
+        """A validation at ``step`` (teacher-forced loss, final-answer accuracy; ``pflops`` the training compute so
+        far): True if the trial stops here."""
+        if self.done or self.status in (Status.DIVERGED, Status.UNSOLVED):
+            return False
         if not (math.isfinite(loss) and math.isfinite(accuracy)):
-            self.status, self.reason = Status.DIVERGED, f"validation loss {loss} at step {trainer.global_step}"
-            trainer.should_stop = True
-            return
-        self.checks.append(Validation(trainer.global_step, loss, accuracy))
+            self.diverge(f"validation loss {loss} at step {step}")
+            return True
+        self.checks.append(Validation(step, loss, accuracy))
         if len(self.checks) >= self.patience:
             held = min(c.accuracy for c in self.checks[-self.patience :])
             self.sustained = max(self.sustained, held)
         # logged metrics are float32: 0.9 arrives as 0.8999999761, and must still count as reaching 0.9
         self.streak = self.streak + 1 if accuracy >= self.threshold - 1e-6 else 0
         if self.status is None and self.streak >= self.patience:
-            self.status, self.solved_step = Status.SOLVED, trainer.global_step
-            self.solved_pflops = getattr(module, "train_flops", 0) / 1e15
+            self.status, self.solved_step, self.solved_pflops = Status.SOLVED, step, pflops
             self.reason = (
-                f"validation accuracy >= {self.threshold:g} at {self.patience} consecutive checks "
-                f"(step {trainer.global_step})"
+                f"validation accuracy >= {self.threshold:g} at {self.patience} consecutive checks (step {step})"
             )
         if self.status == Status.SOLVED and self.sustained >= self.target - 1e-6:
             if self.target > self.threshold:
-                self.reason += f"; held the target {self.target:g} at step {trainer.global_step}"
+                self.reason += f"; held the target {self.target:g} at step {step}"
             self.done = True
-            trainer.should_stop = trainer.should_stop or self.stop
-            return
+            return self.stop
         converged, evidence = self.convergence.evidence(self.checks)
         if converged and self.stop:
             self.converged = True
@@ -217,21 +247,26 @@ class Verdict(L.Callback):
                 self.reason += f"; converged below the target {self.target:g}: {evidence}"
             else:
                 self.status, self.reason = Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
-            trainer.should_stop = True
+            return True
+        return False
 
     def outcome(self, trainer) -> tuple[Status, str]:
         """(status, reason) once ``fit`` has returned; ``converged`` is final then too."""
+        return self.outcome_at(trainer.global_step)
+
+    def outcome_at(self, step: int) -> tuple[Status, str]:
+        """(status, reason) of a trial that stopped training at ``step``; ``converged`` is final then too."""
         if self.status is not None and (self.status in (Status.DIVERGED, Status.UNSOLVED) or self.done):
             return self.status, self.reason
-        if self.pause_at is not None and trainer.global_step >= self.pause_at:
-            return Status.PAUSED, f"rung at step {trainer.global_step}: awaiting the other learning rates"
+        if self.pause_at is not None and step >= self.pause_at:
+            return Status.PAUSED, f"rung at step {step}: awaiting the other learning rates"
         converged, evidence = self.convergence.evidence(self.checks)
         self.converged = converged
         if self.status == Status.SOLVED:  # the budget ended, or a fixed-budget trial, short of the target
             short = "converged" if converged else "budget: still improving"
             target = f" below the target {self.target:g}" if self.target > self.threshold else ""
-            return self.status, f"{self.reason}; {short}{target} at step {trainer.global_step}: {evidence}"
+            return self.status, f"{self.reason}; {short}{target} at step {step}: {evidence}"
         if converged:  # a fixed-budget trial, which never stops early
             return Status.UNSOLVED, f"converged below {self.threshold:g}: {evidence}"
         extended = f" ({self.budget // self.base}x the budget of {self.base})" if self.budget > self.base else ""
-        return Status.UNDECIDED, f"budget: still improving at step {trainer.global_step}{extended}; {evidence}"
+        return Status.UNDECIDED, f"budget: still improving at step {step}{extended}; {evidence}"

@@ -11,7 +11,8 @@ What lives where:
   with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
 - ``tests.helpers.upstream``: ``upstream_and_clone`` (a bare upstream of a git repository and a fresh clone of it),
   ``push_change`` (a commit pushed to the upstream), ``copy_kernels`` (a copy's numba kernels into a clone), ``git``.
-- ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``short_trial``, a 20-step
+- ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``Copies`` and
+  ``MemberCopies``, a trial's and a fused trial's checkpoints as a test keeps them; ``short_trial``, a 20-step
   trial on the tiny profile (the GPU tests and their CPU twin).
 - ``tests.helpers.fused``: ``members``, K models of one shape for a fused model (the fused tests and their GPU
   twin).

@@ -1,6 +1,6 @@
 """Training helpers: `Curve`, a trial's (step, training loss, validation accuracy) at each validation; `Copies`, its
-checkpoints as a test keeps them; `with_settings`, a trial under other settings; `short_trial`, a 20-step trial on
-the tiny profile."""
+checkpoints as a test keeps them (`MemberCopies`, a fused trial's); `with_settings`, a trial under other settings;
+`short_trial`, a 20-step trial on the tiny profile."""
 
 import dataclasses
 import shutil
@@ -8,6 +8,7 @@ import shutil
 import lightning as L
 
 from pipeline.training.checkpoints import Resumable
+from pipeline.training.fused_trial import MemberCheckpoints
 
 
 class Curve(L.Callback):
@@ -35,6 +36,18 @@ class Copies(Resumable):
 
     def resumed(self, trainer, module, metrics):
         self.told.append((trainer.global_step, metrics["train_loss"], metrics["val_accuracy"]))
+
+
+class MemberCopies(MemberCheckpoints):
+    """A fused trial's checkpoints (``run_fused``'s ``checkpoints``, with ``folder`` bound): each save, a directory
+    per member, copied to ``folder``/step-N."""
+
+    def __init__(self, *args, folder, **kwargs):
+        super().__init__(*args, saving=True, **kwargs)
+        self.folder = folder
+
+    def keep(self, trainer, module, directory):
+        shutil.copytree(directory, self.folder / f"step-{trainer.global_step}")
 
 
 def with_settings(spec, **settings):

@@ -1,0 +1,457 @@
+"""A fused trial: a cell's learning rates trained as one model, each member to its own verdict and its own record.
+
+The members are ``TrialSpec``s of one cell that differ only in ``lr`` (``check_members``). They share what a cell's
+separate trials share: one initialisation (the cell's seed), one order of batches, one validation set. So they train
+as one Lightning fit of ``FusedSequenceModel``: the cell's model built once and stacked K times (``models.fused``),
+trained by ``FusedAdam`` at each member's rate with each member's own warm-up, step count and moments, its gradient
+clipped on its own (``pipeline.training.fused``). Each member's loss, FLOPs and validation metrics are its own
+(logged as ``m<k>/<metric>``), and so is its ``Verdict``: ``Members``, the fit's first callback, feeds each one its
+member's training loss and validations as Lightning feeds a separate trial's, and a member that stops (solved,
+converged, diverged, or at the end of its budget or rung) is frozen (``FusedAdam.freeze``: its parameters and
+moments unchanged from then on) while the others go on. The fit trains to the furthest budget a member still
+training has, and ends when none is.
+
+What leaves it is per member, what a separate trial of it writes (``pipeline.training.train.score``'s keys, with
+``fused_members``, the members it trained with): each one is scored on the test set as a model of its own
+(``Fused.member``), and each validation's checkpoint is split into one directory per member
+(``MemberCheckpoints``), a separate trial's checkpoint of that member (``member_checkpoint``: its weights, its slice
+of the optimizer as torch.optim.Adam(W)'s with its LambdaLR, its verdict, the sampler's place, the RNG, its time
+and FLOPs). A member that has stopped keeps the checkpoint it saved when it last trained. So a member continues
+alone, in another group, or in a group that shrank (successive halving's next rung), and ``latest`` finds it
+under its own trial key; members resumed together must stand at one step (``join``), and ``run_fused`` trains
+those at different steps, and those that do not fit the memory together, as fits one after another.
+
+What differs from separate trials: float rounding (vmap's batched kernels; within 1e-5 relative in float32,
+tests/test_fused.py), dropout masks (each member draws its own, from one stream), and a member that diverges at a
+training step is not validated there (a separate trial runs one more validation, of non-finite weights, before it
+stops): its record keeps its last validation's metrics. Its status and reason are the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from models.fused import Fused, FusionError, member_state, stacked_state
+from pipeline.common.locks import scratch_dir
+from pipeline.data.datasets import Dataset, read_dataset
+from pipeline.training.batches import IGNORE, Batch
+from pipeline.training.checkpoints import FILE, Resumable, write_meta
+from pipeline.training.fused import FusedAdam, clip_per_member, fused_optimizer
+from pipeline.training.fused import member_state as optimizer_state
+from pipeline.training.memory import DoesNotFit
+from pipeline.training.train import SequenceModel, TrialSpec, fit_module, scored, trial_verdict
+from pipeline.training.verdict import LOSS, MONITOR, Verdict
+
+log = logging.getLogger(__name__)
+
+# a member's checkpoint holds these of its own; the rest (the loops, the epoch and step) is the fit's
+OWN = ("state_dict", "optimizer_states", "lr_schedulers", "callbacks", "train_flops")
+
+
+def check_members(specs: Sequence[TrialSpec]) -> None:
+    """Raises ``FusionError`` unless ``specs`` are learning rates of one cell: its cell, settings and rung, distinct
+    learning rates, one process (data-parallel ranks train one model each)."""
+    if not specs:
+        raise FusionError("a fused trial needs at least one member")
+    first = specs[0]
+    for i, spec in enumerate(specs[1:], 1):
+        for what in ("cell", "settings", "pause_at"):
+            if getattr(spec, what) != getattr(first, what):
+                raise FusionError(
+                    f"members 0 and {i} of a fused trial differ in their {what}: a fused trial trains one cell's "
+                    "learning rates, which share everything else"
+                )
+    lrs = [spec.lr for spec in specs]
+    if len(set(lrs)) != len(lrs):
+        raise FusionError(f"a fused trial's learning rates {lrs} repeat")
+    if first.settings.workers > 1:
+        raise FusionError(f"a fused trial trains in one process, not {first.settings.workers} data-parallel workers")
+
+
+class Members(L.Callback):
+    """The members of a fused fit, each apart: its ``Verdict`` (fed its own training loss and validations), the step
+    it stopped at (from then on it is frozen), its share of the training time (the fit's, split among the members
+    still training), its last validation's metrics. Sets the fit's step budget to the furthest a member still
+    training has, and stops the fit when none is."""
+
+    def __init__(self, verdicts: list[Verdict]):
+        self.verdicts = verdicts
+        self.stopped: list[int | None] = [None] * len(verdicts)
+        self.seconds = [0.0] * len(verdicts)
+        self.metrics: list[dict[str, float]] = [{} for _ in verdicts]
+        self.clock = time.perf_counter()
+        self.trainer: L.Trainer | None = None
+
+    @property
+    def active(self) -> list[int]:
+        """The members still training."""
+        return [k for k, step in enumerate(self.stopped) if step is None]
+
+    def state_dict(self) -> dict:
+        return {
+            "verdicts": [v.state_dict() for v in self.verdicts],
+            "stopped": list(self.stopped),
+            "seconds": list(self.seconds),
+            "metrics": [dict(m) for m in self.metrics],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for verdict, saved in zip(self.verdicts, state["verdicts"], strict=True):
+            verdict.load_state_dict(saved)
+        self.stopped, self.seconds = list(state["stopped"]), list(state["seconds"])
+        self.metrics = [dict(m) for m in state["metrics"]]
+        if self.trainer is not None:  # before the fit loop decides whether the restored step ends training
+            self.apply(self.trainer)
+
+    def setup(self, trainer, module, stage):
+        self.trainer = trainer  # Lightning calls setup before it restores a checkpoint
+
+    def on_train_start(self, trainer, module):
+        for verdict in self.verdicts:
+            verdict.begin(int(trainer.estimated_stepping_batches))
+        self.apply(trainer)
+        self.clock = time.perf_counter()
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        for k in self.active:  # its budget (or rung) ended with the last step, after that step's validation
+            if trainer.global_step >= self.verdicts[k].limit:
+                self.stop(trainer, k, trainer.global_step)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        losses, step = module.last_losses, trainer.global_step
+        finite = torch.isfinite(losses).tolist()  # one read a step, as a separate trial's verdict makes
+        for k in self.active:
+            if not finite[k]:
+                self.verdicts[k].diverge(f"training loss {float(losses[k])} at step {step}")
+                self.stop(trainer, k, step)
+            else:
+                self.verdicts[k].extend(step)
+        self.apply(trainer)
+
+    def on_validation_end(self, trainer, module):
+        if trainer.sanity_checking:
+            return
+        step = trainer.global_step
+        for k in self.active:
+            prefix = f"m{k}/"
+            metrics = {n[len(prefix) :]: float(v) for n, v in trainer.callback_metrics.items() if n.startswith(prefix)}
+            self.metrics[k] = metrics
+            loss, accuracy = metrics.get(LOSS, math.nan), metrics.get(MONITOR, math.nan)
+            if self.verdicts[k].validated(step, loss, accuracy, module.member_flops[k] / 1e15):
+                self.stop(trainer, k, step)
+        self.apply(trainer)
+
+    def on_train_end(self, trainer, module):
+        self.account()
+
+    def stop(self, trainer: L.Trainer, k: int, step: int) -> None:
+        """Member k stops training at ``step``: frozen from now on."""
+        self.account()
+        self.stopped[k] = step
+        optimizer = trainer.optimizers[0]
+        assert isinstance(optimizer, FusedAdam)  # FusedSequenceModel's
+        optimizer.freeze([k])
+
+    def apply(self, trainer: L.Trainer) -> None:
+        active = self.active
+        if not active:
+            trainer.should_stop = True
+            return
+        trainer.fit_loop.epoch_loop.max_steps = max(self.verdicts[k].limit for k in active)
+        if any(self.verdicts[k].extended for k in active):  # the epoch limit binds no member extended past it
+            trainer.fit_loop.max_epochs = -1
+
+    def account(self) -> None:
+        """The time since the last call, split among the members training through it."""
+        now, active = time.perf_counter(), self.active
+        for k in active:
+            self.seconds[k] += (now - self.clock) / len(active)
+        self.clock = now
+
+
+class FusedSequenceModel(SequenceModel):
+    """A cell's learning rates (``specs``) as one Lightning module: the cell's model, built once (one initialisation,
+    as each separate trial of the cell builds it), stacked K times (``Fused``), trained with ``FusedAdam`` and clipped
+    per member. Each member's loss, FLOPs and validation metrics are its own: logged as ``m<k>/<metric>``, for the
+    members still training (``members.active``)."""
+
+    def __init__(self, specs: Sequence[TrialSpec], members: Members, val_data: Dataset | None = None):
+        super().__init__(specs[0], val_data)
+        self.specs = list(specs)
+        self.model = Fused([self.model] * len(self.specs))
+        self.members = members
+        self.member_flops = [0] * len(self.specs)  # 3 x exact forward FLOPs of what each member trained on
+        self.last_losses: torch.Tensor | None = None  # (K,): the last training step's
+
+    def training_step(self, batch: Batch, batch_idx):
+        forward = self.step_forward or self.model
+        logits = forward(batch.inputs)  # (K, B, T, V)
+        active = self.members.active
+        flops = 3 * self.batch_flops(batch.lengths)
+        for k in active:
+            self.member_flops[k] += flops
+        losses = torch.stack([self.loss(logits[k], batch.inputs, batch.targets) for k in range(len(self.specs))])
+        losses = losses * batch.share  # (K,)
+        self.last_losses = losses.detach()
+        # each member's gradient is its own loss's (no gradient crosses members); a stopped member's none
+        return losses[active].sum()
+
+    def validation_step(self, batch: Batch, batch_idx):
+        inputs, targets = batch.inputs, batch.targets
+        logits = self.model(inputs)  # (K, B, T, V)
+        mask = targets != IGNORE
+        for k in self.members.active:
+            correct = (self.correct(logits[k], inputs, targets) & mask).sum()
+            self.log(f"m{k}/val_loss", self.loss(logits[k], inputs, targets), batch_size=len(inputs))
+            self.log(f"m{k}/val_token_accuracy", correct / mask.sum(), batch_size=int(mask.sum()))
+
+    def on_validation_epoch_end(self):
+        for k in self.members.active:
+            if self.last_losses is not None:
+                self.log(f"m{k}/train_loss", self.last_losses[k])
+            if self.val_data is not None:
+                with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
+                    accuracy = self.final_accuracy(
+                        self.val_data, self.spec.settings.eval_batch_size, self.device, self.fused.member(k)
+                    )
+                self.log(f"m{k}/val_accuracy", accuracy)
+
+    @property
+    def fused(self) -> Fused:
+        assert isinstance(self.model, Fused)  # set in __init__
+        return self.model
+
+    def configure_optimizers(self):
+        lrs = [spec.lr for spec in self.specs]
+        return fused_optimizer(self.fused, lrs, self.spec.settings, int(self.trainer.estimated_stepping_batches))
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        if gradient_clip_val:  # sweep.grad_clip: each member's norm over its own parameters
+            clip_per_member(self.fused.parameters(), gradient_clip_val)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["train_flops"] = list(self.member_flops)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.member_flops = list(checkpoint["train_flops"])
+
+
+def member_checkpoint(fit: dict, k: int) -> dict:
+    """Member k's checkpoint in a separate trial's format (``SequenceModel``'s Lightning checkpoint), from the fused
+    fit's checkpoint ``fit``: its weights, its optimizer and schedule, its verdict, the fit's sampler place and RNG
+    with its own time, stop and metrics, its FLOPs; the loops (step, epoch, batches) are the fit's."""
+    optimizer, schedule = optimizer_state(fit["optimizer_states"][0], k)
+    members, resumable = fit["callbacks"]["Members"], fit["callbacks"]["Resumable"]
+    weights = member_state({name.removeprefix("model."): v for name, v in fit["state_dict"].items()}, k)
+    own = {
+        "state_dict": {f"model.{name}": value for name, value in weights.items()},
+        "optimizer_states": [optimizer],
+        "lr_schedulers": [schedule],
+        "callbacks": {
+            "Verdict": members["verdicts"][k],
+            "Resumable": resumable
+            | {
+                "seconds": members["seconds"][k],
+                "stop": members["stopped"][k] is not None,
+                "metrics": members["metrics"][k],
+            },
+        },
+        "train_flops": fit["train_flops"][k],
+    }
+    # a separate trial's LambdaLR steps with its optimizer, which Lightning counts apart; a fused fit has none
+    loops = copy.deepcopy(fit["loops"])
+    epoch_loop = {k: v for k, v in loops["fit_loop"].items() if k.startswith("epoch_loop.")}
+    stepped = epoch_loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
+    loops["fit_loop"]["epoch_loop.scheduler_progress"] = copy.deepcopy(stepped)
+    return {key: value for key, value in fit.items() if key not in OWN} | own | {"loops": loops}
+
+
+def join(members: Sequence[dict]) -> dict:
+    """``member_checkpoint``'s inverse: a fused fit's checkpoint from its members' (separate trials' checkpoints of
+    one cell, at one step), member k the k-th. A member saved stopped is frozen from the start."""
+    first = members[0]
+    steps = [m["global_step"] for m in members]
+    if len(set(steps)) > 1:
+        raise FusionError(f"members saved at steps {steps} cannot continue as one fit: they must stand at one step")
+    stop = [bool(m["callbacks"]["Resumable"]["stop"]) for m in members]
+    resumables = [m["callbacks"]["Resumable"] for m in members]
+    weights = stacked_state([{n.removeprefix("model."): v for n, v in m["state_dict"].items()} for m in members])
+    own = {
+        "state_dict": {f"model.{name}": value for name, value in weights.items()},
+        "optimizer_states": [{"members": [m["optimizer_states"][0] for m in members], "active": [not s for s in stop]}],
+        "lr_schedulers": [],
+        "callbacks": {
+            "Members": {
+                "verdicts": [m["callbacks"]["Verdict"] for m in members],
+                "stopped": [first["global_step"] if s else None for s in stop],
+                "seconds": [r["seconds"] for r in resumables],
+                "metrics": [r["metrics"] for r in resumables],
+            },
+            "Resumable": resumables[0] | {"stop": all(stop), "seconds": max(r["seconds"] for r in resumables)},
+        },
+        "train_flops": [m["train_flops"] for m in members],
+    }
+    return {key: value for key, value in first.items() if key not in OWN} | own
+
+
+class MemberCheckpoints(Resumable):
+    """A fused fit's checkpoints: each save is split into one directory per member, ``<directory>/<name>/``, a
+    separate trial's checkpoint of that member (``member_checkpoint``; with ``run_key``, its ``meta.json`` under the
+    member's name as trial key, for ``checkpoints.latest``). ``store`` keeps every member's newest, this fit's
+    ``names`` and the trial's other members (``carried``, trained in another fit), and each save holds all of them
+    (hard links): a member that stopped keeps the one it saved when it last trained. ``resume``: the fit's
+    checkpoint to continue from (``join``)."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        store: Path,
+        resume: Path | None = None,
+        saving: bool = False,
+        carried: Sequence[str] = (),
+        run_key: str | None = None,
+    ):
+        super().__init__(resume, saving)
+        self.names, self.store, self.carried, self.run_key = list(names), store, list(carried), run_key
+        self.member_saves = [0] * len(self.names)
+        self.member_bytes = [0] * len(self.names)
+
+    def write(self, trainer: L.Trainer, module: L.LightningModule, directory: Path) -> int:
+        assert isinstance(module, FusedSequenceModel) and self.scratch is not None  # attached to a fused fit
+        whole = self.scratch / "fused.ckpt"
+        trainer.save_checkpoint(whole, weights_only=False)
+        fit = torch.load(whole, weights_only=True)
+        whole.unlink()
+        step, written = trainer.global_step, 0
+        for k in self.saved_now(module, step):  # one stopped before keeps the checkpoint it saved then
+            name = self.names[k]
+            folder = self.store / name
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            torch.save(member_checkpoint(fit, k), folder / FILE)
+            if self.run_key is not None:
+                write_meta(folder, name, self.run_key, step)
+            self.member_saves[k] += 1
+            self.member_bytes[k] = (folder / FILE).stat().st_size
+            written += self.member_bytes[k]
+        for name in [*self.names, *self.carried]:
+            if (self.store / name).is_dir():
+                shutil.copytree(self.store / name, directory / name, copy_function=os.link)
+        return written
+
+    def saved_now(self, module: FusedSequenceModel, step: int) -> list[int]:
+        """The members this fit saved at ``step``: those that trained up to it."""
+        return [k for k in range(len(self.names)) if module.members.stopped[k] in (None, step)]
+
+
+# makes a fit's checkpoints: (this fit's names, the store, the checkpoint it resumes from, the trial's other members)
+Checkpoints = Callable[..., MemberCheckpoints]
+
+
+def run_fused(
+    specs: Sequence[TrialSpec],
+    names: Sequence[str],
+    resumes: Sequence[Path | None] = (),
+    checkpoints: Checkpoints = MemberCheckpoints,
+    callbacks: Sequence[L.Callback] = (),
+    log_every: int = 50,
+) -> list[dict]:
+    """Trains the members ``specs`` (named ``names``: their checkpoints' directories) fused, each to its verdict;
+    returns each one's record as ``run_trial`` returns a separate trial's, with ``fused_members``. ``resumes``: each
+    member's checkpoint directory to continue from, or None. Members at different steps train as fits one after
+    another, each of the members at one step; a fit whose members do not fit the memory together (``DoesNotFit``,
+    measured before it trains) is halved, and said so; a member that does not fit alone is recorded as failed with
+    how much it needs, as a separate trial is. ``checkpoints`` makes each fit's (``MemberCheckpoints``' arguments)."""
+    check_members(specs)
+    if len(names) != len(specs) or len(set(names)) != len(names):
+        raise FusionError(f"a fused trial's {len(specs)} members need as many distinct names, not {list(names)}")
+    resumes = list(resumes) or [None] * len(specs)
+    saved = [None if r is None else torch.load(r / FILE, weights_only=True) for r in resumes]
+    results: list[dict] = [{} for _ in specs]
+    with scratch_dir() as store:
+        for name, resume in zip(names, resumes):
+            if resume is not None:
+                shutil.copytree(resume, store / name)
+        steps: dict[int | None, list[int]] = {}
+        for k, checkpoint in enumerate(saved):
+            steps.setdefault(None if checkpoint is None else checkpoint["global_step"], []).append(k)
+        pending = list(steps.values())
+        if len(pending) > 1:
+            log.warning("fused trial: its members stand at %d steps: trained as %d fits", len(pending), len(pending))
+        while pending:
+            fit = pending.pop(0)
+            try:
+                made = fit_members(
+                    [specs[k] for k in fit],
+                    [names[k] for k in fit],
+                    [saved[k] for k in fit],
+                    functools.partial(
+                        checkpoints, store=store, carried=[n for j, n in enumerate(names) if j not in fit]
+                    ),
+                    callbacks,
+                    log_every,
+                )
+            except DoesNotFit as err:
+                if len(fit) == 1:
+                    results[fit[0]] = err.record()
+                    continue
+                half = (len(fit) + 1) // 2
+                log.warning(
+                    "fused trial: %d members do not fit together (%s): trained as fits of %d and %d",
+                    len(fit), err, half, len(fit) - half,
+                )  # fmt: skip
+                pending[:0] = [fit[:half], fit[half:]]
+                continue
+            for k, result in zip(fit, made):
+                results[k] = result
+    return results
+
+
+def fit_members(
+    specs: Sequence[TrialSpec],
+    names: Sequence[str],
+    saved: Sequence[dict | None],
+    checkpoints: Callable[..., MemberCheckpoints],
+    callbacks: Sequence[L.Callback],
+    log_every: int,
+) -> list[dict]:
+    """One fused fit of members at one step (``saved``: their checkpoints, all or none), scored member by member."""
+    members = Members([trial_verdict(spec) for spec in specs])
+    with scratch_dir() as scratch:
+        resume = None
+        if saved[0] is not None:
+            resume = scratch / "joined.ckpt"
+            torch.save(join([s for s in saved if s is not None]), resume)
+        saver = checkpoints(names=names, resume=resume)
+        build = functools.partial(FusedSequenceModel, specs, members)
+        trainer, module = fit_module(specs[0], build, members, saver, callbacks, log_every)
+    assert isinstance(module, FusedSequenceModel)  # what build makes
+    test = read_dataset(Path(specs[0].cell.test_path)).head(specs[0].settings.eval_samples)
+    results = []
+    for k, spec in enumerate(specs):
+        stopped = members.stopped[k]
+        step = trainer.global_step if stopped is None else stopped
+        model = module.fused.member(k)
+        metrics, seconds, flops = members.metrics[k], members.seconds[k], module.member_flops[k]
+        results.append(
+            scored(spec, trainer, module, model, members.verdicts[k], step, flops, metrics, seconds, test)
+            | {
+                "resumed_step": math.nan if saver.resumed_step is None else saver.resumed_step,
+                "checkpoints": saver.member_saves[k],
+                "checkpoint_seconds": saver.save_seconds / len(specs),
+                "checkpoint_bytes": saver.member_bytes[k],
+                "fused_members": len(specs),
+            }
+        )
+    return results
