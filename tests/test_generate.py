@@ -256,6 +256,14 @@ def files_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir() and p not in locks)
 
 
+def default_stop_signals() -> None:
+    """SIGINT and SIGTERM at their defaults in a child, as a terminal starts it, whatever this process's: an ignored
+    signal is inherited (and generate leaves it ignored, as a shell's background job wants), and a test before this
+    one may leave SIGINT ignored in pytest's process."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_path, sig, request):
@@ -281,7 +289,7 @@ def test_a_killed_generate_leaves_nothing_dvc_hashes_and_spares_live_runs(tmp_pa
 
     run = subprocess.Popen([sys.executable, "-m", "pipeline.generate", "--task", "lis", "--params", str(big), "--out",
                             str(data), "--no-check", "--workers", "2"], cwd=ROOT, stderr=subprocess.DEVNULL,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=default_stop_signals)
     request.addfinalizer(run.kill)  # a failing test leaves no run behind (its workers exit with it)
     staging = data / generate.STAGING_DIR / "lis"
     partial = staging / "lis_6_train.parquet.tmp"
