@@ -91,9 +91,9 @@ def held() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
-def runner(pid: int | None = None) -> int:
-    """The nearest ancestor of ``pid`` (this process) that is not a shell running a command (``sh -c ...``)."""
-    parent = os.getppid() if pid is None else parent_of(pid)
+def runner() -> int:
+    """The nearest ancestor of this process that is not a shell running a command (``sh -c ...``)."""
+    parent = os.getppid()
     while parent > 1 and is_shell(parent):
         parent = parent_of(parent)
     return parent
