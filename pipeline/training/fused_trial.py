@@ -328,11 +328,9 @@ class MemberCheckpoints(Resumable):
         self.member_bytes = [0] * len(self.names)
 
     def write(self, trainer: L.Trainer, module: L.LightningModule, directory: Path) -> int:
-        assert isinstance(module, FusedSequenceModel) and self.scratch is not None  # attached to a fused fit
-        whole = self.scratch / "fused.ckpt"
-        trainer.save_checkpoint(whole, weights_only=False)
-        fit = torch.load(whole, weights_only=True)
-        whole.unlink()
+        assert isinstance(module, FusedSequenceModel)  # attached to a fused fit
+        # the fit's checkpoint as save_checkpoint builds it, split in memory: no file of the whole written and read
+        fit = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         step, written = trainer.global_step, 0
         for k in self.saved_now(module, step):  # one stopped before keeps the checkpoint it saved then
             name = self.names[k]
