@@ -1,8 +1,8 @@
 """Sweeps that survive kills, for real: `dvc repro` on a small tiny-profile sweep (a local Ray, SQLite MLflow) is
 (a) run through, (b) killed with SIGKILL, driver and all, mid-sweep and rerun, (c) left running while one Ray
-worker is SIGKILLed, (d) stopped by SIGTERM to dvc, then by SIGTERM to the runner the launchers start it with, and
-rerun, (e) killed on one host (a UTS namespace named node-a) and rerun on another. (b) to (e) must end exactly as (a),
-with one MLflow run per trial holding the whole curve."""
+worker is SIGKILLed (a separate trial's, and a fused trial's), (d) stopped by SIGTERM to dvc, then by SIGTERM to
+the runner the launchers start it with, and rerun, (e) killed on one host (a UTS namespace named node-a) and rerun
+on another. (b) to (e) must end exactly as (a), with one MLflow run per trial holding the whole curve."""
 
 from __future__ import annotations
 
@@ -245,10 +245,24 @@ def test_a_sweep_killed_on_one_host_is_resumed_on_another(uninterrupted, generat
     assert_one_whole_run_per_trial(repo, reference)
 
 
+def member_checkpoints(repo: Path, since: float) -> dict[tuple[str, str], int]:
+    """(a fused trial's checkpoint directory, a member's trial key) -> the member's step there, of the member
+    checkpoints written after ``since`` (a time.time(); Tune may reuse a directory's name)."""
+    found = {}
+    for m in (repo / "ray_results").glob("*/*/checkpoint_*/*/meta.json"):
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            if m.stat().st_mtime > since:
+                meta = json.loads(m.read_text())
+                found[str(m.parent.parent), meta["trial_key"]] = meta["step"]
+    return found
+
+
 def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(generated, tmp_path):
-    """``sweep.fuse``: two learning rates of one cell as one fused trial, killed mid-way with SIGKILL: the rerun finds
-    each member's directory of the fused trial's checkpoints (under its own trial key), continues them as one fused
-    trial, and ends each as the uninterrupted fused sweep did, one whole MLflow run each, no checkpoint left."""
+    """``sweep.fuse``: two learning rates of one cell as one fused trial. Its Ray worker SIGKILLed: Tune retries it,
+    and each member goes on from its directory of the trial's last checkpoint (every checkpoint written after the
+    retry is past the step of the kill). Then the whole sweep killed with SIGKILL: the rerun finds each member's
+    directory (under its own trial key), continues them as one fused trial, and ends each as the uninterrupted fused
+    sweep did, one whole MLflow run each, no checkpoint left."""
     fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]") + "\n  lrs: [0.003, 0.001]\n  fuse: learning_rates"
     reference = copy_generated(generated, tmp_path / "whole", fused)
     assert run(["dvc", "repro"], reference).returncode == 0
@@ -256,12 +270,26 @@ def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(genera
     first = start(["dvc", "repro"], repo)
     wait_for(lambda: len({m["trial_key"] for m in checkpoints(repo) if m["step"] >= 20}) == 2,
              "both members' checkpoints at step 20")
+    worker = wait_for(lambda: [p for p in psutil.Process(first.pid).children(recursive=True)
+                               if "ray::ImplicitFunc" in " ".join(p.cmdline())], "the fused trial's Ray worker")
+    killed_at = max(m["step"] for m in checkpoints(repo))  # the step of the killed worker's newest checkpoint
+    killed = time.time()
+    worker[0].kill()
+
+    def retried() -> dict[tuple[str, str], int]:
+        new = member_checkpoints(repo, since=killed)
+        return new if len({key for _, key in new}) == 2 else {}
+
+    after = wait_for(retried, "both members' checkpoints of the retried trial")
+    assert min(after.values()) > killed_at, (killed_at, after)  # continued, not started again
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
+    _, _, children = mlflow_runs(repo)
+    assert sorted(c.data.tags.get("restarts") for c in children) == ["1", "1"]  # one retry, on both members' runs
     result = run(["dvc", "repro"], repo)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     got, want = trials(repo), trials(reference)
-    assert (got.resumed_step >= 20).all() and (got.fused_members == 2).all()  # both continued, fused again
+    assert (got.resumed_step > killed_at).all() and (got.fused_members == 2).all()  # both continued, fused again
     pd.testing.assert_frame_equal(got[SAME], want[SAME])
     assert_one_whole_run_per_trial(repo, reference)
     assert not list((repo / "ray_results").glob("*/*/checkpoint_*"))
