@@ -7,8 +7,9 @@ What lives where:
   ``dataset_fields`` (a generated dataset's fields of a cell record),
   ``KILLABLE_SWEEP`` (the sweep of the kill and cluster tests) and ``SMALL_SIZES`` (each task's small sizes,
   its ``test_sizes``).
-- ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
-  with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
+- ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile, some tasks only if asked),
+  ``copy_generated`` (a copy with the tiny datasets made), ``run`` (a command in it, with this venv's tools),
+  ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
 - ``tests.helpers.upstream``: ``upstream_and_clone`` (a bare upstream of a git repository and a fresh clone of it),
   ``push_change`` (a commit pushed to the upstream), ``copy_kernels`` (a copy's numba kernels into a clone), ``git``.
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``Copies`` and
