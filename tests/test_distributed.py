@@ -43,15 +43,14 @@ def test_a_two_worker_trial_resumes_exactly(spec, tmp_path):
 
 
 @pytest.mark.integration
-def test_a_sweep_trains_each_trial_on_two_workers_and_names_what_the_cluster_lacks(tmp_path):
-    from tests.helpers.repo import copy_repo, run
+def test_a_sweep_trains_each_trial_on_two_workers_and_names_what_the_cluster_lacks(generated, tmp_path):
+    from tests.helpers.repo import copy_generated, run
 
-    repo = copy_repo(tmp_path, """sweep:
+    repo = copy_generated(generated, tmp_path, """sweep:
   architectures: [standard]
   widths: [16]
   datasets: {lis: [3]}
   workers_per_trial: 2""")
-    assert run(["dvc", "repro", "generate"], repo).returncode == 0
     greedy = run([sys.executable, "-m", "pipeline.sweep", "--params", str(write(repo, "cpus_per_trial: 8"))], repo)
     assert greedy.returncode == 2 and "a trial needs 16 CPUs and 0 GPUs on one node" in greedy.stderr
     assert not (repo / "results" / "trials.csv").exists()

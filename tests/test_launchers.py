@@ -444,7 +444,7 @@ def test_jobs_share_dvcs_state_reuse_the_datasets_and_push_their_results_as_an_e
     the first generates the datasets, saves its workspace as a DVC experiment and pushes it; the second restores the
     datasets from the shared DVC cache instead of generating them again; a teammate's clone pulls the experiment into
     `dvc exp show`. (`dvc repro generate`: the sweep's part of DVC's state is the same files.)"""
-    src = copy_repo(tmp_path / "src")
+    src = copy_repo(tmp_path / "src", tasks=["lis"])  # one generate stage, not one per task
     upstream, first = upstream_and_clone(src, tmp_path)
     shared, remote = tmp_path / "shared", tmp_path / "dvc-remote"
     remote.mkdir()

@@ -23,13 +23,11 @@ from tests.helpers.repo import copy_repo, mlflow_runs, run
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 NO_NAMESPACES = services.namespace_problem()  # the cluster's test needs them (root)
 
-# KILLABLE_SWEEP's two trials, 400 steps each, none stopping before: long enough to be caught mid-way on 2 busy cores
-LONG_SWEEP = KILLABLE_SWEEP.replace("max_steps: 1600", "max_steps: 400") + "\n  convergence_min_steps: 400"
-
 
 def sweep_repo(dst: Path, data: Path) -> Path:
-    """A copy of this checkout on LONG_SWEEP with the tiny profile's datasets in data/ (the sweep stage alone runs)."""
-    repo = copy_repo(dst, LONG_SWEEP)
+    """A copy of this checkout on KILLABLE_SWEEP with the tiny profile's datasets in data/ (the sweep stage alone
+    runs)."""
+    repo = copy_repo(dst, KILLABLE_SWEEP)
     shutil.copytree(data, repo / "data", dirs_exist_ok=True)
     return repo
 

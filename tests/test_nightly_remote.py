@@ -122,12 +122,8 @@ def test_two_nights_pushed_from_one_clone_are_seen_in_another(tmp_path):
     from tests.helpers.repo import copy_repo
     from tests.helpers.upstream import copy_kernels, push_change
 
-    src = copy_repo(tmp_path / "src", "sweep: {architectures: [standard], widths: [8]}")
-    params = (src / "params.yaml").read_text()
-    tasks = next(line for line in params.splitlines() if line.startswith("tasks: "))
-    params = params.replace(tasks, "tasks: [lis]").replace("generate: {}", "generate: {datasets: {lis: [3]}}")
-    (src / "params.yaml").write_text(params)  # one task, one trial a width: a night as short as one can be
-    git(src, "commit", "-qam", "one task")
+    # one task, one trial a width: a night as short as one can be
+    src = copy_repo(tmp_path / "src", "sweep: {architectures: [standard], widths: [8]}", tasks=["lis"])
     upstream, first = upstream_and_clone(src, tmp_path)
     copy_kernels(src, first)
     remote = tmp_path / "team-remote"

@@ -19,16 +19,16 @@ from pipeline.data.datasets import dataset_path
 from pipeline.search.cells import check_architectures
 from tests.helpers import ROOT
 from tests.helpers.browser import report_problems, vega_plots
-from tests.helpers.repo import copy_repo, mlflow_runs, run
+from tests.helpers.repo import copy_generated, copy_repo, mlflow_runs, run
 from tests.helpers.services import mlflow_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    """A copy of this checkout on the tiny profile, after `dvc repro`."""
-    dst = copy_repo(tmp_path_factory.mktemp("repo"))
+def repo(generated, tmp_path_factory) -> Path:
+    """A copy of this checkout on the tiny profile, after `dvc repro` (its datasets the session's, ``generated``)."""
+    dst = copy_generated(generated, tmp_path_factory.mktemp("repo"))
     result = run(["dvc", "repro"], dst)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # the console: the sweep's progress line at its end, not Ray Tune's table of trials

@@ -7,8 +7,9 @@ What lives where:
   ``dataset_fields`` (a generated dataset's fields of a cell record),
   ``KILLABLE_SWEEP`` (the sweep of the kill and cluster tests) and ``SMALL_SIZES`` (each task's small sizes,
   its ``test_sizes``).
-- ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile), ``run`` (a command in it,
-  with this venv's tools), ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
+- ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile, some tasks only if asked),
+  ``copy_generated`` (a copy with the tiny datasets made), ``run`` (a command in it, with this venv's tools),
+  ``compiled_kernels`` (numba caches a copy reuses) and ``mlflow_runs`` (a copy's runs).
 - ``tests.helpers.upstream``: ``upstream_and_clone`` (a bare upstream of a git repository and a fresh clone of it),
   ``push_change`` (a commit pushed to the upstream), ``copy_kernels`` (a copy's numba kernels into a clone), ``git``.
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``Copies`` and
@@ -73,15 +74,18 @@ def write_params(path: Path, text: str) -> Path:
     return path
 
 
-# Two trials (one per architecture, 1,600 steps) long enough to be killed mid-way, dropout on so that the RNG must
-# resume too: the sweep of the kill tests (tests/test_resume.py) and of the cluster test (tests/test_cluster.py)
+# Two trials (one per architecture) of 400 steps each, none stopping before: long enough to be killed mid-way on 2
+# cores (a few seconds of training each), short enough to train again in every test that does. Dropout on, so that
+# the RNG must resume too. The sweep of the kill tests (tests/test_resume.py, tests/test_lost_node.py) and the
+# cluster tests (tests/test_cluster.py)
 KILLABLE_SWEEP = """sweep:
   architectures: [standard, lstm]
   widths: [16]
   datasets: {lis: [3]}
   dropout: 0.1
   epochs: 100
-  max_steps: 1600
+  max_steps: 400
+  convergence_min_steps: 400
   val_every_steps: 20
   stop_when_solved: false"""
 

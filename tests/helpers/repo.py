@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,9 +34,11 @@ def run(cmd: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=pipeline_env(**env), capture_output=True, text=True, timeout=900)
 
 
-def copy_repo(dst: Path, sweep: str | None = None) -> Path:
+def copy_repo(dst: Path, sweep: str | None = None, tasks: list[str] | None = None) -> Path:
     """A git copy of this checkout (tracked and new files, not ignored ones) on the tiny profile; ``sweep``
-    replaces params.yaml's empty sweep override."""
+    replaces params.yaml's empty sweep override. ``tasks``: only these tasks have a generate stage, each with the
+    tiny profile's sizes; every `dvc repro` or night that generates makes one stage per task (about 0.7 s each),
+    most of them writing only a manifest on the tiny profile."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
                             check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -47,7 +50,13 @@ def copy_repo(dst: Path, sweep: str | None = None) -> Path:
         shutil.copy2(cache, dst / cache.relative_to(ROOT))
     params = dst / "params.yaml"
     text = params.read_text().replace("profile: laptop", "profile: tiny")
-    params.write_text(text.replace("sweep: {}", sweep) if sweep else text)
+    text = text.replace("sweep: {}", sweep) if sweep else text
+    if tasks:
+        sizes = load_config(profile="tiny").generate.datasets
+        datasets = ", ".join(f"{task}: {list(sizes[task])}" for task in tasks if task in sizes)
+        text = re.sub(r"(?m)^tasks: .*$", f"tasks: [{', '.join(tasks)}]", text)
+        text = text.replace("generate: {}", f"generate: {{datasets: {{{datasets}}}}}")
+    params.write_text(text)
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=dst, check=True)
