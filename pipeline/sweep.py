@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, astuple, replace
+from dataclasses import astuple, replace
 from pathlib import Path
 
 import pandas as pd
@@ -132,12 +132,8 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
     s = cfg.sweep
     # a solved trial trains on to the highest threshold a claim on its task reads
     targets = training_targets(sorted({c.task for c in cells}), cfg.report.accuracy_threshold)
-    train = asdict(TrainSettings.of(cfg, targets))
-    # threads change speed, not results; architecture options change results but are not part of the cell id;
-    # the rungs decide which learning rates a sweep drops
-    halving = Halving.of(s)
-    rungs = {"halving": list(astuple(halving))} if halving.rungs else {}
-    key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options} | rungs)
+    train = TrainSettings.of(cfg, targets).params()
+    key = run_key(reuse_settings(cfg, train))
     published = prepare_cells(cells, key, s.heads, cfg.cluster.storage())
     started = time.time()
     client, parent = open_parent_run(cfg, cells, train, key)
@@ -168,6 +164,15 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
     finally:
         heartbeat.stop()
         client.set_terminated(parent, status)
+
+
+def reuse_settings(cfg: Config, train: dict) -> dict:
+    """What the reuse key hashes besides the code and the libraries: the trials' settings ``train`` but the threads,
+    which change speed, not results; the architecture options, which change results but are not part of the cell id;
+    the halving rungs, which decide which learning rates a sweep drops."""
+    halving = Halving.of(cfg.sweep)
+    rungs = {"halving": list(astuple(halving))} if halving.rungs else {}
+    return {k: v for k, v in train.items() if k != "threads"} | {"arch_options": cfg.sweep.arch_options} | rungs
 
 
 def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ the share of a GPU, and the data-parallel workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pydantic import BaseModel
@@ -68,3 +68,7 @@ class TrainSettings:
             "workers": s.workers(),
         }
         return cls(**{f.name: getattr(s, f.name) for f in fields(cls) if f.name not in derived}, **derived)
+
+    def params(self) -> dict[str, Any]:
+        """The settings as a trial receives them (``TrialSpec.for_cell``) and MLflow logs them (``train.<name>``)."""
+        return asdict(self)
