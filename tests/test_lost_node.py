@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 NO_NAMESPACES = services.namespace_problem()  # the cluster's test needs them (root)
 
 # KILLABLE_SWEEP's two trials, 400 steps each, none stopping before: long enough to be caught mid-way on 2 busy cores
-LONG_SWEEP = KILLABLE_SWEEP.replace("max_steps: 1600", "max_steps: 400") + "\n  convergence_min_steps: 400"
+LONG_SWEEP = KILLABLE_SWEEP.replace("max_steps: 1600", "max_steps: 400").replace(
+    "stop_when_solved: false", "stop_when_solved: false\n    convergence_min_steps: 400")
 
 
 def sweep_repo(dst: Path, data: Path) -> Path:

@@ -122,7 +122,7 @@ def test_two_nights_pushed_from_one_clone_are_seen_in_another(tmp_path):
     from tests.helpers.repo import copy_repo
     from tests.helpers.upstream import copy_kernels, push_change
 
-    src = copy_repo(tmp_path / "src", "sweep: {architectures: [standard], widths: [8]}")
+    src = copy_repo(tmp_path / "src", "sweep: {grid: {architectures: [standard], widths: [8]}}")
     params = (src / "params.yaml").read_text()
     tasks = next(line for line in params.splitlines() if line.startswith("tasks: "))
     params = params.replace(tasks, "tasks: [lis]").replace("generate: {}", "generate: {datasets: {lis: [3]}}")

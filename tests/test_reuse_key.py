@@ -1,5 +1,5 @@
 """The reuse key's settings are pinned: a change of how the config is spelled or grouped leaves the key of the same
-settings as it was, so that a sweep still reuses the runs that earlier sweeps finished (``sweep.reuse``), and the
+settings as it was, so that a sweep still reuses the runs that earlier sweeps finished (``sweep.runs.reuse``), and the
 names a trial's settings are logged under in MLflow (``train.<name>``) stay those the reports and nightly read."""
 
 import hashlib
@@ -15,23 +15,29 @@ from tests.helpers import write_params
 OVERRIDES = """profile: tiny
 tasks: [arithmetic, lis]
 sweep:
-  lrs: [1.0e-3, 3.0e-3]
-  lr_search: halving
-  halving_rungs: [4]
-  halving_keep: 0.4
-  arch_options: {mamba: {d_state: 8}}
-  optimizer: adam
-  weight_decay: 0.0
-  grad_clip: 0.5
-  precision: bf16-mixed
-  warmup_fraction: 0.2
-  patience: 3
-  min_delta: 0.02
-  eval_batch_size: 64
-  memory_gb_per_trial: 2.0
-  loader_workers: 1
-  step: compiled
-  cpus_per_trial: 2
+  model:
+    arch_options: {mamba: {d_state: 8}}
+  search:
+    lr_search: halving
+    halving_rungs: [4]
+    halving_keep: 0.4
+  optim:
+    lrs: [1.0e-3, 3.0e-3]
+    optimizer: adam
+    weight_decay: 0.0
+    grad_clip: 0.5
+    precision: bf16-mixed
+    warmup_fraction: 0.2
+  verdict:
+    patience: 3
+    min_delta: 0.02
+  evaluation:
+    eval_batch_size: 64
+  resources:
+    memory_gb_per_trial: 2.0
+    loader_workers: 1
+    step: compiled
+    cpus_per_trial: 2
 """
 NAMES = ["batch_size", "convergence_min_steps", "convergence_tolerance", "convergence_window", "dropout", "epochs",
          "eval_batch_size", "eval_samples", "gpu_share", "grad_clip", "heads", "loader_workers", "max_budget_factor",

@@ -76,14 +76,19 @@ def write_params(path: Path, text: str) -> Path:
 # Two trials (one per architecture, 1,600 steps) long enough to be killed mid-way, dropout on so that the RNG must
 # resume too: the sweep of the kill tests (tests/test_resume.py) and of the cluster test (tests/test_cluster.py)
 KILLABLE_SWEEP = """sweep:
-  architectures: [standard, lstm]
-  widths: [16]
-  datasets: {lis: [3]}
-  dropout: 0.1
-  epochs: 100
-  max_steps: 1600
-  val_every_steps: 20
-  stop_when_solved: false"""
+  grid:
+    architectures: [standard, lstm]
+    widths: [16]
+    datasets: {lis: [3]}
+  model:
+    dropout: 0.1
+  optim:
+    epochs: 100
+    max_steps: 1600
+  verdict:
+    stop_when_solved: false
+  evaluation:
+    val_every_steps: 20"""
 
 # Each task's small sizes, as the task declares them (``Task.test_sizes``)
 SMALL_SIZES = {name: list(task.test_sizes) for name, task in TASKS.items()}
