@@ -456,3 +456,16 @@ def test_a_flat_sweep_key_is_an_error_that_says_where_it_moved(tmp_path, monkeyp
     monkeypatch.setattr(config, "CONF_DIR", tmp_path)
     with pytest.raises(config.ConfigError, match=re.escape(f"sweep.{key}") + r"(: .*)? moved to " + re.escape(moved)):
         config.load_config(write_params(tmp_path / "params.yaml", yaml.safe_dump(params)))
+
+
+def test_an_override_of_one_key_of_a_section_keeps_the_profiles_other_keys_of_it(tmp_path):
+    """`dvc exp run -S '++sweep.optim.max_steps=100'` writes `sweep: {optim: {max_steps: 100}}` into params.yaml: it
+    changes that key alone; the profile's other keys of the section (and of its mappings) stay."""
+    laptop = config.load_config(profile="laptop").sweep
+    p = write_params(tmp_path / "params.yaml", "profile: laptop\ntasks: [lis, index_lookup]\n"
+                     "sweep: {optim: {max_steps: 100, arch_lrs: {standard: [0.001]}}}\n")
+    optim = config.load_config(p).sweep.optim
+    assert optim.max_steps == 100 and optim.arch_lrs == {"lstm": [0.01], "standard": [0.001]}
+    changed = {"max_steps", "arch_lrs"}
+    assert optim.model_dump(exclude=changed) == laptop.optim.model_dump(exclude=changed)
+    assert optim.lr == 3e-3 and optim.batch_size == 128  # the profile's, not the defaults
