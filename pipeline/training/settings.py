@@ -8,8 +8,8 @@ GPU use of a worker, the share of a GPU, and the data-parallel workers.
 
 A trial receives the record flat (``params``: each setting by its name, as MLflow logs it, ``train.<name>``, and as
 the reuse key hashes it) and rebuilds it (``from_params``). The keys of those sections that are the sweep's, not a
-trial's (``SWEEP_ONLY``), are left out there and stay at their defaults in a trial's record: its learning rate and
-architecture options ride on its cell, its CPUs, GPUs and workers are the derived fields.
+trial's (``SWEEP_ONLY``), are left out of the flat form, so the record a trial rebuilds has them at their defaults:
+its learning rate and architecture options ride on its cell, its CPUs, GPUs and workers are the derived fields.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from pipeline.common.config import (
     VerdictSection,
 )
 
+# keys of a trial's sections that the sweep reads and a trial does not: none is a trial's setting, logged or hashed as
+# one (the reuse key hashes the architecture options beside them, sweep.reuse_settings)
 SWEEP_ONLY = {
     "arch_options",
     "lr",
