@@ -296,7 +296,8 @@ def test_packed_processes_are_charged_at_their_measured_rate_else_as_no_faster_t
     """gpus_per_trial 0.25: four processes a GPU. Measured packed (each process's step at SLOW's law), the GPU-hours
     are a quarter of the processes' hours; not measured, the trials are charged alone, each on a quarter of a GPU:
     the same GPU-hours as one trial a GPU, and said so."""
-    cfg = load(tmp_path, "separations", SMALL_GPU.replace("search: grid}", "search: grid, gpus_per_trial: 0.25}"))
+    packed = SMALL_GPU.replace("{strategy: grid}}", "{strategy: grid}, resources: {gpus_per_trial: 0.25}}")
+    cfg = load(tmp_path, "separations", packed)
     cells, s = costed(cfg), cfg.sweep
     four = Mode(processes=4)
     packed_ = Throughput.of_measured("H100", measured_by(FAST) + measured_by(SLOW, mode=four))
