@@ -48,7 +48,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from benchmarks import synthetic_grids  # noqa: E402
 from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
 from pipeline.common.cell import Cell  # noqa: E402
-from pipeline.common.config import ROOT, Config, load_config  # noqa: E402
+from pipeline.common.config import ROOT, Config, load_config, merge  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
 from pipeline.search.frontier import FrontierPlan, GridPlan, Plan  # noqa: E402
@@ -59,31 +59,37 @@ from pipeline.training.status import Status  # noqa: E402
 
 GRID = {  # lis n = 3..6, standard and linear attention, 5 widths, 3 learning rates: 120 (cell, rate) trials
     "generate": {"train_samples": 20000, "test_samples": 500, "val_samples": 256, "datasets": {"lis": [3, 4, 5, 6]}},
-    "sweep": {"architectures": ["standard", "linear"], "widths": [8, 16, 24, 32, 48], "depths": [2], "seeds": [0],
-              "lrs": [1e-3, 3e-3, 1e-2], "heads": 4, "batch_size": 128, "epochs": 100, "max_steps": 800,
-              "warmup_fraction": 0.1, "val_every_steps": 50, "val_samples": 256, "eval_samples": 500, "patience": 2,
-              "convergence_min_steps": 400, "max_budget_factor": 2, "halving_rungs": [100, 200, 400],
-              "halving_keep": 0.5, "reuse": False},
+    "sweep": {"grid": {"architectures": ["standard", "linear"], "widths": [8, 16, 24, 32, 48], "depths": [2],
+                       "seeds": [0]},
+              "model": {"heads": 4},
+              "search": {"halving_rungs": [100, 200, 400], "halving_keep": 0.5},
+              "optim": {"lrs": [1e-3, 3e-3, 1e-2], "batch_size": 128, "epochs": 100, "max_steps": 800,
+                        "warmup_fraction": 0.1},
+              "verdict": {"patience": 2, "convergence_min_steps": 400, "max_budget_factor": 2},
+              "evaluation": {"val_every_steps": 50, "val_samples": 256, "eval_samples": 500},
+              "runs": {"reuse": False}},
 }
 QUICK = {  # toy sizes; the toy models plateau at 41-59% (lis 3) and 28-49% (lis 4): 52% splits them
     "generate": {"train_samples": 3000, "test_samples": 200, "val_samples": 128, "datasets": {"lis": [3, 4]}},
-    "sweep": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0], "epochs": 2,
-              "lrs": [1e-3, 3e-3], "max_steps": 100, "val_every_steps": 10, "val_samples": 128, "eval_samples": 200,
-              "patience": 1, "convergence_min_steps": 100, "max_budget_factor": 1, "halving_rungs": [30],
-              "halving_keep": 0.5, "reuse": False},
+    "sweep": {"grid": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0]},
+              "search": {"halving_rungs": [30], "halving_keep": 0.5},
+              "optim": {"epochs": 2, "lrs": [1e-3, 3e-3], "max_steps": 100},
+              "verdict": {"patience": 1, "convergence_min_steps": 100, "max_budget_factor": 1},
+              "evaluation": {"val_every_steps": 10, "val_samples": 128, "eval_samples": 200},
+              "runs": {"reuse": False}},
     "report": {"accuracy_threshold": 0.52},
 }
 PREDICT = ["seeds", "sizes", "neighbours"]  # every source of a predicted width
-MODES = {"grid": {"search": "grid", "lr_search": "all"},  # the reference: every (cell, rate) to its verdict
-         "frontier": {"search": "frontier", "lr_search": "all"},
-         "frontier+halving": {"search": "frontier", "lr_search": "halving"},
-         "frontier+predict+halving": {"search": "frontier", "lr_search": "halving",
-                                      "predict": PREDICT}}
+MODES = {"grid": {"strategy": "grid", "lr_search": "all"},  # the reference: every (cell, rate) to its verdict
+         "frontier": {"strategy": "frontier", "lr_search": "all"},
+         "frontier+halving": {"strategy": "frontier", "lr_search": "halving"},
+         "frontier+predict+halving": {"strategy": "frontier", "lr_search": "halving", "predict": PREDICT}}
 
 
 def load(work: Path, grid: dict, mode: dict) -> Config:
     params = {"profile": "tiny", "tasks": ["lis"], "generate": grid["generate"],
-              "sweep": grid["sweep"] | {"stop_when_solved": True} | mode, "report": grid.get("report", {}),
+              "sweep": merge(grid["sweep"], {"verdict": {"stop_when_solved": True}, "search": mode}),
+              "report": grid.get("report", {}),
               "cluster": {"mlflow_tracking_uri": f"sqlite:///{work / 'mlflow.db'}"}}
     path = work / "params.yaml"
     path.write_text(yaml.safe_dump(params))
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay or args.synthetic:
         return replayed(args, argv)
     grid = QUICK if args.quick else GRID
-    s = grid["sweep"]
+    s = {key: value for section in grid["sweep"].values() for key, value in section.items()}  # the keys, by name
     halving = Halving(tuple(s["halving_rungs"]), s["halving_keep"])
     with tempfile.TemporaryDirectory(prefix="bench-frontier-") as tmp:
         modes = run_modes(grid, Path(tmp))
@@ -209,13 +215,13 @@ def replayed(args: argparse.Namespace, argv: list[str] | None) -> int:
     s = cfg.sweep if cfg else None
     if args.rungs:
         rungs = tuple(args.rungs)
-    elif s is not None and s.halving_rungs:
-        rungs = tuple(s.halving_rungs)
+    elif s is not None and s.search.halving_rungs:
+        rungs = tuple(s.search.halving_rungs)
     else:
         steps = max(r.steps for runs in recorded.values() for r in runs.values())
         every = min((c[1][0] - c[0][0] for runs in recorded.values() for r in runs.values() if len(c := r.curve) > 1),
                     default=1)
-        budget = s.max_steps if s is not None and s.max_steps > 0 else steps
+        budget = s.optim.max_steps if s is not None and s.optim.max_steps > 0 else steps
         rungs = default_rungs(budget, every)
     halving = Halving(rungs, args.keep)
     chosen = strategies(halving)

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         args.members, args.widths, args.length, args.batch, args.rounds, args.best_of = 2, [16], 20, 4, 1, 1
     torch.set_num_threads(args.threads)
     lrs = [10.0 ** -(2 + i / 2) for i in range(args.members)]  # the rates differ, as a cell's do
-    settings = TrainSettings(heads=4, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=None)
+    settings = TrainSettings().replaced(heads=4, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=None)
     torch.manual_seed(0)
     tokens = torch.randint(0, VOCAB, (args.batch, args.length + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]

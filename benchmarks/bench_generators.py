@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 1")
     if args.suite_only:
         args.tasks = []
-    paper = load_config(profile="paper").sweep.datasets  # the DP paper's grid
+    paper = load_config(profile="paper").sweep.grid.datasets  # the DP paper's grid
     sizes = {**paper, **load_config(profile="separations").generate.datasets}
     print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement; "
           f"rounds: {args.rounds}, the sides alternating which goes first: medians, and each ratio taken round by "

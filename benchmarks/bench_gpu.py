@@ -80,7 +80,7 @@ def measure(
 ) -> dict:
     """One architecture's row: built, planned into micro-batches, warmed up (3 steps), then ``args.repeats`` runs
     of ``args.steps`` timed steps, or of as many as fit ``args.budget_s`` (at least 1, at most 10). ``step_mode``:
-    the model's forward as a trial's ``sweep.step`` runs it (``pipeline.training.steps``)."""
+    the model's forward as a trial's ``sweep.resources.step`` runs it (``pipeline.training.steps``)."""
     width, depth, length, batch = shape
     gpu = device.type == "cuda"
     torch.manual_seed(0)
@@ -113,8 +113,9 @@ def measure(
 
 
 # rows beside the architectures' (issue 46 item 5, paper shapes): the standard model's step as a trial compiles or
-# graphs it (sweep.step), and the linear kernel at head dim 256 (width 1024 over 4 heads: the DP paper's widest) with
-# its keys in tiles against the one tile it took before (models.linear_triton.KEY_TILE); measured on a GPU only
+# graphs it (sweep.resources.step), and the linear kernel at head dim 256 (width 1024 over 4 heads: the DP paper's
+# widest) with its keys in tiles against the one tile it took before (models.linear_triton.KEY_TILE); measured on a GPU
+# only
 VARIANTS = ("standard@compiled", "standard@graphed", "linear@dk256", "linear@dk256-one-tile")
 
 

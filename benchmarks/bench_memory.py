@@ -149,23 +149,24 @@ def train_phase(train_path: str, size: dict, threads: int) -> dict:
     cell = make_cell(width=size["width"], depth=size["depth"], train_path=train_path, test_path=train_path,
                      max_len=meta["stats"]["max_length"], vocab_size=len(meta["vocab"]), family=meta["family"],
                      vocab=tuple(meta["vocab"]))
-    settings = TrainSettings(heads=size["heads"], dropout=0.1, batch_size=size["batch"], epochs=1,
-                             max_steps=size["steps"], weight_decay=0.01, warmup_fraction=0.05, grad_clip=1.0,
-                             precision="32-true", val_samples=1, val_every_steps=None, eval_samples=1,
-                             eval_batch_size=1, threads=threads, use_gpu=False)
+    settings = TrainSettings().replaced(heads=size["heads"], dropout=0.1, batch_size=size["batch"], epochs=1,
+                                        max_steps=size["steps"], weight_decay=0.01, warmup_fraction=0.05,
+                                        grad_clip=1.0, precision="32-true", val_samples=1, val_every_steps=None,
+                                        eval_samples=1, eval_batch_size=1, threads=threads, use_gpu=False)
     spec = TrialSpec(cell=cell, settings=settings, lr=1e-4)
     module = SequenceModel(spec)
     before = memory()
     reset_peak()
-    trainer = L.Trainer(accelerator="cpu", max_steps=settings.max_steps, gradient_clip_val=settings.grad_clip,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = L.Trainer(accelerator="cpu", max_steps=settings.optim.max_steps,
+                        gradient_clip_val=settings.optim.grad_clip, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0)
     start = time.perf_counter()
-    trainer.fit(module, loader(data, settings.batch_size, cell.seed, True))
+    trainer.fit(module, loader(data, settings.optim.batch_size, cell.seed, shuffle=True))
     seconds, after = time.perf_counter() - start, memory()
-    batch = next(iter(loader(data, settings.batch_size, 0, True)))
+    batch = next(iter(loader(data, settings.optim.batch_size, 0, shuffle=True)))
     saved, undropped = SavedTensors(), SavedTensors()
-    undropped_spec = replace(spec, settings=replace(settings, dropout=0.0))
+    undropped_spec = replace(spec, settings=settings.replaced(dropout=0.0))
     for counter, model in ((saved, module), (undropped, SequenceModel(undropped_spec))):
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
             model.training_loss(batch).backward()

@@ -231,9 +231,10 @@ def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, rec
 def spec_for(arch: str, width: int, depth: int, length: int) -> TrialSpec:
     cell = make_cell(arch=arch, width=width, depth=depth, train_path="", test_path="", max_len=length,
                      vocab_size=VOCAB)
-    settings = TrainSettings(heads=4, dropout=0.0, batch_size=0, epochs=1, max_steps=-1, weight_decay=0.01,
-                             warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=1,
-                             val_every_steps=None, eval_samples=None, eval_batch_size=1, threads=2, use_gpu=False)
+    settings = TrainSettings().replaced(heads=4, dropout=0.0, epochs=1, max_steps=-1, weight_decay=0.01,
+                                        warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=1,
+                                        val_every_steps=None, eval_samples=None, eval_batch_size=1, threads=2,
+                                        use_gpu=False)  # the batches are the benchmark's own
     return TrialSpec(cell=cell, settings=settings, lr=1e-3)
 
 

@@ -194,8 +194,8 @@ def autocast(device: torch.device):
 
 
 def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Callable[[], None]:
-    """One trial's optimiser step on a fixed batch: the forward as ``sweep.step`` runs it (``StepForward``), the
-    loss, backward and Adam (the separations paper's optimiser, no clip)."""
+    """One trial's optimiser step on a fixed batch: the forward as ``sweep.resources.step`` runs it (``StepForward``),
+    the loss, backward and Adam (the separations paper's optimiser, no clip)."""
     torch.manual_seed(0)
     model = models.build_model(arch, vocab_size=VOCAB, width=shape.width, depth=shape.depth, heads=4,
                                max_len=shape.length + 1).to(device)  # fmt: skip
@@ -221,7 +221,7 @@ def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: b
     graphed, under torch.compile's reduce-overhead mode (CUDA graphs), whose failure the row names."""
     if graphed and device.type != "cuda":
         raise NotImplementedError("graphed needs a GPU: CUDA graphs")
-    settings = TrainSettings(heads=4, dropout=0.0, optimizer="adam", grad_clip=None, warmup_fraction=0.0)
+    settings = TrainSettings().replaced(heads=4, dropout=0.0, optimizer="adam", grad_clip=None, warmup_fraction=0.0)
     lrs = [PAPER_LRS[i % len(PAPER_LRS)] for i in range(k)]
     step = fused.fused_step(arch, lrs, settings, vocab_size=VOCAB, width=shape.width, depth=shape.depth,
                             max_len=shape.length + 1, device=device)  # fmt: skip
@@ -422,7 +422,7 @@ def profile_cell(profile: str, arch: str, shape: Shape) -> tuple[Config, CellSpe
 
 def fit_kwargs(plan: Plan, profile: str, shape: Shape, device: torch.device) -> dict:
     """``measure``'s arguments: the profile's precision on a GPU (both bf16), float32 on a CPU."""
-    precision = load_config(profile=profile).sweep.precision if device.type == "cuda" else "32-true"
+    precision = load_config(profile=profile).sweep.optim.precision if device.type == "cuda" else "32-true"
     return dict(length=shape.length, batch=shape.batch, steps=plan.fit_steps[profile], warmup=2, device=device,
                 precision=precision)  # fmt: skip
 
@@ -475,8 +475,8 @@ def part_lightning(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n
 
 def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, device, precision) -> Measurement:
     """``measure`` without Lightning: the same module, batches, optimiser and clip, in a plain loop."""
-    settings = replace(TrainSettings.of(cfg), batch_size=batch, precision=precision, use_gpu=device.type == "cuda",
-                       workers=1, threads=torch.get_num_threads())  # fmt: skip
+    settings = TrainSettings.of(cfg).replaced(batch_size=batch, precision=precision, use_gpu=device.type == "cuda",
+                                              workers=1, threads=torch.get_num_threads())  # fmt: skip
     device = trial_device(settings)
     torch.manual_seed(0)
     module = SequenceModel(TrialSpec(cell=cell, settings=settings, lr=cell.lrs[0])).to(device)
@@ -484,7 +484,7 @@ def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, d
     data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
     context = autocast(device) if precision != "32-true" else contextlib.nullcontext()
     start, flops = 0.0, 0
-    for i, b in enumerate(loader(data, batch, cell.seed, False)):
+    for i, b in enumerate(loader(data, batch, cell.seed, shuffle=False)):
         if i == warmup:
             synchronize(device)
             start, flops = time.perf_counter(), module.train_flops
@@ -492,8 +492,8 @@ def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, d
             loss = module.training_loss(b._replace(inputs=b.inputs.to(device), targets=b.targets.to(device),
                                                    share=b.share.to(device)))  # fmt: skip
         loss.backward()
-        if settings.grad_clip:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), settings.grad_clip)
+        if settings.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), settings.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
     synchronize(device)
@@ -570,7 +570,7 @@ def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, 
                         if round_ >= len(shapes):
                             continue
                         width, depth = shapes[round_]
-                        batch = cfg.sweep.batch_size if device.type == "cuda" else 8
+                        batch = cfg.sweep.optim.batch_size if device.type == "cuda" else 8
                         shape = Shape(width, depth, base.max_len, batch)
                         where = {"part": "throughput", "profile": profile, "arch": arch, "way": way,
                                  "processes": processes, **shape._asdict()}  # fmt: skip

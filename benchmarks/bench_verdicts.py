@@ -27,7 +27,6 @@ import argparse
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -66,7 +65,7 @@ def specs(cfg: Config, data: Path, rows: pd.DataFrame, factor: int) -> list[Tria
     """The re-training of each row: its cell, seed and learning rate, ``factor`` x its steps, no early stop but
     the solve."""
     cells = build_cells(cfg, data)
-    train = asdict(TrainSettings.of(cfg)) | {"max_budget_factor": 1, "convergence_min_steps": NO_STOP,
+    train = TrainSettings.of(cfg).params() | {"max_budget_factor": 1, "convergence_min_steps": NO_STOP,
                                               "stop_when_solved": True, "epochs": NO_STOP, "threads": 1,
                                               "workers": 1, "use_gpu": False}
     out = []

@@ -25,7 +25,6 @@ import json
 import multiprocessing as mp
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -50,7 +49,7 @@ def trials(cfg: Config, data_dir: Path, parallel: int) -> list[tuple[str, dict, 
     cells = build_cells(cfg, data_dir)
     targets = training_targets(sorted({c.task for c in cells}), cfg.report.accuracy_threshold)
     gpu = torch.cuda.is_available()
-    train = asdict(TrainSettings.of(cfg, targets)) | {"use_gpu": gpu, "gpu_share": 1 / parallel if gpu else 1.0}
+    train = TrainSettings.of(cfg, targets).params() | {"use_gpu": gpu, "gpu_share": 1 / parallel if gpu else 1.0}
     if not gpu:
         train["precision"] = "32-true"  # the CPU rehearsal: bf16 autocast on a CPU is another model's speed
     return [

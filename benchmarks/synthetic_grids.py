@@ -89,32 +89,32 @@ def grid(profile: str, seed: int = 0, gpu_tflops: float = 100.0, seeds: int | No
     cfg = load_config(ROOT / "params.yaml", profile=profile)  # the profile's shape
     s = cfg.sweep
     rng = random.Random(seed)
-    steps_per_epoch = -(-1_000_000 // s.batch_size)
-    budget = s.max_steps if s.max_steps > 0 else s.epochs * steps_per_epoch
-    every = s.val_every_steps or steps_per_epoch
-    longest = budget * s.max_budget_factor
+    steps_per_epoch = -(-1_000_000 // s.optim.batch_size)
+    budget = s.optim.max_steps if s.optim.max_steps > 0 else s.optim.epochs * steps_per_epoch
+    every = s.evaluation.val_every_steps or steps_per_epoch
+    longest = budget * s.verdict.max_budget_factor
     recorded: Recorded = {}
     flops: dict[tuple, float] = {}
-    for task, sizes in (s.datasets or cfg.generate.datasets).items():
-        for arch in s.architectures_for(task):
-            lrs = s.learning_rates(arch)
+    for task, sizes in (s.grid.datasets or cfg.generate.datasets).items():
+        for arch in s.grid.architectures_for(task):
+            lrs = s.optim.learning_rates(arch)
             best = min(len(lrs) - 1, len(lrs) // 2 - 1 if len(lrs) > 2 else 0)
-            depths = s.depths_for(arch)
-            for seed_ in s.seeds if seeds is None else range(seeds):
+            depths = s.grid.depths_for(arch)
+            for seed_ in s.grid.seeds if seeds is None else range(seeds):
                 noise = {(n, d): math.exp(rng.gauss(0, 0.25)) for n in sizes for d in depths}
                 for size in sizes:
                     for depth in depths:
                         need = minimum_width(profile, task, size, sorted(sizes), arch, depth, depths)
-                        for width in s.widths_for(arch):
+                        for width in s.grid.widths_for(arch):
                             key = (task, size, arch, width, depth)
                             if key not in flops:
-                                flops[key] = forward_flops(task, size, arch, width, depth, s.heads)
-                            per_step = 3 * flops[key] * s.batch_size / 1e15  # PFLOPs
+                                flops[key] = forward_flops(task, size, arch, width, depth, s.model.heads)
+                            per_step = 3 * flops[key] * s.optim.batch_size / 1e15  # PFLOPs
                             cell = Cell(task, size, arch, width, depth, seed_)
                             recorded[cell] = {
                                 lr: trial(rng, None if need is None else need * noise[size, depth], width,
                                           abs(i - best), i == 0 and len(lrs) > 2, per_step, budget, longest, every,
-                                          s.convergence_min_steps, s.patience, gpu_tflops)
+                                          s.verdict.convergence_min_steps, s.verdict.patience, gpu_tflops)
                                 for i, lr in enumerate(lrs)
                             }
     return recorded

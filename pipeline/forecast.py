@@ -61,22 +61,23 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
     tasks = dict.fromkeys(t for t, _ in cfg.sweep_datasets())
     shapes: dict[str, list[str]] = {}  # what an architecture trains -> the architectures that train it
     for arch, lrs in fc.lrs.items():
-        shape = f"widths {words(s.widths_for(arch))} · depths {words(s.depths_for(arch))} · learning rates {words(lrs)}"
+        widths, depths = words(s.grid.widths_for(arch)), words(s.grid.depths_for(arch))
+        shape = f"widths {widths} · depths {depths} · learning rates {words(lrs)}"
         shapes.setdefault(shape, []).append(arch)
-    budget = f"{' / '.join(f'{n:,}' for n in fc.steps)} steps of batch {s.batch_size}"
+    budget = f"{' / '.join(f'{n:,}' for n in fc.steps)} steps of batch {s.optim.batch_size}"
     lines = [
         f"Forecast for profile {fc.profile} (conf/{fc.profile}.yaml with {params}'s overrides), before launch",
         "",
         f"cells: {fc.cells:,} (task x size x architecture x width x depth x seed)",
         *(f"  {t}: sizes {words(n for u, n in cfg.sweep_datasets() if u == t)}" for t in tasks),
         *(f"  {', '.join(archs)}: {shape}" for shape, archs in shapes.items()),
-        f"  seeds: {words(s.seeds)}",
+        f"  seeds: {words(s.grid.seeds)}",
         f"trials: {fc.trials:,} (cell, learning rate) runs in the full grid",
         f"budget: {budget}"
-        + (f" ({s.epochs} epochs)" if s.max_steps <= 0 else "")
+        + (f" ({s.optim.epochs} epochs)" if s.optim.max_steps <= 0 else "")
         + (f", extended up to {fc.factor}x while a trial still improves" if fc.factor > 1 else ", never extended"),
-        f"search: sweep.search {s.search}, lr_search {s.lr_search}"
-        + (f", predict {words(s.predict)}" if s.predict else ""),
+        f"search: sweep.search.strategy {s.search.strategy}, lr_search {s.search.lr_search}"
+        + (f", predict {words(s.search.predict)}" if s.search.predict else ""),
         "",
         f"throughput ({source}), model FLOP/s of training steps, on {throughput.device}:",
     ]
@@ -148,7 +149,7 @@ def rate_lines(fc: Forecast, s, throughput: Throughput) -> list[str]:
     modes = [p.mode for p in fc.modes] or [fc.configured.mode]
     lines.append("what each architecture's rates rest on:")
     for arch in fc.lrs:
-        widths = s.widths_for(arch)
+        widths = s.grid.widths_for(arch)
         for mode in modes:
             basis = throughput.basis(arch, mode, widths)
             fit = throughput.affine(arch, mode)
@@ -200,7 +201,11 @@ def mode_lines(fc: Forecast) -> list[str]:
             f"{', '.join(p.alone) or '-'}"
         )
         lines.append(f"{'':42}rates: {sources(p.sources)}")
-    return [*lines, "* the profile's own (sweep.gpus_per_trial, sweep.step): the grid line above", ""]
+    return [
+        *lines,
+        "* the profile's own (sweep.resources.gpus_per_trial, sweep.resources.step): the grid line above",
+        "",
+    ]
 
 
 def row(r: Row, trials: int, label: str) -> str:
@@ -294,8 +299,8 @@ def parser() -> argparse.ArgumentParser:
         "--save-throughput", metavar="FILE", type=Path, help="write what is measured here to FILE, as it is measured"
     )
     tp.add_argument("--device", choices=["cpu", "cuda"], help="where to measure (default: cuda if there is one)")
-    tp.add_argument("--precision", choices=get_args(Precision), help="measured in (default: sweep.precision)")
-    tp.add_argument("--step", choices=get_args(StepMode), help="how the steps run (default: sweep.step)")
+    tp.add_argument("--precision", choices=get_args(Precision), help="measured in (default: sweep.optim.precision)")
+    tp.add_argument("--step", choices=get_args(StepMode), help="how the steps run (default: sweep.resources.step)")
     tp.add_argument(
         "--measure-widths",
         metavar="W",
@@ -321,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
         "--measure-batch",
         metavar="N",
         type=positive,
-        help="sequences a step (default: sweep.batch_size; on a CPU a smaller one measures in seconds)",
+        help="sequences a step (default: sweep.optim.batch_size; on a CPU a smaller one measures in seconds)",
     )
     tp.add_argument("--measure-steps", metavar="N", type=positive, default=3, help="timed steps (default: 3)")
     tp.add_argument("--warmup-steps", metavar="N", type=positive, default=1, help="untimed steps first (default: 1)")
@@ -333,7 +338,7 @@ def measuring_on(args: argparse.Namespace, cfg: Config) -> tuple[torch.device, P
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ForecastError("--device cuda: no CUDA device here")
-    precision = args.precision or cfg.sweep.precision
+    precision = args.precision or cfg.sweep.optim.precision
     if device.type == "cpu" and precision == "16-mixed":
         raise ForecastError("--precision 16-mixed needs a GPU: on a CPU measure in bf16-mixed or 32-true (--precision)")
     return device, precision
@@ -354,7 +359,7 @@ def measured(
         warmup=args.warmup_steps,
         device=device,
         precision=precision,
-        step=args.step or cfg.sweep.step,
+        step=args.step or cfg.sweep.resources.step,
         deadline=None if args.measure_budget_s is None else time.monotonic() + args.measure_budget_s,
         measured=args.save_throughput and (lambda so_far: so_far.dump(args.save_throughput)),
     )
@@ -369,14 +374,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.params, profile=args.profile)
         check_architectures(cfg)
         s = cfg.sweep
-        archs = list(dict.fromkeys(a for task, _ in cfg.sweep_datasets() for a in s.architectures_for(task)))
+        archs = list(dict.fromkeys(a for task, _ in cfg.sweep_datasets() for a in s.grid.architectures_for(task)))
         given = Throughput.load(args.throughput, archs) if args.throughput else None
-        cpus = args.cpus_per_node or (None if s.gpus_per_trial else os.cpu_count() or 1)
+        cpus = args.cpus_per_node or (None if s.resources.gpus_per_trial else os.cpu_count() or 1)
         where = Cluster(args.nodes, args.gpus_per_node, args.gpu, cpus)
-        where.slots(s)  # a node that holds no trial: named now, not after the measurements
+        where.slots(s.resources)  # a node that holds no trial: named now, not after the measurements
         if given is None:
             device, precision = measuring_on(args, cfg)  # named before any model is built
-        cells = {at: replace(cell, **model_costs(cell, s.heads)) for at, cell in defined_cells(cfg).items()}
+        cells = {at: replace(cell, **model_costs(cell, s.model.heads)) for at, cell in defined_cells(cfg).items()}
         if given is None:
             throughput, source = measured(args, cfg, cells, device, precision)
         else:

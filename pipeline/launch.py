@@ -86,20 +86,21 @@ def amount(x: float, unit: str) -> str:
 def check_nodes(cfg: Config, groups: list[Nodes], where: str, hint: str = "") -> int:
     """The trials ``groups`` run at once on the profile of ``cfg`` (as the sweep counts them, each node by its
     scarcest resource); an ``AllocationError`` if that is none."""
-    need = cfg.sweep.trial_resources()
+    need = cfg.sweep.resources.trial_resources()
     slots = sum(g.count * slots_on([(g.cpus, g.gpus)], need["cpu"], need["gpu"]) for g in groups)
     if slots < 1:
         have = "; ".join(g.describe() for g in groups) or "no nodes"
         raise AllocationError(
             f"{where} cannot hold one trial of profile {cfg.profile!r}: a trial needs {trial_need(cfg)} on one node "
-            f"(sweep.cpus_per_trial, sweep.gpus_per_trial, sweep.workers_per_trial), and there are {have}"
+            "(sweep.resources.cpus_per_trial, gpus_per_trial, workers_per_trial), "
+            f"and there are {have}"
             f"{'; ' + hint if hint else ''}"
         )
     return slots
 
 
 def trial_need(cfg: Config) -> str:
-    r = cfg.sweep.trial_resources()
+    r = cfg.sweep.resources.trial_resources()
     return f"{amount(r['cpu'], 'CPU')} and {amount(r['gpu'], 'GPU')}"
 
 
@@ -110,7 +111,7 @@ def check_slurm(cfg: Config, nodes: int, cpus: float, gpus: float) -> int:
     """An allocation of ``nodes`` nodes, each with ``cpus`` CPUs and ``gpus`` GPUs for Ray."""
     if nodes < 1:
         raise AllocationError(f"the Slurm allocation has {nodes} nodes (SLURM_JOB_NODELIST)")
-    r = cfg.sweep.trial_resources()
+    r = cfg.sweep.resources.trial_resources()
     hints = []
     if r["gpu"] and gpus < r["gpu"]:
         hints.append(
@@ -199,13 +200,13 @@ class RayJob:
 
     def slots_note(self, cfg: Config) -> str | None:
         """What the profile must say for the sweep to fill an autoscaled cluster: it opens slots for the pods up
-        at its start unless ``sweep.max_concurrent_trials`` asks for more (``cluster.trial_slots``)."""
-        if not self.autoscaled or cfg.sweep.max_concurrent_trials == self.slots:
+        at its start unless ``sweep.resources.max_concurrent_trials`` asks for more (``cluster.trial_slots``)."""
+        if not self.autoscaled or cfg.sweep.resources.max_concurrent_trials == self.slots:
             return None
         return (
             f"note: with KubeRay's autoscaler, the sweep runs {amount(self.slots, 'trial')} at once only with "
-            f"sweep.max_concurrent_trials: {self.slots} in the image's params.yaml (now "
-            f"{cfg.sweep.max_concurrent_trials}); otherwise it stays on the pods up at its start"
+            f"sweep.resources.max_concurrent_trials: {self.slots} in the image's params.yaml (now "
+            f"{cfg.sweep.resources.max_concurrent_trials}); otherwise it stays on the pods up at its start"
         )
 
 

@@ -4,15 +4,15 @@ trained with Lightning to its verdict (solved, unsolved, undecided, diverged; fa
     python -m pipeline.sweep            (dvc.yaml runs it after every `generate`; its settings: the profile's `sweep`)
 
 Before anything trains it checks the config, the datasets, MLflow, the Ray head and the nodes (docs/cluster.md, "What
-the driver checks"). ``sweep.search`` picks the plan, a grid or the width frontier, run as a Ray Tune searcher, one
-trial per (cell, learning rate) (docs/verdicts-and-search.md), or with ``sweep.fuse`` a cell's learning rates as one
-fused trial, each recorded as its own (docs/gpu.md). Runs MLflow already finished with the same run key are
-reused; trials continue from their checkpoints after a lost worker, node or sweep, and SIGTERM or SIGINT stops the
-sweep with its runs KILLED (docs/cluster.md, "Surviving failures"). One sweep at a time writes a results directory,
-and one at a time trains against a project's stores (docs/profiles.md, "Queued and temporary experiments").
-Outputs: results/sweep.csv (a row per cell), trials.csv (a row per learning-rate run), curves.csv (every validation)
-and sweep.json (headline metrics); in MLflow, a parent run per sweep and a child per trial it trains
-(docs/report.md, "Looking at the results in MLflow").
+the driver checks"). ``sweep.search.strategy`` picks the plan, a grid or the width frontier, run as a Ray Tune searcher,
+one trial per (cell, learning rate) (docs/verdicts-and-search.md), or with ``sweep.resources.fuse`` a cell's learning
+rates as one fused trial, each recorded as its own (docs/gpu.md). Runs MLflow already finished with the same run key are
+reused; trials continue from their checkpoints after a lost worker, node or sweep, and SIGTERM or SIGINT stops the sweep
+with its runs KILLED (docs/cluster.md, "Surviving failures"). One sweep at a time writes a results directory, and one at
+a time trains against a project's stores (docs/profiles.md, "Queued and temporary experiments"). Outputs:
+results/sweep.csv (a row per cell), trials.csv (a row per learning-rate run), curves.csv (every validation) and
+sweep.json (headline metrics); in MLflow, a parent run per sweep and a child per trial it trains (docs/report.md,
+"Looking at the results in MLflow").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, astuple, replace
+from dataclasses import astuple, replace
 from pathlib import Path
 
 import pandas as pd
@@ -84,7 +84,7 @@ def trial_name(trial) -> str:
 
 
 def reporter() -> CLIReporter:
-    """Ray's trial table, with ``sweep.console: table`` (the progress line of ``pipeline.scheduling.console``
+    """Ray's trial table, with ``sweep.runs.console: table`` (the progress line of ``pipeline.scheduling.console``
     comes either way), compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
     accuracies; refreshed every 30 s in logs."""
     return CLIReporter(
@@ -110,7 +110,7 @@ def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
     stage_start = psutil.Process().create_time()  # the stage's process, imports included
     check_job_paths(cfg.cluster.mlflow(), cfg.cluster.storage(), ROOT)  # a submitted job's stores, before its data
     cells = build_cells(cfg, data_dir)  # DatasetError before anything starts
-    check_mlflow(cfg.cluster.mlflow(), cfg.sweep.experiment)
+    check_mlflow(cfg.cluster.mlflow(), cfg.sweep.runs.experiment)
     check_ray(cfg.cluster.ray())
     local = cfg.cluster.ray() is None
     # sweeps of one project (DVC's queue workers, a `dvc repro` beside a queue) train one after another: two at once
@@ -132,13 +132,9 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
     s = cfg.sweep
     # a solved trial trains on to the highest threshold a claim on its task reads
     targets = training_targets(sorted({c.task for c in cells}), cfg.report.accuracy_threshold)
-    train = asdict(TrainSettings.of(cfg, targets))
-    # threads change speed, not results; architecture options change results but are not part of the cell id;
-    # the rungs decide which learning rates a sweep drops
-    halving = Halving.of(s)
-    rungs = {"halving": list(astuple(halving))} if halving.rungs else {}
-    key = run_key({k: v for k, v in train.items() if k != "threads"} | {"arch_options": s.arch_options} | rungs)
-    published = prepare_cells(cells, key, s.heads, cfg.cluster.storage())
+    train = TrainSettings.of(cfg, targets).params()
+    key = run_key(reuse_settings(cfg, train))
+    published = prepare_cells(cells, key, s.model.heads, cfg.cluster.storage())
     started = time.time()
     client, parent = open_parent_run(cfg, cells, train, key)
     heartbeat = Heartbeat(client, parent, cfg.cluster.heartbeat_s)  # this driver alive, for sweeps on other hosts
@@ -153,7 +149,7 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
         summary = summarise(cfg, table, trials, searcher.plan, started, stage_start, slots, parent)
         summary["mlflow_write_errors"] = len(children.writer.errors)
         # the forecast beside what was spent: the grid's training at its first budget, every learning rate
-        summary["grid_pflops"] = round(sum(expected_cost(c, s) * len(c.lrs) for c in cells.values()) / 1e6, 6)
+        summary["grid_pflops"] = round(sum(expected_cost(c, s.optim) * len(c.lrs) for c in cells.values()) / 1e6, 6)
         curves = curve_table(searcher)
         record(client, parent, out_dir, table, trials, curves, summary, searcher.plan, children.writer.errors)
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"
@@ -168,6 +164,15 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
     finally:
         heartbeat.stop()
         client.set_terminated(parent, status)
+
+
+def reuse_settings(cfg: Config, train: dict) -> dict:
+    """What the reuse key hashes besides the code and the libraries: the trials' settings ``train`` but the threads,
+    which change speed, not results; the architecture options, which change results but are not part of the cell id;
+    the halving rungs, which decide which learning rates a sweep drops."""
+    halving = Halving.of(cfg.sweep.search)
+    rungs = {"halving": list(astuple(halving))} if halving.rungs else {}
+    return {k: v for k, v in train.items() if k != "threads"} | {"arch_options": cfg.sweep.model.arch_options} | rungs
 
 
 def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str) -> dict[str, str]:
@@ -199,10 +204,10 @@ def prepare_searcher(
     s = cfg.sweep
     experiment = client.get_run(parent).info.experiment_id
     close_orphans(client, experiment)  # runs of sweeps whose driver died: KILLED
-    # trial key -> the newest checkpoint a dead or stopped sweep left (sweep.reuse: false trains everything anew)
-    unfinished = checkpoints.latest(cfg.cluster.storage(), key) if s.reuse else {}
+    # trial key -> the newest checkpoint a dead or stopped sweep left (sweep.runs.reuse: false trains everything anew)
+    unfinished = checkpoints.latest(cfg.cluster.storage(), key) if s.runs.reuse else {}
     children = TuneChildRuns(client, experiment, parent, cfg.profile, killed_runs(client, experiment, key))
-    finished = children.finished(key) if s.reuse else {}
+    finished = children.finished(key) if s.runs.reuse else {}
 
     def reusable(cell: CellSpec, lr: float) -> dict | None:
         source = finished.get(trial_key(cell, lr))
@@ -210,30 +215,33 @@ def prepare_searcher(
 
     def dropped(run: dict) -> None:
         children.drop(run)
-        if not s.keep_checkpoints:
+        if not s.runs.keep_checkpoints:
             checkpoints.drop_trial(run["checkpoint"])
 
-    single = unfusable(cells, s.heads) if s.fuse != "off" else {}
+    single = unfusable(cells, s.model.heads) if s.resources.fuse != "off" else {}
     for arch, why in single.items():
-        print(f"sweep: sweep.fuse: {s.fuse}: {arch} cannot fuse ({why}): its learning rates train as separate trials")
+        print(
+            f"sweep: sweep.resources.fuse: {s.resources.fuse}: {arch} cannot fuse ({why}): its learning rates train "
+            "as separate trials"
+        )
     searcher = TuneSearcher(
-        make_plan(s.search, cells, s.predict),
+        make_plan(s.search.strategy, cells, s.search.predict),
         cells,
         train,
         reusable,
-        cost=lambda cell: expected_cost(cell, s),
+        cost=lambda cell: expected_cost(cell, s.optim),
         resumable=unfinished,
-        halving=Halving.of(s),
+        halving=Halving.of(s.search),
         dropped=dropped,
-        fuse=lambda cell: s.fuse == "learning_rates" and cell.arch not in single,
+        fuse=lambda cell: s.resources.fuse == "learning_rates" and cell.arch not in single,
     )
     to_train = searcher.needs_training()  # settles the reused runs first, and fills the queue
     reused = sum("reused_from" in run for runs in searcher.runs.values() for run in runs.values())
     print(
-        f"sweep: profile {cfg.profile}, {s.search} search over {len(cells)} cells, "
+        f"sweep: profile {cfg.profile}, {s.search.strategy} search over {len(cells)} cells, "
         f"{sum(len(c.lrs) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
         f"finished with the same data, settings and code (reused), {searcher.queued} to train"
-        f"{' first (the search adds more as results come)' if s.search == 'frontier' else ''}; "
+        f"{' first (the search adds more as results come)' if s.search.strategy == 'frontier' else ''}; "
         f"MLflow {cfg.cluster.mlflow()}, runs at {ui_link(cfg.cluster.mlflow(), experiment, parent)}",
         flush=True,
     )
@@ -257,14 +265,14 @@ def train_trials(
     STOP.install()  # ray.init set its own SIGTERM handler
     client.log_param(parent, "ray", address)
     wait = 0 if local else cfg.cluster.node_wait_s  # no node joins a local Ray
-    cluster.check_resources(**s.trial_resources(), wait=wait)
+    cluster.check_resources(**s.resources.trial_resources(), wait=wait)
     if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
         cluster.probe_nodes(next(iter(published.values())))
     # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next trial
     # waits for the last one's worker to come up
-    slots = cluster.trial_slots(**s.trial_resources(), wanted=s.max_concurrent_trials, local=local)
+    slots = cluster.trial_slots(**s.resources.trial_resources(), wanted=s.resources.max_concurrent_trials, local=local)
     tuner = tune.Tuner(
-        tune.with_resources(run_cell, s.trial_resources()),
+        tune.with_resources(run_cell, s.resources.trial_resources()),
         tune_config=tune.TuneConfig(
             search_alg=searcher,
             num_samples=-1,
@@ -276,7 +284,7 @@ def train_trials(
         run_config=tune.RunConfig(
             name=f"{cfg.profile}-{int(started)}",
             storage_path=store,
-            verbose=1 if s.console == "table" else 0,
+            verbose=1 if s.runs.console == "table" else 0,
             # a stop request first: it ends the loop before the others read a stopping cluster's events
             callbacks=[
                 StopOnSignal(),
@@ -284,11 +292,11 @@ def train_trials(
                 SweepProgress(searcher, children.writer, parent),
                 RungCheckpoints(searcher, store),
             ]
-            + ([] if s.keep_checkpoints else [DropFinished()])
-            + [NodeWatch(**s.trial_resources(), wait=wait)],
-            progress_reporter=reporter() if s.console == "table" else None,
-            failure_config=tune.FailureConfig(max_failures=s.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=s.checkpoints_to_keep),
+            + ([] if s.runs.keep_checkpoints else [DropFinished()])
+            + [NodeWatch(**s.resources.trial_resources(), wait=wait)],
+            progress_reporter=reporter() if s.runs.console == "table" else None,
+            failure_config=tune.FailureConfig(max_failures=s.runs.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=s.runs.checkpoints_to_keep),
         ),
     )
     with STOP.deferred():  # a signal stops Tune's loop between two events (StopOnSignal)
@@ -320,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             STOP.install(cfg.cluster.stop_timeout_s)
             if os.environ.get(RETRAIN_ENV) == "1":  # pipeline.nightly --force: a night from scratch
                 print(f"sweep: {RETRAIN_ENV}=1: no finished run is reused, no checkpoint continued", flush=True)
-                cfg = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"reuse": False})})
+                runs = cfg.sweep.runs.model_copy(update={"reuse": False})
+                cfg = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"runs": runs})})
             check_architectures(cfg)
             sweep(cfg, Path(args.data), out)
     except (ConfigError, DatasetError, ServiceError, LockBusy) as err:

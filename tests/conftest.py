@@ -79,10 +79,11 @@ def spec(tiny_cfg, tiny_data):
     size = tiny_cfg.generate.datasets["lis"][0]
     cell = make_cell("lis", size, "standard", 16, 1, 3, **dataset_fields(tiny_data, "lis", size))
     # dropout on (the RNG must be put back), several epochs, validations mid-epoch and at an epoch's end
-    settings = TrainSettings(heads=2, dropout=0.1, batch_size=16, epochs=50, max_steps=40, weight_decay=0.01,
-                             warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16,
-                             val_every_steps=5, eval_samples=32, eval_batch_size=16, threads=1, use_gpu=False,
-                             threshold=0.99, patience=3, min_delta=0.0, max_budget_factor=1)
+    settings = TrainSettings().replaced(heads=2, dropout=0.1, batch_size=16, epochs=50, max_steps=40,
+                                        weight_decay=0.01, warmup_fraction=0.1, grad_clip=1.0, precision="32-true",
+                                        val_samples=16, val_every_steps=5, eval_samples=32, eval_batch_size=16,
+                                        threads=1, use_gpu=False, threshold=0.99, patience=3, min_delta=0.0,
+                                        max_budget_factor=1)
     return TrialSpec(cell=cell, settings=settings, lr=3e-3)
 
 
@@ -107,7 +108,8 @@ def uninterrupted(generated, tmp_path_factory) -> tuple[Path, float]:
     from tests.helpers.repo import copy_generated, run
 
     # keep_checkpoints changes what stays in storage, not a result (tests/test_resume.py checks both ways)
-    repo = copy_generated(generated, tmp_path_factory.mktemp("whole"), KILLABLE_SWEEP + "\n  keep_checkpoints: true")
+    repo = copy_generated(generated, tmp_path_factory.mktemp("whole"),
+                          KILLABLE_SWEEP + "\n  runs: {keep_checkpoints: true}")
     began = time.time()
     result = run(["dvc", "repro"], repo)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

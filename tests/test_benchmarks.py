@@ -142,8 +142,9 @@ def test_pack_benchmark_quick_writes_its_rows_in_priority_order_and_the_forecast
     # the tiny profile's two widths each measured
     assert {throughput.basis(a, m, [8, 16]) for a in ("standard", "lstm") for m in throughput.modes()} <= {
         "affine", "every width"}
-    params = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {architectures: "
-                                                    "[standard, lstm], gpus_per_trial: 0.5}\n")
+    params = write_params(tmp_path / "params.yaml",
+                          "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {grid: {architectures: "
+                                                    "[standard, lstm]}, resources: {gpus_per_trial: 0.5}}\n")
     capsys.readouterr()
     assert forecast_main(["--params", str(params), "--throughput", str(tmp_path / "throughput-tiny.json")]) == 0
     out = capsys.readouterr().out
@@ -233,8 +234,8 @@ def test_frontier_benchmark_writes_its_figures(tmp_path, monkeypatch):
     assert not (tmp_path / "docs").exists()
     assert bench_frontier.main([]) == 0
     live = read_results(tmp_path / "docs" / "bench_frontier.json", "bench_frontier")["live"]
-    assert live["settings"]["widths"] == bench_frontier.GRID["sweep"]["widths"]
-    assert live["settings"]["lrs"] == bench_frontier.GRID["sweep"]["lrs"]
+    assert live["settings"]["widths"] == bench_frontier.GRID["sweep"]["grid"]["widths"]
+    assert live["settings"]["lrs"] == bench_frontier.GRID["sweep"]["optim"]["lrs"]
     halving = live["figures"]["frontier+halving"]
     assert halving["trials"] == 40 and halving["same_table"] is True and halving["dropped"] == 6
     assert halving["grid_over_mode"]["median"] == pytest.approx(3.0)
@@ -333,10 +334,10 @@ def test_batch_benchmark_times_both_collates_side_by_side(tmp_path, capsys):
 PILOT = """profile: separations
 tasks: [eq_one]
 generate: {train_samples: 400, test_samples: 64, val_samples: 64, workers: 1, datasets: {eq_one: [10]}}
-sweep: {search: grid, architectures: [transformer, lstm], widths: [8], depths: [1], arch_depths: {lstm: [1]},
-        lrs: [1.0e-3], epochs: 100, max_steps: 8, max_budget_factor: 1, val_every_steps: 4, val_samples: 64,
-        convergence_min_steps: 4,
-        precision: 32-true, gpus_per_trial: 0, cpus_per_trial: 1}
+sweep: {grid: {architectures: [transformer, lstm], widths: [8], depths: [1], arch_depths: {lstm: [1]}},
+        search: {strategy: grid}, optim: {lrs: [1.0e-3], epochs: 100, max_steps: 8, precision: 32-true},
+        verdict: {max_budget_factor: 1, convergence_min_steps: 4}, evaluation: {val_every_steps: 4, val_samples: 64},
+        resources: {gpus_per_trial: 0, cpus_per_trial: 1}}
 """
 
 

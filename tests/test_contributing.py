@@ -154,12 +154,13 @@ def test_the_example_profile_loads_and_its_grid_is_the_pages(tmp_path, monkeypat
     check_architectures(cfg)  # what the sweep stage checks before Ray starts
     assert cfg.profile == "dyck2" and config.profiles() == ["dyck2"]
     assert cfg.sweep_datasets() == [("dyck", 20), ("dyck", 50)] and not cfg.generate.unique
-    assert (cfg.sweep.architectures, cfg.sweep.widths, cfg.sweep.depths) == (["transformer"], [16, 32, 64], [1, 2])
+    grid = cfg.sweep.grid
+    assert (grid.architectures, grid.widths, grid.depths) == (["transformer"], [16, 32, 64], [1, 2])
     cells = defined_cells(cfg)  # the grid before any data exists, as pipeline.forecast reads it
     assert len(cells) == 12 and "its grid is 12 cells" in PAGE.read_text()
     for cell in cells.values():  # every model of the grid builds, as tests/test_config.py builds every profile's
         models.build_model(cell.arch, vocab_size=cell.vocab_size, width=cell.width, depth=cell.depth,
-                           heads=cfg.sweep.heads, max_len=cell.max_len, **cell.arch_options)
+                           heads=cfg.sweep.model.heads, max_len=cell.max_len, **cell.arch_options)
 
 
 def shown_files(page: str) -> dict[str, str]:

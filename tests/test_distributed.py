@@ -47,10 +47,12 @@ def test_a_sweep_trains_each_trial_on_two_workers_and_names_what_the_cluster_lac
     from tests.helpers.repo import copy_generated, run
 
     repo = copy_generated(generated, tmp_path, """sweep:
-  architectures: [standard]
-  widths: [16]
-  datasets: {lis: [3]}
-  workers_per_trial: 2""")
+  grid:
+    architectures: [standard]
+    widths: [16]
+    datasets: {lis: [3]}
+  resources:
+    workers_per_trial: 2""")
     greedy = run([sys.executable, "-m", "pipeline.sweep", "--params", str(write(repo, "cpus_per_trial: 8"))], repo)
     assert greedy.returncode == 2 and "a trial needs 16 CPUs and 0 GPUs on one node" in greedy.stderr
     assert not (repo / "results" / "trials.csv").exists()
@@ -61,7 +63,7 @@ def test_a_sweep_trains_each_trial_on_two_workers_and_names_what_the_cluster_lac
 
 
 def write(repo, line: str):
-    """params.yaml of ``repo`` with one more sweep setting, as another file."""
+    """params.yaml of ``repo`` with one more setting of its sweep's resources section, as another file."""
     path = repo / "params-more.yaml"
-    path.write_text((repo / "params.yaml").read_text().replace("sweep:\n", f"sweep:\n  {line}\n", 1))
+    path.write_text((repo / "params.yaml").read_text().replace("  resources:\n", f"  resources:\n    {line}\n", 1))
     return path

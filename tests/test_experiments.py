@@ -19,7 +19,7 @@ from tests.helpers.repo import copy_repo, mlflow_runs, pipeline_env, run
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 # one cell per architecture (lis 3, width 8), two architectures at most
-NARROW = "sweep: {architectures: [standard], widths: [8], datasets: {lis: [3]}, max_failures: 0}"
+NARROW = "sweep: {grid: {architectures: [standard], widths: [8], datasets: {lis: [3]}}, runs: {max_failures: 0}}"
 WAITING = "sweep: waiting for the sweep training against this project's stores"
 
 
@@ -72,7 +72,8 @@ def test_queued_and_temp_experiments_keep_their_results_in_the_projects_stores(t
     assert temp.returncode == 0, temp.stdout[-3000:] + temp.stderr[-3000:]
     assert "Running stage 'generate" not in temp.stdout
     for name, archs in (("both", "[standard,lstm]"), ("lstm", "[lstm]")):
-        queued = run(["dvc", "exp", "run", "--queue", "--name", name, "-S", f"sweep.architectures={archs}", "sweep"],
+        queued = run(["dvc", "exp", "run", "--queue", "--name", name, "-S", f"sweep.grid.architectures={archs}",
+                      "sweep"],
                      repo)
         assert queued.returncode == 0, queued.stderr[-2000:]
     stores = repo / STORES_LOCK.relative_to(PROJECT)

@@ -35,7 +35,7 @@ from tests.helpers import ROOT, make_cell, write_params
 
 TASKS = "tasks: [" + ", ".join(tasks.TASKS) + "]\n"  # every registered task, as params.yaml lists them
 # 2 architectures x 2 widths on one dataset: 4 trials of 8 steps of 32 sequences, on a CPU profile
-FOUR = "sweep: {architectures: [standard, lstm], widths: [8, 16], datasets: {arithmetic: [2]}}\n"
+FOUR = "sweep: {grid: {architectures: [standard, lstm], widths: [8, 16], datasets: {arithmetic: [2]}}}\n"
 
 
 def load(tmp_path, profile: str, overrides: str = "") -> Config:
@@ -43,7 +43,7 @@ def load(tmp_path, profile: str, overrides: str = "") -> Config:
 
 
 def costed(cfg: Config) -> dict:
-    return {at: replace(c, **model_costs(c, cfg.sweep.heads)) for at, c in defined_cells(cfg).items()}
+    return {at: replace(c, **model_costs(c, cfg.sweep.model.heads)) for at, c in defined_cells(cfg).items()}
 
 
 def grid_flops(cfg: Config) -> float:
@@ -52,22 +52,24 @@ def grid_flops(cfg: Config) -> float:
     for task, size in cfg.sweep_datasets():
         gen = cfg.generate.for_task(task)
         built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
-        steps = s.max_steps if s.max_steps > 0 else s.epochs * math.ceil(gen.train_samples / s.batch_size)
-        for arch in s.architectures_for(task):
-            for width in s.widths_for(arch):
-                for depth in s.depths_for(arch):
+        per_epoch = math.ceil(gen.train_samples / s.optim.batch_size)
+        steps = s.optim.max_steps if s.optim.max_steps > 0 else s.optim.epochs * per_epoch
+        for arch in s.grid.architectures_for(task):
+            for width in s.grid.widths_for(arch):
+                for depth in s.grid.depths_for(arch):
                     with torch.device("meta"):
                         model = models.build_model(arch, vocab_size=built.vocab_size, width=width, depth=depth,
-                                                   heads=s.heads, max_len=built.max_length(),
-                                                   **s.arch_options.get(arch, {}))
+                                                   heads=s.model.heads, max_len=built.max_length(),
+                                                   **s.model.arch_options.get(arch, {}))
                     forward = model.exact_flops(built.max_length())
-                    total += 3 * forward * steps * s.batch_size * len(s.learning_rates(arch)) * len(s.seeds)
+                    runs = len(s.optim.learning_rates(arch)) * len(s.grid.seeds)
+                    total += 3 * forward * steps * s.optim.batch_size * runs
     return total
 
 
 @pytest.mark.parametrize("profile, overrides", [
     ("tiny", ""),  # a step budget
-    ("paper", "sweep: {datasets: {lis: [40], ed: [6]}, widths: [32, 64]}\n"),  # epochs of 1M samples, two tasks
+    ("paper", "sweep: {grid: {datasets: {lis: [40], ed: [6]}, widths: [32, 64]}}\n"),  # epochs of 1M samples, two tasks
 ])
 def test_the_grids_flops_are_the_sum_over_its_cells(tmp_path, profile, overrides):
     cfg = load(tmp_path, profile, overrides)
@@ -76,9 +78,9 @@ def test_the_grids_flops_are_the_sum_over_its_cells(tmp_path, profile, overrides
     fc = forecast(cfg, cells, Throughput("test", {a: {0: 1e12} for a in archs}), Cluster(2, 8, "H100", 64))
     assert fc.cells == len(cells) and fc.trials == len(cells)  # one learning rate each
     assert fc.grid.pflops * 1e15 == pytest.approx(grid_flops(cfg), rel=1e-9)
-    assert fc.extended.pflops == pytest.approx(fc.grid.pflops * cfg.sweep.max_budget_factor)
+    assert fc.extended.pflops == pytest.approx(fc.grid.pflops * cfg.sweep.verdict.max_budget_factor)
     # at 1 TFLOP/s a trial takes its FLOPs / 1e12 seconds, one GPU (or CPU) each
-    per_hour = cfg.sweep.gpus_per_trial or cfg.sweep.cpus_per_trial
+    per_hour = cfg.sweep.resources.gpus_per_trial or cfg.sweep.resources.cpus_per_trial
     assert fc.grid.device_hours == pytest.approx(grid_flops(cfg) / 1e12 / 3600 * per_hour)
 
 
@@ -103,7 +105,8 @@ def test_a_throughput_file_gives_the_wall_time_it_implies(tmp_path, capsys):
     s = cfg.sweep
     rates: dict = {}
     for c in cells.values():
-        rates.setdefault(c.arch, {})[str(c.width)] = 3 * c.exact_gflops * 1e9 * s.max_steps * s.batch_size / (
+        rates.setdefault(c.arch,
+                         {})[str(c.width)] = 3 * c.exact_gflops * 1e9 * s.optim.max_steps * s.optim.batch_size / (
             hours[c.arch, c.width] * 3600)
     path = tmp_path / "throughput.json"
     path.write_text(json.dumps({"device": "made-up", "flops_per_s": rates}))
@@ -140,8 +143,9 @@ def test_the_replayed_savings_are_the_benchmarks_file():
 
 
 def test_a_search_is_forecast_as_the_grid_over_its_replayed_savings_and_says_it_is_modelled(tmp_path, capsys):
-    cfg = load(tmp_path, "paper", "sweep: {datasets: {lis: [40]}, widths: [32, 64], search: frontier}\n")
-    fc = forecast(cfg, costed(cfg), Throughput("made-up", {a: {0: 1e14} for a in cfg.sweep.architectures}),
+    cfg = load(tmp_path, "paper",
+               "sweep: {grid: {datasets: {lis: [40]}, widths: [32, 64]}, search: {strategy: frontier}}\n")
+    fc = forecast(cfg, costed(cfg), Throughput("made-up", {a: {0: 1e14} for a in cfg.sweep.grid.architectures}),
                   Cluster(1, 8, "H100", None))
     frontier = next(f for f in fc.searches if f.strategy == "frontier")
     assert frontier.first.pflops == pytest.approx(fc.grid.pflops / 4.82)
@@ -149,7 +153,8 @@ def test_a_search_is_forecast_as_the_grid_over_its_replayed_savings_and_says_it_
     assert frontier.first.wall_hours == pytest.approx(frontier.first.device_hours / 8)  # perfect packing on 8 GPUs
     assert fc.search == "frontier" and fc.shape_differs  # 12 cells, not the 576 replayed
     path = tmp_path / "h100.json"
-    path.write_text(json.dumps({"device": "NVIDIA H100", "flops_per_s": {a: 1e14 for a in cfg.sweep.architectures}}))
+    path.write_text(json.dumps({"device": "NVIDIA H100",
+                                "flops_per_s": {a: 1e14 for a in cfg.sweep.grid.architectures}}))
     params = str(tmp_path / "params.yaml")
     assert pipeline.forecast.main(["--params", params, "--throughput", str(path), "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
@@ -193,7 +198,7 @@ def test_measure_counts_the_model_flops_of_real_steps(tiny_cfg):
                 precision="32-true")
     with torch.device("meta"):
         model = models.build_model("standard", vocab_size=cell.vocab_size, width=cell.width, depth=cell.depth,
-                                   heads=tiny_cfg.sweep.heads, max_len=12)
+                                   heads=tiny_cfg.sweep.model.heads, max_len=12)
     assert m.micro_batches == 1 and m.seconds > 0  # no memory budget on a CPU: the whole batch at once
     assert m.flops_per_s * m.seconds == pytest.approx(3 * model.exact_flops(12) * 8 * 2)
     assert m.mode == ALONE
@@ -220,8 +225,8 @@ def test_the_command_runs_on_tiny_with_its_throughput_measured_on_this_cpu(tmp_p
 
 # ---- rates: measured, or an affine fit; many trials a GPU charged as measured ----------------------------------
 # a separations-shaped GPU grid, small: 2 architectures x 3 widths x 2 depths on one dataset, 7 learning rates each
-SMALL_GPU = ("sweep: {architectures: [transformer, lstm], widths: [64, 128, 256], depths: [1, 2], arch_depths: {lstm: "
-             "[1, 2]}, datasets: {index_lookup: [20]}, search: grid}\n")
+SMALL_GPU = ("sweep: {grid: {architectures: [transformer, lstm], widths: [64, 128, 256], depths: [1, 2], arch_depths: "
+             "{lstm: [1, 2]}, datasets: {index_lookup: [20]}}, search: {strategy: grid}}\n")
 FAST, SLOW = (2e-3, 5e-4, 1e14), (3e-3, 6e-4, 5e13)  # (fixed s, s a layer, FLOP/s): two made-up step laws
 
 
@@ -243,7 +248,7 @@ def measured_by(law, archs=("transformer", "lstm"), mode=ALONE, widths=(64, 128,
 
 def step_flops(cell, s) -> float:
     """One trial's training FLOPs a step, from the config and the model alone."""
-    return 3 * cell.exact_gflops * 1e9 * s.batch_size
+    return 3 * cell.exact_gflops * 1e9 * s.optim.batch_size
 
 
 def test_the_affine_fit_finds_the_fixed_cost_the_cost_a_layer_and_the_rate():
@@ -281,7 +286,7 @@ def test_the_grid_on_a_fit_costs_the_sum_of_its_trials_steps(tmp_path):
     cfg = load(tmp_path, "separations", SMALL_GPU)
     cells, s = costed(cfg), cfg.sweep
     fc = forecast(cfg, cells, Throughput.of_measured("H100", measured_by(FAST)), Cluster(1, 8, "H100", None))
-    steps = s.max_steps
+    steps = s.optim.max_steps
     hours = sum(7 * steps * seconds(FAST, c.depth, step_flops(c, s)) for c in cells.values()) / 3600
     assert fc.grid.device_hours == pytest.approx(hours) and fc.configured.sources == {"affine": fc.trials}
     assert [p.mode for p in fc.modes] == [ALONE]
@@ -291,13 +296,14 @@ def test_packed_processes_are_charged_at_their_measured_rate_else_as_no_faster_t
     """gpus_per_trial 0.25: four processes a GPU. Measured packed (each process's step at SLOW's law), the GPU-hours
     are a quarter of the processes' hours; not measured, the trials are charged alone, each on a quarter of a GPU:
     the same GPU-hours as one trial a GPU, and said so."""
-    cfg = load(tmp_path, "separations", SMALL_GPU.replace("search: grid}", "search: grid, gpus_per_trial: 0.25}"))
+    packed = SMALL_GPU.replace("{strategy: grid}}", "{strategy: grid}, resources: {gpus_per_trial: 0.25}}")
+    cfg = load(tmp_path, "separations", packed)
     cells, s = costed(cfg), cfg.sweep
     four = Mode(processes=4)
     packed_ = Throughput.of_measured("H100", measured_by(FAST) + measured_by(SLOW, mode=four))
     fc = forecast(cfg, cells, packed_, Cluster(1, 8, "H100", None))
-    trial_hours = {at: s.max_steps * seconds(SLOW, c.depth, step_flops(c, s)) / 3600 for at, c in cells.items()}
-    alone_hours = {at: s.max_steps * seconds(FAST, c.depth, step_flops(c, s)) / 3600 for at, c in cells.items()}
+    trial_hours = {at: s.optim.max_steps * seconds(SLOW, c.depth, step_flops(c, s)) / 3600 for at, c in cells.items()}
+    alone_hours = {at: s.optim.max_steps * seconds(FAST, c.depth, step_flops(c, s)) / 3600 for at, c in cells.items()}
     assert fc.configured.mode == four and fc.configured.slots == 32 and not fc.configured.alone
     assert fc.grid.device_hours == pytest.approx(sum(7 * h / 4 for h in trial_hours.values()))
     alone = next(p for p in fc.modes if p.mode == ALONE)
@@ -326,7 +332,7 @@ def test_fused_models_are_charged_as_one_job_a_cell_and_an_architecture_without_
     fused = Throughput.of_measured("H100", measured_by(FAST) + measured_by(SLOW, archs=("transformer",), mode=seven))
     fc = forecast(cfg, cells, fused, Cluster(1, 8, "H100", None))
     row = next(p for p in fc.modes if p.mode == seven)
-    hours = sum(s.max_steps * (seconds(SLOW, c.depth, step_flops(c, s)) if c.arch == "transformer" else
+    hours = sum(s.optim.max_steps * (seconds(SLOW, c.depth, step_flops(c, s)) if c.arch == "transformer" else
                                7 * seconds(FAST, c.depth, step_flops(c, s))) for c in cells.values()) / 3600
     assert row.alone == ["lstm"] and row.row.device_hours == pytest.approx(hours)
     assert row.sources == {"affine": fc.trials} and row.row.pflops == pytest.approx(fc.grid.pflops)

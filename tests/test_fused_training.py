@@ -24,7 +24,7 @@ def trials(arch: str, **settings) -> list[SequenceModel]:
     one initialisation."""
     spec = TrialSpec(
         cell=make_cell(arch=arch, width=16, depth=2, vocab_size=V, max_len=T),
-        settings=TrainSettings(heads=2, dropout=0.0, **settings),
+        settings=TrainSettings().replaced(heads=2, dropout=0.0, **settings),
         lr=LRS[0],
     )
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def test_fifty_steps_per_learning_rate_equal_the_separate_trials(arch, optimizer
     separate = trials(arch, optimizer=optimizer, weight_decay=0.1, warmup_fraction=0.2, grad_clip=0.9)
     settings = separate[0].spec.settings
     fused = Fused([copy.deepcopy(t.model) for t in separate])
-    step = FusedStep(fused, fused_optimizer(fused, LRS, settings, STEPS), settings.grad_clip)
+    step = FusedStep(fused, fused_optimizer(fused, LRS, settings, STEPS), settings.optim.grad_clip)
     plans = [t.configure_optimizers_for(STEPS) for t in separate]
     clipped = set()
     for inputs, targets in batches(STEPS):
@@ -88,7 +88,7 @@ def test_fifty_steps_per_learning_rate_equal_the_separate_trials(arch, optimizer
             loss = trial.loss(trial.model(inputs), inputs, targets)
             assert relative(losses[k], loss.detach()) <= 1e-10
             loss.backward()
-            clipped.add(bool(torch.nn.utils.clip_grad_norm_(trial.parameters(), settings.grad_clip) > 0.9))
+            clipped.add(bool(torch.nn.utils.clip_grad_norm_(trial.parameters(), settings.optim.grad_clip) > 0.9))
             plan["optimizer"].step()  # then the schedule, as Lightning steps them
             plan["lr_scheduler"]["scheduler"].step()
             params = fused.stacked()[0]
@@ -161,7 +161,7 @@ def test_a_frozen_member_stays_bit_identical_while_the_others_go_on():
 
 def test_a_fused_step_for_an_architecture_and_shape():
     """What a benchmark times: K members of a shape from one initialisation, one step each at its own rate."""
-    settings = TrainSettings(heads=2, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=None)
+    settings = TrainSettings().replaced(heads=2, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=None)
     step = fused_step("mamba", LRS, settings, vocab_size=V, width=16, depth=1, max_len=T)
     before = {name: p.detach().clone() for name, p in step.model.stacked()[0].items()}
     assert all(torch.equal(p[0], p[k]) for p in before.values() for k in (1, 2))  # one initialisation

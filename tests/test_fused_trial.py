@@ -133,7 +133,8 @@ def test_the_tiny_sweep_gives_the_same_verdicts_with_fusion_on_and_off(tmp_path,
         return write_params(tmp_path / f"{fuse}-{stores}.yaml", f"""
 profile: tiny
 tasks: [arithmetic, lis]
-sweep: {{widths: [8], datasets: {{lis: [3]}}, lrs: [0.03, 0.003, 0.0003], fuse: {fuse}}}
+sweep: {{grid: {{widths: [8], datasets: {{lis: [3]}}}}, optim: {{lrs: [0.03, 0.003, 0.0003]}},
+         resources: {{fuse: {fuse}}}}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
 
@@ -154,9 +155,9 @@ cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
             assert client.get_metric_history(run.info.run_id, "val_accuracy"), run.data.tags["trial_key"]
         assert not list(store.rglob("checkpoint_*")), "a finished trial left its checkpoints"
     off, on = tables["off"], tables["learning_rates"]
-    assert len(on) == 3 * len(load_config(p).sweep.architectures) and (off.fused_members == 1).all()
+    assert len(on) == 3 * len(load_config(p).sweep.grid.architectures) and (off.fused_members == 1).all()
     assert list(on.fused_members) == [3 if arch != "lstm" else 1 for arch in on.arch]
-    assert "sweep: sweep.fuse: learning_rates: lstm cannot fuse" in capsys.readouterr().out
+    assert "sweep: sweep.resources.fuse: learning_rates: lstm cannot fuse" in capsys.readouterr().out
     for key in ("arch", "lr", "status", "reason", "train_steps", "budget_steps", "solve_step", "final_accuracy"):
         assert off[key].equals(on[key]), (key, off[key].tolist(), on[key].tolist())
     # one reuse key, fused or not: the fused sweep over the unfused one's stores trains nothing

@@ -201,8 +201,8 @@ def test_a_bf16_trial_trains_and_scores_on_cuda(tiny_cfg, tiny_data):
 
 @pytest.mark.parametrize("arch", ["standard", "mamba"])
 def test_a_graphed_step_trains_as_the_eager_one(arch):
-    """sweep.step: graphed (CUDA graphs through torch.compile's reduce-overhead mode; mamba's Triton scan inside):
-    logits and gradients within float32's rounding of the eager step's, at the recorded graph's replays."""
+    """sweep.resources.step: graphed (CUDA graphs through torch.compile's reduce-overhead mode; mamba's Triton scan
+    inside): logits and gradients within float32's rounding of the eager step's, at the recorded graph's replays."""
     from pipeline.training.steps import StepForward
 
     torch.manual_seed(0)

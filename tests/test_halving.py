@@ -147,8 +147,10 @@ def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_d
     p = write_params(tmp_path / "params.yaml", f"""
 profile: tiny
 tasks: [arithmetic, lis]
-sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, lrs: [0.03, 0.003, 0.0003],
-         lr_search: halving, halving_rungs: [4], halving_keep: 0.3, halving_unguided: rank, fuse: {fuse}}}
+sweep: {{grid: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}}},
+         optim: {{lrs: [0.03, 0.003, 0.0003]}},
+         search: {{lr_search: halving, halving_rungs: [4], halving_keep: 0.3, halving_unguided: rank}},
+         resources: {{fuse: {fuse}}}}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
     sweep(load_config(p), tiny_data, tmp_path / "results")

@@ -29,9 +29,10 @@ WITH_GIT = {"RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES": ".venv,venv,__pycache__
 ENDED = {"succeeded": "SUCCEEDED", "failed": "FAILED", "was stopped": "STOPPED"}  # how `ray job status` says it
 # one trial of 8 steps: the job runs every stage of the pipeline, and little else
 SWEEP = """sweep:
-  architectures: [standard]
-  widths: [8]
-  datasets: {lis: [3]}"""
+  grid:
+    architectures: [standard]
+    widths: [8]
+    datasets: {lis: [3]}"""
 
 
 @pytest.fixture(scope="module")

@@ -162,7 +162,8 @@ def test_a_slurm_allocation_without_gpus_cannot_hold_a_gpu_profiles_trial():
 
 def test_shares_of_a_gpu_are_counted_as_the_sweep_counts_them(tmp_path):
     params = tmp_path / "params.yaml"
-    params.write_text((ROOT / "params.yaml").read_text().replace("sweep: {}", "sweep: {gpus_per_trial: 0.25}"))
+    params.write_text((ROOT / "params.yaml").read_text().replace("sweep: {}",
+                                                                 "sweep: {resources: {gpus_per_trial: 0.25}}"))
     cfg = load_config(params, profile="paper")
     assert check_slurm(cfg, nodes=1, cpus=16, gpus=1) == 4
     assert check_slurm(cfg, nodes=1, cpus=64, gpus=1) == 4  # four quarters of one GPU
@@ -206,7 +207,7 @@ def test_the_shipped_rayjob_runs_dvc_repro_on_a_profile_its_workers_hold():
     assert spec["rayClusterSpec"]["rayVersion"] == lock
     # the profile it names, and its trials on the worker pods, counted here from the pod's limits
     assert job.profile == head_env(data)["CAPACITY_ATLAS_PROFILE"]["value"] == "paper"
-    need = load_config(profile="paper").sweep.trial_resources()
+    need = load_config(profile="paper").sweep.resources.trial_resources()
     group = workers(data)
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
     per_pod = min(int(limits["cpu"]) // need["cpu"], limits["nvidia.com/gpu"] // need["gpu"])
@@ -368,7 +369,7 @@ def test_an_autoscaled_rayjob_counts_its_pods_at_most_and_says_what_the_sweep_ne
     done = subprocess.run([sys.executable, "-m", "pipeline.launch", "rayjob", str(path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "16 trials at once" in done.stdout, done.stderr
-    assert "only with sweep.max_concurrent_trials: 16 in the image's params.yaml (now None)" in done.stdout
+    assert "only with sweep.resources.max_concurrent_trials: 16 in the image's params.yaml (now None)" in done.stdout
     assert check_rayjob(manifest()).slots_note(load_config(profile="paper")) is None  # fixed pods: nothing to say
 
 

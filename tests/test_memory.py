@@ -45,7 +45,8 @@ def test_a_trial_that_cannot_fit_is_recorded_failed_with_what_it_needs_and_not_r
         f"""
 profile: tiny
 tasks: [arithmetic, lis]
-sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, memory_gb_per_trial: 0.00001}}
+sweep: {{grid: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}}},
+         resources: {{memory_gb_per_trial: 0.00001}}}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """,
     )

@@ -231,11 +231,11 @@ def test_nights_with_an_injected_regression_no_change_force_and_a_library_bump(t
     webhook. Night 3, nothing changed: DVC skips, no trial runs. Night 4, the LSTM mended, --force: everything
     reruns, nothing reused; a webhook that refuses is said in the summary, the exit status stays the night's. Night
     5, another numba installed: DVC forced, every trial retrains under its new run key. No retries: an LSTM that
-    always raises would be retried twice per trial (sweep.max_failures), which tests/test_resume.py covers, for
+    always raises would be retried twice per trial (sweep.runs.max_failures), which tests/test_resume.py covers, for
     nothing here."""
     from tests.helpers.repo import copy_repo, run
 
-    repo = copy_repo(tmp_path, "sweep: {architectures: [standard, lstm], widths: [8, 16], max_failures: 0}",
+    repo = copy_repo(tmp_path, "sweep: {grid: {architectures: [standard, lstm], widths: [8, 16]}, runs: {max_failures: 0}}",
                      tasks=["arithmetic", "lis"])
     first = run([sys.executable, "-m", "pipeline.nightly", "--profile", "tiny"], repo)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

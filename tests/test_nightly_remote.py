@@ -123,7 +123,7 @@ def test_two_nights_pushed_from_one_clone_are_seen_in_another(tmp_path):
     from tests.helpers.upstream import copy_kernels, push_change
 
     # one task, one trial a width: a night as short as one can be
-    src = copy_repo(tmp_path / "src", "sweep: {architectures: [standard], widths: [8]}", tasks=["lis"])
+    src = copy_repo(tmp_path / "src", "sweep: {grid: {architectures: [standard], widths: [8]}}", tasks=["lis"])
     upstream, first = upstream_and_clone(src, tmp_path)
     copy_kernels(src, first)
     remote = tmp_path / "team-remote"

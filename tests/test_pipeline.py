@@ -46,8 +46,8 @@ def no_outputs(out: Path) -> bool:
 
 def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     cfg = load_config(repo / "params.yaml")
-    grid = len(cfg.sweep.architectures) * len(cfg.sweep.widths) * len(cfg.sweep.depths) * len(cfg.sweep.seeds) \
-        * len(cfg.sweep_datasets())
+    axes = cfg.sweep.grid
+    grid = len(axes.architectures) * len(axes.widths) * len(axes.depths) * len(axes.seeds) * len(cfg.sweep_datasets())
     for task, size in cfg.sweep_datasets():
         for split in ("train", "test", "val"):
             assert dataset_path(repo / "data", task, size, split).is_file()
@@ -55,17 +55,17 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     assert len(table) == grid and table.measured.all() and table.cell_id.is_unique
     assert set(table.status) <= {"solved", "unsolved", "undecided"} and table.reason.str.len().gt(0).all()
     trials = pd.read_csv(repo / "results" / "trials.csv")
-    assert len(trials) == grid * len(cfg.sweep.learning_rates()) and set(trials.status) == set(table.status)
+    assert len(trials) == grid * len(cfg.sweep.optim.learning_rates()) and set(trials.status) == set(table.status)
     assert table.final_accuracy.between(0, 1).all() and (table.paper_gflops > 0).all()
     report = repo / "report"
     assert (report / "index.html").is_file() and (report / "min_gflops.md").is_file()
     best = pd.read_csv(report / "min_gflops.csv")
-    assert len(best) == len(cfg.sweep_datasets()) * len(cfg.sweep.architectures) * len(cfg.sweep.depths)
-    assert set(cfg.sweep.architectures) == set(models.ARCHITECTURES)  # the sweep selects any of them by name
+    assert len(best) == len(cfg.sweep_datasets()) * len(cfg.sweep.grid.architectures) * len(cfg.sweep.grid.depths)
+    assert set(cfg.sweep.grid.architectures) == set(models.ARCHITECTURES)  # the sweep selects any of them by name
     page = (report / "index.html").read_text()
     for task in cfg.generate.datasets:
-        for arch in cfg.sweep.architectures:
-            name = f"heatmap_{task}_{arch}_d{cfg.sweep.depths[0]}.png"
+        for arch in cfg.sweep.grid.architectures:
+            name = f"heatmap_{task}_{arch}_d{cfg.sweep.grid.depths[0]}.png"
             assert (report / name).stat().st_size > 1000 and name in page
     metrics = json.loads((repo / "results" / "report.json").read_text())
     assert metrics["cells"] == metrics["measured"] == grid and metrics["failed"] == 0
@@ -82,7 +82,7 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     for child in children:
         assert child.info.status == "FINISHED" and child.data.tags["status"] in ("solved", "unsolved", "undecided")
         assert 0 <= child.data.metrics["final_accuracy"] <= 1 and child.data.metrics["paper_gflops"] > 0
-        assert child.data.params["arch"] in cfg.sweep.architectures
+        assert child.data.params["arch"] in cfg.sweep.grid.architectures
         assert len(client.get_metric_history(child.info.run_id, "val_token_accuracy")) >= 2  # a per-step curve
     row = table.set_index("mlflow_run_id").loc[children[0].info.run_id]
     assert children[0].data.metrics["final_accuracy"] == pytest.approx(row.final_accuracy)
@@ -106,8 +106,8 @@ def test_dvc_plots_show_and_diff_draw_every_plot_in_chromium_and_exp_show_the_cl
     revision, the lines told apart by the revision's name. `dvc exp show` lists the headline metrics and claims."""
     cfg = load_config(repo / "params.yaml")
     sweep, datasets = cfg.sweep, cfg.sweep_datasets()
-    lines = {f"{a} D={w} d{d}" for a in sweep.architectures for w in sweep.widths for d in sweep.depths}
-    series = {f"{a} d{d}" for a in sweep.architectures for d in sweep.depths}
+    lines = {f"{a} D={w} d{d}" for a in sweep.grid.architectures for w in sweep.grid.widths for d in sweep.grid.depths}
+    series = {f"{a} d{d}" for a in sweep.grid.architectures for d in sweep.grid.depths}
     curves = {f"results_plots_curves_{task}_{size}_csv": (task, size) for task, size in datasets}
     assert run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "outputs", "dvc.lock"],
                repo).returncode == 0  # HEAD: this run's outputs, which DVC reads back from its cache
@@ -125,7 +125,7 @@ def test_dvc_plots_show_and_diff_draw_every_plot_in_chromium_and_exp_show_the_cl
             assert plot.titles == [f"results/plots/curves/{task}_{size}.csv"]
             assert set(plot.scales["color"]) == lines and plot.scales["strokeDash"] == revs
             # in each of the two panels, each revision: a line per (architecture, width, depth, seed), a point a step
-            assert plot.marks["line"] == 2 * len(revs) * len(lines) * len(sweep.seeds)
+            assert plot.marks["line"] == 2 * len(revs) * len(lines) * len(sweep.grid.seeds)
             assert plot.marks["symbol"] == 2 * len(revs) * len(steps)
         frontier = plots["results_plots_frontier_csv"]
         assert set(frontier.scales["color"]) == series and frontier.scales["strokeDash"] == revs
@@ -133,8 +133,8 @@ def test_dvc_plots_show_and_diff_draw_every_plot_in_chromium_and_exp_show_the_cl
         assert {task for task, _ in datasets} <= set(frontier.titles)
         heatmaps = plots["results_plots_accuracy_csv"]
         assert heatmaps.marks["rect"] == heatmaps.marks["text"] == len(revs) * len(datasets) * len(lines)
-        assert {f"{task} · {a} d{d} · {rev}" for task, _ in datasets for a in sweep.architectures
-                for d in sweep.depths for rev in revs} <= set(heatmaps.titles)
+        assert {f"{task} · {a} d{d} · {rev}" for task, _ in datasets for a in sweep.grid.architectures
+                for d in sweep.grid.depths for rev in revs} <= set(heatmaps.titles)
     shown = json.loads(run(["dvc", "exp", "show", "--json"], repo).stdout)
     metrics = json.loads((repo / "results" / "report.json").read_text())
     headline = ("cells", "solved_cells", "undecided", "mean_final_accuracy", "claims_hold", "claims_fail",
@@ -174,10 +174,10 @@ def test_bad_param_fails_before_ray_and_mlflow(repo):
     original = params.read_text()
     ray_dirs = set((repo / "ray_results").iterdir())
     try:
-        params.write_text(original.replace("sweep: {}", "sweep: {widths: [16, 15]}"))
+        params.write_text(original.replace("sweep: {}", "sweep: {grid: {widths: [16, 15]}}"))
         result = run(["dvc", "repro"], repo)
         assert result.returncode != 0
-        assert "sweep.widths: 15 is not divisible by sweep.heads = 2" in result.stdout + result.stderr
+        assert "sweep.grid.widths: 15 is not divisible by sweep.model.heads = 2" in result.stdout + result.stderr
     finally:
         params.write_text(original)
     assert set((repo / "ray_results").iterdir()) == ray_dirs and len(mlflow_runs(repo)[1]) == 1
@@ -282,7 +282,8 @@ def test_an_extended_sweep_trains_only_the_new_cells_and_reuses_the_rest(repo):
     first = pd.read_csv(repo / "results" / "sweep.csv")
     first_trials = pd.read_csv(repo / "results" / "trials.csv").set_index(["cell_id", "lr"]).mlflow_run_id
     try:
-        params.write_text(original.replace("sweep: {}", "sweep: {architectures: [standard, lstm], seeds: [0, 1]}"))
+        params.write_text(original.replace("sweep: {}",
+                                           "sweep: {grid: {architectures: [standard, lstm], seeds: [0, 1]}}"))
         result = run(["dvc", "repro"], repo)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
         table = pd.read_csv(repo / "results" / "sweep.csv")

@@ -4,8 +4,6 @@ bf16 holds integers exactly only up to 256)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import lightning as L
 import pytest
 import torch
@@ -54,7 +52,7 @@ def test_a_bf16_trial_is_scored_under_bf16_too_and_decodes(tiny_cfg, tiny_data, 
     """Training under bf16-mixed and scoring in float32 would decide the verdict on another model than trained."""
     size = tiny_cfg.generate.datasets["lis"][0]
     cell = make_cell("lis", size, arch, 16, 1, 0, **dataset_fields(tiny_data, "lis", size))
-    settings = asdict(TrainSettings.of(tiny_cfg)) | {"precision": "bf16-mixed", "max_steps": 4, "val_every_steps": 2,
+    settings = TrainSettings.of(tiny_cfg).params() | {"precision": "bf16-mixed", "max_steps": 4, "val_every_steps": 2,
                                                      "val_samples": 16, "eval_samples": 16, "eval_batch_size": 8}
     dtypes = ScoringDtypes()
     result = run_trial(TrialSpec.for_cell(cell, settings | {"lr": 3e-3}), callbacks=[dtypes])

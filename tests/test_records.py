@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import pytest
 
@@ -16,25 +16,35 @@ from tests.helpers import make_cell
 CELL = make_cell()
 
 
-def test_training_settings_are_the_sweep_sections_keys_with_its_defaults(tiny_cfg):
+def test_training_settings_are_the_sweep_sections_a_trial_reads_with_their_defaults(tiny_cfg):
     derived = {"threshold", "targets", "threads", "use_gpu", "gpu_share", "workers"}
+    default = TrainSettings()
     for f in fields(TrainSettings):
         if f.name not in derived:
-            assert f.name in SweepConfig.model_fields and f.default == SweepConfig.model_fields[f.name].default
+            section = SweepConfig.model_fields[f.name].annotation
+            assert isinstance(getattr(default, f.name), section) and getattr(default, f.name) == section()
     settings = TrainSettings.of(tiny_cfg)
-    assert settings.batch_size == tiny_cfg.sweep.batch_size
+    assert settings.optim is tiny_cfg.sweep.optim and settings.verdict is tiny_cfg.sweep.verdict
     assert settings.threshold == tiny_cfg.report.accuracy_threshold and settings.targets == {}
     assert TrainSettings.of(tiny_cfg, {"dyck": 0.99}).targets == {"dyck": 0.99}
+    # flat for a trial and MLflow, and back: every setting a trial reads survives; the sweep's own keys stay out
+    params = settings.params()
+    assert TrainSettings.from_params(params).params() == params and params["batch_size"] == 32
+    assert not {"lr", "lrs", "arch_lrs", "arch_options", "cpus_per_trial", "fuse"} & set(params)
+    assert settings.replaced(max_steps=4).optim.max_steps == 4 and settings.optim.max_steps == 8
 
 
 def test_a_trial_spec_takes_its_cell_and_settings_and_refuses_an_unknown_setting(tiny_cfg):
-    train = asdict(TrainSettings.of(tiny_cfg)) | {"lr": 1e-3}
+    train = TrainSettings.of(tiny_cfg).params() | {"lr": 1e-3}
     spec = TrialSpec.for_cell(CELL, train)
-    assert (spec.cell.arch, spec.lr, spec.settings.batch_size) == ("standard", 1e-3, tiny_cfg.sweep.batch_size)
+    batch = tiny_cfg.sweep.optim.batch_size
+    assert (spec.cell.arch, spec.lr, spec.settings.optim.batch_size) == ("standard", 1e-3, batch)
     with pytest.raises(TypeError, match="warmup_steps"):
         TrialSpec.for_cell(CELL, train | {"warmup_steps": 10})
+    with pytest.raises(TypeError, match="fuse"):  # a key of a section that is the sweep's, not a trial's
+        TrialSpec.for_cell(CELL, train | {"fuse": "off"})
     with pytest.raises(TypeError, match="lr"):
-        TrialSpec.for_cell(CELL, asdict(TrainSettings.of(tiny_cfg)))
+        TrialSpec.for_cell(CELL, TrainSettings.of(tiny_cfg).params())
 
 
 def test_statuses_carry_their_order():

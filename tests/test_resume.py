@@ -105,7 +105,7 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
     _, parents, children = mlflow_runs(repo)
     assert [r.info.status for r in parents] == ["RUNNING"]  # what a dead driver leaves
     assert checkpoints(repo)
-    assert max(checkpoint_counts(repo)) <= 3  # sweep.checkpoints_to_keep, and one still being copied
+    assert max(checkpoint_counts(repo)) <= 3  # sweep.runs.checkpoints_to_keep, and one still being copied
 
     result = run(["dvc", "repro"], repo)
     total = time.time() - began
@@ -144,8 +144,8 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, gener
 
 
 def test_finished_trials_keep_their_checkpoints_only_when_asked(uninterrupted):
-    reference, _ = uninterrupted  # sweep.keep_checkpoints: true; the tests above run with the default, false
-    assert sorted(checkpoint_counts(reference)) == [2, 2]  # sweep.checkpoints_to_keep of each trial
+    reference, _ = uninterrupted  # sweep.runs.keep_checkpoints: true; the tests above run with the default, false
+    assert sorted(checkpoint_counts(reference)) == [2, 2]  # sweep.runs.checkpoints_to_keep of each trial
 
 
 def sweep_process(dvc: subprocess.Popen) -> psutil.Process:
@@ -258,12 +258,13 @@ def member_checkpoints(repo: Path, since: float) -> dict[tuple[str, str], int]:
 
 
 def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(generated, tmp_path):
-    """``sweep.fuse``: two learning rates of one cell as one fused trial. Its Ray worker SIGKILLed: Tune retries it,
+    """``sweep.resources.fuse``: two learning rates of one cell as one fused trial. Its Ray worker SIGKILLed: Tune retries it,
     and each member goes on from its directory of the trial's last checkpoint (every checkpoint written after the
     retry is past the step of the kill). Then the whole sweep killed with SIGKILL: the rerun finds each member's
     directory (under its own trial key), continues them as one fused trial, and ends each as the uninterrupted fused
     sweep did, one whole MLflow run each, no checkpoint left."""
-    fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]") + "\n  lrs: [0.003, 0.001]\n  fuse: learning_rates"
+    fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]").replace(
+        "max_steps: 400", "max_steps: 400\n    lrs: [0.003, 0.001]") + "\n  resources: {fuse: learning_rates}"
     reference = copy_generated(generated, tmp_path / "whole", fused)
     assert run(["dvc", "repro"], reference).returncode == 0
     repo = copy_generated(generated, tmp_path / "killed", fused)

@@ -1,6 +1,6 @@
-"""Less work a step (sweep.step, the FLOP count, the training loss's logging, a shared GPU's memory cap), tested on
-the CPU: the graphed step's CPU fallback and its one-shape batches, the compiled step against the eager one, the
-fallback when compiling fails, and what a trial records, unchanged."""
+"""Less work a step (sweep.resources.step, the FLOP count, the training loss's logging, a shared GPU's memory cap),
+tested on the CPU: the graphed step's CPU fallback and its one-shape batches, the compiled step against the eager one,
+the fallback when compiling fails, and what a trial records, unchanged."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_a_graphed_trial_on_a_cpu_trains_eager_says_so_and_records_the_same(spec
     eager = run_trial(with_settings(spec, max_steps=6))
     with caplog.at_level(logging.WARNING, logger=steps.__name__):
         graphed = run_trial(with_settings(spec, max_steps=6, step="graphed"))
-    assert "sweep.step: graphed needs a GPU" in caplog.text
+    assert "sweep.resources.step: graphed needs a GPU" in caplog.text
     same = ("final_accuracy", "val_accuracy", "token_accuracy", "train_pflops", "train_steps", "status")
     assert [graphed[k] for k in same] == [eager[k] for k in same]
 

@@ -296,8 +296,8 @@ def test_the_progress_line_counts_a_sweep_and_the_parent_run_follows_it(store):
 
 
 def test_a_fused_trials_members_each_have_the_run_a_separate_trial_would(store):
-    """A fused trial (``sweep.fuse``): a child run per member, named and parametrised by its own learning rate, each
-    with its own curve and verdict from the trial's reports, all ended with the trial."""
+    """A fused trial (``sweep.resources.fuse``): a child run per member, named and parametrised by its own learning
+    rate, each with its own curve and verdict from the trial's reports, all ended with the trial."""
     client = MlflowClient(f"sqlite:///{store}")
     experiment = client.create_experiment("fused")
     parent = client.create_run(experiment).info.run_id

@@ -98,10 +98,10 @@ def test_every_architecture_trains_on_every_task_and_decodes(tiny_cfg, tiny_data
     size = tiny_cfg.generate.datasets[task][0]
     s = tiny_cfg.sweep
     cell = make_cell(task, size, arch, 16, 1, 0, **dataset_fields(tiny_data, task, size))
-    settings = TrainSettings(heads=s.heads, dropout=0.1, batch_size=32, epochs=1, max_steps=6, weight_decay=0.01,
-                             warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16,
-                             val_every_steps=3, eval_samples=20, eval_batch_size=8, threads=1, use_gpu=False,
-                             max_budget_factor=1)
+    settings = TrainSettings().replaced(heads=s.model.heads, dropout=0.1, batch_size=32, epochs=1, max_steps=6,
+                                        weight_decay=0.01, warmup_fraction=0.1, grad_clip=1.0, precision="32-true",
+                                        val_samples=16, val_every_steps=3, eval_samples=20, eval_batch_size=8,
+                                        threads=1, use_gpu=False, max_budget_factor=1)
     spec = TrialSpec(cell=cell, settings=settings, lr=3e-3)
     result = run_trial(spec)
     assert result["train_steps"] == 6 and result["eval_samples"] == 20
@@ -137,7 +137,8 @@ def test_a_trial_validates_on_the_validation_file_and_trains_on_the_whole_train_
     assert bad["val_accuracy"] == 0 < right["val_accuracy"]
     assert bad["final_accuracy"] == right["final_accuracy"] and bad["train_steps"] == right["train_steps"]
     train = read_dataset(dataset_path(tiny_data, "lis", size, "train"))
-    assert right["train_steps"] == len(loader(train, tiny_cfg.sweep.batch_size, 0, True))  # one epoch, every sample
+    batch = tiny_cfg.sweep.optim.batch_size
+    assert right["train_steps"] == len(loader(train, batch, 0, shuffle=True))  # one epoch, every sample
 
 
 @pytest.fixture(scope="module")
@@ -167,10 +168,10 @@ def test_next_character_targets_follow_the_separator():
 @pytest.mark.parametrize("arch", sorted(models.ARCHITECTURES))
 def test_separations_families_train_and_score(separations_data, task, size, arch):
     cell = make_cell(task, size, arch, 16, 1, 0, **dataset_fields(separations_data, task, size))
-    settings = TrainSettings(heads=2, dropout=0.0, batch_size=16, epochs=1, max_steps=4, weight_decay=0.01,
-                             warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=16,
-                             val_every_steps=2, eval_samples=16, eval_batch_size=8, threads=1, use_gpu=False,
-                             max_budget_factor=1)
+    settings = TrainSettings().replaced(heads=2, dropout=0.0, batch_size=16, epochs=1, max_steps=4,
+                                        weight_decay=0.01, warmup_fraction=0.1, grad_clip=1.0, precision="32-true",
+                                        val_samples=16, val_every_steps=2, eval_samples=16, eval_batch_size=8,
+                                        threads=1, use_gpu=False, max_budget_factor=1)
     spec = TrialSpec(cell=cell, settings=settings, lr=3e-3)
     result = run_trial(spec)
     assert 0 <= result["final_accuracy"] <= 1 and result["train_steps"] == 4
@@ -188,7 +189,7 @@ def test_micro_batches_add_up_to_the_whole_batch_gradient(spec):
             (module.training_loss(b) / len(batches)).backward()
         return [p.grad.clone() for p in module.parameters()]
 
-    whole, parts = loader(data, 12, 0, True), loader(data, 12, 0, True, parts=3)
+    whole, parts = loader(data, 12, 0, shuffle=True), loader(data, 12, 0, shuffle=True, parts=3)
     assert len(parts) == 3 * len(whole)
     pieces = iter(parts)
     for batch in list(whole)[:4]:
@@ -199,7 +200,7 @@ def test_micro_batches_add_up_to_the_whole_batch_gradient(spec):
 
 
 def test_a_micro_batched_trial_steps_and_validates_as_one_pass(spec):
-    """``sweep.micro_batches``: the same optimiser steps and validations, and the same FLOPs trained."""
+    """``sweep.resources.micro_batches``: the same optimiser steps and validations, and the same FLOPs trained."""
     class Validations(L.Callback):
         def __init__(self):
             self.steps: list[int] = []
@@ -215,10 +216,10 @@ def test_a_micro_batched_trial_steps_and_validates_as_one_pass(spec):
 
 
 def test_loader_processes_build_the_same_batches_and_train_the_same_trial(spec, tiny_data):
-    """``sweep.loader_workers``: batches built in other processes, ahead of the steps, are the same batches in the same
-    order (a resumed sampler's position included), so the trial trains to the same numbers."""
+    """``sweep.resources.loader_workers``: batches built in other processes, ahead of the steps, are the same batches in
+    the same order (a resumed sampler's position included), so the trial trains to the same numbers."""
     data = read_dataset(dataset_path(tiny_data, "lis", 3, "train"))
-    here, there = loader(data, 8, 3, True, parts=2), loader(data, 8, 3, True, parts=2, processes=2)
+    here, there = loader(data, 8, 3, shuffle=True, parts=2), loader(data, 8, 3, shuffle=True, parts=2, processes=2)
     for sampler in (here.batch_sampler, there.batch_sampler):
         sampler.resume(epoch=1, batches_done=5)
     for epoch in range(2):
@@ -243,11 +244,11 @@ def test_a_sweeps_trial_trains_with_its_batches_built_in_a_loader_process(tmp_pa
     p = write_params(tmp_path / "params.yaml", f"""
 profile: tiny
 tasks: [arithmetic, lis]
-sweep: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}, loader_workers: 1}}
+sweep: {{grid: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}}}, resources: {{loader_workers: 1}}}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
     cfg = load_config(p)
     sweep(cfg, tiny_data, tmp_path / "results")
     trials = pd.read_csv(tmp_path / "results" / "trials.csv")
     assert len(trials) == 1 and trials.status[0] != "failed", trials.reason[0]
-    assert trials.train_steps[0] >= cfg.sweep.max_steps  # its first budget at least (then extended while improving)
+    assert trials.train_steps[0] >= cfg.sweep.optim.max_steps  # its first budget at least (then extended, improving)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipeline.common.config import VerdictSection
 from pipeline.training import status, verdict
 from pipeline.training.train import TrialSpec, run_trial
 from tests.helpers import dataset_fields, make_cell
@@ -25,12 +26,16 @@ def fake_trainer(budget: int = 1000):
                            estimated_stepping_batches=budget, fit_loop=loop)
 
 
-RULE = verdict.Convergence(window=0.5, tolerance=0.01, min_steps=200, min_delta=0.01)
+RULES = VerdictSection(convergence_window=0.5, convergence_tolerance=0.01, convergence_min_steps=200, min_delta=0.01)
+RULE = verdict.Convergence.of(RULES)
+
+
+def rules(patience=2, factor=8, stop=True) -> VerdictSection:
+    return RULES.model_copy(update={"patience": patience, "max_budget_factor": factor, "stop_when_solved": stop})
 
 
 def make(patience=2, factor=8, stop=True, budget=1000, target=None):
-    cb = verdict.Verdict(threshold=0.9, patience=patience, convergence=RULE, max_budget_factor=factor, stop=stop,
-                         target=target)
+    cb = verdict.Verdict(0.9, rules(patience, factor, stop), target=target)
     trainer = fake_trainer(budget)
     cb.on_train_start(trainer, None)
     return cb, trainer
@@ -179,7 +184,7 @@ def test_the_budget_survives_a_resume():
     for step in (50, 100, 150):
         train_to(cb, trainer, step)
         validate(cb, trainer, 0.05, step, loss=2.0 - step / 1000)
-    again, fresh = verdict.Verdict(0.9, 2, RULE, 8), fake_trainer(100)
+    again, fresh = verdict.Verdict(0.9, rules()), fake_trainer(100)
     again.setup(fresh, None, "fit")
     again.load_state_dict(cb.state_dict())
     assert fresh.fit_loop.epoch_loop.max_steps == 200 and again.checks == cb.checks and again.base == 100
@@ -195,7 +200,7 @@ def test_a_solved_trial_paused_at_a_rung_resumes_from_a_weights_only_checkpoint(
     assert cb.status == status.Status.SOLVED
     torch.save({"callbacks": {"Verdict": cb.state_dict()}}, tmp_path / "c.ckpt")
     state = torch.load(tmp_path / "c.ckpt", weights_only=True)["callbacks"]["Verdict"]
-    again = verdict.Verdict(0.9, 2, RULE, 8, target=0.99)
+    again = verdict.Verdict(0.9, rules(), target=0.99)
     again.setup(fake_trainer(1000), None, "fit")
     again.load_state_dict(state)
     assert again.status is status.Status.SOLVED and again.solved_step == cb.solved_step

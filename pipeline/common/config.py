@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import yaml
 from pydantic import (
@@ -56,7 +56,7 @@ PROJECT = project_root(ROOT)
 # take turns, so that each trains on every core, never both at once, and the second reuses what the first trained
 STORES_LOCK = PROJECT / locks.STORES_LOCK
 # set to 1 in a sweep's environment (``pipeline.nightly --force``): that sweep reuses no finished run and continues
-# no checkpoint, whatever ``sweep.reuse`` says. Reuse decides what trains, never what a result is, so a one-off
+# no checkpoint, whatever ``sweep.runs.reuse`` says. Reuse decides what trains, never what a result is, so a one-off
 # rerun from scratch need not change params.yaml (and leave it changed for the nights after)
 RETRAIN_ENV = "CAPACITY_ATLAS_RETRAIN"
 
@@ -95,7 +95,7 @@ MAX_WORKERS = 64
 MAX_SEED = 2**32 - 1
 # Lightning's names of the precisions a trial may train in
 Precision = Literal["32-true", "bf16-mixed", "16-mixed"]
-StepMode = Literal["eager", "compiled", "graphed"]  # how a training step runs (sweep.step)
+StepMode = Literal["eager", "compiled", "graphed"]  # how a training step runs (sweep.resources.step)
 
 
 class TaskGenerate(Section):
@@ -114,7 +114,7 @@ class GenerateConfig(Section):
     val_samples: PositiveInt = Field(
         1024,
         description="validation samples, drawn as the test samples are (the verdicts are reached on them): at least "
-        "sweep.val_samples",
+        "sweep.evaluation.val_samples",
     )
     datasets: dict[str, list[PositiveInt]] = Field(description="task name -> sizes to generate")
     task_params: dict[str, dict[str, Any]] = Field(
@@ -176,7 +176,8 @@ def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
     for width in widths:
         if width % heads:
             raise ConfigError(
-                f"{key}: {width} is not divisible by sweep.heads = {heads}; allowed widths are multiples of {heads}"
+                f"{key}: {width} is not divisible by sweep.model.heads = {heads}; allowed widths are multiples of "
+                f"{heads}"
             )
     if widths != sorted(set(widths)):
         raise ConfigError(
@@ -185,8 +186,8 @@ def check_widths(key: str, widths: list[int], heads: int, search: str) -> None:
         )
     if search == "frontier" and len(widths) < 2:
         raise ConfigError(
-            f"{key}: {widths} is a single width; sweep.search: frontier needs at least two widths "
-            "to search (use sweep.search: grid)"
+            f"{key}: {widths} is a single width; sweep.search.strategy: frontier needs at least two widths "
+            "to search (use sweep.search.strategy: grid)"
         )
 
 
@@ -207,43 +208,118 @@ class CellPattern(Section):
         return ", ".join(f"{k}={v}" for k, v in self.model_dump(exclude_none=True).items()) or "(every cell)"
 
 
-class SweepConfig(Section):
+class GridSection(Section):
+    """What the sweep trains: the axes whose every combination is a cell, and the cells a profile leaves out."""
+
     architectures: list[str]
     widths: list[PositiveInt]
     depths: list[PositiveInt]
     seeds: list[Annotated[NonNegativeInt, Field(le=MAX_SEED)]] = [0]
     datasets: dict[str, list[PositiveInt]] | None = Field(None, description="subset of generate.datasets; None = all")
-    heads: PositiveInt = 4
-    dropout: float = Field(0.1, ge=0, lt=1)
-    arch_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="architecture -> options")
     task_architectures: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="task -> the architectures "
-        "trained on it instead of sweep.architectures (one profile, "
+        description="task -> the architectures trained on it instead of sweep.grid.architectures (one profile, "
         "each paper's models on its own tasks)",
     )
     arch_depths: dict[str, list[PositiveInt]] = Field(
         default_factory=dict,
-        description="architecture -> its own "
-        "depths instead of sweep.depths (the separations paper's LSTM "
+        description="architecture -> its own depths instead of sweep.grid.depths (the separations paper's LSTM "
         "stops at 3 layers)",
     )
     arch_widths: dict[str, list[PositiveInt]] = Field(
         default_factory=dict,
-        description="architecture -> its own "
-        "widths instead of sweep.widths (a 1-layer Transformer at 64 "
+        description="architecture -> its own widths instead of sweep.grid.widths (a 1-layer Transformer at 64 "
         "beside an LSTM at 64..256)",
-    )
-    arch_lrs: dict[str, list[FiniteFloat]] = Field(
-        default_factory=dict, description="architecture -> its own learning rates instead of sweep.lr / sweep.lrs"
     )
     exclude: list[CellPattern] = Field(
         default_factory=list,
         description="cells left out of the grid: each entry matches the cells whose coordinates are all among its "
         "lists (tasks, sizes, architectures, widths, depths); the cells a paper's figures did not run",
     )
-    # search: every cell of the grid, or per (task, architecture, depth, seed) the smallest solved width
-    search: Literal["grid", "frontier"] = "grid"
+
+    @field_validator("architectures", "widths", "depths", "seeds")
+    @classmethod
+    def axis_not_empty(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
+        """An axis of the grid with no value leaves it with no trials."""
+        if not values:
+            raise ConfigError(f"sweep.grid.{info.field_name} is empty: the grid would have no trials")
+        return values
+
+    @field_validator("architectures", "depths", "seeds")
+    @classmethod
+    def axis_distinct(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
+        """Each value of an axis named once (the widths: in SweepConfig.widths_fit)."""
+        distinct(f"sweep.grid.{info.field_name}", values)
+        return values
+
+    @field_validator("datasets")
+    @classmethod
+    def distinct_sizes(cls, datasets: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
+        """Each task's sizes named once."""
+        for task, sizes in (datasets or {}).items():
+            distinct(f"sweep.grid.datasets.{task}", sizes)
+        return datasets
+
+    @field_validator("arch_depths")
+    @classmethod
+    def own_depths(cls, arch_depths: dict[str, list[int]]) -> dict[str, list[int]]:
+        """An architecture's own depths: at least one, each once."""
+        for arch, depths in arch_depths.items():
+            if not depths:
+                raise ConfigError(f"sweep.grid.arch_depths.{arch} is empty: {arch} would have no trials")
+            distinct(f"sweep.grid.arch_depths.{arch}", depths)
+        return arch_depths
+
+    @model_validator(mode="after")
+    def task_architectures_swept(self) -> GridSection:
+        """A task's own architectures: at least one, each of the grid's architectures, each once."""
+        for task, archs in self.task_architectures.items():
+            key = f"sweep.grid.task_architectures.{task}"
+            if not archs:
+                raise ConfigError(f"{key} is empty: {task} would have no trials")
+            for arch in archs:
+                if arch not in self.architectures:
+                    raise one_of(key, arch, self.architectures)
+            distinct(key, archs)
+        return self
+
+    def architectures_for(self, task: str) -> list[str]:
+        return self.task_architectures.get(task, self.architectures)
+
+    def depths_for(self, arch: str) -> list[int]:
+        return self.arch_depths.get(arch, self.depths)
+
+    def widths_for(self, arch: str) -> list[int]:
+        return self.arch_widths.get(arch, self.widths)
+
+    def excluded(self, task: str, size: int, arch: str, width: int, depth: int) -> bool:
+        return any(p.matches(task, size, arch, width, depth) for p in self.exclude)
+
+    def cells(self, datasets: list[tuple[str, int]]) -> list[tuple[str, int, str, int, int]]:
+        """(task, size, arch, width, depth) of every cell the grid trains on ``datasets``, seeds aside."""
+        return [
+            (task, size, arch, width, depth)
+            for task, size in datasets
+            for arch in self.architectures_for(task)
+            for width in self.widths_for(arch)
+            for depth in self.depths_for(arch)
+            if not self.excluded(task, size, arch, width, depth)
+        ]
+
+
+class ModelSection(Section):
+    """The models' shape beyond the grid's width and depth."""
+
+    heads: PositiveInt = 4
+    dropout: float = Field(0.1, ge=0, lt=1)
+    arch_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="architecture -> options")
+
+
+class SearchSection(Section):
+    """Which cells and learning rates train: every cell of the grid, or per (task, architecture, depth, seed) the
+    smallest solved width; every learning rate to its verdict, or successive halving (pipeline.search)."""
+
+    strategy: Literal["grid", "frontier"] = "grid"
     predict: list[Literal["sizes", "seeds", "neighbours"]] = Field(
         default_factory=list,
         description="what the frontier search predicts a size's minimum width from, before training it "
@@ -251,7 +327,6 @@ class SweepConfig(Section):
         "this size), neighbours (the other depths and architectures' answers at this size); empty: start from "
         "the last size's answer",
     )
-    # learning rates: every one to its verdict, or successive halving (pipeline.search.searcher)
     lr_search: Literal["all", "halving"] = Field(
         "all",
         description="all: every learning rate of a cell trains to its verdict; halving: they train to "
@@ -261,7 +336,7 @@ class SweepConfig(Section):
     halving_rungs: list[PositiveInt] = Field(
         default_factory=list,
         description="successive halving: the steps at which a cell's learning rates are compared, increasing, "
-        "each a multiple of val_every_steps and below max_steps",
+        "each a multiple of sweep.evaluation.val_every_steps and below sweep.optim.max_steps",
     )
     halving_keep: float = Field(
         0.5, gt=0, lt=1, description="successive halving: the fraction of a rung's learning rates that go on"
@@ -272,7 +347,23 @@ class SweepConfig(Section):
         "keep: every learning rate goes on (an early leader may plateau while a later one jumps, and nothing tells "
         "them apart yet); rank: drop by rank as in the cells after",
     )
-    # optimisation: linear warm-up, then a constant rate (so that a budget extension continues the same schedule)
+
+    @model_validator(mode="after")
+    def predict_fits(self) -> SearchSection:
+        """The sources a width is predicted from: for the frontier search only, each once."""
+        if self.predict and self.strategy != "frontier":
+            raise ConfigError(
+                f"sweep.search.predict: {self.predict} needs sweep.search.strategy: frontier (a grid trains every "
+                "width)"
+            )
+        distinct("sweep.search.predict", self.predict)
+        return self
+
+
+class OptimSection(Section):
+    """How a model trains: linear warm-up, then a constant rate (so that a budget extension continues the same
+    schedule)."""
+
     optimizer: Literal["adamw", "adam"] = Field(
         "adamw",
         description="adamw: decoupled weight decay on matrices "
@@ -281,9 +372,13 @@ class SweepConfig(Section):
     batch_size: PositiveInt = 512
     epochs: PositiveInt = 100
     max_steps: int = Field(-1, description="step budget; -1: run all epochs")
-    lr: FiniteFloat = Field(1e-4, gt=0, description="the learning rate, when sweep.lrs is not set")
+    lr: FiniteFloat = Field(1e-4, gt=0, description="the learning rate, when sweep.optim.lrs is not set")
     lrs: list[FiniteFloat] | None = Field(
         None, description="learning rates tried per cell; a cell's result is its best run (by validation accuracy)"
+    )
+    arch_lrs: dict[str, list[FiniteFloat]] = Field(
+        default_factory=dict,
+        description="architecture -> its own learning rates instead of sweep.optim.lr / sweep.optim.lrs",
     )
     weight_decay: float = Field(0.01, ge=0)
     warmup_fraction: float = Field(
@@ -291,8 +386,38 @@ class SweepConfig(Section):
     )
     grad_clip: FiniteFloat | None = Field(1.0, gt=0, description="gradient-norm clip; null: none")
     precision: Precision = "32-true"
-    # verdicts: a trial ends solved, converged below the threshold (unsolved), diverged, or undecided when its
-    # budget, doubled while it still improves, runs out (pipeline.training.verdict)
+
+    @field_validator("max_steps")
+    @classmethod
+    def trains_something(cls, steps: int) -> int:
+        """A step budget that trains: positive, or -1 for all epochs."""
+        if steps == 0 or steps < -1:
+            raise ConfigError(
+                f"sweep.optim.max_steps: {steps} trains nothing; allowed: a positive step budget, or -1 for all epochs"
+            )
+        return steps
+
+    @model_validator(mode="after")
+    def one_lr_form(self) -> OptimSection:
+        """One file gives sweep.optim.lr or sweep.optim.lrs, not both."""
+        if {"lr", "lrs"} <= self.model_fields_set:
+            raise ConfigError(
+                "sweep.optim.lr and sweep.optim.lrs are both set in one file: give one learning rate as "
+                "sweep.optim.lr or a list as sweep.optim.lrs (an override of either in params.yaml replaces the "
+                "profile's)"
+            )
+        return self
+
+    def learning_rates(self, arch: str | None = None) -> list[float]:
+        if arch in self.arch_lrs:
+            return list(self.arch_lrs[arch])
+        return list(self.lrs) if self.lrs is not None else [self.lr]
+
+
+class VerdictSection(Section):
+    """How a trial ends: solved, converged below the threshold (unsolved), diverged, or undecided when its budget,
+    doubled while it still improves, runs out (pipeline.training.verdict)."""
+
     patience: PositiveInt = Field(
         2, description="consecutive validations at or above report.accuracy_threshold that make a trial solved"
     )
@@ -316,26 +441,40 @@ class SweepConfig(Section):
         8,
         ge=1,
         le=1024,
-        description="a trial still improving at its budget (max_steps / epochs) goes on with the budget doubled, "
-        "up to this many times the first, before it is called undecided; 1: never extended",
+        description="a trial still improving at its budget (sweep.optim.max_steps / epochs) goes on with the "
+        "budget doubled, up to this many times the first, before it is called undecided; 1: never extended",
     )
     stop_when_solved: bool = Field(
         True,
         description="false: every trial runs its whole budget (a fixed-budget "
         "grid); the verdict still says whether it was solved",
     )
-    # evaluation
+
+
+class EvaluationSection(Section):
+    """What a validation and the final test score."""
+
     val_samples: PositiveInt = Field(
         1024,
         description="samples of the validation file (drawn as the test set is) each validation scores: the "
         "file's first ones, at most generate.val_samples",
     )
-    eval_samples: PositiveInt | None = Field(None, description="test samples decoded greedily at the end; None = all")
     val_every_steps: PositiveInt | None = Field(None, description="validate every N steps; None = every epoch")
+    eval_samples: PositiveInt | None = Field(None, description="test samples decoded greedily at the end; None = all")
     eval_batch_size: PositiveInt = 256
-    # resources per trial
+
+
+class ResourcesSection(Section):
+    """What a trial takes from a Ray node and how it runs its steps there."""
+
     cpus_per_trial: PositiveInt = Field(1, le=1024)
     gpus_per_trial: float = Field(0, ge=0)
+    workers_per_trial: PositiveInt = Field(
+        1,
+        description="data-parallel workers per trial on one node (DDP: gloo on "
+        "CPU, nccl on GPU), each with cpus_per_trial CPUs, at the same global "
+        "batch (sweep.optim.batch_size split across them); gpus_per_trial above 1 sets it",
+    )
     memory_gb_per_trial: PositiveFloat | None = Field(
         None,
         description="memory one worker of a trial may fill (weights, optimiser state, activations): its batch is "
@@ -372,16 +511,56 @@ class SweepConfig(Section):
         "scarcest resource. A local Ray takes it as a cap; a cluster as given, for nodes that join mid-sweep: on an "
         "autoscaling cluster, set it to the trials its node groups hold at their largest",
     )
-    console: Literal["progress", "table"] = Field(
-        "progress",
-        description="progress: one line that says how far the sweep is (pipeline.scheduling.console); "
-        "table: that line and Ray Tune's table of trials every 30 s",
-    )
-    workers_per_trial: PositiveInt = Field(
-        1,
-        description="data-parallel workers per trial on one node (DDP: gloo on "
-        "CPU, nccl on GPU), each with cpus_per_trial CPUs, at the same global "
-        "batch (batch_size split across them); gpus_per_trial above 1 sets it",
+
+    @field_validator("fuse", mode="before")
+    @classmethod
+    def fuse_off(cls, value: Any) -> Any:
+        """YAML reads a bare ``off`` as false."""
+        return "off" if value is False else value
+
+    @model_validator(mode="after")
+    def one_gpu_per_worker(self) -> ResourcesSection:
+        """GPUs and data-parallel workers agree."""
+        g, w = self.gpus_per_trial, self.workers_per_trial
+        if g > 1 and g != int(g):
+            raise ConfigError(
+                f"sweep.resources.gpus_per_trial: {g} -- above 1 it counts whole GPUs (one data-parallel worker "
+                "each); below 1 it is a share of one GPU"
+            )
+        if g > 1 and w not in (1, int(g)):
+            raise ConfigError(
+                f"sweep.resources.workers_per_trial: {w} with sweep.resources.gpus_per_trial {g:g}: each "
+                f"data-parallel worker takes one GPU, so workers_per_trial is {int(g)} (or leave it at 1)"
+            )
+        if 0 < g < 1 and w > 1:
+            raise ConfigError(
+                f"sweep.resources.workers_per_trial: {w} with a share of one GPU (gpus_per_trial {g:g}): "
+                "data-parallel workers need a GPU each"
+            )
+        return self
+
+    def workers(self) -> int:
+        """Data-parallel workers per trial: gpus_per_trial above 1 means one per GPU."""
+        return int(self.gpus_per_trial) if self.gpus_per_trial > 1 else self.workers_per_trial
+
+    def trial_resources(self) -> dict[str, float]:
+        """What one trial takes from one Ray node: every worker's CPUs and GPUs."""
+        w = self.workers()
+        return {
+            "cpu": self.cpus_per_trial * w,
+            "gpu": self.gpus_per_trial if self.gpus_per_trial > 1 else self.gpus_per_trial * w,
+        }
+
+
+class RunsSection(Section):
+    """Where the sweep records its runs, what it reuses and keeps of them, and what it prints."""
+
+    experiment: NonBlank = "capacity-atlas"
+    reuse: bool = Field(
+        True,
+        description="reuse runs this MLflow experiment already finished with the same data, "
+        "training settings, training code and training libraries, instead of training them again "
+        "($CAPACITY_ATLAS_RETRAIN=1 turns it off for one run: pipeline.nightly --force)",
     )
     max_failures: int = Field(
         2,
@@ -399,124 +578,68 @@ class SweepConfig(Section):
         description="keep a trial's checkpoints (weights and optimiser state) "
         "after it ends; by default they are deleted once its result is recorded",
     )
-    experiment: NonBlank = "capacity-atlas"
-    reuse: bool = Field(
-        True,
-        description="reuse runs this MLflow experiment already finished with the same data, "
-        "training settings, training code and training libraries, instead of training them again "
-        "($CAPACITY_ATLAS_RETRAIN=1 turns it off for one run: pipeline.nightly --force)",
+    console: Literal["progress", "table"] = Field(
+        "progress",
+        description="progress: one line that says how far the sweep is (pipeline.scheduling.console); "
+        "table: that line and Ray Tune's table of trials every 30 s",
     )
 
-    @field_validator("architectures", "widths", "depths", "seeds")
-    @classmethod
-    def axis_not_empty(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
-        """An axis of the grid with no value leaves it with no trials."""
-        if not values:
-            raise ConfigError(f"sweep.{info.field_name} is empty: the grid would have no trials")
-        return values
 
-    @field_validator("architectures", "depths", "seeds")
-    @classmethod
-    def axis_distinct(cls, values: list[Any], info: ValidationInfo) -> list[Any]:
-        """Each value of an axis named once (the widths: in widths_fit)."""
-        distinct(f"sweep.{info.field_name}", values)
-        return values
+class SweepConfig(Section):
+    """The sweep stage, in sections by concern; the checks here are those that span sections."""
 
-    @field_validator("datasets")
-    @classmethod
-    def distinct_sizes(cls, datasets: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
-        """Each task's sizes named once."""
-        for task, sizes in (datasets or {}).items():
-            distinct(f"sweep.datasets.{task}", sizes)
-        return datasets
+    grid: GridSection
+    model: ModelSection = Field(default_factory=ModelSection)
+    search: SearchSection = Field(default_factory=SearchSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    verdict: VerdictSection = Field(default_factory=VerdictSection)
+    evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
+    resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    runs: RunsSection = Field(default_factory=RunsSection)
 
-    @field_validator("arch_depths")
+    @model_validator(mode="before")
     @classmethod
-    def own_depths(cls, arch_depths: dict[str, list[int]]) -> dict[str, list[int]]:
-        """An architecture's own depths: at least one, each once."""
-        for arch, depths in arch_depths.items():
-            if not depths:
-                raise ConfigError(f"sweep.arch_depths.{arch} is empty: {arch} would have no trials")
-            distinct(f"sweep.arch_depths.{arch}", depths)
-        return arch_depths
-
-    @field_validator("max_steps")
-    @classmethod
-    def trains_something(cls, steps: int) -> int:
-        """A step budget that trains: positive, or -1 for all epochs."""
-        if steps == 0 or steps < -1:
-            raise ConfigError(
-                f"sweep.max_steps: {steps} trains nothing; allowed: a positive step budget, or -1 for all epochs"
-            )
-        return steps
+    def no_flat_keys(cls, data: Any) -> Any:
+        """A key of the sweep section before it was grouped names the section it moved to."""
+        if not isinstance(data, dict):
+            return data
+        if "search" in data and not isinstance(data["search"], dict | SearchSection | None):
+            raise ConfigError(f"sweep.search: {data['search']!r} moved to sweep.search.strategy")
+        for key in data:
+            if key in MOVED:
+                raise ConfigError(f"sweep.{key} moved to sweep.{MOVED[key]}.{key}")
+        return data
 
     @model_validator(mode="after")
-    def one_lr_form(self) -> SweepConfig:
-        """One file gives sweep.lr or sweep.lrs, not both."""
-        if {"lr", "lrs"} <= self.model_fields_set:
+    def batch_splits(self) -> SweepConfig:
+        """The batch splits over the data-parallel workers, and into the micro-batches."""
+        batch, workers, micro = self.optim.batch_size, self.resources.workers(), self.resources.micro_batches
+        if batch % workers != 0:
             raise ConfigError(
-                "sweep.lr and sweep.lrs are both set in one file: give one learning rate as sweep.lr "
-                "or a list as sweep.lrs (an override of either in params.yaml replaces the profile's)"
+                f"sweep.optim.batch_size: {batch} does not split evenly over {workers} data-parallel workers"
             )
-        return self
-
-    @model_validator(mode="after")
-    def one_gpu_per_worker(self) -> SweepConfig:
-        """GPUs and data-parallel workers agree, and the batch splits over the workers."""
-        g, w = self.gpus_per_trial, self.workers_per_trial
-        if g > 1 and g != int(g):
+        if micro is not None and micro > batch // workers:
             raise ConfigError(
-                f"sweep.gpus_per_trial: {g} -- above 1 it counts whole GPUs (one data-parallel worker "
-                "each); below 1 it is a share of one GPU"
+                f"sweep.resources.micro_batches: {micro} is more than the {batch // workers} samples of a worker's "
+                "batch (sweep.optim.batch_size over its data-parallel workers)"
             )
-        if g > 1 and w not in (1, int(g)):
-            raise ConfigError(
-                f"sweep.workers_per_trial: {w} with sweep.gpus_per_trial {g:g}: each data-parallel "
-                f"worker takes one GPU, so workers_per_trial is {int(g)} (or leave it at 1)"
-            )
-        if 0 < g < 1 and w > 1:
-            raise ConfigError(
-                f"sweep.workers_per_trial: {w} with a share of one GPU (gpus_per_trial {g:g}): "
-                "data-parallel workers need a GPU each"
-            )
-        if self.batch_size % self.workers() != 0:
-            raise ConfigError(
-                f"sweep.batch_size: {self.batch_size} does not split evenly over {self.workers()} data-parallel workers"
-            )
-        if self.micro_batches is not None and self.micro_batches > self.batch_size // self.workers():
-            raise ConfigError(
-                f"sweep.micro_batches: {self.micro_batches} is more than the {self.batch_size // self.workers()} "
-                "samples of a worker's batch (sweep.batch_size over its data-parallel workers)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def task_architectures_swept(self) -> SweepConfig:
-        """A task's own architectures: at least one, each of sweep.architectures, each once."""
-        for task, archs in self.task_architectures.items():
-            key = f"sweep.task_architectures.{task}"
-            if not archs:
-                raise ConfigError(f"{key} is empty: {task} would have no trials")
-            for arch in archs:
-                if arch not in self.architectures:
-                    raise one_of(key, arch, self.architectures)
-            distinct(key, archs)
         return self
 
     @model_validator(mode="after")
     def widths_fit(self) -> SweepConfig:
         """Every architecture's widths fit the heads and the search."""
-        for arch in dict.fromkeys([*self.architectures, *self.arch_widths]):
-            key = f"sweep.arch_widths.{arch}" if arch in self.arch_widths else "sweep.widths"
-            check_widths(key, self.widths_for(arch), self.heads, self.search)
+        grid = self.grid
+        for arch in dict.fromkeys([*grid.architectures, *grid.arch_widths]):
+            key = f"sweep.grid.arch_widths.{arch}" if arch in grid.arch_widths else "sweep.grid.widths"
+            check_widths(key, grid.widths_for(arch), self.model.heads, self.search.strategy)
         return self
 
     @model_validator(mode="after")
     def learning_rates_valid(self) -> SweepConfig:
         """Every architecture has learning rates, positive and distinct."""
-        for arch in dict.fromkeys([*self.architectures, *self.arch_lrs]):
-            key = f"sweep.arch_lrs.{arch}" if arch in self.arch_lrs else "sweep.lrs"
-            lrs = self.learning_rates(arch)
+        for arch in dict.fromkeys([*self.grid.architectures, *self.optim.arch_lrs]):
+            key = f"sweep.optim.arch_lrs.{arch}" if arch in self.optim.arch_lrs else "sweep.optim.lrs"
+            lrs = self.optim.learning_rates(arch)
             if not lrs:
                 raise ConfigError(f"{key} is empty: every cell needs at least one learning rate")
             if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
@@ -526,115 +649,82 @@ class SweepConfig(Section):
     @model_validator(mode="after")
     def validates_within_budget(self) -> SweepConfig:
         """A trial validates before its step budget runs out."""
-        every, budget = self.val_every_steps, self.max_steps
+        every, budget = self.evaluation.val_every_steps, self.optim.max_steps
         if every is not None and budget > 0 and every > budget:
             raise ConfigError(
-                f"sweep.val_every_steps: {every} is more than sweep.max_steps = {budget}: a trial would "
-                f"never validate (no early stop, no checkpoint); allowed: 1 to {budget}, or null for every "
+                f"sweep.evaluation.val_every_steps: {every} is more than sweep.optim.max_steps = {budget}: a trial "
+                f"would never validate (no early stop, no checkpoint); allowed: 1 to {budget}, or null for every "
                 "epoch"
             )
         return self
 
     @model_validator(mode="after")
-    def predict_fits(self) -> SweepConfig:
-        """The sources a width is predicted from: for the frontier search only, each once."""
-        if self.predict and self.search != "frontier":
-            raise ConfigError(f"sweep.predict: {self.predict} needs sweep.search: frontier (a grid trains every width)")
-        distinct("sweep.predict", self.predict)
-        return self
-
-    @model_validator(mode="after")
     def halving_fits(self) -> SweepConfig:
         """Successive halving's rungs fit the validations and the step budget."""
-        if self.lr_search == "all":  # the rungs are left unused: one profile compares both with `-S sweep.lr_search=`
+        search = self.search
+        if search.lr_search == "all":  # the rungs are left unused: one profile compares both with `-S ...lr_search=`
             return self
-        rungs, every = self.halving_rungs, self.val_every_steps
+        rungs, every, budget = search.halving_rungs, self.evaluation.val_every_steps, self.optim.max_steps
         if not rungs:
-            raise ConfigError("sweep.halving_rungs is empty: lr_search: halving needs the steps to compare at")
-        if any(b <= a for a, b in zip(rungs, rungs[1:])):
-            raise ConfigError(f"sweep.halving_rungs: {rungs} must increase")
-        if every is None:
-            raise ConfigError("sweep.lr_search: halving compares at validations: set sweep.val_every_steps")
-        if any(r % every for r in rungs):
-            raise ConfigError(f"sweep.halving_rungs: {rungs} must be multiples of sweep.val_every_steps = {every}")
-        if self.max_steps <= 0 or rungs[-1] >= self.max_steps:
             raise ConfigError(
-                f"sweep.halving_rungs: {rungs} must end below the first step budget sweep.max_steps = "
-                f"{self.max_steps} (a rung at or past it compares finished runs)"
+                "sweep.search.halving_rungs is empty: sweep.search.lr_search: halving needs the steps to compare at"
             )
-        if self.stop_when_solved is False:
-            raise ConfigError("sweep.lr_search: halving stops runs early: it needs sweep.stop_when_solved: true")
+        if any(b <= a for a, b in zip(rungs, rungs[1:])):
+            raise ConfigError(f"sweep.search.halving_rungs: {rungs} must increase")
+        if every is None:
+            raise ConfigError(
+                "sweep.search.lr_search: halving compares at validations: set sweep.evaluation.val_every_steps"
+            )
+        if any(r % every for r in rungs):
+            raise ConfigError(
+                f"sweep.search.halving_rungs: {rungs} must be multiples of sweep.evaluation.val_every_steps = {every}"
+            )
+        if budget <= 0 or rungs[-1] >= budget:
+            raise ConfigError(
+                f"sweep.search.halving_rungs: {rungs} must end below the first step budget sweep.optim.max_steps = "
+                f"{budget} (a rung at or past it compares finished runs)"
+            )
+        if self.verdict.stop_when_solved is False:
+            raise ConfigError(
+                "sweep.search.lr_search: halving stops runs early: it needs sweep.verdict.stop_when_solved: true"
+            )
         return self
-
-    @field_validator("fuse", mode="before")
-    @classmethod
-    def fuse_off(cls, value: Any) -> Any:
-        """YAML reads a bare ``off`` as false."""
-        return "off" if value is False else value
 
     @model_validator(mode="after")
     def fusion_fits(self) -> SweepConfig:
         """Fused members train in one process, each stepping on its own."""
-        if self.fuse == "off":
+        fuse = self.resources.fuse
+        if fuse == "off":
             return self
-        if self.workers() > 1:
+        if self.resources.workers() > 1:
             raise ConfigError(
-                f"sweep.fuse: {self.fuse} trains a cell's learning rates in one process; with {self.workers()} "
-                "data-parallel workers per trial (sweep.workers_per_trial, gpus_per_trial) set sweep.fuse: off"
+                f"sweep.resources.fuse: {fuse} trains a cell's learning rates in one process; with "
+                f"{self.resources.workers()} data-parallel workers per trial (sweep.resources.workers_per_trial, "
+                "gpus_per_trial) set sweep.resources.fuse: off"
             )
-        if self.precision == "16-mixed":
+        if self.optim.precision == "16-mixed":
             raise ConfigError(
-                f"sweep.fuse: {self.fuse} with sweep.precision: 16-mixed: the gradient scaler skips a step for every "
-                "member when one member's gradients overflow; use bf16-mixed (or sweep.fuse: off)"
+                f"sweep.resources.fuse: {fuse} with sweep.optim.precision: 16-mixed: the gradient scaler skips a "
+                "step for every member when one member's gradients overflow; use bf16-mixed (or "
+                "sweep.resources.fuse: off)"
             )
         return self
 
     @model_validator(mode="after")
     def precision_fits_device(self) -> SweepConfig:
         """16-mixed precision only on GPUs."""
-        if self.gpus_per_trial == 0 and self.precision == "16-mixed":
-            raise ConfigError("sweep.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
+        if self.resources.gpus_per_trial == 0 and self.optim.precision == "16-mixed":
+            raise ConfigError("sweep.optim.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
         return self
 
-    def workers(self) -> int:
-        """Data-parallel workers per trial: gpus_per_trial above 1 means one per GPU."""
-        return int(self.gpus_per_trial) if self.gpus_per_trial > 1 else self.workers_per_trial
 
-    def trial_resources(self) -> dict[str, float]:
-        """What one trial takes from one Ray node: every worker's CPUs and GPUs."""
-        w = self.workers()
-        return {
-            "cpu": self.cpus_per_trial * w,
-            "gpu": self.gpus_per_trial if self.gpus_per_trial > 1 else self.gpus_per_trial * w,
-        }
-
-    def architectures_for(self, task: str) -> list[str]:
-        return self.task_architectures.get(task, self.architectures)
-
-    def depths_for(self, arch: str) -> list[int]:
-        return self.arch_depths.get(arch, self.depths)
-
-    def widths_for(self, arch: str) -> list[int]:
-        return self.arch_widths.get(arch, self.widths)
-
-    def excluded(self, task: str, size: int, arch: str, width: int, depth: int) -> bool:
-        return any(p.matches(task, size, arch, width, depth) for p in self.exclude)
-
-    def grid(self, datasets: list[tuple[str, int]]) -> list[tuple[str, int, str, int, int]]:
-        """(task, size, arch, width, depth) of every cell the grid trains on ``datasets``, seeds aside."""
-        return [
-            (task, size, arch, width, depth)
-            for task, size in datasets
-            for arch in self.architectures_for(task)
-            for width in self.widths_for(arch)
-            for depth in self.depths_for(arch)
-            if not self.excluded(task, size, arch, width, depth)
-        ]
-
-    def learning_rates(self, arch: str | None = None) -> list[float]:
-        if arch in self.arch_lrs:
-            return list(self.arch_lrs[arch])
-        return list(self.lrs) if self.lrs is not None else [self.lr]
+# every key of the sweep section before it was grouped -> the section it now lives in (sweep.search: <strategy>
+# aside, whose name is now its section's)
+MOVED = {
+    key: section
+    for section, field in SweepConfig.model_fields.items()
+    for key in cast(type[Section], field.annotation).model_fields
+}
 
 
 class ReportConfig(Section):
@@ -643,7 +733,7 @@ class ReportConfig(Section):
         gt=0,
         lt=1,
         description="test accuracy at or above which a cell "
-        "passes; a trial stops once validation reaches it (sweep.patience)",
+        "passes; a trial stops once validation reaches it (sweep.verdict.patience)",
     )
 
 
@@ -744,46 +834,49 @@ class Config(Section):
                 except tasks.TaskError as err:
                     raise ConfigError(f"generate.datasets.{task}: {err}") from None
         # settings keyed by task or architecture need only name a registered one: an override that narrows what to
-        # run (generate.datasets, sweep.datasets, sweep.architectures) leaves the profile's settings of the rest unused
+        # run (generate.datasets, sweep.grid.datasets, sweep.grid.architectures) leaves the profile's settings of the
+        # rest unused
         for key in ("task_params", "per_task"):
             for task in getattr(self.generate, key):
                 if task not in self.tasks:
                     raise one_of(f"generate.{key}", task, self.tasks)
-        for task, sizes in (self.sweep.datasets or {}).items():
+        for task, sizes in (self.sweep.grid.datasets or {}).items():
             for size in sizes:
                 if size not in self.generate.datasets.get(task, []):
                     raise one_of(
-                        f"sweep.datasets.{task}",
+                        f"sweep.grid.datasets.{task}",
                         size,
                         [f"{t}={s}" for t, ss in self.generate.datasets.items() for s in ss],
                     )
         for task, _ in self.sweep_datasets():
-            # a validation scores the file's first sweep.val_samples: fewer would quietly judge on fewer samples
-            # than the profile says
+            # a validation scores the file's first sweep.evaluation.val_samples: fewer would quietly judge on fewer
+            # samples than the profile says
             have = self.generate.for_task(task).val_samples
-            if self.sweep.val_samples > have:
+            if self.sweep.evaluation.val_samples > have:
                 raise ConfigError(
-                    f"sweep.val_samples: {self.sweep.val_samples} is more than the {have} validation samples "
-                    f"generate.val_samples makes for {task}: raise generate.val_samples (or its per_task entry) "
-                    "or lower sweep.val_samples"
+                    f"sweep.evaluation.val_samples: {self.sweep.evaluation.val_samples} is more than the {have} "
+                    f"validation samples generate.val_samples makes for {task}: raise generate.val_samples (or its "
+                    "per_task entry) or lower sweep.evaluation.val_samples"
                 )
-        for task in self.sweep.task_architectures:
+        for task in self.sweep.grid.task_architectures:
             if task not in self.tasks:
-                raise one_of("sweep.task_architectures", task, self.tasks)
+                raise one_of("sweep.grid.task_architectures", task, self.tasks)
         if not self.sweep_datasets():
-            raise ConfigError("generate.datasets / sweep.datasets name no (task, size): the grid would have no trials")
+            raise ConfigError(
+                "generate.datasets / sweep.grid.datasets name no (task, size): the grid would have no trials"
+            )
         # an exclusion names registered tasks (architectures: search/cells.check_architectures); it may match nothing
         # once an override narrows the grid
-        for i, pattern in enumerate(self.sweep.exclude):
+        for i, pattern in enumerate(self.sweep.grid.exclude):
             for task in pattern.tasks or ():
                 if task not in self.tasks:
-                    raise one_of(f"sweep.exclude[{i}].tasks", task, self.tasks)
-        if not self.sweep.grid(self.sweep_datasets()):
-            raise ConfigError("sweep.exclude leaves no cell of the grid: nothing would train")
+                    raise one_of(f"sweep.grid.exclude[{i}].tasks", task, self.tasks)
+        if not self.sweep.grid.cells(self.sweep_datasets()):
+            raise ConfigError("sweep.grid.exclude leaves no cell of the grid: nothing would train")
         return self
 
     def sweep_datasets(self) -> list[tuple[str, int]]:
-        chosen = self.sweep.datasets if self.sweep.datasets is not None else self.generate.datasets
+        chosen = self.sweep.grid.datasets if self.sweep.grid.datasets is not None else self.generate.datasets
         return [(task, size) for task, sizes in chosen.items() for size in sizes]
 
 
@@ -793,11 +886,11 @@ SECTIONS = [
     if isinstance(field.annotation, type) and issubclass(field.annotation, Section)
 ]
 # Keys that are two spellings of one setting: a layer that sets one replaces the other from the layers below.
-ALTERNATIVES = {"sweep": [("lr", "lrs")]}
+ALTERNATIVES = {"sweep.optim": [("lr", "lrs")]}
 # Mappings that say *what* to run are replaced whole by an override (params.yaml's
 # `generate.datasets: {index_lookup: [20, 50]}` narrows a profile to that); every other mapping (task_params,
 # per_task, arch_options, arch_depths, arch_widths, the sections) merges key by key.
-REPLACED = {"generate.datasets", "sweep.datasets"}
+REPLACED = {"generate.datasets", "sweep.grid.datasets"}
 
 
 def merge(base: dict, over: dict, path: str = "") -> dict:
@@ -808,6 +901,14 @@ def merge(base: dict, over: dict, path: str = "") -> dict:
         nested = isinstance(value, dict) and isinstance(out.get(key), dict) and where not in REPLACED
         out[key] = merge(out[key], value, where) if nested else value
     return out
+
+
+def at(data: dict, path: str) -> dict:
+    """The mapping at the dotted ``path`` of ``data``; an empty one where a level is missing or not a mapping."""
+    found: Any = data
+    for key in path.split("."):
+        found = found.get(key) if isinstance(found, dict) else None
+    return found if isinstance(found, dict) else {}
 
 
 def read_yaml(path: Path) -> dict:
@@ -843,11 +944,11 @@ def load_config(params_path: Path | str = ROOT / "params.yaml", profile: str | N
         raise one_of("profile", name, profiles())
     profile_data = read_yaml(CONF_DIR / f"{name}.yaml")
     for section, pairs in ALTERNATIVES.items():
-        over = params.get(section) or {}
+        over, under = at(params, section), at(profile_data, section)
         for a, b in pairs:
             for mine, other in ((a, b), (b, a)):
                 if mine in over:
-                    (profile_data.get(section) or {}).pop(other, None)
+                    under.pop(other, None)
     data = merge(profile_data, {k: v for k, v in params.items() if v is not None})
     data["profile"] = name
     try:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 
 from pipeline.common.cell import Cell, CellSpec
-from pipeline.common.config import Config, SweepConfig
+from pipeline.common.config import Config, ResourcesSection, SweepConfig
 from pipeline.costs.schedule import Trial, list_schedule
 from pipeline.costs.throughput import ALONE, ForecastError, Mode, Throughput
 from pipeline.search.cells import budget_steps, expected_cost
@@ -41,7 +41,11 @@ REPLAYED_CELLS = {"paper": 576, "separations": 2392}  # the replayed grids' cell
 
 def strategy(s: SweepConfig) -> str:
     """The search as the replay benchmark names it: grid or frontier, with predicted widths and halving."""
-    return s.search + ("+predict" if s.predict else "") + ("+halving" if s.lr_search == "halving" else "")
+    return (
+        s.search.strategy
+        + ("+predict" if s.search.predict else "")
+        + ("+halving" if s.search.lr_search == "halving" else "")
+    )
 
 
 @dataclass(frozen=True)
@@ -54,10 +58,10 @@ class Cluster:
     gpu: str | None
     cpus: int | None
 
-    def slots(self, s: SweepConfig) -> int:
+    def slots(self, resources: ResourcesSection) -> int:
         """Trials at once: what a node holds of the trial's GPUs (on a GPU profile) and CPUs, times the nodes,
-        at most ``sweep.max_concurrent_trials``."""
-        need = s.trial_resources()
+        at most ``sweep.resources.max_concurrent_trials``."""
+        need = resources.trial_resources()
         if not need["gpu"] and self.cpus is None:
             raise ForecastError("a CPU profile's slots are CPUs: give the CPUs a node has (--cpus-per-node)")
         limits = [math.floor(self.gpus / need["gpu"])] if need["gpu"] else []
@@ -66,11 +70,11 @@ class Cluster:
         per_node = min(limits)
         if per_node < 1:
             raise ForecastError(
-                f"a trial needs {need['gpu']:g} GPU(s) and {need['cpu']:g} CPU(s) (sweep.gpus_per_trial, "
+                f"a trial needs {need['gpu']:g} GPU(s) and {need['cpu']:g} CPU(s) (sweep.resources.gpus_per_trial, "
                 f"cpus_per_trial, workers_per_trial): a node of {self.gpus} GPUs (--gpus-per-node) and "
                 f"{self.cpus} CPUs (--cpus-per-node) holds none"
             )
-        return min(self.nodes * per_node, s.max_concurrent_trials or 1 << 30)
+        return min(self.nodes * per_node, resources.max_concurrent_trials or 1 << 30)
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ class Forecast:
     slots: int
     unit: str  # "GPU" or "CPU core": what a device-hour counts
     per_trial: float  # devices one trial trains on
-    configured: Priced  # the profile's own way: sweep.gpus_per_trial's packing, sweep.step
+    configured: Priced  # the profile's own way: sweep.resources.gpus_per_trial's packing, sweep.resources.step
     modes: list[Priced]  # on a GPU profile, every way the throughput measured, the configured one included
     grid: Row  # every trial at its first budget (the configured way), its wall a list schedule in the sweep's order
     extended: Row  # every trial at its extended budget: the most the grid trains
@@ -132,9 +136,10 @@ class Forecast:
 
 
 def configured_mode(s: SweepConfig) -> Mode:
-    """How the profile trains: 1 / sweep.gpus_per_trial processes a GPU (below 1), each step sweep.step."""
-    share = s.gpus_per_trial
-    return Mode(processes=round(1 / share) if 0 < share < 1 else 1, step=s.step)
+    """How the profile trains: 1 / sweep.resources.gpus_per_trial processes a GPU (below 1), each step
+    sweep.resources.step."""
+    share = s.resources.gpus_per_trial
+    return Mode(processes=round(1 / share) if 0 < share < 1 else 1, step=s.resources.step)
 
 
 def priced(
@@ -156,10 +161,10 @@ def priced(
     sources: dict[str, int] = {}
     alone: list[str] = []
     for cell in cells.values():
-        gflops = expected_cost(cell, s)  # a trial run to its first budget, the order the searcher starts it in
-        steps, lrs = budget_steps(cell, s), len(cell.lrs)
-        shape = (cell.width, cell.depth, cell.max_len, s.batch_size)
-        widths = s.widths_for(cell.arch)
+        gflops = expected_cost(cell, s.optim)  # a trial run to its first budget, the order the searcher starts it in
+        steps, lrs = budget_steps(cell, s.optim), len(cell.lrs)
+        shape = (cell.width, cell.depth, cell.max_len, s.optim.batch_size)
+        widths = s.grid.widths_for(cell.arch)
         if throughput.basis(cell.arch, mode, widths) is not None:
             price, members = throughput.price(cell.arch, mode, shape, steps, gflops * 1e9), mode.models
             price = price._replace(seconds=price.seconds / max(speed, 1))  # its share of a GPU is in its rate
@@ -181,10 +186,10 @@ def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, c
     """The forecast of ``cells`` (with their model costs) on ``cluster`` at ``throughput``: as the profile trains
     them, and on a GPU profile under every way of training many trials a GPU that ``throughput`` measured."""
     s = cfg.sweep
-    need = s.trial_resources()
-    per_trial = need["gpu"] or s.workers()  # a trial on k devices is taken to train k times as fast as on one
+    need = s.resources.trial_resources()
+    per_trial = need["gpu"] or s.resources.workers()  # a trial on k devices is taken to train k times as fast as on one
     unit, per_hour = ("GPU", need["gpu"]) if need["gpu"] else ("CPU core", need["cpu"])
-    slots = cluster.slots(s)
+    slots = cluster.slots(s.resources)
     mine = configured_mode(s) if unit == "GPU" else ALONE
     configured = priced(s, cells, throughput, mine, slots, per_hour, per_trial)
     modes = []
@@ -193,10 +198,10 @@ def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, c
             if mode == mine:
                 modes.append(configured)
                 continue
-            shared = s.model_copy(update={"gpus_per_trial": 1 / mode.processes, "workers_per_trial": 1})
+            shared = s.resources.model_copy(update={"gpus_per_trial": 1 / mode.processes, "workers_per_trial": 1})
             share = 1 / mode.processes
             modes.append(priced(s, cells, throughput, mode, cluster.slots(shared), share, share))
-    factor = s.max_budget_factor if s.stop_when_solved else 1
+    factor = s.verdict.max_budget_factor if s.verdict.stop_when_solved else 1
     grid = configured.row
     extended = grid.times(factor)  # every trial factor x as long: the same order, so the same schedule, stretched
     searches = []
@@ -208,8 +213,8 @@ def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, c
         profile=cfg.profile,
         cells=len(cells),
         trials=sum(len(c.lrs) for c in cells.values()),
-        lrs={arch: s.learning_rates(arch) for arch in dict.fromkeys(c.arch for c in cells)},
-        steps=sorted({budget_steps(c, s) for c in cells.values()}),
+        lrs={arch: s.optim.learning_rates(arch) for arch in dict.fromkeys(c.arch for c in cells)},
+        steps=sorted({budget_steps(c, s.optim) for c in cells.values()}),
         factor=factor,
         slots=slots,
         unit=unit,

@@ -371,12 +371,11 @@ def measure(
     ``steps`` steps on ``device`` over random sequences of ``length`` tokens, ``batch`` a step, with the CPU threads a
     trial gets (at most this machine's), on ``share`` of a GPU (its memory capped so, as a packed trial's);
     ``callbacks`` run before the timer's."""
-    settings = replace(
-        TrainSettings.of(cfg),
+    settings = TrainSettings.of(cfg).replaced(
         batch_size=batch,
         max_steps=warmup + steps,
         precision=precision,
-        threads=min(cfg.sweep.cpus_per_trial, os.cpu_count() or 1),
+        threads=min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1),
         use_gpu=device.type == "cuda",
         workers=1,
         step=step,
@@ -395,7 +394,7 @@ def measure(
         data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
-            trainer.fit(module, loader(data, batch, cell.seed, False, parts=parts))
+            trainer.fit(module, loader(data, batch, cell.seed, shuffle=False, parts=parts))
     finally:
         torch.set_num_threads(threads)
     ran = module.step_forward.mode if module.step_forward else step
@@ -457,7 +456,7 @@ def measure_all(
     it) of the dataset of median L among those it trains on; ``batch`` default: the profile's. Round by round: every
     architecture's first shape, then every one's second, and so on; past ``deadline`` (time.monotonic()) no new round
     starts, once every architecture has one. ``measured`` hears the throughput so far after each measurement."""
-    threads = min(cfg.sweep.cpus_per_trial, os.cpu_count() or 1)
+    threads = min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1)
     name = device_name(device, threads)
     plans = {}
     for arch in dict.fromkeys(c.arch for c in cells):
@@ -479,7 +478,7 @@ def measure_all(
                     cfg,
                     cell,
                     length=length or cell.max_len,
-                    batch=batch or cfg.sweep.batch_size,
+                    batch=batch or cfg.sweep.optim.batch_size,
                     steps=steps,
                     warmup=warmup,
                     device=device,

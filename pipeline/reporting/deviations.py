@@ -27,27 +27,29 @@ class Deviation:
 
 def rates(cfg: Config) -> str:
     s = cfg.sweep
-    own = "; ".join(f"{arch} {', '.join(f'{lr:g}' for lr in lrs)}" for arch, lrs in s.arch_lrs.items())
-    return ", ".join(f"{lr:g}" for lr in s.learning_rates()) + (f" ({own})" if own else "")
+    own = "; ".join(f"{arch} {', '.join(f'{lr:g}' for lr in lrs)}" for arch, lrs in s.optim.arch_lrs.items())
+    return ", ".join(f"{lr:g}" for lr in s.optim.learning_rates()) + (f" ({own})" if own else "")
 
 
 def deviations(cfg: Config) -> list[Deviation]:
     s, g = cfg.sweep, cfg.generate
-    budget = f"{s.max_steps:,} steps" if s.max_steps > 0 else f"{s.epochs} epochs"
+    budget = f"{s.optim.max_steps:,} steps" if s.optim.max_steps > 0 else f"{s.optim.epochs} epochs"
     return [
         Deviation(
             "optimiser and learning rate",
             "DP: AdamW (0.9, 0.999), lr 1e-4, weight decay 0.01, dropout 0.1. Separations: Adam, the best of 7 "
             "rates from 1e-2 to 1e-6",
-            f"{s.optimizer}, rates {rates(cfg)}, weight decay {s.weight_decay:g}, dropout {s.dropout:g}, linear "
-            f"warm-up over {s.warmup_fraction:.0%} of the first budget then constant",
+            f"{s.optim.optimizer}, rates {rates(cfg)}, weight decay {s.optim.weight_decay:g}, "
+            f"dropout {s.model.dropout:g}, linear "
+            f"warm-up over {s.optim.warmup_fraction:.0%} of the first budget then constant",
             "fewer rates than the separations paper's 7 can leave a model the paper tuned to success unsolved: a "
             "'fails' is only as strong as the rates tried",
         ),
         Deviation(
             "batch and budget",
             "DP: batch 512, 100 epochs of 1M. Separations: batch 64, a fresh batch each step, up to 250k steps",
-            f"batch {s.batch_size}, {budget} extended up to {s.max_budget_factor}x while still improving; "
+            f"batch {s.optim.batch_size}, {budget} extended up to {s.verdict.max_budget_factor}x while still "
+            "improving; "
             f"{g.train_samples:,} training samples generated once",
             "a shorter budget ends more trials undecided (no verdict), never unsolved: a trial is unsolved only once "
             "converged; on the separations tasks a fixed training set can be memorised where fresh batches cannot",
@@ -55,7 +57,7 @@ def deviations(cfg: Config) -> list[Deviation]:
         Deviation(
             "early stopping",
             "DP: none (100 epochs). Separations: stop at (almost) perfect validation accuracy",
-            f"stop once validation holds the task's target ({s.patience} checks), or once converged below it",
+            f"stop once validation holds the task's target ({s.verdict.patience} checks), or once converged below it",
             "a model stopped at its target might have gone higher: read the verdicts at other thresholds "
             "(sensitivity columns)",
         ),
@@ -63,8 +65,8 @@ def deviations(cfg: Config) -> list[Deviation]:
             "width, depth and heads",
             "DP: 4 heads, FFN 4x, 3 layers (5 on ED). Separations: heads tuned over {4, 8}, depths {1, 2, 4, 6} "
             "(LSTM up to 3), widths {64, ..., 512}",
-            f"{s.heads} heads; widths {s.widths}; depths {s.depths}"
-            + (f"; per architecture {s.arch_depths}" if s.arch_depths else ""),
+            f"{s.model.heads} heads; widths {s.grid.widths}; depths {s.grid.depths}"
+            + (f"; per architecture {s.grid.arch_depths}" if s.grid.arch_depths else ""),
             "a claim names the paper's widths and depths; the coverage says where ours differ",
         ),
         Deviation(
@@ -76,21 +78,21 @@ def deviations(cfg: Config) -> list[Deviation]:
         Deviation(
             "precision",
             "not stated (V100s and 1080 Tis)",
-            s.precision,
+            s.optim.precision,
             "bf16 can cost a little accuracy at a threshold as high as 99%",
         ),
         Deviation(
             "seeds and selection",
             "the best run over the grid (separations); seeds not stated",
-            f"seeds {s.seeds}; a cell's result is its best learning rate on validation; a claim counts a cell "
+            f"seeds {s.grid.seeds}; a cell's result is its best learning rate on validation; a claim counts a cell "
             "only when every seed solved on validation and the mean test accuracy reaches the threshold",
             "stricter than a best run: a claim can be not tested or fail where the paper's best run passed",
         ),
         Deviation(
             "evaluation",
             "DP: final answer, greedy decoding. Separations: 5,000 fresh test strings at length exactly N",
-            f"the same scoring on {s.eval_samples or 'all'} test samples; verdicts decided on a validation split "
-            "drawn as the test set is",
+            f"the same scoring on {s.evaluation.eval_samples or 'all'} test samples; verdicts decided on a "
+            "validation split drawn as the test set is",
             "fewer test samples widen the interval around a borderline accuracy (marked in the tables)",
         ),
         Deviation(

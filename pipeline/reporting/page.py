@@ -241,12 +241,14 @@ trial was solved.</li>
 block; see conf/ for the grid and optimiser.</li>
 <li>Verdicts (<code>pipeline.training.verdict</code>), decided on the validation split (drawn as the test set is,
 from a stream of its own; never the test set): <b>solved</b> = final-answer accuracy at or above the threshold at
-<code>sweep.patience</code> consecutive checks; <b>unsolved</b> = converged below the threshold: over the last
-<code>sweep.convergence_window</code> of the steps trained (after at least <code>sweep.convergence_min_steps</code>),
-the best validation loss fell by no more than <code>sweep.convergence_tolerance</code> (relative) and the best
-validation accuracy rose by no more than <code>sweep.min_delta</code>, so more training would not solve it;
+<code>sweep.verdict.patience</code> consecutive checks; <b>unsolved</b> = converged below the threshold: over the last
+<code>sweep.verdict.convergence_window</code> of the steps trained (after at least
+<code>sweep.verdict.convergence_min_steps</code>),
+the best validation loss fell by no more than <code>sweep.verdict.convergence_tolerance</code> (relative) and the best
+validation accuracy rose by no more than <code>sweep.verdict.min_delta</code>, so more training would not solve it;
 <b>undecided</b> = the step budget ran out while it was still improving, after the budget was doubled up to
-<code>sweep.max_budget_factor</code> times: no evidence of what the model cannot do, so never counted as unsolved
+<code>sweep.verdict.max_budget_factor</code> times: no evidence of what the model cannot do, so never counted as
+unsolved
 (the tables show an upper bound or "undecided", and a claim that rests on it is not tested); <b>diverged</b> = a
 loss not finite; <b>failed</b> = the trial raised. <b>Borderline</b> (&asymp;) = the 95% interval of the test
 accuracy contains the threshold. A cell is its best learning rate, chosen on validation.</li></ul>"""

@@ -12,7 +12,8 @@
   fails at once when the autoscaler's node groups cannot hold a trial, and after the wait otherwise, with a
   ``ServiceError`` naming the missing resource.
 - ``trial_slots``: how many trials run at once, by each node's scarcest resource; on a cluster
-  ``sweep.max_concurrent_trials`` where set, so that trials waiting in Ray's queue make an autoscaler start nodes.
+  ``sweep.resources.max_concurrent_trials`` where set, so that trials waiting in Ray's queue make an autoscaler start
+  nodes.
 - ``LostNode``: the error of a sweep that lost nodes until none could run a trial
   (``pipeline.scheduling.tuning.NodeWatch``).
 - ``probe_nodes``: one zero-CPU task per node imports the package and opens a dataset through the storage path,
@@ -188,8 +189,8 @@ def check_resources(cpu: float, gpu: float, wait: float) -> None:
     if any(fits(n["Resources"], bundle) for n in alive_nodes()):
         return
     needs = (
-        f"a trial needs {cpu:g} CPUs and {gpu:g} GPUs on one node (sweep.cpus_per_trial, sweep.gpus_per_trial, "
-        "sweep.workers_per_trial)"
+        f"a trial needs {cpu:g} CPUs and {gpu:g} GPUs on one node (sweep.resources.cpus_per_trial, "
+        "gpus_per_trial, workers_per_trial)"
     )
     if wait <= 0:  # a local Ray: no node can join
         raise ServiceError(f"{needs}, but no Ray node has them: {shortfall(alive_nodes(), bundle)}")
@@ -218,18 +219,18 @@ def slots_on(nodes: list[tuple[float, float]], cpu: float, gpu: float) -> int:
 
 
 def trial_slots(cpu: float, gpu: float, wanted: int | None, local: bool) -> int:
-    """Trials at once: ``wanted`` (``sweep.max_concurrent_trials``) where set, else as many as the alive nodes hold
-    (``slots_on``). On a local Ray no node joins, so ``wanted`` is only a cap. On a cluster nodes may join mid-sweep
-    (an autoscaler's, one started by hand), so ``wanted`` is taken as given: the trials beyond what the nodes up hold
-    wait in Ray's queue, and that demand is what makes an autoscaler start nodes."""
+    """Trials at once: ``wanted`` (``sweep.resources.max_concurrent_trials``) where set, else as many as the alive nodes
+    hold (``slots_on``). On a local Ray no node joins, so ``wanted`` is only a cap. On a cluster nodes may join
+    mid-sweep (an autoscaler's, one started by hand), so ``wanted`` is taken as given: the trials beyond what the nodes
+    up hold wait in Ray's queue, and that demand is what makes an autoscaler start nodes."""
     now = slots_on([(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in alive_nodes()], cpu, gpu)
     if local:
         return max(1, min(now, wanted or now))
     if wanted:
         return wanted
     print(
-        f"sweep: {now} trial slots, for the nodes up now (sweep.max_concurrent_trials sets more, for the nodes an "
-        "autoscaler would start)",
+        f"sweep: {now} trial slots, for the nodes up now (sweep.resources.max_concurrent_trials sets more, for the "
+        "nodes an autoscaler would start)",
         flush=True,
     )
     return max(1, now)

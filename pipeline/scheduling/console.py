@@ -7,7 +7,7 @@ running and queued); a frontier search plans more as results come in, up to ``at
 learning rate). The time left is the planned trials left at the rate trained trials have ended so far (running
 trials count as not begun: the estimate errs long). On a terminal the line rewrites itself; in a log (CI,
 ``dvc repro > file``) it is printed every ``every`` seconds and when the sweep ends. Ray Tune's own table of
-trials comes only with ``sweep.console: table``.
+trials comes only with ``sweep.runs.console: table``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The Ray Tune trainable: one learning-rate run of a cell, or a fused trial of several (``sweep.fuse``), in a Ray
-worker (``run_cell``).
+"""The Ray Tune trainable: one learning-rate run of a cell, or a fused trial of several (``sweep.resources.fuse``), in a
+Ray worker (``run_cell``).
 
 It fetches the cell's datasets to the node, trains with Lightning (``pipeline/training/train.py``; a fused trial's
 members as one model, ``pipeline/training/fused_trial.py``), reports to Tune and checkpoints at every validation
@@ -138,7 +138,9 @@ def run_cell(config: dict) -> None:
         for m in members(config)
     ]
     if specs[0].settings.use_gpu and not torch.cuda.is_available():
-        raise RuntimeError(f"the profile asks for GPUs (sweep.gpus_per_trial > 0) but Ray node {node} has none")
+        raise RuntimeError(
+            f"the profile asks for GPUs (sweep.resources.gpus_per_trial > 0) but Ray node {node} has none"
+        )
     where = {"node": node}
     system = SystemSampler(specs[0].settings.use_gpu)
     if "members" in config:

@@ -84,7 +84,7 @@ class DropFinished(tune.Callback):
 class NodeWatch(tune.Callback):
     """Watches the Ray nodes from Tune's loop, at most every ``every`` seconds. A node seen alive that is alive no
     more is named with the unfinished trials whose last report came from it; Tune retries those from their
-    checkpoints on the nodes left (``sweep.max_failures``). A node an autoscaler let go idle, running none, is said
+    checkpoints on the nodes left (``sweep.runs.max_failures``). A node an autoscaler let go idle, running none, is said
     to have left, not counted as lost. Once no alive node can hold a trial (of ``cpu`` CPUs and ``gpu`` GPUs) for
     ``wait`` seconds, raises ``LostNode`` naming the lost nodes and their trials: Tune itself would wait for
     resources forever, warning that it cannot see any."""

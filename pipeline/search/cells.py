@@ -18,7 +18,7 @@ import torch
 import models
 import tasks
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec, cell_id
-from pipeline.common.config import Config, ConfigError, SweepConfig, one_of
+from pipeline.common.config import Config, ConfigError, OptimSection, one_of
 from pipeline.common.provenance import code_hash, library_versions
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_metadata
 
@@ -28,20 +28,21 @@ TRAINABLE = "pipeline.scheduling.trainable"  # the module a trial runs: its impo
 def check_architectures(cfg: Config) -> None:
     """Architecture names and options exist in the model registry (``load_config`` checks everything else): the
     sweep stage checks them before any compute; the stages that never build a model do not import the registry."""
-    for arch in cfg.sweep.architectures:
+    for arch in cfg.sweep.grid.architectures:
         if arch not in models.ARCHITECTURES:
-            raise one_of("sweep.architectures", arch, models.ARCHITECTURES)
-    for key in ("arch_depths", "arch_widths", "arch_lrs", "arch_options"):
-        for arch in getattr(cfg.sweep, key):
+            raise one_of("sweep.grid.architectures", arch, models.ARCHITECTURES)
+    for key in ("grid.arch_depths", "grid.arch_widths", "optim.arch_lrs", "model.arch_options"):
+        section, name = key.split(".")
+        for arch in getattr(getattr(cfg.sweep, section), name):
             if arch not in models.ARCHITECTURES:
                 raise one_of(f"sweep.{key}", arch, models.ARCHITECTURES)
-    for i, pattern in enumerate(cfg.sweep.exclude):
+    for i, pattern in enumerate(cfg.sweep.grid.exclude):
         for arch in pattern.architectures or ():
             if arch not in models.ARCHITECTURES:
-                raise one_of(f"sweep.exclude[{i}].architectures", arch, models.ARCHITECTURES)
-    for arch, options in cfg.sweep.arch_options.items():
+                raise one_of(f"sweep.grid.exclude[{i}].architectures", arch, models.ARCHITECTURES)
+    for arch, options in cfg.sweep.model.arch_options.items():
         try:
-            models.ARCHITECTURES[arch].check_options(options, key=f"sweep.arch_options.{arch}")
+            models.ARCHITECTURES[arch].check_options(options, key=f"sweep.model.arch_options.{arch}")
         except models.ArchitectureError as err:
             raise ConfigError(str(err)) from None
 
@@ -50,7 +51,7 @@ def run_key(train: dict) -> str:
     """What, beyond the cell and learning rate, decides a trial's result: the training settings, the code that
     trains (every project module the trainable imports) and the installed versions of the libraries it trains with
     (``library_versions``: a bump of torch, Lightning, Ray, NumPy, Numba or Triton retrains). A finished run with the
-    same trial key and run key is reused instead of trained (``sweep.reuse``)."""
+    same trial key and run key is reused instead of trained (``sweep.runs.reuse``)."""
     h = hashlib.sha256(json.dumps(train, sort_keys=True).encode())
     h.update(code_hash(TRAINABLE).encode())
     h.update(json.dumps(library_versions(), sort_keys=True).encode())
@@ -64,10 +65,11 @@ def build_cells(cfg: Config, data_dir: Path) -> dict[Cell, CellSpec]:
         paths = {key: dataset_path(data_dir, task, size, key.removesuffix("_path")) for key in DATA_FILES}
         meta = [read_metadata(path) for path in paths.values()]  # train's first
         held = meta[DATA_FILES.index("val_path")]["stats"]["samples"]
-        if held < cfg.sweep.val_samples:  # a file from another config: judged on fewer samples than asked
+        if held < cfg.sweep.evaluation.val_samples:  # a file from another config: judged on fewer samples than asked
             raise DatasetError(
-                f"{paths['val_path']} holds {held} validation samples, but sweep.val_samples scores "
-                f"{cfg.sweep.val_samples}: regenerate it (`dvc repro generate`) with generate.val_samples at least that"
+                f"{paths['val_path']} holds {held} validation samples, but sweep.evaluation.val_samples scores "
+                f"{cfg.sweep.evaluation.val_samples}: regenerate it (`dvc repro generate`) with generate.val_samples "
+                "at least that"
             )
         sha = {key: file_hash(path) for key, path in paths.items()}  # the files' bytes, read once
         datasets[task, size] = {
@@ -109,17 +111,17 @@ def defined_cells(cfg: Config) -> dict[Cell, CellSpec]:
 
 def grid_cells(cfg: Config, datasets: dict[tuple[str, int], dict[str, Any]]) -> dict[Cell, CellSpec]:
     """The grid over ``datasets`` ((task, size) -> its dataset's fields of ``CellSpec``): every architecture, width,
-    depth and seed the profile trains on each, but the cells ``sweep.exclude`` leaves out."""
+    depth and seed the profile trains on each, but the cells ``sweep.grid.exclude`` leaves out."""
     s = cfg.sweep
     cells = {}
-    for task, size, arch, width, depth in s.grid(list(datasets)):
+    for task, size, arch, width, depth in s.grid.cells(list(datasets)):
         data = datasets[task, size]
-        for seed in s.seeds:
+        for seed in s.grid.seeds:
             at = Cell(task, size, arch, width, depth, seed)
             cells[at] = CellSpec(
                 cell=at,
-                arch_options=s.arch_options.get(arch, {}),
-                lrs=tuple(s.learning_rates(arch)),
+                arch_options=s.model.arch_options.get(arch, {}),
+                lrs=tuple(s.optim.learning_rates(arch)),
                 cell_id=cell_id(*at, data_hash=data["data_hash"]),
                 name=f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}",
                 **data,
@@ -143,7 +145,7 @@ def shape_model(cell: CellSpec, heads: int) -> models.LanguageModel:
 
 def unfusable(cells: dict[Cell, CellSpec], heads: int) -> dict[str, str]:
     """architecture -> why its learning rates cannot train as one fused model (``LanguageModel.unbatched``: PyTorch
-    has no batching rule for it), for the architectures of ``cells`` that cannot (``sweep.fuse``)."""
+    has no batching rule for it), for the architectures of ``cells`` that cannot (``sweep.resources.fuse``)."""
     first = {cell.arch: spec for cell, spec in cells.items()}
     why = {arch: shape_model(spec, heads).unbatched for arch, spec in first.items()}
     return {arch: reason for arch, reason in why.items() if reason is not None}
@@ -162,12 +164,12 @@ def model_costs(cell: CellSpec, heads: int) -> dict[str, Any]:
     }
 
 
-def budget_steps(cell: CellSpec, s: SweepConfig) -> int:
+def budget_steps(cell: CellSpec, optim: OptimSection) -> int:
     """A trial's first step budget: ``max_steps``, or ``epochs`` passes over its training samples."""
-    return s.max_steps if s.max_steps > 0 else s.epochs * -(-cell.train_samples // s.batch_size)
+    return optim.max_steps if optim.max_steps > 0 else optim.epochs * -(-cell.train_samples // optim.batch_size)
 
 
-def expected_cost(cell: CellSpec, s: SweepConfig) -> float:
+def expected_cost(cell: CellSpec, optim: OptimSection) -> float:
     """Training GFLOPs if the trial runs its whole first budget: 3 x exact forward FLOPs at L x sequences."""
     assert cell.exact_gflops is not None, "model_costs first"
-    return 3 * cell.exact_gflops * budget_steps(cell, s) * s.batch_size
+    return 3 * cell.exact_gflops * budget_steps(cell, optim) * optim.batch_size

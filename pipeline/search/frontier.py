@@ -1,5 +1,5 @@
 """Which cells to train: the whole grid (``GridPlan``), or a width-frontier search that trains as few cells as it
-can (``FrontierPlan``, ``sweep.search: frontier``).
+can (``FrontierPlan``, ``sweep.search.strategy: frontier``).
 
 A *plan* hands out cells (``propose``), takes each one's verdict (``record``: solved, unsolved or undecided; a
 diverged or failed cell counts as unsolved) and in the end says how every cell of the grid ended, measured or
@@ -8,7 +8,7 @@ drive them with synthetic accuracy oracles.
 
 The frontier finds each chain's (task, architecture, depth, seed) smallest solved width per size, taking it as
 non-decreasing in width and in size: bisection at the smallest size, then each next size starts from the last
-answer and the width below it (or, with ``sweep.predict``, from a predicted interval). An undecided cell bounds
+answer and the width below it (or, with ``sweep.search.predict``, from a predicted interval). An undecided cell bounds
 nothing; a contradiction of the assumptions is reported and settled by training more; every answer rests on
 measured trials at its boundary. Chains move on as their own trials end, not in waves. The rules in full, with
 the predictions and the spare-slot proposals: docs/verdicts-and-search.md.
@@ -274,7 +274,11 @@ class Chain:
         return f"{task} {arch} depth {depth} seed {seed}"
 
 
-PREDICTORS = ("seeds", "sizes", "neighbours")  # sweep.predict: the sources a frontier predicts from, most trusted first
+PREDICTORS = (
+    "seeds",
+    "sizes",
+    "neighbours",
+)  # sweep.search.predict: the sources a frontier predicts from, most trusted first
 
 
 class FrontierPlan:
@@ -402,7 +406,7 @@ def searched(status: Status) -> Status:
 
 
 def make_plan(search: str, cells: Iterable[Cell], predict: Sequence[str] = ()) -> Plan:
-    """The plan ``sweep.search`` names (grid or frontier; the config allows no other)."""
+    """The plan ``sweep.search.strategy`` names (grid or frontier; the config allows no other)."""
     return FrontierPlan(cells, predict) if search == "frontier" else GridPlan(cells)
 
 

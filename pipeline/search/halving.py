@@ -1,17 +1,17 @@
-"""Successive halving of a cell's learning rates (``sweep.lr_search: halving``).
+"""Successive halving of a cell's learning rates (``sweep.search.lr_search: halving``).
 
-Every learning rate of a cell trains to the first rung (``sweep.halving_rungs[0]`` steps) and pauses there at a
-validation, with its checkpoint; when all of them have paused or ended, the best ``sweep.halving_keep`` of them go
-on to the next rung from their checkpoints, as if they had never stopped, and the rest are *dropped*. After the last
-rung the leaders train to their verdicts under the usual rules (``pipeline.training.verdict``). A learning rate
-that solves the cell ends the halving: the paused ones are dropped, since the cell's result is its best run and
-nothing ranks above solved.
+Every learning rate of a cell trains to the first rung (``sweep.search.halving_rungs[0]`` steps) and pauses there at a
+validation, with its checkpoint; when all of them have paused or ended, the best ``sweep.search.halving_keep`` of them
+go on to the next rung from their checkpoints, as if they had never stopped, and the rest are *dropped*. After the last
+rung the leaders train to their verdicts under the usual rules (``pipeline.training.verdict``). A learning rate that
+solves the cell ends the halving: the paused ones are dropped, since the cell's result is its best run and nothing ranks
+above solved.
 
 Ranking by accuracy at a rung drops late bloomers: on these tasks a rate that plateaus early often leads one that
 solves later, after a jump. So a learning rate that solved one of the nearest solved cells of the same task,
 architecture and depth (``favoured``: the searcher knows them) goes on whatever its rank, as the likeliest to solve
 this cell too; and until a chain has a solved cell, nothing tells the two kinds of rate apart, so by default
-(``sweep.halving_unguided: keep``) every rate of such a cell goes on to its verdict.
+(``sweep.search.halving_unguided: keep``) every rate of such a cell goes on to its verdict.
 
 A dropped run is recorded as dropped with its reason, never as unsolved: it says which learning rate lost, not what
 the model cannot do.
@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.common.config import SweepConfig
+from pipeline.common.config import SearchSection
 from pipeline.training.status import Status
 
 
@@ -37,11 +37,11 @@ class Halving:
     unguided: Literal["keep", "rank"] = "keep"  # a cell with no solved neighbour: every rate goes on, or by rank
 
     @classmethod
-    def of(cls, sweep: SweepConfig) -> Halving:
+    def of(cls, search: SearchSection) -> Halving:
         """The sweep's halving; no rungs under ``lr_search: all`` (its rungs, if set, are left unused)."""
-        if sweep.lr_search == "all":
+        if search.lr_search == "all":
             return cls()
-        return cls(tuple(sweep.halving_rungs), sweep.halving_keep, sweep.halving_unguided)
+        return cls(tuple(search.halving_rungs), search.halving_keep, search.halving_unguided)
 
     def params(self) -> dict[str, str | float]:
         """The settings as the sweep's MLflow parameters (none without rungs)."""

@@ -1,7 +1,7 @@
 """Search strategies replayed on recorded trials: what a strategy would have trained, at what cost and in what wall
 time on N slots, without training anything.
 
-A sweep that trained every (cell, learning rate) to its verdict (``sweep.search: grid``, ``lr_search: all``)
+A sweep that trained every (cell, learning rate) to its verdict (``sweep.search.strategy: grid``, ``lr_search: all``)
 recorded each trial's verdict, training FLOPs and seconds (``results/trials.csv``) and its validations
 (``results/curves.csv``: step, validation accuracy, training PFLOPs so far). ``replay`` drives the sweep's own
 ``CellSearcher`` over a plan (``pipeline.search.frontier``) and a successive halving (``pipeline.search.halving``)

@@ -18,10 +18,10 @@ chain, ``favoured``) are suggested again as trials that continue from their rung
 (``tuning.RungCheckpoints`` learns where Tune stored it) and the others are dropped (``dropped`` hears of each, so
 that the sweep tags its MLflow run and deletes its checkpoints).
 
-With ``fuse`` (``sweep.fuse: learning_rates``), the learning rates of a cell that are due together are one Tune trial
-(``pipeline.training.fused_trial``): its config lists them as ``members`` (each with its trial key and the checkpoint
-it continues from), its results report each one (``members``, a list: Tune passes lists through as they are), and
-everything after is per learning rate as above: the runs, the rungs (the leaders continue as one smaller group), the
+With ``fuse`` (``sweep.resources.fuse: learning_rates``), the learning rates of a cell that are due together are one
+Tune trial (``pipeline.training.fused_trial``): its config lists them as ``members`` (each with its trial key and the
+checkpoint it continues from), its results report each one (``members``, a list: Tune passes lists through as they are),
+and everything after is per learning rate as above: the runs, the rungs (the leaders continue as one smaller group), the
 reuse. Learning rates continuing from checkpoints of different steps are separate groups, one per step.
 """
 

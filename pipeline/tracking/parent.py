@@ -22,19 +22,19 @@ def open_parent_run(cfg: Config, cells: dict[Cell, CellSpec], train: dict, key: 
     commit = git_commit()
     params = {
         "profile": cfg.profile,
-        "search": s.search,
-        "predict": ",".join(s.predict) or "none",
-        "lr_search": s.lr_search,
-        **Halving.of(s).params(),
+        "search": s.search.strategy,
+        "predict": ",".join(s.search.predict) or "none",
+        "lr_search": s.search.lr_search,
+        **Halving.of(s.search).params(),
         "cells": len(cells),
-        "architectures": ",".join(s.architectures),
-        "widths": ",".join(map(str, s.widths)),
-        "depths": ",".join(map(str, s.depths)),
-        "seeds": ",".join(map(str, s.seeds)),
-        "lrs": ",".join(f"{lr:g}" for lr in s.learning_rates()),
-        **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.arch_lrs.items()},
+        "architectures": ",".join(s.grid.architectures),
+        "widths": ",".join(map(str, s.grid.widths)),
+        "depths": ",".join(map(str, s.grid.depths)),
+        "seeds": ",".join(map(str, s.grid.seeds)),
+        "lrs": ",".join(f"{lr:g}" for lr in s.optim.learning_rates()),
+        **{f"lrs.{a}": ",".join(f"{lr:g}" for lr in lrs) for a, lrs in s.optim.arch_lrs.items()},
         "run_key": key,
-        "reuse": s.reuse,
+        "reuse": s.runs.reuse,
         **{f"train.{k}": v for k, v in train.items()},
         **{f"library.{k}": v for k, v in library_versions().items()},  # what the run key hashes besides the code
     }
@@ -47,7 +47,7 @@ def open_parent_run(cfg: Config, cells: dict[Cell, CellSpec], train: dict, key: 
     }
     client, parent = start_parent(
         cfg.cluster.mlflow(),
-        s.experiment,
+        s.runs.experiment,
         f"sweep-{cfg.profile}-{time.strftime('%Y%m%d-%H%M%S')}",
         params=params,
         tags=tags,

@@ -124,7 +124,7 @@ def summarise(
     busy = float((trained.train_seconds.fillna(0) + trained.eval_seconds.fillna(0)).sum())
     return {
         "profile": cfg.profile,
-        "search": cfg.sweep.search,
+        "search": cfg.sweep.search.strategy,
         "cells": len(table),
         "measured": len(measured),
         "inferred": int((~table.measured).sum()),

@@ -104,7 +104,7 @@ def check_server(uri: str, experiment: str | None) -> None:
         raise ServiceError(
             f"MLflow server at {uri}: {sender(creds)} may read experiment {experiment!r} (id "
             f"{exp['experiment_id']}) but not write to it (HTTP 403): its owner or an admin must grant this user "
-            "EDIT on it, or set sweep.experiment to a new experiment"
+            "EDIT on it, or set sweep.runs.experiment to a new experiment"
         )
 
 

@@ -154,6 +154,7 @@ def loader(
     data: Dataset,
     batch_size: int,
     seed: int,
+    *,
     shuffle: bool,
     rank: int = 0,
     world: int = 1,

@@ -6,13 +6,13 @@ fit (weights, optimiser, learning-rate schedule, loop counters, the stopping cal
 Lightning leaves out: torch's RNG, the CPU's and the GPU's (dropout), the training sampler's place in its epoch,
 the compute and time spent so far. The Tune worker's ``Resumable`` hands the directory to
 ``tune.report(..., checkpoint=...)``, which copies it to ``cluster.storage_path`` and keeps the newest
-``sweep.checkpoints_to_keep``. Resuming is Lightning's ``fit(ckpt_path=..., weights_only=True)``: the file holds
+``sweep.runs.checkpoints_to_keep``. Resuming is Lightning's ``fit(ckpt_path=..., weights_only=True)``: the file holds
 tensors and plain values only.
 
 Driver side: ``latest`` finds checkpoints of earlier sweeps that died before their trials ended, by trial key
 under the same run key (same data, settings and code), so a rerun continues them instead of starting over.
 ``tuning.DropFinished`` deletes a trial's checkpoints once it has ended with its verdict recorded (unless
-``sweep.keep_checkpoints``): a finished run is reused from MLflow by later sweeps, never resumed, and a
+``sweep.runs.keep_checkpoints``): a finished run is reused from MLflow by later sweeps, never resumed, and a
 checkpoint holds three floats a parameter (weights and AdamW's two moments), so at paper scale the finished
 trials' checkpoints would fill the storage (two of a width-1024, depth-5 model: about 1.5 GB).
 """

@@ -1,5 +1,5 @@
-"""A data-parallel trial: ``sweep.workers_per_trial`` processes on one node train one model with Lightning's DDP
-(gloo on CPU, nccl on GPU), at the same global batch as one worker.
+"""A data-parallel trial: ``sweep.resources.workers_per_trial`` processes on one node train one model with Lightning's
+DDP (gloo on CPU, nccl on GPU), at the same global batch as one worker.
 
 Why Lightning's DDP inside the Ray Tune trial, not Ray Train's TorchTrainer: the trial process itself is rank 0, so
 reports, checkpoints and retries go through Tune exactly as for a one-worker trial, with no second layer of

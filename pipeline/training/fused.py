@@ -16,7 +16,7 @@ A member's slice of the optimizer is also what a separate trial's checkpoint hol
 torch.optim.Adam(W) state dict and its LambdaLR's), and K of those load back into one (``load_state_dict`` of
 ``{"members": [...], "active": [...]}``): a fused trial's members are checkpointed, and resumed, as separate trials.
 
-``clip_per_member`` is the trial's gradient clip (``sweep.grad_clip``: Lightning's ``gradient_clip_val``, torch's
+``clip_per_member`` is the trial's gradient clip (``sweep.optim.grad_clip``: Lightning's ``gradient_clip_val``, torch's
 ``clip_grad_norm_`` over all of one model's parameters) for each member apart.
 
 ``fused_step`` builds what one fused training step needs, for an architecture and shape, and ``FusedStep`` runs
@@ -259,9 +259,9 @@ def fused_optimizer(model: Fused, lrs: Sequence[float], settings: TrainSettings,
     """``SequenceModel.configure_optimizers_for`` for fused members: plain Adam (``optimizer: adam``, no weight
     decay), else AdamW with weight decay on matrices only; warm-up over ``warmup_fraction`` of ``total_steps``."""
     warmup = warmup_steps(settings, total_steps)
-    if settings.optimizer == "adam":
+    if settings.optim.optimizer == "adam":
         return FusedAdam(model.parameters(), lrs, decoupled=False, warmup=warmup)
-    return FusedAdam(decay_groups(model.parameters(), settings.weight_decay, matrix=3), lrs, warmup=warmup)
+    return FusedAdam(decay_groups(model.parameters(), settings.optim.weight_decay, matrix=3), lrs, warmup=warmup)
 
 
 def fused_step(
@@ -287,10 +287,10 @@ def fused_step(
         vocab_size=vocab_size,
         width=width,
         depth=depth,
-        heads=settings.heads,
+        heads=settings.model.heads,
         max_len=max_len,
-        dropout=settings.dropout,
+        dropout=settings.model.dropout,
         **(options or {}),
     )
     fused = Fused([model] * len(lrs)).to(device)
-    return FusedStep(fused, fused_optimizer(fused, lrs, settings, total_steps), settings.grad_clip)
+    return FusedStep(fused, fused_optimizer(fused, lrs, settings, total_steps), settings.optim.grad_clip)

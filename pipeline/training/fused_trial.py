@@ -223,7 +223,7 @@ class FusedSequenceModel(SequenceModel):
             if self.val_data is not None:
                 with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
                     accuracy = self.final_accuracy(
-                        self.val_data, self.spec.settings.eval_batch_size, self.device, self.fused.member(k)
+                        self.val_data, self.spec.settings.evaluation.eval_batch_size, self.device, self.fused.member(k)
                     )
                 self.log(f"m{k}/val_accuracy", accuracy)
 
@@ -237,7 +237,7 @@ class FusedSequenceModel(SequenceModel):
         return fused_optimizer(self.fused, lrs, self.spec.settings, int(self.trainer.estimated_stepping_batches))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        if gradient_clip_val:  # sweep.grad_clip: each member's norm over its own parameters
+        if gradient_clip_val:  # sweep.optim.grad_clip: each member's norm over its own parameters
             clip_per_member(self.fused.parameters(), gradient_clip_val)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -435,7 +435,7 @@ def fit_members(
         build = functools.partial(FusedSequenceModel, specs, members)
         trainer, module = fit_module(specs[0], build, members, saver, callbacks, log_every)
     assert isinstance(module, FusedSequenceModel)  # what build makes
-    test = read_dataset(Path(specs[0].cell.test_path)).head(specs[0].settings.eval_samples)
+    test = read_dataset(Path(specs[0].cell.test_path)).head(specs[0].settings.evaluation.eval_samples)
     results = []
     for k, spec in enumerate(specs):
         stopped = members.stopped[k]

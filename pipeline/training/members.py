@@ -1,6 +1,6 @@
 """The learning-rate runs a trial trains, as its config names them and its reports list them: one, or a fused trial's
-members (``sweep.fuse``, ``pipeline.training.fused_trial``). Plain dicts, without torch or Ray: the searcher (run by
-the forecast and the replay, which import neither) and the Tune worker read them alike.
+members (``sweep.resources.fuse``, ``pipeline.training.fused_trial``). Plain dicts, without torch or Ray: the searcher
+(run by the forecast and the replay, which import neither) and the Tune worker read them alike.
 
 A fused trial's config lists its ``members`` (each with ``lr``, ``trial_key``, ``resume``, ``resume_step``) beside
 the settings they share (``train``, without ``lr``); its reports list ``members`` (each with its ``trial_key`` and

@@ -1,17 +1,17 @@
 """Cells that fit: how many micro-batches a trial splits its batch into so that it fits the memory it was given.
 
-A trial's memory = the static part (weights, gradients and AdamW's two moments: 16 bytes a parameter, float32 also
-under mixed precision, where Lightning keeps float32 weights) + the activations autograd keeps for the backward pass,
-which grow with the samples of one forward pass. Those are measured, not modelled: one forward pass of one sample at
-the dataset's longest length, on the trial's device under its precision, with autograd's saved-tensor hooks (each
-storage counted once), plus the logits and their gradient. The batch (``sweep.batch_size``, per data-parallel worker)
-then runs as ``micro_batches`` forward and backward passes whose gradients add up to the batch's
+A trial's memory = the static part (weights, gradients and AdamW's two moments: 16 bytes a parameter, float32 also under
+mixed precision, where Lightning keeps float32 weights) + the activations autograd keeps for the backward pass, which
+grow with the samples of one forward pass. Those are measured, not modelled: one forward pass of one sample at the
+dataset's longest length, on the trial's device under its precision, with autograd's saved-tensor hooks (each storage
+counted once), plus the logits and their gradient. The batch (``sweep.optim.batch_size``, per data-parallel worker) then
+runs as ``micro_batches`` forward and backward passes whose gradients add up to the batch's
 (``pipeline.training.batches`` weighs each part's loss by its share of the batch's predicted tokens).
 
-The budget: ``sweep.memory_gb_per_trial``, else the trial's share of its GPU (``gpus_per_trial`` below 1, which the
-worker's allocator is also capped to), else none (a CPU trial runs its whole batch at once). A trial that does not fit
-even one sample per pass raises ``DoesNotFit``, which says how many GB it needs; the trainable records it as failed
-with that reason, without retrying it.
+The budget: ``sweep.resources.memory_gb_per_trial``, else the trial's share of its GPU (``gpus_per_trial`` below 1,
+which the worker's allocator is also capped to), else none (a CPU trial runs its whole batch at once). A trial that does
+not fit even one sample per pass raises ``DoesNotFit``, which says how many GB it needs; the trainable records it as
+failed with that reason, without retrying it.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def fit_memory(
         raise DoesNotFit(
             f"needs {fit.needed(1) / GB:.3g} GB at one sample per forward pass (weights and optimiser state "
             f"{static / GB:.3g} GB, activations of one sample of {length} tokens {per_sample / GB:.3g} GB, "
-            f"x {HEADROOM} headroom), has {budget / GB:.3g} GB (sweep.memory_gb_per_trial, or the trial's GPU share)"
+            f"x {HEADROOM} headroom), has {budget / GB:.3g} GB (sweep.resources.memory_gb_per_trial, or the "
+            "trial's GPU share)"
         )
     return MemoryFit(budget, static, per_sample, math.ceil(batch / math.floor(room / per_sample)))
 
@@ -147,6 +148,6 @@ def memory_cap(share: float, total: float, context: float = CUDA_CONTEXT) -> flo
         raise DoesNotFit(
             f"a share of {share:g} of a GPU of {total / GB:.3g} GB is {share * total / GB:.3g} GB, no more than the "
             f"{context / GB:.3g} GB a CUDA process holds outside its allocator: pack fewer trials a GPU "
-            "(sweep.gpus_per_trial)"
+            "(sweep.resources.gpus_per_trial)"
         )
     return cap

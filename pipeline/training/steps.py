@@ -1,4 +1,4 @@
-"""How a trial's training step runs (``sweep.step``): eager, compiled, or graphed, eager the fallback of both.
+"""How a trial's training step runs (``sweep.resources.step``): eager, compiled, or graphed, eager the fallback of both.
 
 A narrow model's step on a GPU is bound by kernel launches and host work, not by its FLOPs: an H100 took 5.5 ms for a
 1-layer Transformer step at width 64 and 5.95 ms at width 512 (docs/gpu.md). ``compiled`` runs the model's training
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def effective(step: StepMode, device: torch.device) -> tuple[StepMode, str]:
     """The step mode that runs on ``device``, and why it is not ``step`` ("" when it is)."""
     if step == "graphed" and device.type != "cuda":
-        return "eager", f"sweep.step: graphed needs a GPU (CUDA graphs); on {device.type} the step runs eager"
+        return "eager", f"sweep.resources.step: graphed needs a GPU (CUDA graphs); on {device.type} the step runs eager"
     return step, ""
 
 
@@ -39,8 +39,8 @@ def pad_to(step: StepMode, device: torch.device, longest: int) -> int | None:
 
 
 class StepForward:
-    """The model's training forward, (B, T) tokens -> (B, T, V) logits, as ``sweep.step`` runs it; eager where that
-    mode cannot run (``mode`` says what ran last, ``why`` why it is not the mode asked for)."""
+    """The model's training forward, (B, T) tokens -> (B, T, V) logits, as ``sweep.resources.step`` runs it; eager where
+    that mode cannot run (``mode`` says what ran last, ``why`` why it is not the mode asked for)."""
 
     def __init__(self, model: torch.nn.Module, step: StepMode, device: torch.device):
         self.model = model
@@ -59,7 +59,9 @@ class StepForward:
         try:
             return self.compiled(tokens)
         except Exception as err:  # noqa: BLE001 (compilation raises many types); the model is unchanged by it
-            self.why = f"sweep.step: {self.mode} failed ({type(err).__name__}: {str(err).strip()[:300]}); eager"
+            self.why = (
+                f"sweep.resources.step: {self.mode} failed ({type(err).__name__}: {str(err).strip()[:300]}); eager"
+            )
             log.warning(self.why)
             self.mode, self.compiled = "eager", None
             return self.model(tokens)

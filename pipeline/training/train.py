@@ -46,7 +46,7 @@ from pipeline.training.memory import budget_bytes, fit_memory, memory_cap
 from pipeline.training.settings import TrainSettings
 from pipeline.training.status import Status
 from pipeline.training.steps import StepForward, pad_to
-from pipeline.training.verdict import Convergence, Verdict
+from pipeline.training.verdict import Verdict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,10 +63,10 @@ class TrialSpec:
     @classmethod
     def for_cell(cls, cell: CellSpec, train: dict, pause_at: int | None = None) -> TrialSpec:
         """A trial of ``cell`` with ``train``, as the searcher ships it to a Ray worker: ``TrainSettings`` as a dict,
-        plus ``lr``. A key ``TrainSettings`` does not know is an error, not dropped."""
+        plus ``lr`` (``TrainSettings.params``). A key ``TrainSettings`` does not know is an error, not dropped."""
         if "lr" not in train:
             raise TypeError("a trial's settings lack its learning rate, lr")
-        settings = TrainSettings(**{k: v for k, v in train.items() if k != "lr"})
+        settings = TrainSettings.from_params({k: v for k, v in train.items() if k != "lr"})
         return cls(cell=cell, settings=settings, lr=train["lr"], pause_at=pause_at)
 
 
@@ -98,9 +98,9 @@ class SequenceModel(L.LightningModule):
             vocab_size=spec.cell.vocab_size,
             width=spec.cell.width,
             depth=spec.cell.depth,
-            heads=spec.settings.heads,
+            heads=spec.settings.model.heads,
             max_len=spec.cell.max_len,
-            dropout=spec.settings.dropout,
+            dropout=spec.settings.model.dropout,
             **spec.cell.arch_options,
         )
         # 3 x exact forward FLOPs of every sequence trained on (forward + backward), by every worker: the sum
@@ -108,8 +108,8 @@ class SequenceModel(L.LightningModule):
         self.synced_flops, self.unsynced_flops = 0, 0
         self.flops_by_length: dict[int, int] = {}  # sequence length -> exact forward FLOPs
         self.ncp = NextCharacterTargets(spec.cell.vocab) if spec.cell.family == "ncp" else None
-        # the training forward as sweep.step runs it (set up on its device by ``setup``); kept out of the module's
-        # children, so that a checkpoint holds the model's weights once, under their own names
+        # the training forward as sweep.resources.step runs it (set up on its device by ``setup``); kept out of the
+        # module's children, so that a checkpoint holds the model's weights once, under their own names
         self.__dict__["_step_forward"] = None
         self.last_loss: torch.Tensor | None = None  # the last training step's loss, logged at each validation
 
@@ -119,7 +119,7 @@ class SequenceModel(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         device = self.trainer.strategy.root_device  # where the model will train (it is moved there after setup)
-        self.__dict__["_step_forward"] = StepForward(self.model, self.spec.settings.step, device)
+        self.__dict__["_step_forward"] = StepForward(self.model, self.spec.settings.resources.step, device)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -182,7 +182,7 @@ class SequenceModel(L.LightningModule):
         model.eval()
         right = 0
         with torch.no_grad():
-            for batch in loader(data, batch_size, 0, False):
+            for batch in loader(data, batch_size, 0, shuffle=False):
                 inputs, targets = batch.inputs.to(device), batch.targets.to(device)
                 ok = self.correct(model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
                 right += int(ok.all(1).sum())
@@ -217,7 +217,9 @@ class SequenceModel(L.LightningModule):
             self.log("train_loss", self.last_loss, sync_dist=self.spec.settings.workers > 1)
         if self.val_data is not None:
             with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
-                accuracy = self.final_accuracy(self.val_data, self.spec.settings.eval_batch_size, self.device)
+                accuracy = self.final_accuracy(
+                    self.val_data, self.spec.settings.evaluation.eval_batch_size, self.device
+                )
             self.log("val_accuracy", accuracy)
 
     def configure_optimizers(self):
@@ -232,11 +234,11 @@ class SequenceModel(L.LightningModule):
         2,400-step one), and a trial still improving at its budget continues with a longer one
         (``verdict.Verdict``), which a constant rate continues as it was."""
         s = self.spec.settings
-        if s.optimizer == "adam":
+        if s.optim.optimizer == "adam":
             opt = torch.optim.Adam(self.parameters(), lr=self.spec.lr, betas=(0.9, 0.999))
         else:
             opt = torch.optim.AdamW(
-                decay_groups(self.parameters(), s.weight_decay), lr=self.spec.lr, betas=(0.9, 0.999)
+                decay_groups(self.parameters(), s.optim.weight_decay), lr=self.spec.lr, betas=(0.9, 0.999)
             )
         warmup = warmup_steps(s, total_steps)
 
@@ -259,7 +261,7 @@ def decay_groups(params, weight_decay: float, matrix: int = 2) -> list[dict]:
 
 def warmup_steps(settings: TrainSettings, total_steps: int) -> int:
     """Steps of the learning rate's linear warm-up: ``warmup_fraction`` of the first budget, at least 1."""
-    return max(1, int(settings.warmup_fraction * max(1, total_steps)))
+    return max(1, int(settings.optim.warmup_fraction * max(1, total_steps)))
 
 
 # ---- one trial ----------------------------------------------------------------------------------------------
@@ -299,9 +301,7 @@ def fit(
 def trial_verdict(spec: TrialSpec) -> Verdict:
     """The trial's ``Verdict`` under its settings, its task's target and its pause."""
     s = spec.settings
-    convergence = Convergence(s.convergence_window, s.convergence_tolerance, s.convergence_min_steps, s.min_delta)
-    target = s.targets.get(spec.cell.task, s.threshold)
-    return Verdict(s.threshold, s.patience, convergence, s.max_budget_factor, s.stop_when_solved, spec.pause_at, target)
+    return Verdict(s.threshold, s.verdict, spec.pause_at, s.targets.get(spec.cell.task, s.threshold))
 
 
 def fit_module(
@@ -320,12 +320,20 @@ def fit_module(
     device = trial_device(s, rank)
     L.seed_everything(spec.cell.seed, workers=True, verbose=False)
     train = read_dataset(Path(spec.cell.train_path))
-    val = read_dataset(Path(spec.cell.val_path)).head(s.val_samples)
+    val = read_dataset(Path(spec.cell.val_path)).head(s.evaluation.val_samples)
     module = build(val)
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
-    longest = pad_to(s.step, device, int(train.lengths.max()))  # a graphed step's one shape
+    longest = pad_to(s.resources.step, device, int(train.lengths.max()))  # a graphed step's one shape
     train_loader = loader(
-        train, s.batch_size, spec.cell.seed, True, rank, s.workers, parts, s.loader_workers, pad_to=longest
+        train,
+        s.optim.batch_size,
+        spec.cell.seed,
+        shuffle=True,
+        rank=rank,
+        world=s.workers,
+        parts=parts,
+        processes=s.resources.loader_workers,
+        pad_to=longest,
     )
     parallel = (
         dict(devices=s.workers, strategy=distributed.strategy(s.use_gpu), use_distributed_sampler=False)
@@ -339,10 +347,10 @@ def fit_module(
             s,
             parts,
             **parallel,
-            max_epochs=s.epochs,
+            max_epochs=s.optim.epochs,
             # in loader batches, which are micro-batches: every val_every_steps optimiser steps
-            val_check_interval=s.val_every_steps and s.val_every_steps * parts,
-            check_val_every_n_epoch=None if s.val_every_steps else 1,
+            val_check_interval=s.evaluation.val_every_steps and s.evaluation.val_every_steps * parts,
+            check_val_every_n_epoch=None if s.evaluation.val_every_steps else 1,
             num_sanity_val_steps=0,
             log_every_n_steps=log_every,
             callbacks=[stopping, *callbacks, checkpoints],
@@ -354,7 +362,7 @@ def fit_module(
             trainer.fit(
                 module,
                 train_loader,
-                loader(val, s.eval_batch_size, 0, False),
+                loader(val, s.evaluation.eval_batch_size, 0, shuffle=False),
                 ckpt_path=checkpoints.resume,
                 weights_only=True,
             )
@@ -383,10 +391,10 @@ def trial_trainer(settings: TrainSettings, parts: int, **options) -> L.Trainer:
         # the ranks this trial starts itself (LOCAL_RANK, distributed.py), never a SLURM or other scheduler's
         # environment that the Ray worker happens to inherit
         plugins=[LightningEnvironment()],
-        precision=settings.precision,
-        max_steps=settings.max_steps,
+        precision=settings.optim.precision,
+        max_steps=settings.optim.max_steps,
         accumulate_grad_batches=parts,
-        gradient_clip_val=settings.grad_clip,
+        gradient_clip_val=settings.optim.grad_clip,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -396,19 +404,19 @@ def trial_trainer(settings: TrainSettings, parts: int, **options) -> L.Trainer:
 
 
 def micro_batches(settings: TrainSettings, model: torch.nn.Module, length: int, device: torch.device) -> int:
-    """How many parts each worker's batch trains in: ``sweep.micro_batches``, else the fewest that fit the trial's
-    memory (``pipeline/training/memory.py``; raises ``DoesNotFit``), else 1. The measurement draws no random
+    """How many parts each worker's batch trains in: ``sweep.resources.micro_batches``, else the fewest that fit the
+    trial's memory (``pipeline/training/memory.py``; raises ``DoesNotFit``), else 1. The measurement draws no random
     numbers from the trial's generators."""
-    if settings.micro_batches is not None:
-        return settings.micro_batches
-    budget = budget_bytes(settings.memory_gb_per_trial, settings.gpu_share, device)
+    if settings.resources.micro_batches is not None:
+        return settings.resources.micro_batches
+    budget = budget_bytes(settings.resources.memory_gb_per_trial, settings.gpu_share, device)
     if budget is None:
         return 1
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         fit = fit_memory(
             model.to(device),
             length,
-            settings.batch_size // settings.workers,
+            settings.optim.batch_size // settings.workers,
             budget,
             device,
             functools.partial(autocast, settings, device),
@@ -417,10 +425,10 @@ def micro_batches(settings: TrainSettings, model: torch.nn.Module, length: int, 
 
 
 def autocast(settings: TrainSettings, device: torch.device):
-    """The forward context Lightning's precision plugin trains under (``sweep.precision``)."""
-    if settings.precision == "32-true":
+    """The forward context Lightning's precision plugin trains under (``sweep.optim.precision``)."""
+    if settings.optim.precision == "32-true":
         return contextlib.nullcontext()
-    return MixedPrecision(settings.precision, device.type).forward_context()
+    return MixedPrecision(settings.optim.precision, device.type).forward_context()
 
 
 # What ``score`` returns besides status and reason: the metrics a cell's row shows (results/sweep.csv), then those
@@ -436,7 +444,7 @@ TRIAL_METRICS = ("resumed_step", "checkpoints", "checkpoint_seconds", "checkpoin
 
 def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: Verdict) -> dict:
     """The verdict and the test set's score of a fitted trial (rank 0 only), with its costs."""
-    test = read_dataset(Path(spec.cell.test_path)).head(spec.settings.eval_samples)
+    test = read_dataset(Path(spec.cell.test_path)).head(spec.settings.evaluation.eval_samples)
     metrics, seconds = resumable.last_metrics(), resumable.elapsed()
     return scored(
         spec, trainer, module, module.model, verdict, trainer.global_step, module.train_flops, metrics, seconds, test
@@ -472,7 +480,7 @@ def scored(
     accuracy = math.nan
     if status not in (Status.DIVERGED, Status.PAUSED):
         with trainer.precision_plugin.forward_context():  # the test set under the policy validation used
-            accuracy = module.final_accuracy(test, spec.settings.eval_batch_size, device, model)
+            accuracy = module.final_accuracy(test, spec.settings.evaluation.eval_batch_size, device, model)
     return {
         "status": status,
         "reason": reason,

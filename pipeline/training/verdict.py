@@ -2,7 +2,7 @@
 
 A trial ends at the first of:
 - **solved**: the final-answer accuracy on the validation split (drawn as the test set is, never the test set) is at or
-  above ``report.accuracy_threshold`` at ``sweep.patience`` consecutive validations, and at or above the trial's
+  above ``report.accuracy_threshold`` at ``sweep.verdict.patience`` consecutive validations, and at or above the trial's
   ``target`` too (the highest threshold a claim on its task reads, ``tasks.registry.training_targets``: 99% for the
   separations paper's "near-perfect"), or has converged short of the target: a trial solved at 90% trains on toward
   the target, with the same budget extensions, and its verdict at 90% stands whatever comes after;
@@ -10,9 +10,9 @@ A trial ends at the first of:
   validation accuracy gained over the last ``convergence_window`` of the steps trained, after at least
   ``convergence_min_steps``), so more training would not solve it;
 - **diverged**: the training loss (checked every step) or the validation loss is not finite;
-- **undecided**: the budget ran out while the model was still improving. The budget is ``sweep.max_steps`` (or
-  ``sweep.epochs``); a trial still improving when it reaches it goes on with its budget doubled, up to
-  ``sweep.max_budget_factor`` times the first, before it is called undecided. An undecided trial is no evidence
+- **undecided**: the budget ran out while the model was still improving. The budget is ``sweep.optim.max_steps`` (or
+  ``sweep.optim.epochs``); a trial still improving when it reaches it goes on with its budget doubled, up to
+  ``sweep.verdict.max_budget_factor`` times the first, before it is called undecided. An undecided trial is no evidence
   of what the model cannot do: the tables, claims and the search never count it as unsolved.
 Whichever way it ends, a trial records the highest accuracy its validation held at ``patience`` consecutive checks
 (``sustained``) and whether it had converged: at any threshold t, it is solved if it held t, unsolved if it held
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import lightning as L
 
+from pipeline.common.config import VerdictSection
 from pipeline.training.status import Status
 
 MONITOR = "val_accuracy"  # final-answer accuracy on the validation split, logged by SequenceModel
@@ -51,7 +52,7 @@ class Validation:
 @dataclass(frozen=True)
 class Convergence:
     """When a trial below the threshold has converged: the same rule for every architecture, its parameters the
-    ``sweep.convergence_*`` keys and ``sweep.min_delta`` (defaults in ``pipeline.common.config``).
+    ``sweep.verdict.convergence_*`` keys and ``sweep.verdict.min_delta`` (defaults in ``pipeline.common.config``).
 
     At step s (at least ``min_steps``), the window is the validations after step (1 - window) s, the reference
     those at or before it. Training has converged when, over the window,
@@ -69,6 +70,10 @@ class Convergence:
     tolerance: float
     min_steps: int
     min_delta: float
+
+    @classmethod
+    def of(cls, rules: VerdictSection) -> Convergence:
+        return cls(rules.convergence_window, rules.convergence_tolerance, rules.convergence_min_steps, rules.min_delta)
 
     def evidence(self, checks: list[Validation]) -> tuple[bool, str]:
         """(converged, the evidence in words) at the last check."""
@@ -92,29 +97,29 @@ class Convergence:
 
 
 class Verdict(L.Callback):
-    """Solves a trial at ``threshold`` (``patience`` validations in a row at or above it) and stops it once it
-    also holds ``target`` (default: the threshold), converges (below the threshold: unsolved) or diverges; extends
-    its step budget while it is still improving (doubling, up to ``max_budget_factor`` times the first), and says at
-    the end why it stopped (``outcome``). Without ``stop`` (a fixed-budget grid) only divergence ends a trial early
-    and the budget is never extended; the verdict still records when it was solved and whether it had converged."""
+    """Solves a trial at ``threshold`` (``rules.patience`` validations in a row at or above it) and stops it once it
+    also holds ``target`` (default: the threshold), converges (below the threshold: unsolved; ``Convergence``) or
+    diverges; extends its step budget while it is still improving (doubling, up to ``rules.max_budget_factor`` times
+    the first), and says at the end why it stopped (``outcome``). Without ``rules.stop_when_solved`` (a fixed-budget
+    grid) only divergence ends a trial early and the budget is never extended; the verdict still records when it was
+    solved and whether it had converged."""
 
     def __init__(
-        self,
-        threshold: float,
-        patience: int,
-        convergence: Convergence,
-        max_budget_factor: int,
-        stop: bool = True,
-        pause_at: int | None = None,
-        target: float | None = None,
+        self, threshold: float, rules: VerdictSection, pause_at: int | None = None, target: float | None = None
     ):
-        self.threshold, self.patience, self.convergence, self.stop = threshold, patience, convergence, stop
+        stop = rules.stop_when_solved
+        self.threshold, self.patience, self.convergence, self.stop = (
+            threshold,
+            rules.patience,
+            Convergence.of(rules),
+            stop,
+        )
         self.target = max(threshold, target or threshold)
         self.sustained = 0.0  # the highest accuracy held at ``patience`` consecutive validations
         self.converged = False  # training had converged when it stopped
         self.done = False  # solved and at the target, or converged after solving: nothing left to learn here
         self.pause_at = pause_at  # this attempt ends at this step, a rung, unless a verdict comes first
-        self.max_budget_factor = max_budget_factor if stop else 1
+        self.max_budget_factor = rules.max_budget_factor if stop else 1
         self.streak = 0
         self.status: Status | None = None
         self.reason = ""

@@ -79,15 +79,20 @@ def write_params(path: Path, text: str) -> Path:
 # the RNG must resume too. The sweep of the kill tests (tests/test_resume.py, tests/test_lost_node.py) and the
 # cluster tests (tests/test_cluster.py)
 KILLABLE_SWEEP = """sweep:
-  architectures: [standard, lstm]
-  widths: [16]
-  datasets: {lis: [3]}
-  dropout: 0.1
-  epochs: 100
-  max_steps: 400
-  convergence_min_steps: 400
-  val_every_steps: 20
-  stop_when_solved: false"""
+  grid:
+    architectures: [standard, lstm]
+    widths: [16]
+    datasets: {lis: [3]}
+  model:
+    dropout: 0.1
+  optim:
+    epochs: 100
+    max_steps: 400
+  verdict:
+    stop_when_solved: false
+    convergence_min_steps: 400
+  evaluation:
+    val_every_steps: 20"""
 
 # Each task's small sizes, as the task declares them (``Task.test_sizes``)
 SMALL_SIZES = {name: list(task.test_sizes) for name, task in TASKS.items()}

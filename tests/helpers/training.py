@@ -51,16 +51,14 @@ class MemberCopies(MemberCheckpoints):
 
 
 def with_settings(spec, **settings):
-    """The trial ``spec`` with ``settings`` (``TrainSettings`` fields) changed."""
-    return dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, **settings))
+    """The trial ``spec`` with ``settings`` (``TrainSettings.params`` names) changed."""
+    return dataclasses.replace(spec, settings=spec.settings.replaced(**settings))
 
 
 def short_trial(cfg, data, **settings) -> dict:
     """A 20-step trial of the standard Transformer on the tiny profile's lis, validated every 10 steps (``settings``
     override the profile's): its result, as ``run_trial`` returns it. The GPU tests run it on CUDA in bf16; the
     kit's test runs it on the CPU without Ray, MLflow and DVC."""
-    from dataclasses import asdict
-
     from pipeline.training.settings import TrainSettings
     from pipeline.training.train import TrialSpec, run_trial
     from tests.helpers import dataset_fields, make_cell
@@ -68,6 +66,6 @@ def short_trial(cfg, data, **settings) -> dict:
     size = cfg.generate.datasets["lis"][0]
     cell = make_cell("lis", size, "standard", 32, 2, 0, **dataset_fields(data, "lis", size))
     # epochs enough that max_steps, not the tiny profile's one epoch of 9 steps, ends the budget, never extended
-    base = asdict(TrainSettings.of(cfg)) | {"max_steps": 20, "epochs": 10, "val_every_steps": 10,
-                                            "max_budget_factor": 1}
+    base = TrainSettings.of(cfg).params() | {"max_steps": 20, "epochs": 10, "val_every_steps": 10,
+                                             "max_budget_factor": 1}
     return run_trial(TrialSpec.for_cell(cell, base | settings | {"lr": 3e-3}))
