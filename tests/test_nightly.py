@@ -235,7 +235,8 @@ def test_nights_with_an_injected_regression_no_change_force_and_a_library_bump(t
     nothing here."""
     from tests.helpers.repo import copy_repo, run
 
-    repo = copy_repo(tmp_path, "sweep: {grid: {architectures: [standard, lstm], widths: [8, 16]}, runs: {max_failures: 0}}",
+    repo = copy_repo(tmp_path,
+                     "sweep: {grid: {architectures: [standard, lstm], widths: [8, 16]}, runs: {max_failures: 0}}",
                      tasks=["arithmetic", "lis"])
     first = run([sys.executable, "-m", "pipeline.nightly", "--profile", "tiny"], repo)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

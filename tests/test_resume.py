@@ -258,11 +258,11 @@ def member_checkpoints(repo: Path, since: float) -> dict[tuple[str, str], int]:
 
 
 def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(generated, tmp_path):
-    """``sweep.resources.fuse``: two learning rates of one cell as one fused trial. Its Ray worker SIGKILLed: Tune retries it,
-    and each member goes on from its directory of the trial's last checkpoint (every checkpoint written after the
-    retry is past the step of the kill). Then the whole sweep killed with SIGKILL: the rerun finds each member's
-    directory (under its own trial key), continues them as one fused trial, and ends each as the uninterrupted fused
-    sweep did, one whole MLflow run each, no checkpoint left."""
+    """``sweep.resources.fuse``: two learning rates of one cell as one fused trial. Its Ray worker SIGKILLed: Tune
+    retries it, and each member goes on from its directory of the trial's last checkpoint (every checkpoint written
+    after the retry is past the step of the kill). Then the whole sweep killed with SIGKILL: the rerun finds each
+    member's directory (under its own trial key), continues them as one fused trial, and ends each as the
+    uninterrupted fused sweep did, one whole MLflow run each, no checkpoint left."""
     fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]").replace(
         "max_steps: 400", "max_steps: 400\n    lrs: [0.003, 0.001]") + "\n  resources: {fuse: learning_rates}"
     reference = copy_generated(generated, tmp_path / "whole", fused)
