@@ -42,12 +42,15 @@ IMPLY_SLOW = ("integration", "cluster")
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects, so that it selects on the marks added here
 def pytest_collection_modifyitems(config, items):
     """The tiers: ``integration`` and ``cluster`` tests are ``slow`` too. ``gpu`` tests need CUDA: skipped, and said
-    so, where there is none."""
+    so, where there is none. The modules that hold slow tests run first: with ``-n 2`` each module goes whole to the
+    next free worker in this order, so the long ones start early and the many short ones even out the end."""
     import torch
 
     for item in items:
         if any(item.get_closest_marker(mark) for mark in IMPLY_SLOW) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: each module's tests keep their order
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")
         for item in items:
