@@ -58,6 +58,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: pytest-xdist is absent where ops/gpu-proof runs
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n`` (the README's test command), each module runs whole on one worker, the modules in collection
+    order (``pytest_collection_modifyitems``: the slow ones first), so that module-scoped fixtures are made once."""
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # xdist's default orders modules by their number of tests
+    return LoadFileScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg() -> Config:
     return load_config(profile="tiny")

@@ -24,10 +24,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 NO_NAMESPACES = services.namespace_problem()  # the cluster's test needs them (root)
 
 
-def sweep_repo(dst: Path, data: Path) -> Path:
-    """A copy of this checkout on KILLABLE_SWEEP with the tiny profile's datasets in data/ (the sweep stage alone
-    runs)."""
-    repo = copy_repo(dst, KILLABLE_SWEEP)
+def sweep_repo(dst: Path, data: Path, steps: int = 400) -> Path:
+    """A copy of this checkout on KILLABLE_SWEEP, its trials ``steps`` long, with the tiny profile's datasets in data/
+    (the sweep stage alone runs)."""
+    repo = copy_repo(dst, KILLABLE_SWEEP.replace(": 400", f": {steps}"))  # max_steps, convergence_min_steps
     shutil.copytree(data, repo / "data", dirs_exist_ok=True)
     return repo
 
@@ -115,7 +115,9 @@ def reported_from(storage: Path, ip: str) -> int:
 @pytest.mark.cluster
 @pytest.mark.skipif(bool(NO_NAMESPACES), reason=f"needs network namespaces: {NO_NAMESPACES}")
 def test_a_cluster_sweep_retries_a_lost_worker_nodes_trial_on_the_head(tiny_data, tmp_path):
-    repo = sweep_repo(tmp_path / "checkout", tiny_data)
+    # long enough that the worker's trial is seen in storage before it ends: its reports reach storage through the
+    # driver, which shares two busy cores with both nodes (400 steps ended unseen under `pytest -n 2`)
+    repo = sweep_repo(tmp_path / "checkout", tiny_data, steps=1200)
     shared = tmp_path / "shared"
     # the head's GCS declares a silent node dead after 1 s instead of Ray's 15 s (3 s a check, 5 missed)
     with services.ray_cluster(tmp_path / "ray", RAY_health_check_period_ms="500",
