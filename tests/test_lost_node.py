@@ -27,7 +27,9 @@ NO_NAMESPACES = services.namespace_problem()  # the cluster's test needs them (r
 def sweep_repo(dst: Path, data: Path, steps: int = 400) -> Path:
     """A copy of this checkout on KILLABLE_SWEEP, its trials ``steps`` long, with the tiny profile's datasets in data/
     (the sweep stage alone runs)."""
-    repo = copy_repo(dst, KILLABLE_SWEEP.replace(": 400", f": {steps}"))  # max_steps, convergence_min_steps
+    sweep = KILLABLE_SWEEP.replace("max_steps: 1600", f"max_steps: {steps}").replace(
+        "stop_when_solved: false", f"stop_when_solved: false\n    convergence_min_steps: {steps}")  # none stops before
+    repo = copy_repo(dst, sweep)
     shutil.copytree(data, repo / "data", dirs_exist_ok=True)
     return repo
 

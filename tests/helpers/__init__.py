@@ -74,10 +74,9 @@ def write_params(path: Path, text: str) -> Path:
     return path
 
 
-# Two trials (one per architecture) of 400 steps each, none stopping before: long enough to be killed mid-way on 2
-# cores (a few seconds of training each), short enough to train again in every test that does. Dropout on, so that
-# the RNG must resume too. The sweep of the kill tests (tests/test_resume.py, tests/test_lost_node.py) and the
-# cluster tests (tests/test_cluster.py)
+# Two trials (one per architecture, 1,600 steps) long enough to be killed mid-way, and to spread over two nodes, on 2
+# busy cores; dropout on, so that the RNG must resume too. The sweep of the kill tests (tests/test_resume.py,
+# tests/test_lost_node.py) and the cluster tests (tests/test_cluster.py)
 KILLABLE_SWEEP = """sweep:
   grid:
     architectures: [standard, lstm]
@@ -87,10 +86,9 @@ KILLABLE_SWEEP = """sweep:
     dropout: 0.1
   optim:
     epochs: 100
-    max_steps: 400
+    max_steps: 1600
   verdict:
     stop_when_solved: false
-    convergence_min_steps: 400
   evaluation:
     val_every_steps: 20"""
 
