@@ -66,6 +66,12 @@ def wait_for(condition, what: str, timeout: float = 300):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def trial_workers(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The Ray workers running trials under ``proc`` (a `dvc repro`)."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    return [p for p in tree if "ray::ImplicitFunc" in " ".join(p.cmdline())]
+
+
 def trials(repo: Path) -> pd.DataFrame:
     return pd.read_csv(repo / "results" / "trials.csv").set_index(["arch", "lr"]).sort_index()
 
@@ -129,9 +135,7 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, gener
     # or later (a trial starting a second after the other had none yet when the first reached step 40)
     wait_for(lambda: len(newest := newest_steps(repo)) == 2 and min(newest.values()) >= 60,
              "a checkpoint at step 60 of both trials")
-    workers = wait_for(lambda: [p for p in psutil.Process(sweep.pid).children(recursive=True)
-                                if "ray::ImplicitFunc" in " ".join(p.cmdline())], "a Ray trial worker of this sweep")
-    workers[0].kill()
+    wait_for(lambda: trial_workers(sweep), "a Ray trial worker of this sweep")[0].kill()
     out, _ = sweep.communicate(timeout=900)
     assert sweep.returncode == 0, out[-3000:]
     got, want = trials(repo), trials(reference)
@@ -267,9 +271,7 @@ def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(genera
     rerun = start(["dvc", "repro"], repo)
     wait_for(lambda: len({m["trial_key"] for m in checkpoints(repo) if m["step"] >= dead_sweeps + 40}) == 2,
              "both members' checkpoints 40 steps past the dead sweep's")
-    worker = wait_for(lambda: [p for p in psutil.Process(rerun.pid).children(recursive=True)
-                               if "ray::ImplicitFunc" in " ".join(p.cmdline())], "the fused trial's Ray worker")
-    worker[0].kill()
+    wait_for(lambda: trial_workers(rerun), "the fused trial's Ray worker")[0].kill()
     out, _ = rerun.communicate(timeout=900)
     assert rerun.returncode == 0, out[-3000:]
     got, want = trials(repo), trials(reference)
