@@ -28,8 +28,6 @@ import pandas as pd
 import psutil
 import ray
 from mlflow.tracking import MlflowClient
-from ray import tune
-from ray.tune import CLIReporter
 
 from pipeline.common.cell import DATA_FILES, Cell, CellSpec
 from pipeline.common.config import RETRAIN_ENV, ROOT, STORES_LOCK, Config, ConfigError, load_config
@@ -39,16 +37,7 @@ from pipeline.data import storage
 from pipeline.data.datasets import DatasetError
 from pipeline.scheduling import cluster
 from pipeline.scheduling.cluster import check_ray
-from pipeline.scheduling.console import SweepProgress
-from pipeline.scheduling.trainable import run_cell
-from pipeline.scheduling.tuning import (
-    DropFinished,
-    NodeWatch,
-    RungCheckpoints,
-    StopOnSignal,
-    TuneChildRuns,
-    TuneSearcher,
-)
+from pipeline.scheduling.tuning import TuneChildRuns, TuneSearcher, train_trials
 from pipeline.search.cells import (
     build_cells,
     check_architectures,
@@ -70,29 +59,10 @@ from pipeline.tracking.runs import (
 )
 from pipeline.tracking.services import ServiceError, check_job_paths, check_mlflow, ui_link
 from pipeline.training import checkpoints
-from pipeline.training.members import members
 from pipeline.training.settings import TrainSettings
 from tasks.registry import training_targets
 
 RESULTS = ROOT / "results"
-
-
-def trial_name(trial) -> str:
-    """The cell and its learning rate (a fused trial's, joined by +)."""
-    lrs = "+".join(f"{m['lr']:g}" for m in members(trial.config))
-    return f"{trial.config['cell']['name']}-lr{lrs}"
-
-
-def reporter() -> CLIReporter:
-    """Ray's trial table, with ``sweep.runs.console: table`` (the progress line of ``pipeline.scheduling.console``
-    comes either way), compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
-    accuracies; refreshed every 30 s in logs."""
-    return CLIReporter(
-        parameter_columns={"cell/cell_id": "cell id"},
-        metric_columns={"step": "step", "val_token_accuracy": "token acc", "final_accuracy": "answer acc"},
-        max_report_frequency=10 if sys.stdout.isatty() else 30,
-        max_progress_rows=40,
-    )
 
 
 def sweep(cfg: Config, data_dir: Path, out_dir: Path) -> pd.DataFrame:
@@ -246,62 +216,6 @@ def prepare_searcher(
         flush=True,
     )
     return children, searcher, to_train
-
-
-def train_trials(
-    cfg: Config,
-    client: MlflowClient,
-    parent: str,
-    searcher: TuneSearcher,
-    children: TuneChildRuns,
-    published: dict[str, str],
-    local: bool,
-    started: float,
-) -> int:
-    """Joins the cluster (a local Ray is already up), checks it can run a trial, and runs Tune until the searcher
-    has nothing left; returns the number of trial slots."""
-    s, store = cfg.sweep, cfg.cluster.storage()
-    address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
-    STOP.install()  # ray.init set its own SIGTERM handler
-    client.log_param(parent, "ray", address)
-    wait = 0 if local else cfg.cluster.node_wait_s  # no node joins a local Ray
-    cluster.check_resources(**s.resources.trial_resources(), wait=wait)
-    if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
-        cluster.probe_nodes(next(iter(published.values())))
-    # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next trial
-    # waits for the last one's worker to come up
-    slots = cluster.trial_slots(**s.resources.trial_resources(), wanted=s.resources.max_concurrent_trials, local=local)
-    tuner = tune.Tuner(
-        tune.with_resources(run_cell, s.resources.trial_resources()),
-        tune_config=tune.TuneConfig(
-            search_alg=searcher,
-            num_samples=-1,
-            max_concurrent_trials=slots,
-            reuse_actors=True,
-            trial_name_creator=trial_name,
-            trial_dirname_creator=lambda t: f"{trial_name(t)}-{members(t.config)[0]['trial_key']}-{t.trial_id}",
-        ),
-        run_config=tune.RunConfig(
-            name=f"{cfg.profile}-{int(started)}",
-            storage_path=store,
-            verbose=1 if s.runs.console == "table" else 0,
-            # a stop request first: it ends the loop before the others read a stopping cluster's events
-            callbacks=[
-                StopOnSignal(),
-                children,
-                SweepProgress(searcher, children.writer, parent),
-                RungCheckpoints(searcher, store),
-            ]
-            + ([] if s.runs.keep_checkpoints else [DropFinished()])
-            + [NodeWatch(**s.resources.trial_resources(), wait=wait)],
-            progress_reporter=reporter() if s.runs.console == "table" else None,
-            failure_config=tune.FailureConfig(max_failures=s.runs.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=s.runs.checkpoints_to_keep),
-        ),
-    )
-    with STOP.deferred():  # a signal stops Tune's loop between two events (StopOnSignal)
-        tuner.fit()
-    return slots
 
 
 def main(argv: list[str] | None = None) -> int:

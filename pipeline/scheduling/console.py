@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from ray import tune
+from ray.tune import CLIReporter
 
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.writer import RunWriter
+from pipeline.training.members import members
 from pipeline.training.status import Status
 
 
@@ -118,3 +120,21 @@ class SweepProgress(tune.Callback):
             else:
                 self.stream.write(text + "\n")
             self.stream.flush()
+
+
+def trial_name(trial) -> str:
+    """The cell and its learning rate (a fused trial's, joined by +)."""
+    lrs = "+".join(f"{m['lr']:g}" for m in members(trial.config))
+    return f"{trial.config['cell']['name']}-lr{lrs}"
+
+
+def reporter() -> CLIReporter:
+    """Ray's trial table, with ``sweep.runs.console: table`` (the progress line of ``pipeline.scheduling.console``
+    comes either way), compact: a row per cell (named task-arch-width-depth-seed) with its cell id, step and
+    accuracies; refreshed every 30 s in logs."""
+    return CLIReporter(
+        parameter_columns={"cell/cell_id": "cell id"},
+        metric_columns={"step": "step", "val_token_accuracy": "token acc", "final_accuracy": "answer acc"},
+        max_report_frequency=10 if sys.stdout.isatty() else 30,
+        max_progress_rows=40,
+    )

@@ -1,20 +1,26 @@
-"""What Ray Tune calls during a sweep, kept apart from the logic it drives so that the forecast, the replay and a
-trial outside Tune import no Ray: the cell searcher with Tune's ``Searcher`` as its base, the trials' MLflow runs
-(``ChildRuns``) as a Tune callback, the callbacks that learn where a paused trial left its checkpoint and delete a
-finished trial's, the one that watches for lost Ray nodes, and the one that ends Tune's loop when the sweep is asked
-to stop."""
+"""A sweep's Tune run (``train_trials``) and what Ray Tune calls during it, kept apart from the logic it drives so
+that the forecast, the replay and a trial outside Tune import no Ray: the cell searcher with Tune's ``Searcher`` as
+its base, the trials' MLflow runs (``ChildRuns``) as a Tune callback, the callbacks that learn where a paused trial
+left its checkpoint and delete a finished trial's, the one that watches for lost Ray nodes, and the one that ends
+Tune's loop when the sweep is asked to stop."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune.search import Searcher
 
+from pipeline.common.config import Config
 from pipeline.common.signals import STOP
 from pipeline.data.storage import location_of
+from pipeline.scheduling import cluster
 from pipeline.scheduling.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
+from pipeline.scheduling.console import SweepProgress, reporter, trial_name
+from pipeline.scheduling.trainable import run_cell
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.runs import ChildRuns
 from pipeline.training.checkpoints import checkpoint_dirs, drop_checkpoints, drop_member, drop_trial
@@ -143,3 +149,59 @@ class StopOnSignal(tune.Callback):
 
     def on_step_begin(self, iteration, trials, **info):
         STOP.check()
+
+
+def train_trials(
+    cfg: Config,
+    client: MlflowClient,
+    parent: str,
+    searcher: TuneSearcher,
+    children: TuneChildRuns,
+    published: dict[str, str],
+    local: bool,
+    started: float,
+) -> int:
+    """Joins the cluster (a local Ray is already up), checks it can run a trial, and runs Tune until the searcher
+    has nothing left; returns the number of trial slots."""
+    s, store = cfg.sweep, cfg.cluster.storage()
+    address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
+    STOP.install()  # ray.init set its own SIGTERM handler
+    client.log_param(parent, "ray", address)
+    wait = 0 if local else cfg.cluster.node_wait_s  # no node joins a local Ray
+    cluster.check_resources(**s.resources.trial_resources(), wait=wait)
+    if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
+        cluster.probe_nodes(next(iter(published.values())))
+    # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next trial
+    # waits for the last one's worker to come up
+    slots = cluster.trial_slots(**s.resources.trial_resources(), wanted=s.resources.max_concurrent_trials, local=local)
+    tuner = tune.Tuner(
+        tune.with_resources(run_cell, s.resources.trial_resources()),
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            num_samples=-1,
+            max_concurrent_trials=slots,
+            reuse_actors=True,
+            trial_name_creator=trial_name,
+            trial_dirname_creator=lambda t: f"{trial_name(t)}-{members(t.config)[0]['trial_key']}-{t.trial_id}",
+        ),
+        run_config=tune.RunConfig(
+            name=f"{cfg.profile}-{int(started)}",
+            storage_path=store,
+            verbose=1 if s.runs.console == "table" else 0,
+            # a stop request first: it ends the loop before the others read a stopping cluster's events
+            callbacks=[
+                StopOnSignal(),
+                children,
+                SweepProgress(searcher, children.writer, parent),
+                RungCheckpoints(searcher, store),
+            ]
+            + ([] if s.runs.keep_checkpoints else [DropFinished()])
+            + [NodeWatch(**s.resources.trial_resources(), wait=wait)],
+            progress_reporter=reporter() if s.runs.console == "table" else None,
+            failure_config=tune.FailureConfig(max_failures=s.runs.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=s.runs.checkpoints_to_keep),
+        ),
+    )
+    with STOP.deferred():  # a signal stops Tune's loop between two events (StopOnSignal)
+        tuner.fit()
+    return slots
