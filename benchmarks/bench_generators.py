@@ -68,7 +68,7 @@ def stage_seconds(name: str, sizes: list[int], train_samples: int, workers: int)
     with tempfile.TemporaryDirectory() as tmp:
         params = Path(tmp) / "params.yaml"
         params.write_text(json.dumps({  # JSON is YAML
-            "profile": "paper", "tasks": sorted(tasks.TASKS), "sweep": {"datasets": {name: sizes}},
+            "profile": "paper", "tasks": sorted(tasks.TASKS), "sweep": {"grid": {"datasets": {name: sizes}}},
             "generate": {"datasets": {name: sizes}, **samples}}))
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "pipeline.generate", "--task", name, "--params", str(params), "--out",

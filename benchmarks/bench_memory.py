@@ -71,7 +71,7 @@ def ensure_data(size: dict, scratch: Path, workers: int) -> Path:
     params = scratch / "params.yaml"
     params.parent.mkdir(parents=True, exist_ok=True)
     params.write_text(json.dumps({  # JSON is YAML; tiny, whose generate section names no other task's settings
-        "profile": "tiny", "tasks": sorted(tasks.TASKS), "sweep": {"datasets": {"lis": [size["n"]]}},
+        "profile": "tiny", "tasks": sorted(tasks.TASKS), "sweep": {"grid": {"datasets": {"lis": [size["n"]]}}},
         "generate": {"datasets": {"lis": [size["n"]]}, "train_samples": size["train"], "test_samples": size["test"],
                      "validate_samples": 2000}}))
     print(f"generating lis n={size['n']} ({size['train']:,} + {size['test']:,} samples) into {data} ...",

@@ -201,6 +201,17 @@ def test_generator_benchmark_writes_its_figures(capsys, tmp_path):
     assert "| 250 / ratio |" in capsys.readouterr().out  # the Markdown the docs quote
 
 
+def test_the_benchmarks_that_generate_data_run_the_generate_stage_on_params_it_takes(tmp_path):
+    """bench_generators' stage timing and bench_memory's dataset each write a params file of their own for the
+    generate stage's command: run for real at a few hundred samples (about 3 s)."""
+    from benchmarks import bench_generators, bench_memory
+
+    assert bench_generators.stage_seconds("lis", [4], 200, 1) > 0
+    size = {"n": 4, "train": 300, "test": 50}
+    data = bench_memory.ensure_data(size, tmp_path, workers=1)
+    assert (data / "lis").is_dir() and bench_memory.ensure_data(size, tmp_path, workers=1) == data  # reused
+
+
 def test_model_benchmark_writes_its_figures(tmp_path, monkeypatch):
     """bench_models --quick --training-only with the timing replaced (so, seconds): both sections of section 1,
     every architecture's throughput and cost against standard, the local patterns' blockwise speed-up."""

@@ -28,6 +28,14 @@ def test_params_yaml_gives_every_registered_task_a_generate_stage():
     assert params["profile"] in config.profiles()
 
 
+@pytest.mark.parametrize("params", sorted((ROOT / "benchmarks").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_params_file_the_benchmarks_keep_loads(params):
+    """The pilot's and the claims run's inputs wait for a lent GPU: they must load when one comes."""
+    cfg = config.load_config(params)
+    check_architectures(cfg)
+    assert cfg.sweep_datasets()
+
+
 def test_paper_profile_declares_both_papers_data_and_the_dp_papers_grid():
     cfg = config.load_config(profile="paper")
     separations = config.load_config(profile="separations")
