@@ -30,7 +30,6 @@ import pandas as pd  # noqa: E402
 from pipeline.reporting.tables import BORDERLINE, cell_means, min_gflops  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
-DP_TASKS = tuple(name for name, task in TASKS.items() if task.paper == "dp")  # each task declares its paper
 SEPARATIONS_TASKS = tuple(name for name, task in TASKS.items() if task.paper == "separations")
 MARKS = {"diverged": "div", "failed": "fail"}
 
