@@ -10,6 +10,7 @@ from pipeline.costs.throughput import ALONE, Mode, Throughput
 from pipeline.forecast import main as forecast_main
 from tests.helpers import write_params
 from tests.helpers.tables import recorded_grid
+from tests.helpers.without import run_without
 
 SECTION_KEYS = {"command", "date", "commit", "dirty", "machine", "settings", "figures"}
 FIGURE_KEYS = {"median", "min", "max", "values", "unit"}
@@ -172,8 +173,11 @@ def test_pack_benchmark_stops_at_its_budget_and_keeps_the_rows_before(tmp_path, 
 
 @pytest.mark.slow
 def test_pack_benchmark_packs_processes_on_one_device(tmp_path):
-    """Part packing: 1 and 2 processes (--quick), each a trial's Lightning steps, timed together."""
-    bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "2", "--parts", "packing"])
+    """Part packing: 1 and 2 processes (--quick), each a trial's Lightning steps, timed together; run as the lent
+    GPU machine runs it, without Ray, MLflow or DVC."""
+    done = run_without("benchmarks.bench_pack", "--quick", "--out", str(tmp_path), "--rounds", "2",
+                       "--parts", "packing")
+    assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for r in pack_rows(tmp_path) if r["part"] == "packing"]
     assert [(r["processes"], r["status"], r["share"]) for r in rows] == [(1, "measured", 1), (2, "measured", 0.5)]
     assert all(is_figure(r["trial_steps_per_s"]) and len(r["trial_steps_per_s"]["values"]) == 2 for r in rows)
@@ -354,14 +358,15 @@ sweep: {grid: {architectures: [transformer, lstm], widths: [8], depths: [1], arc
 
 @pytest.mark.slow
 def test_pilot_trains_each_trial_in_parallel_and_writes_a_line_per_verdict(tmp_path, capsys):
-    """benchmarks.pilot without Ray, MLflow or DVC (about 45 s, most of it starting the trial processes): the grid's
-    trials run two at once, each written as it ends with its cell and verdict, and how they were measured beside
-    them; a deadline that leaves no time writes every trial as cut off instead of dropping it; a params file that
-    cannot run is named before any compute."""
+    """benchmarks.pilot run as on a lent GPU, without Ray, MLflow or DVC (about 45 s, most of it starting the trial
+    processes): the grid's trials run two at once, each written as it ends with its cell and verdict, and how they
+    were measured beside them; a deadline that leaves no time writes every trial as cut off instead of dropping it;
+    a params file that cannot run is named before any compute."""
     from benchmarks import pilot
 
     params = write_params(tmp_path / "pilot.yaml", PILOT)
-    assert pilot.main(["--params", str(params), "--out", str(tmp_path / "a"), "--parallel", "2"]) == 0
+    done = run_without("benchmarks.pilot", "--params", str(params), "--out", str(tmp_path / "a"), "--parallel", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "a" / "pilot.jsonl").read_text().splitlines()]
     assert sorted(r["arch"] for r in lines) == ["lstm", "transformer"]
     assert all(r["train_steps"] == 8 and r["task"] == "eq_one" and r["status"] == "undecided" for r in lines)

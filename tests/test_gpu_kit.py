@@ -14,8 +14,8 @@ import pytest
 import models
 from tests.helpers import ROOT
 from tests.helpers.training import short_trial
+from tests.helpers.without import run_without
 
-BLOCKED = "ray,mlflow,dvc"
 PROOF = str(ROOT / "ops" / "gpu-proof")
 THIS_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -34,15 +34,13 @@ def test_a_short_trial_trains_its_steps_on_the_cpu(tiny_cfg, tiny_data):
 @pytest.mark.slow
 def test_a_trial_trains_with_ray_mlflow_and_dvc_blocked():
     test = "tests/test_gpu_kit.py::test_a_short_trial_trains_its_steps_on_the_cpu"
-    done = subprocess.run([sys.executable, "-m", "tests.helpers.without", BLOCKED, "-m", "pytest", test, "-q",
-                           "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = run_without("pytest", test, "-q", "-p", "no:cacheprovider")
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def test_the_block_refuses_the_packages_and_what_is_under_them():
     """The sweep needs Ray: blocked, it cannot start (``ray.tune`` refused as ``ray`` is)."""
-    done = subprocess.run([sys.executable, "-m", "tests.helpers.without", BLOCKED, "-m", "pipeline.sweep", "--help"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = run_without("pipeline.sweep", "--help", timeout=120)
     assert done.returncode != 0 and "No module named 'ray" in done.stderr and "blocked" in done.stderr
 
 

@@ -18,7 +18,7 @@ What lives where:
 - ``tests.helpers.fused``: ``members``, K models of one shape for a fused model (the fused tests and their GPU
   twin).
 - ``tests.helpers.without``: ``python -m tests.helpers.without ray,mlflow,dvc -m MODULE``, a module run with packages
-  blocked from import, as the lent GPU machine's image lacks them.
+  blocked from import, as the lent GPU machine's image lacks them; ``run_without``, the same from a test.
 - ``tests.helpers.tables``: ``rows``, synthetic sweep-table rows for the claim, report and nightly tests;
   ``recorded_grid``, a made-up grid sweep's trials.csv and curves.csv for the replay tests.
 - ``tests.helpers.browser``: headless Chromium over the DevTools protocol (``Page``, ``report_problems``,

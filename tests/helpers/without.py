@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import importlib.abc
 import runpy
+import subprocess
 import sys
+
+from tests.helpers import ROOT
+
+LENT_LACKS = "ray,mlflow,dvc"  # what the lent GPU machine's image has not
 
 
 class Blocked(importlib.abc.MetaPathFinder):
@@ -21,6 +26,13 @@ class Blocked(importlib.abc.MetaPathFinder):
         if name.partition(".")[0] in self.packages:
             raise ModuleNotFoundError(f"No module named {name!r} (blocked by tests.helpers.without)", name=name)
         return None
+
+
+def run_without(module: str, *args: str, blocked: str = LENT_LACKS, timeout: float = 600
+                ) -> subprocess.CompletedProcess:
+    """``python -m module args`` in this checkout, ``blocked`` refused as the lent GPU machine refuses them."""
+    return subprocess.run([sys.executable, "-m", "tests.helpers.without", blocked, "-m", module, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def main(argv: list[str]) -> None:
