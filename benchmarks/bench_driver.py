@@ -125,7 +125,9 @@ def feed(uri: str, trials: int, validations: int, running: int, gather: float) -
     while pending or live:
         while pending and len(live) < running:
             trial = pending.pop(0)
-            trial.config = searcher.suggest(trial.trial_id)
+            config = searcher.suggest(trial.trial_id)
+            assert isinstance(config, dict), config  # the bench starts no more trials than the plan holds
+            trial.config = config
             tick = time.perf_counter()
             children.on_trial_start(iteration, [], trial)
             t.start.append(time.perf_counter() - tick)
@@ -137,7 +139,7 @@ def feed(uri: str, trials: int, validations: int, running: int, gather: float) -
         result = validation(10 * k, k) if k <= validations else final(10 * validations)
         tick = time.perf_counter()
         for callback in (children, progress):
-            callback.on_trial_result(iteration, [], trial, result)
+            callback.on_trial_result(iteration, [], trial, result)  # type: ignore[arg-type]  # a stand-in Trial
         t.result.append(time.perf_counter() - tick)
         fed += 1
         time.sleep(0)  # Tune's loop waits on Ray between results, which lets other threads run

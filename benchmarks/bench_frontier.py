@@ -39,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -57,7 +58,8 @@ from pipeline.search.replay import load_trials, replay, verified  # noqa: E402
 from pipeline.sweep import sweep  # noqa: E402
 from pipeline.training.status import Status  # noqa: E402
 
-GRID = {  # lis n = 3..6, standard and linear attention, 5 widths, 3 learning rates: 120 (cell, rate) trials
+# lis n = 3..6, standard and linear attention, 5 widths, 3 learning rates: 120 (cell, rate) trials
+GRID: dict[str, Any] = {
     "generate": {"train_samples": 20000, "test_samples": 500, "val_samples": 256, "datasets": {"lis": [3, 4, 5, 6]}},
     "sweep": {"grid": {"architectures": ["standard", "linear"], "widths": [8, 16, 24, 32, 48], "depths": [2],
                        "seeds": [0]},
@@ -69,7 +71,7 @@ GRID = {  # lis n = 3..6, standard and linear attention, 5 widths, 3 learning ra
               "evaluation": {"val_every_steps": 50, "val_samples": 256, "eval_samples": 500},
               "runs": {"reuse": False}},
 }
-QUICK = {  # toy sizes; the toy models plateau at 41-59% (lis 3) and 28-49% (lis 4): 52% splits them
+QUICK: dict[str, Any] = {  # toy sizes; the toy models plateau at 41-59% (lis 3) and 28-49% (lis 4): 52% splits them
     "generate": {"train_samples": 3000, "test_samples": 200, "val_samples": 128, "datasets": {"lis": [3, 4]}},
     "sweep": {"grid": {"architectures": ["standard"], "widths": [8, 16, 32, 64], "depths": [1], "seeds": [0]},
               "search": {"halving_rungs": [30], "halving_keep": 0.5},
@@ -80,10 +82,12 @@ QUICK = {  # toy sizes; the toy models plateau at 41-59% (lis 3) and 28-49% (lis
     "report": {"accuracy_threshold": 0.52},
 }
 PREDICT = ["seeds", "sizes", "neighbours"]  # every source of a predicted width
-MODES = {"grid": {"strategy": "grid", "lr_search": "all"},  # the reference: every (cell, rate) to its verdict
-         "frontier": {"strategy": "frontier", "lr_search": "all"},
-         "frontier+halving": {"strategy": "frontier", "lr_search": "halving"},
-         "frontier+predict+halving": {"strategy": "frontier", "lr_search": "halving", "predict": PREDICT}}
+MODES: dict[str, dict[str, Any]] = {
+    "grid": {"strategy": "grid", "lr_search": "all"},  # the reference: every (cell, rate) to its verdict
+    "frontier": {"strategy": "frontier", "lr_search": "all"},
+    "frontier+halving": {"strategy": "frontier", "lr_search": "halving"},
+    "frontier+predict+halving": {"strategy": "frontier", "lr_search": "halving", "predict": PREDICT},
+}
 
 
 def load(work: Path, grid: dict, mode: dict) -> Config:

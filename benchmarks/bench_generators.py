@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -49,17 +50,33 @@ import tasks  # noqa: E402
 from benchmarks.repeats import ratios, side_by_side, spread  # noqa: E402
 from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
 from pipeline.common.config import load_config  # noqa: E402
+from tasks.base import Task  # noqa: E402
 
 SUITE_SAMPLES = 1_100_000  # 1M train + 100k test per dataset
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def rate(step, seconds: float) -> float:
+def rate(step: Callable[[], int], seconds: float) -> float:
     """Samples per second of ``step()`` (which returns how many samples it made), run for at least ``seconds``."""
     done, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds or done == 0:
         done += step()
     return done / elapsed
+
+
+def reference_rate(task: Task, rnd: random.Random, seconds: float) -> float:
+    """The reference implementation's samples per second, one sample a call."""
+
+    def one() -> int:
+        task.reference_sample(rnd, "train")
+        return 1
+
+    return rate(one, seconds)
+
+
+def kernel_rate(task: Task, rng: np.random.Generator, seconds: float) -> float:
+    """Our kernel's samples per second, in batches of 4,096."""
+    return rate(lambda: len(task.sample_batch(rng, "train", 4096)), seconds)
 
 
 def stage_seconds(name: str, sizes: list[int], train_samples: int, workers: int) -> float:
@@ -114,7 +131,7 @@ def bench_suite(paper: dict[str, list[int]], train_samples: int, rounds: int, re
     print(f"The generate stage per DP task, all its paper sizes, as dvc repro runs it "
           f"({train_samples + train_samples // 10:,} samples a dataset; rounds: {rounds}):", flush=True)
     # task (and the whole suite) -> (1-worker seconds, 2-worker seconds), round by round
-    times = {name: ([], []) for name in [*paper, "all four"]}
+    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in [*paper, "all four"]}
     for r in range(rounds):
         for name, task_sizes in paper.items():
             one, two = side_by_side(partial(stage_seconds, name, task_sizes, train_samples, 1),
@@ -153,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite_only:
         args.tasks = []
     paper = load_config(profile="paper").sweep.grid.datasets  # the DP paper's grid
+    assert paper is not None, "the paper profile names its grid's datasets"
     sizes = {**paper, **load_config(profile="separations").generate.datasets}
     print(f"{os.cpu_count()} CPUs; one process per side; train split; >= {args.seconds} s per measurement; "
           f"rounds: {args.rounds}, the sides alternating which goes first: medians, and each ratio taken round by "
@@ -172,10 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             task = tasks.get_task(name, size)
             rnd, rng = random.Random(0), np.random.default_rng(0)
             task.sample_batch(rng, "train", 1)  # load (or compile) the kernel outside the timing
-            refs, ours = side_by_side(
-                lambda task=task, rnd=rnd: rate(lambda: task.reference_sample(rnd, "train") and 1, args.seconds),
-                lambda task=task, rng=rng: rate(lambda: len(task.sample_batch(rng, "train", 4096)), args.seconds),
-                args.rounds)
+            refs, ours = side_by_side(partial(reference_rate, task, rnd, args.seconds),
+                                      partial(kernel_rate, task, rng, args.seconds), args.rounds)
             ref, our = statistics.median(refs), statistics.median(ours)
             line = f"{name:<13}{size:>5}{ref:>14,.0f}{our:>12,.0f}{spread(ratios(ours, refs), ',.0f', 'x'):>17}"
             row = figures[str(size)] = {"reference_per_s": figure(refs, "samples/s"),

@@ -31,15 +31,18 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import Dataset
 
 import models
 from benchmarks.repeats import ratios, side_by_side, spread
 from benchmarks.results import RESULTS, Results, figure, out_option, out_path
+from models.attention import SoftmaxAttention
 from pipeline.training.batches import Batch
 from pipeline.training.settings import TrainSettings
 from pipeline.training.train import SequenceModel, TrialSpec
@@ -84,7 +87,7 @@ class Timing:
 # ---- 1. training throughput ---------------------------------------------------------------------------------
 def set_blockwise(model: models.LanguageModel, on: bool) -> None:
     for m in model.modules():
-        if hasattr(m, "blockwise"):
+        if isinstance(m, SoftmaxAttention):
             m.blockwise = on
 
 
@@ -146,7 +149,7 @@ def bench_training(q: bool, res: Results) -> None:
     print(f"\n== local attention at L={long}, batch {long_batch}: blockwise vs the dense masked call "
           f"(window {window}, sinks 4, sparse B={models.sparse.block_size(long)})")
     local = {"sliding_window": {"window": window}, "sinks": {"window": window, "sinks": 4}, "sparse": {}}
-    variants = {"standard": ("standard", {}, True)}
+    variants: dict[str, tuple[str, dict, bool]] = {"standard": ("standard", {}, True)}
     for arch, options in local.items():
         variants[arch] = (arch, options, True)
         variants[f"{arch} dense"] = (arch, options, False)
@@ -204,10 +207,13 @@ def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, rec
         cached, steps, recomputed, outputs = [], [], [], []
         for r in range(repeats):
             out, times, seconds = decode_cached(model, prompt, tokens)
-            cached.append(seconds), steps.append(times), outputs.append(out)
+            cached.append(seconds)
+            steps.append(times)
+            outputs.append(out)
             if arch in recompute_for and r < recompute_repeats:
                 again, seconds = decode_recompute(model, prompt, tokens)
-                recomputed.append(seconds), outputs.append(again)
+                recomputed.append(seconds)
+                outputs.append(again)
         tenth = max(1, len(steps[0]) // 10)
         early = [sum(t[:tenth]) / tenth for t in steps]
         late = [sum(t[-tenth:]) / tenth for t in steps]
@@ -246,7 +252,7 @@ def bare_fit(module: SequenceModel, batch, steps: int) -> tuple[list[float], flo
     opt, sched = opt_cfg["optimizer"], opt_cfg["lr_scheduler"]["scheduler"]
     module.train()
     starts = []
-    for b in torch.utils.data.DataLoader([batch] * steps, batch_size=None):
+    for b in torch.utils.data.DataLoader(cast(Dataset, [batch] * steps), batch_size=None):
         starts.append(time.perf_counter())
         loss = module.training_loss(b)
         opt.zero_grad()
@@ -275,7 +281,7 @@ def lightning_fit(module: SequenceModel, batch, steps: int) -> tuple[list[float]
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[timer], num_sanity_val_steps=0, limit_val_batches=0)
     start = time.perf_counter()
-    trainer.fit(module, torch.utils.data.DataLoader([batch] * steps, batch_size=None))
+    trainer.fit(module, torch.utils.data.DataLoader(cast(Dataset, [batch] * steps), batch_size=None))
     return timer.starts, time.perf_counter() - start
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from typing import TypeVar
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 def spread(values: list[float], fmt: str = ".2f", unit: str = "") -> str:
@@ -13,12 +17,13 @@ def spread(values: list[float], fmt: str = ".2f", unit: str = "") -> str:
     return f"{statistics.median(v):{fmt}}{unit} ({v[0]:{fmt}}..{v[-1]:{fmt}})"
 
 
-def side_by_side(first: Callable[[], float], second: Callable[[], float], rounds: int,
-                 start: int = 0) -> tuple[list, list]:
+def side_by_side(first: Callable[[], A], second: Callable[[], B], rounds: int,
+                 start: int = 0) -> tuple[list[A], list[B]]:
     """``first()`` and ``second()`` once per round, the order swapped every other round, so that a slow spell of
     the machine or a drift in its speed favours neither side; their results, round by round. Rounds are numbered
     from ``start`` (odd rounds run ``second`` first), for a caller that runs its own rounds one at a time."""
-    a, b = [], []
+    a: list[A] = []
+    b: list[B] = []
     for r in range(start, start + rounds):
         if r % 2:
             b.append(second())

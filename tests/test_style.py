@@ -1,7 +1,7 @@
 """The habits that keep the code readable, run by the README's test command (and so by .ci/run), with the settings
 in pyproject.toml: ruff's lint over pipeline/, tasks/, models/, benchmarks/, tests/ and docs/examples/ (the worked
 examples of docs/contributing.md); ruff's format over pipeline/, tasks/, models/ and docs/examples/; mypy over
-pipeline/, tasks/ and models/."""
+pipeline/, tasks/, models/ and benchmarks/ (whose GPU paths no CPU test runs: the types are what checks them here)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ What lives where:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pipeline.common.cell import Cell, CellSpec, cell_id
 from pipeline.common.config import ROOT
@@ -47,12 +48,12 @@ def make_cell(task: str = "lis", size: int = 4, arch: str = "standard", width: i
               seed: int = 0, **fields) -> CellSpec:
     """A complete cell record on made-up data (no file behind it), for tests that drive the searcher or MLflow
     runs without a sweep; ``fields`` replace any other field."""
-    defaults = {"arch_options": {}, "lrs": (1e-3,), "train_path": "train.parquet", "test_path": "test.parquet",
-                "val_path": "val.parquet", "sha256": {"train_path": "0", "test_path": "1", "val_path": "2"},
-                "data_hash": "h", "vocab_size": 12, "family": "cot",
-                "vocab": (), "train_samples": 100, "max_len": 10,
-                "cell_id": cell_id(task, size, arch, width, depth, seed, "h"),
-                "name": f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}"}
+    defaults: dict[str, Any] = {
+        "arch_options": {}, "lrs": (1e-3,), "train_path": "train.parquet", "test_path": "test.parquet",
+        "val_path": "val.parquet", "sha256": {"train_path": "0", "test_path": "1", "val_path": "2"},
+        "data_hash": "h", "vocab_size": 12, "family": "cot", "vocab": (), "train_samples": 100, "max_len": 10,
+        "cell_id": cell_id(task, size, arch, width, depth, seed, "h"),
+        "name": f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}"}
     return CellSpec(cell=Cell(task, size, arch, width, depth, seed), **(defaults | fields))
 
 

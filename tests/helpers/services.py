@@ -64,15 +64,16 @@ class Netns:
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on a thread that joined the namespace (a namespace is per thread, so this process's other
         threads stay where they are); returns its result or raises its exception."""
-        if self.path is None:
+        path = self.path
+        if path is None:
             return fn(*args)
         outcome: dict[str, Any] = {}
 
         def run() -> None:
             try:
-                with open(self.path) as handle:
+                with open(path) as handle:
                     if ctypes.CDLL(None, use_errno=True).setns(handle.fileno(), CLONE_NEWNET) != 0:
-                        raise OSError(ctypes.get_errno(), f"setns {self.path}")
+                        raise OSError(ctypes.get_errno(), f"setns {path}")
                 outcome["value"] = fn(*args)
             except BaseException as err:  # re-raised in the caller's thread
                 outcome["error"] = err
