@@ -73,6 +73,8 @@ from pipeline.training.train import SequenceModel, TrialSpec, trial_device
 ARCHS = ("transformer", "mamba", "lstm", "linear_nofm", "dss", "retnet")
 K = 7  # a separations cell's learning rates: the members of one fused trial
 VOCAB = 32
+# both sides of every comparison train under the separations profile's recipe: Adam, no dropout, clip or warm-up
+RECIPE = TrainSettings().replaced(heads=4, dropout=0.0, optimizer="adam", grad_clip=None, warmup_fraction=0.0)
 PARTS = {"fused": 0.40, "packing": 0.20, "lightning": 0.05, "profile": 0.05, "throughput": 0.30}  # budget shares
 PAPER_LRS = (1e-2, 5e-3, 1e-3, 5e-4, 1e-4, 5e-5, 1e-6)  # the separations paper's rates: a fused trial's members
 
@@ -193,12 +195,17 @@ def autocast(device: torch.device):
     return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def step_model(arch: str, shape: Shape) -> models.LanguageModel:
+    """One trial's model at ``shape`` under ``RECIPE``, as ``fused.fused_step`` builds each member."""
+    return models.build_model(arch, vocab_size=VOCAB, width=shape.width, depth=shape.depth, heads=RECIPE.model.heads,
+                              max_len=shape.length + 1, dropout=RECIPE.model.dropout)  # fmt: skip
+
+
 def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Callable[[], None]:
     """One trial's optimiser step on a fixed batch: the forward as ``sweep.resources.step`` runs it (``StepForward``),
     the loss, backward and Adam (the separations paper's optimiser, no clip)."""
-    torch.manual_seed(0)
-    model = models.build_model(arch, vocab_size=VOCAB, width=shape.width, depth=shape.depth, heads=4,
-                               max_len=shape.length + 1).to(device)  # fmt: skip
+    torch.manual_seed(0)  # the initialisation fused_step gives its members
+    model = step_model(arch, shape).to(device)
     forward = StepForward(model, step, device)  # type: ignore[arg-type]
     if forward.why:
         raise NotImplementedError(forward.why)
@@ -221,9 +228,8 @@ def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: b
     graphed, under torch.compile's reduce-overhead mode (CUDA graphs), whose failure the row names."""
     if graphed and device.type != "cuda":
         raise NotImplementedError("graphed needs a GPU: CUDA graphs")
-    settings = TrainSettings().replaced(heads=4, dropout=0.0, optimizer="adam", grad_clip=None, warmup_fraction=0.0)
     lrs = [PAPER_LRS[i % len(PAPER_LRS)] for i in range(k)]
-    step = fused.fused_step(arch, lrs, settings, vocab_size=VOCAB, width=shape.width, depth=shape.depth,
+    step = fused.fused_step(arch, lrs, RECIPE, vocab_size=VOCAB, width=shape.width, depth=shape.depth,
                             max_len=shape.length + 1, device=device)  # fmt: skip
     tokens = torch.randint(2, VOCAB, (shape.batch, shape.length + 1), device=device)
 
@@ -603,8 +609,7 @@ def fused_measure(arch: str, shape: Shape, device: torch.device, plan: Plan, pre
     steps = calibrated(made, device, plan.round_s)
     rate = steps_per_s(made, steps, device)
     with torch.device("meta"):
-        model = models.build_model(arch, vocab_size=VOCAB, width=shape.width, depth=shape.depth, heads=4,
-                                   max_len=shape.length + 1)  # fmt: skip
+        model = step_model(arch, shape)
     flops = 3 * model.exact_flops(shape.length) * shape.batch  # one member's step
     return Measurement(arch, shape.width, shape.depth, shape.length, shape.batch, 1, precision, steps, steps / rate,
                        K * flops * rate, models=K, step="graphed" if graphed else "eager")  # fmt: skip

@@ -1,8 +1,10 @@
 import json
 import time
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 
 import models
 from benchmarks import bench_fused, bench_gpu, bench_models, bench_pack, results
@@ -150,6 +152,23 @@ def test_pack_benchmark_quick_writes_its_rows_in_priority_order_and_the_forecast
     assert forecast_main(["--params", str(params), "--throughput", str(tmp_path / "throughput-tiny.json")]) == 0
     out = capsys.readouterr().out
     assert "2 processes a GPU, eager *" in out and "one trial alone, eager" in out
+
+
+@pytest.mark.parametrize("arch", bench_pack.ARCHS)
+def test_pack_benchmark_times_the_same_model_alone_and_fused(arch, monkeypatch):
+    """A ratio of one trial alone to K fused is read against issue 46's targets: both sides must train the same model
+    (its layers, dropout and initialisation), not one with dropout's extra work beside one without."""
+    shape, cpu, built = bench_pack.QUICK.shapes[0], torch.device("cpu"), []
+    monkeypatch.setattr(bench_pack, "StepForward", lambda model, step, device: built.append(model) or SimpleNamespace(
+        why=None))
+    bench_pack.alone_step(arch, shape, cpu, "eager")
+    real = bench_pack.fused.fused_step
+    monkeypatch.setattr(bench_pack.fused, "fused_step", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    bench_pack.fused_step(arch, shape, 2, cpu, graphed=False)
+    alone, first = built[0], built[1].model.member(0)
+    assert repr(alone) == repr(first)  # dropout's p among the rest
+    for (name, a), (_, b) in zip(alone.state_dict().items(), first.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_pack_benchmark_stops_at_its_budget_and_keeps_the_rows_before(tmp_path, monkeypatch):
