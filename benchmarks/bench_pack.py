@@ -9,17 +9,18 @@ earlier part leaves is a later one's):
 1. ``fused``: one trial alone against K = 7 fused (eager, then graphed) at the separations shape (widths 64 and
    128, depth 1, L = 102, batch 64) and at depth 6, L = 402, for transformer, mamba, lstm, linear_nofm, dss and
    retnet; one trial alone graphed too at the first shape. A bare step (forward, loss, backward, Adam), bf16 on a
-   GPU; trial-steps/s = K x steps/s; each variant timed round by round beside one trial alone (the order turned
-   every round), the ratio per round. The fused step plugs in at ``fused_step``; where this checkout has none, its
-   rows say so.
+   GPU, both sides the same model under ``RECIPE`` (the separations recipe: no dropout); trial-steps/s = K x
+   steps/s; each variant timed round by round beside one trial alone (the order turned every round), the ratio per
+   round.
 2. ``packing``: 1, 2, 4, 8 and 14 processes on one GPU, each a trial's real Lightning steps (the sweep's module,
    its memory capped to its share, ``pipeline.training.memory.memory_cap``), all timed together (a barrier before
    the timed steps): aggregate trial-steps/s, and what a CUDA context holds outside the allocator.
 3. ``lightning``: a trial's Lightning fit against a bare loop over the same module and batches, side by side.
 4. ``profile``: torch.profiler over one trial's steps: kernels a step and the GPU-busy fraction (eager, graphed).
 5. ``throughput``: what ``python -m pipeline.forecast --throughput`` reads (``pipeline.costs.throughput``), for the
-   separations profile (every architecture alone at three widths and two depths, the affine fit's shapes, then
-   packed 8 a GPU at the same shapes) and the paper profile (alone), written as each shape is measured to
+   separations profile (every architecture alone at three widths and two depths, the affine fit's shapes, then K
+   fused as one fused trial's Lightning fit, graphed on a GPU, but for the architectures the sweep cannot fuse,
+   then packed 8 a GPU, at the same shapes) and the paper profile (alone), written as each shape is measured to
    ``throughput-separations.json`` and ``throughput-paper.json`` in ``--out``.
 
 Every row is a line of ``bench_pack.jsonl`` in ``--out``, appended and flushed as it is measured (the first line says
@@ -62,7 +63,7 @@ from pipeline.costs.throughput import (
     random_sequences,
     shapes_to_measure,
 )
-from pipeline.search.cells import defined_cells
+from pipeline.search.cells import defined_cells, unfusable
 from pipeline.training import fused
 from pipeline.training.batches import loader
 from pipeline.training.memory import GB
@@ -546,14 +547,16 @@ def part_profile(plan: Plan, device: torch.device, clock: Clock, rows: Rows) -> 
 # ---- 5. the forecast's throughput ---------------------------------------------------------------------------------
 def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, out: Path) -> None:
     """Each profile's architectures at the affine fit's shapes (``shapes_to_measure`` on a GPU), round by round:
-    alone; then, for the first profile, K fused (graphed on a GPU; where this checkout has fused trials) and packed
-    ``plan.pack`` a GPU (--quick: on the CPU) at the same shapes; the file rewritten after each shape."""
+    alone; then, for the first profile, K fused (one fused trial's Lightning fit, as ``sweep.resources.fuse`` trains
+    a cell's learning rates; graphed on a GPU) and packed ``plan.pack`` a GPU (--quick: on the CPU) at the same
+    shapes; the file rewritten after each shape."""
     clock.part("throughput")
     threads = 1 if device.type == "cpu" else max(1, (os.cpu_count() or 1) // plan.pack)
-    name = device_name(device, threads)
+    name, graphed = device_name(device, threads), device.type == "cuda"
     for profile in plan.throughput:
         cfg = load_config(profile=profile)
         cells = defined_cells(cfg)
+        cannot = unfusable(cells, cfg.sweep.model.heads)  # the sweep trains their learning rates apart
         archs = plan.throughput_archs or list(dict.fromkeys(c.arch for c in cells.values()))
         plans = {}
         for arch in archs:
@@ -583,11 +586,14 @@ def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, 
                         if clock.spent():
                             rows.write(**where, status="skipped: the part's share of the budget is spent")
                             continue
+                        if way == "fused" and arch in cannot:
+                            rows.write(**where, status=f"not measured: the sweep cannot fuse {arch} ({cannot[arch]})")
+                            continue
                         cell = replace(base, cell=base.cell._replace(width=width, depth=depth))
                         kwargs = fit_kwargs(plan, profile, shape, device)
                         try:
-                            if way == "fused":
-                                m = fused_measure(arch, shape, device, plan, kwargs["precision"])
+                            if way == "fused":  # a fused trial as the sweep trains it, graphed where it can be
+                                m = measure(cfg, cell, **kwargs, models=K, step="graphed" if graphed else "eager")
                             else:
                                 m = p.measure(profile, cell, **kwargs)[0] if p else measure(cfg, cell, **kwargs)
                         except TimeUp:
@@ -599,20 +605,6 @@ def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, 
                         Throughput.of_measured(name, done).dump(path)
                         rows.write(**where, status="measured", file=path.name, flops_per_s=m.flops_per_s,
                                    step_ms=1e3 * m.step_seconds, mode=str(m.mode))  # fmt: skip
-
-
-def fused_measure(arch: str, shape: Shape, device: torch.device, plan: Plan, precision: str) -> Measurement:
-    """K trials fused in a bare step (graphed on a GPU), as the forecast reads it: every member's model FLOPs (3 x
-    exact forward FLOPs x sequences, at bench_pack's vocabulary) a second."""
-    graphed = device.type == "cuda"
-    made = fused_step(arch, shape, K, device, graphed)
-    steps = calibrated(made, device, plan.round_s)
-    rate = steps_per_s(made, steps, device)
-    with torch.device("meta"):
-        model = step_model(arch, shape)
-    flops = 3 * model.exact_flops(shape.length) * shape.batch  # one member's step
-    return Measurement(arch, shape.width, shape.depth, shape.length, shape.batch, 1, precision, steps, steps / rate,
-                       K * flops * rate, models=K, step="graphed" if graphed else "eager")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import Config, ResourcesSection, SweepConfig
 from pipeline.costs.schedule import Trial, list_schedule
 from pipeline.costs.throughput import ALONE, ForecastError, Mode, Throughput
-from pipeline.search.cells import budget_steps, expected_cost
+from pipeline.search.cells import budget_steps, expected_cost, unfusable
 
 # grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
 # of the profile's shape (the papers' reported frontiers, made-up curves, exact FLOPs of the real models), one value
@@ -156,7 +156,8 @@ def priced(
     of a GPU; a trial on k workers is taken to train k times as fast as on one). An architecture ``mode`` has a rate
     for trains ``mode.models`` of a cell's learning rates in one job at that rate (the sharing of its GPU measured
     in it); any other trains alone at its rate alone times ``speed``: a share of a GPU no faster in all than one
-    trial alone."""
+    trial alone. So does one the sweep cannot fuse (``unfusable``), whatever a fused step of it measured."""
+    cannot = unfusable(cells, s.model.heads) if mode.models > 1 else {}
     jobs: list[Trial] = []
     sources: dict[str, int] = {}
     alone: list[str] = []
@@ -165,7 +166,7 @@ def priced(
         steps, lrs = budget_steps(cell, s.optim), len(cell.lrs)
         shape = (cell.width, cell.depth, cell.max_len, s.optim.batch_size)
         widths = s.grid.widths_for(cell.arch)
-        if throughput.basis(cell.arch, mode, widths) is not None:
+        if cell.arch not in cannot and throughput.basis(cell.arch, mode, widths) is not None:
             price, members = throughput.price(cell.arch, mode, shape, steps, gflops * 1e9), mode.models
             price = price._replace(seconds=price.seconds / max(speed, 1))  # its share of a GPU is in its rate
         else:

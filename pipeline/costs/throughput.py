@@ -26,8 +26,9 @@ from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import Config, Precision, StepMode
 from pipeline.data.datasets import Dataset
 from pipeline.training.batches import loader
+from pipeline.training.fused_trial import FusedSequenceModel, Members
 from pipeline.training.settings import TrainSettings
-from pipeline.training.train import SequenceModel, TrialSpec, micro_batches, trial_device, trial_trainer
+from pipeline.training.train import SequenceModel, TrialSpec, micro_batches, trial_device, trial_trainer, trial_verdict
 from tasks import EOS_ID
 
 
@@ -363,6 +364,7 @@ def measure(
     precision: Precision,
     step: StepMode = "eager",
     share: float = 1.0,
+    models: int = 1,
     callbacks: Sequence[L.Callback] = (),
 ) -> Measurement:
     """``cell``'s model (architecture, width, depth, options, vocabulary) trained as a trial trains it: the sweep's
@@ -370,7 +372,8 @@ def measure(
     settings but ``precision`` and ``step`` (how the step runs: the measurement says what ran), for ``warmup`` +
     ``steps`` steps on ``device`` over random sequences of ``length`` tokens, ``batch`` a step, with the CPU threads a
     trial gets (at most this machine's), on ``share`` of a GPU (its memory capped so, as a packed trial's);
-    ``callbacks`` run before the timer's."""
+    ``models`` above 1: that many learning rates as one fused trial (``sweep.resources.fuse``), as the sweep trains
+    them, its FLOPs every member's; ``callbacks`` run before the timer's."""
     settings = TrainSettings.of(cfg).replaced(
         batch_size=batch,
         max_steps=warmup + steps,
@@ -381,16 +384,24 @@ def measure(
         step=step,
         gpu_share=share,
     )
-    spec = TrialSpec(cell=replace(cell, max_len=length), settings=settings, lr=cell.lrs[0])
+    # distinct rates, as a cell's are (a rate does not change a step's time)
+    specs = [
+        TrialSpec(cell=replace(cell, max_len=length), settings=settings, lr=cell.lrs[0] / 2**k) for k in range(models)
+    ]
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: ...", as a trial does
     threads = torch.get_num_threads()
     try:
         device = trial_device(settings)
         torch.manual_seed(0)
-        module = SequenceModel(spec)
+        fitted: list[L.Callback] = []
+        if models == 1:
+            module = SequenceModel(specs[0])
+        else:
+            members = Members([trial_verdict(spec) for spec in specs])
+            module, fitted = FusedSequenceModel(specs, members), [members]
         parts = micro_batches(settings, module.model, length, device)
         timer = StepTimer(warmup * parts, device)
-        trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, callbacks=[*callbacks, timer])
+        trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, callbacks=[*callbacks, *fitted, timer])
         data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
@@ -400,7 +411,18 @@ def measure(
     ran = module.step_forward.mode if module.step_forward else step
     rate = timer.flops / timer.seconds
     return Measurement(
-        cell.arch, cell.width, cell.depth, length, batch, parts, precision, steps, timer.seconds, rate, step=ran
+        cell.arch,
+        cell.width,
+        cell.depth,
+        length,
+        batch,
+        parts,
+        precision,
+        steps,
+        timer.seconds,
+        rate,
+        models=models,
+        step=ran,
     )
 
 

@@ -194,6 +194,11 @@ class FusedSequenceModel(SequenceModel):
         self.member_flops = [0] * len(self.specs)  # 3 x exact forward FLOPs of what each member trained on
         self.last_losses: torch.Tensor | None = None  # (K,): the last training step's
 
+    @property
+    def train_flops(self) -> int:
+        """Every member's training FLOPs: what the fused fit computed."""
+        return sum(self.member_flops)
+
     def training_step(self, batch: Batch, batch_idx):
         forward = self.step_forward or self.model
         logits = forward(batch.inputs)  # (K, B, T, V)
