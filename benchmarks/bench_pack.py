@@ -42,6 +42,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -50,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 import models
-from benchmarks.repeats import ratios
+from benchmarks.repeats import ratios, side_by_side
 from benchmarks.results import RESULTS, figure, provenance
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import Config, load_config
@@ -471,8 +472,7 @@ def part_lightning(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n
         return
     cfg, cell = profile_cell(plan.profile, plan.arch, shape)
     kwargs = fit_kwargs(plan, plan.profile, shape, device)
-    lightning = [measure(cfg, cell, **kwargs) for _ in range(n)]
-    bare = [bare_measure(cfg, cell, **kwargs) for _ in range(n)]
+    lightning, bare = side_by_side(partial(measure, cfg, cell, **kwargs), partial(bare_measure, cfg, cell, **kwargs), n)
     per_s = {name: [m.flops_per_s / m.step_flops for m in ms] for name, ms in (("lightning", lightning),
                                                                                ("bare", bare))}  # fmt: skip
     rows.write(**where, status="measured", lightning_steps_per_s=figure(per_s["lightning"], "steps/s"),
@@ -481,30 +481,36 @@ def part_lightning(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n
 
 
 def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, device, precision) -> Measurement:
-    """``measure`` without Lightning: the same module, batches, optimiser and clip, in a plain loop."""
+    """``measure`` without Lightning: the same module, batches, optimiser, clip and CPU threads, in a plain loop."""
+    threads = min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1)  # as ``measure`` gives a trial
     settings = TrainSettings.of(cfg).replaced(batch_size=batch, precision=precision, use_gpu=device.type == "cuda",
-                                              workers=1, threads=torch.get_num_threads())  # fmt: skip
-    device = trial_device(settings)
-    torch.manual_seed(0)
-    module = SequenceModel(TrialSpec(cell=cell, settings=settings, lr=cell.lrs[0])).to(device)
-    opt = module.configure_optimizers_for(warmup + steps)["optimizer"]
-    data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
-    context = autocast(device) if precision != "32-true" else contextlib.nullcontext()
-    start, flops = 0.0, 0
-    for i, b in enumerate(loader(data, batch, cell.seed, shuffle=False)):
-        if i == warmup:
-            synchronize(device)
-            start, flops = time.perf_counter(), module.train_flops
-        with context:
-            loss = module.training_loss(b._replace(inputs=b.inputs.to(device), targets=b.targets.to(device),
-                                                   share=b.share.to(device)))  # fmt: skip
-        loss.backward()
-        if settings.optim.grad_clip:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), settings.optim.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    synchronize(device)
-    seconds = time.perf_counter() - start
+                                              workers=1, threads=threads)  # fmt: skip
+    before = torch.get_num_threads()
+    try:
+        device = trial_device(settings)
+        torch.manual_seed(0)
+        spec = TrialSpec(cell=replace(cell, max_len=length), settings=settings, lr=cell.lrs[0])
+        module = SequenceModel(spec).to(device)
+        opt = module.configure_optimizers_for(warmup + steps)["optimizer"]
+        data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
+        context = autocast(device) if precision != "32-true" else contextlib.nullcontext()
+        start, flops = 0.0, 0
+        for i, b in enumerate(loader(data, batch, cell.seed, shuffle=False)):
+            if i == warmup:
+                synchronize(device)
+                start, flops = time.perf_counter(), module.train_flops
+            with context:
+                loss = module.training_loss(b._replace(inputs=b.inputs.to(device), targets=b.targets.to(device),
+                                                       share=b.share.to(device)))  # fmt: skip
+            loss.backward()
+            if settings.optim.grad_clip:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), settings.optim.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
     return Measurement(cell.arch, cell.width, cell.depth, length, batch, 1, precision, steps, seconds,
                        (module.train_flops - flops) / seconds)  # fmt: skip
 

@@ -173,6 +173,24 @@ def test_pack_benchmark_times_the_same_model_alone_and_fused(arch, monkeypatch):
         assert torch.equal(a, b), name
 
 
+def test_pack_benchmarks_lightning_part_times_its_two_sides_in_turn(tmp_path, monkeypatch):
+    """Lightning against a bare loop, side by side: the order turned every round, so a drift of the machine favours
+    neither (its measurements replaced by their calls, so, no time)."""
+    calls = []
+
+    def timed(name):
+        def measured(cfg, cell, **kwargs):
+            calls.append(name)
+            return SimpleNamespace(flops_per_s=1.0, step_flops=1.0)
+        return measured
+
+    monkeypatch.setattr(bench_pack, "measure", timed("lightning"))
+    monkeypatch.setattr(bench_pack, "bare_measure", timed("bare"))
+    with bench_pack.Clock(60, ["lightning"]) as clock:
+        bench_pack.part_lightning(bench_pack.QUICK, torch.device("cpu"), clock, bench_pack.Rows(tmp_path / "r"), 4)
+    assert calls == ["lightning", "bare", "bare", "lightning"] * 2
+
+
 def test_pack_benchmark_stops_at_its_budget_and_keeps_the_rows_before(tmp_path, monkeypatch):
     """The time guard: a step slower than the budget is cut mid-row; the rows before stay, and the last line says
     why it stopped."""
