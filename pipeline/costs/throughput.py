@@ -410,20 +410,8 @@ def measure(
         torch.set_num_threads(threads)
     ran = module.step_forward.mode if module.step_forward else step
     rate = timer.flops / timer.seconds
-    return Measurement(
-        cell.arch,
-        cell.width,
-        cell.depth,
-        length,
-        batch,
-        parts,
-        precision,
-        steps,
-        timer.seconds,
-        rate,
-        models=models,
-        step=ran,
-    )
+    shape = (cell.arch, cell.width, cell.depth, length, batch)
+    return Measurement(*shape, parts, precision, steps, timer.seconds, rate, models=models, step=ran)
 
 
 def packed(measured: list[Measurement]) -> Measurement:
