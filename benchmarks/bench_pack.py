@@ -60,6 +60,8 @@ from pipeline.costs.throughput import (
     Throughput,
     device_name,
     measure,
+    measured_settings,
+    on_trial_device,
     packed,
     random_sequences,
     shapes_to_measure,
@@ -70,7 +72,7 @@ from pipeline.training.batches import loader
 from pipeline.training.memory import GB
 from pipeline.training.settings import TrainSettings
 from pipeline.training.steps import StepForward
-from pipeline.training.train import SequenceModel, TrialSpec, trial_device
+from pipeline.training.train import SequenceModel, TrialSpec
 
 ARCHS = ("transformer", "mamba", "lstm", "linear_nofm", "dss", "retnet")
 K = 7  # a separations cell's learning rates: the members of one fused trial
@@ -481,13 +483,10 @@ def part_lightning(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n
 
 
 def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, device, precision) -> Measurement:
-    """``measure`` without Lightning: the same module, batches, optimiser, clip and CPU threads, in a plain loop."""
-    threads = min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1)  # as ``measure`` gives a trial
-    settings = TrainSettings.of(cfg).replaced(batch_size=batch, precision=precision, use_gpu=device.type == "cuda",
-                                              workers=1, threads=threads)  # fmt: skip
-    before = torch.get_num_threads()
-    try:
-        device = trial_device(settings)
+    """``measure`` without Lightning: the same settings, module, batches, optimiser, clip and CPU threads, in a plain
+    loop."""
+    settings = measured_settings(cfg, batch=batch, steps=warmup + steps, device=device, precision=precision)
+    with on_trial_device(settings) as device:
         torch.manual_seed(0)
         spec = TrialSpec(cell=replace(cell, max_len=length), settings=settings, lr=cell.lrs[0])
         module = SequenceModel(spec).to(device)
@@ -509,8 +508,6 @@ def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, d
             opt.zero_grad(set_to_none=True)
         synchronize(device)
         seconds = time.perf_counter() - start
-    finally:
-        torch.set_num_threads(before)
     return Measurement(cell.arch, cell.width, cell.depth, length, batch, 1, precision, steps, seconds,
                        (module.train_flops - flops) / seconds)  # fmt: skip
 

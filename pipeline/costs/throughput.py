@@ -4,6 +4,7 @@ elsewhere (``Throughput.load``), never an assumed constant."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -13,7 +14,7 @@ import platform
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, astuple, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple, get_args
@@ -352,6 +353,41 @@ def random_sequences(count: int, length: int, vocab_size: int) -> Dataset:
     return Dataset(Path("random"), {}, tokens.ravel(), offsets, ones, ones)
 
 
+def measured_settings(
+    cfg: Config,
+    *,
+    batch: int,
+    steps: int,
+    device: torch.device,
+    precision: Precision,
+    step: StepMode = "eager",
+    share: float = 1.0,
+) -> TrainSettings:
+    """A measured trial's settings: the profile's but these, one worker, with the CPU threads a trial gets (at most
+    this machine's)."""
+    return TrainSettings.of(cfg).replaced(
+        batch_size=batch,
+        max_steps=steps,
+        precision=precision,
+        threads=min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1),
+        use_gpu=device.type == "cuda",
+        workers=1,
+        step=step,
+        gpu_share=share,
+    )
+
+
+@contextlib.contextmanager
+def on_trial_device(settings: TrainSettings) -> Iterator[torch.device]:
+    """The device ``settings`` trains on, set up as a trial's (``trial_device``); this process's CPU threads put
+    back after."""
+    threads = torch.get_num_threads()
+    try:
+        yield trial_device(settings)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure(
     cfg: Config,
     cell: CellSpec,
@@ -374,24 +410,15 @@ def measure(
     trial gets (at most this machine's), on ``share`` of a GPU (its memory capped so, as a packed trial's);
     ``models`` above 1: that many learning rates as one fused trial (``sweep.resources.fuse``), as the sweep trains
     them, its FLOPs every member's; ``callbacks`` run before the timer's."""
-    settings = TrainSettings.of(cfg).replaced(
-        batch_size=batch,
-        max_steps=warmup + steps,
-        precision=precision,
-        threads=min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1),
-        use_gpu=device.type == "cuda",
-        workers=1,
-        step=step,
-        gpu_share=share,
+    settings = measured_settings(
+        cfg, batch=batch, steps=warmup + steps, device=device, precision=precision, step=step, share=share
     )
     # distinct rates, as a cell's are (a rate does not change a step's time)
     specs = [
         TrialSpec(cell=replace(cell, max_len=length), settings=settings, lr=cell.lrs[0] / 2**k) for k in range(models)
     ]
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: ...", as a trial does
-    threads = torch.get_num_threads()
-    try:
-        device = trial_device(settings)
+    with on_trial_device(settings) as device:
         torch.manual_seed(0)
         fitted: list[L.Callback] = []
         if models == 1:
@@ -406,8 +433,6 @@ def measure(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
             trainer.fit(module, loader(data, batch, cell.seed, shuffle=False, parts=parts))
-    finally:
-        torch.set_num_threads(threads)
     ran = module.step_forward.mode if module.step_forward else step
     rate = timer.flops / timer.seconds
     shape = (cell.arch, cell.width, cell.depth, length, batch)
