@@ -7,9 +7,10 @@ printed the same way:
    (L=400, D=128, batch 32, depth 2, AdamW); local attention also at L=2048, blockwise against the dense masked call;
 2. greedy decoding: our cached decoding vs recomputing the whole prefix every token (what the DP paper's evaluation
    does), checked to produce the same tokens, and the per-token cost early vs late in the sequence;
-3. Lightning vs a bare PyTorch loop on the same model and batch, the same window on both sides;
-4. this CPU's peak (best torch.mm over several sizes) beside its theoretical figure, and training FLOP/s against it;
-5. resident memory (``benchmarks.bench_memory``, run as a subprocess when present).
+3. this CPU's peak (best torch.mm over several sizes) beside its theoretical figure, and training FLOP/s against it;
+4. resident memory (``benchmarks.bench_memory``, run as a subprocess when present).
+
+What Lightning costs a step against a bare loop is ``benchmarks.bench_pack``'s part ``lightning``, on any device.
 
     python -m benchmarks.bench_models                 # every section (about 15 minutes on 2 cores)
     python -m benchmarks.bench_models --quick         # a smoke run in seconds: checks the script, measures nothing
@@ -29,24 +30,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import cast
 
-import lightning as L
-import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 
 import models
-from benchmarks.repeats import ratios, side_by_side, spread
+from benchmarks.repeats import ratios, spread
 from benchmarks.results import RESULTS, Results, figure, out_option, out_path
 from models.attention import SoftmaxAttention
-from pipeline.training.batches import Batch
-from pipeline.training.settings import TrainSettings
-from pipeline.training.train import SequenceModel, TrialSpec
-from tests.helpers import make_cell
 
 VOCAB = 64
 
@@ -233,95 +225,7 @@ def bench_decode(archs, width, depth, batch, tokens, recompute_for, repeats, rec
               f"{spread([1e3 * t for t in late]):>20} {spread(ratios(late, early)):>18}")
 
 
-# ---- 3. Lightning overhead ------------------------------------------------------------------------------------
-def spec_for(arch: str, width: int, depth: int, length: int) -> TrialSpec:
-    cell = make_cell(arch=arch, width=width, depth=depth, train_path="", test_path="", max_len=length,
-                     vocab_size=VOCAB)
-    settings = TrainSettings().replaced(heads=4, dropout=0.0, epochs=1, max_steps=-1, weight_decay=0.01,
-                                        warmup_fraction=0.1, grad_clip=1.0, precision="32-true", val_samples=1,
-                                        val_every_steps=None, eval_samples=None, eval_batch_size=1, threads=2,
-                                        use_gpu=False)  # the batches are the benchmark's own
-    return TrialSpec(cell=cell, settings=settings, lr=1e-3)
-
-
-def bare_fit(module: SequenceModel, batch, steps: int) -> tuple[list[float], float]:
-    """Start time of every step, and the wall time of the whole loop: forward, loss, backward, clip, AdamW,
-    schedule, fetching each batch from a DataLoader as Lightning does."""
-    start = time.perf_counter()
-    opt_cfg = module.configure_optimizers_for(steps)
-    opt, sched = opt_cfg["optimizer"], opt_cfg["lr_scheduler"]["scheduler"]
-    module.train()
-    starts = []
-    for b in torch.utils.data.DataLoader(cast(Dataset, [batch] * steps), batch_size=None):
-        starts.append(time.perf_counter())
-        loss = module.training_loss(b)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    starts.append(time.perf_counter())
-    return starts, starts[-1] - start
-
-
-class StepStarts(L.Callback):
-    def __init__(self):
-        self.starts: list[float] = []
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        self.starts.append(time.perf_counter())
-
-    def on_train_end(self, trainer, module):
-        self.starts.append(time.perf_counter())
-
-
-def lightning_fit(module: SequenceModel, batch, steps: int) -> tuple[list[float], float]:
-    timer = StepStarts()
-    trainer = L.Trainer(accelerator="cpu", max_steps=steps, gradient_clip_val=1.0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[timer], num_sanity_val_steps=0, limit_val_batches=0)
-    start = time.perf_counter()
-    trainer.fit(module, torch.utils.data.DataLoader(cast(Dataset, [batch] * steps), batch_size=None))
-    return timer.starts, time.perf_counter() - start
-
-
-def bench_lightning(q: bool, res: Results) -> None:
-    steps, length, batch_size, repeats = (4, 32, 8, 1) if q else (30, 221, 64, 3)
-    figures = res.section("lightning", {"arch": "standard", "L": length, "batch": batch_size, "depth": 3,
-                                        "steps": steps, "runs": repeats})
-    print(f"\n== Lightning vs a bare PyTorch loop, standard, L={length}, batch {batch_size}, depth 3: wall time "
-          f"between consecutive step starts (median over steps after the first 3) and fit time / steps, "
-          f"{repeats} runs each of {steps} steps, alternating, after a warm-up fit of each")
-
-    def measure(fit, width: int, batch: Batch) -> tuple[float, float]:
-        """Seconds per step: the median between consecutive step starts, and the fit's time over its steps."""
-        starts, total = fit(SequenceModel(spec_for("standard", width, 3, length)), batch, steps)
-        gaps = [b - a for a, b in zip(starts[3:], starts[4:])] or [starts[-1] - starts[0]]
-        return statistics.median(gaps), total / steps
-
-    for width in ([32] if q else [64, 256]):
-        inputs, targets = batch_of(batch_size, length)
-        batch = Batch(inputs, targets, torch.tensor(1.0), np.full(batch_size, length))  # a trial's batch
-        for fit in (bare_fit, lightning_fit):  # warm-up: the first large model in a process pays for the allocator
-            fit(SequenceModel(spec_for("standard", width, 3, length)), batch, 4)
-        runs = side_by_side(partial(measure, bare_fit, width, batch), partial(measure, lightning_fit, width, batch),
-                            repeats)
-        cells = []
-        for k, label in ((0, "step-to-step"), (1, "fit/steps")):
-            bare, lit = ([r[k] for r in side] for side in runs)
-            overheads = [100 * (r - 1) for r in ratios(lit, bare)]
-            bare_s, lit_s = statistics.median(bare), statistics.median(lit)
-            figures.setdefault(f"D={width}", {})[label] = {
-                "bare_ms": figure([1e3 * b for b in bare], "ms"),
-                "lightning_ms": figure([1e3 * x for x in lit], "ms"),
-                "overhead_per_round": figure(overheads, "%"),
-                "overhead_of_medians": figure(100 * (lit_s / bare_s - 1), "%")}
-            cells.append(f"{label} bare {1e3 * bare_s:.1f} ms, Lightning {1e3 * lit_s:.1f} ms, overhead "
-                         f"{100 * (lit_s / bare_s - 1):+.1f}% ({min(overheads):+.1f}..{max(overheads):+.1f})")
-        print(f"standard D={width}: " + "; ".join(cells))
-
-
-# ---- 4. peak and utilisation -----------------------------------------------------------------------------------
+# ---- 3. peak and utilisation -----------------------------------------------------------------------------------
 def theoretical_peak(threads: int) -> tuple[float, str]:
     """threads x clock x 32 FLOP/cycle: two 256-bit FMA pipes, 8 float32 lanes x 2 FLOP each (AVX2 / AVX-512 on
     AMD Zen 4); the clock is /proc/cpuinfo's, which a boost clock can exceed."""
@@ -394,7 +298,7 @@ def bench_utilisation(q: bool, peak: float, res: Results) -> None:
               f"{100 * flops / Timing(times).median / peak:.0f}% of peak")
 
 
-# ---- 5. memory --------------------------------------------------------------------------------------------------
+# ---- 4. memory --------------------------------------------------------------------------------------------------
 def bench_memory(q: bool, out: Path | None) -> None:
     """``benchmarks.bench_memory`` in its own process; its figures go to ``bench_memory.json`` beside ``out``."""
     script = Path(__file__).with_name("bench_memory.py")
@@ -427,7 +331,6 @@ def main(argv: list[str] | None = None) -> None:
         bench_decode(["standard", "sparse", "sliding_window", *recurrent], width=32 if q else 64, depth=2,
                      batch=8 if q else 64, tokens=40 if q else 500, recompute_for={"standard", "linear", "mamba"},
                      repeats=2 if q else 3, recompute_repeats=2, res=res)
-        bench_lightning(q, res)
         bench_utilisation(q, bench_peak(q, args.threads, res), res)
         bench_memory(q, out)
     res.write(out)
