@@ -1,4 +1,4 @@
-"""What the sweep's driver spends on each trial result: the real Tune callbacks of ``pipeline.sweep`` (the
+"""What the sweep's driver spends on each trial result: the real Tune callbacks of the sweep (the
 MLflow child runs and the progress line, over a real ``CellSearcher``) fed the reports of N simulated trials,
 logging to a real MLflow server on 127.0.0.1 (or a SQLite store).
 

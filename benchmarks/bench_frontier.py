@@ -52,10 +52,10 @@ from pipeline.common.cell import Cell  # noqa: E402
 from pipeline.common.config import ROOT, Config, load_config, merge  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
+from pipeline.scheduling.driver import sweep  # noqa: E402
 from pipeline.search.frontier import FrontierPlan, GridPlan, Plan  # noqa: E402
 from pipeline.search.halving import Halving  # noqa: E402
 from pipeline.search.replay import load_trials, replay, verified  # noqa: E402
-from pipeline.sweep import sweep  # noqa: E402
 from pipeline.training.status import Status  # noqa: E402
 
 # lis n = 3..6, standard and linear attention, 5 widths, 3 learning rates: 120 (cell, rate) trials

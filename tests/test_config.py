@@ -8,6 +8,7 @@ import tasks
 from pipeline.common import config
 from pipeline.search.cells import check_architectures
 from tests.helpers import ROOT, write_params
+from tests.helpers.without import run_without
 
 
 @pytest.mark.parametrize("profile", config.profiles())
@@ -289,6 +290,23 @@ def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, overr
     p = write_params(tmp_path / "params.yaml", yaml.safe_dump(base))
     with pytest.raises(config.ConfigError, match=message):
         check_architectures(config.load_config(p))  # as the sweep stage checks it
+
+
+@pytest.mark.parametrize("override, blocked, message", [
+    ("sweep: {max_steps: 3}", "torch,ray,lightning", "sweep.max_steps moved to sweep.optim.max_steps"),
+    ("sweep: {grid: {architectures: [standard, transformr]}}", "ray,lightning",
+     "sweep.grid.architectures: 'transformr' is not allowed"),
+])
+def test_the_sweep_stage_names_a_bad_setting_before_it_imports_ray_and_lightning(tmp_path, override, blocked,
+                                                                                 message):
+    """Seconds of imports (Ray, MLflow, Lightning; torch for the architectures) come after the settings are checked:
+    the stage runs with those packages refused, and still names the setting."""
+    base = {"profile": "tiny", "tasks": ["arithmetic", "lis"]} | yaml.safe_load(override)
+    p = write_params(tmp_path / "params.yaml", yaml.safe_dump(base))
+    done = run_without("pipeline.sweep", "--params", str(p), "--out", str(tmp_path / "results"), blocked=blocked,
+                       timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr
 
 
 @pytest.mark.parametrize("text, line", [

@@ -125,7 +125,7 @@ def test_the_tiny_sweep_gives_the_same_verdicts_with_fusion_on_and_off(tmp_path,
     from mlflow.tracking import MlflowClient
 
     from pipeline.common.config import load_config
-    from pipeline.sweep import sweep
+    from pipeline.scheduling.driver import sweep
     from tests.helpers import write_params
 
     def params(fuse: str, stores: str) -> Path:

@@ -141,7 +141,7 @@ def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_d
     from mlflow.tracking import MlflowClient
 
     from pipeline.common.config import load_config
-    from pipeline.sweep import sweep
+    from pipeline.scheduling.driver import sweep
 
     store, db = tmp_path / "store", tmp_path / "mlflow.db"
     p = write_params(tmp_path / "params.yaml", f"""

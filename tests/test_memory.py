@@ -37,7 +37,7 @@ def test_a_trial_that_cannot_fit_is_recorded_failed_with_what_it_needs_and_not_r
     from mlflow.tracking import MlflowClient
 
     from pipeline.common.config import load_config
-    from pipeline.sweep import sweep
+    from pipeline.scheduling.driver import sweep
 
     store, db = tmp_path / "store", tmp_path / "mlflow.db"
     p = write_params(

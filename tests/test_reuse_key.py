@@ -6,7 +6,7 @@ import hashlib
 import json
 
 from pipeline.common.config import load_config
-from pipeline.sweep import reuse_settings
+from pipeline.scheduling.driver import reuse_settings
 from pipeline.training.settings import TrainSettings
 from tasks.registry import training_targets
 from tests.helpers import write_params

@@ -238,7 +238,7 @@ def test_a_sweeps_trial_trains_with_its_batches_built_in_a_loader_process(tmp_pa
     import pandas as pd
 
     from pipeline.common.config import load_config
-    from pipeline.sweep import sweep
+    from pipeline.scheduling.driver import sweep
 
     store, db = tmp_path / "store", tmp_path / "mlflow.db"
     p = write_params(tmp_path / "params.yaml", f"""

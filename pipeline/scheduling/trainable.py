@@ -6,8 +6,8 @@ members as one model, ``pipeline/training/fused_trial.py``), reports to Tune and
 (with the worker's resource use, ``pipeline/training/system.py``), and reports the final metrics with the verdict at
 the end. A fused trial's reports list its members (``members``: each one's trial key, metrics, verdict) and its
 checkpoints hold a directory per member, each a separate trial's checkpoint. The driver
-(``pipeline/sweep.py``) hands it to Tune by reference, so a worker imports this module and what it needs, not the
-driver's stage module.
+(``pipeline/scheduling/driver.py``) hands it to Tune by reference, so a worker imports this module and what it needs,
+not the driver's module.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ always sent before its termination. MLflow's own asynchronous logging is not use
 drains it for all runs and restarts its threads, and it sends a run's batches from ten threads at once.
 
 A write that fails (MLflow's client has already retried it) is kept in ``errors``; the sweep reports them when
-it ends (``pipeline.sweep``). ``flush`` waits until everything queued so far is sent. The thread starts on the
-first write and is left out when Tune pickles the callbacks that hold a writer.
+it ends (``pipeline.scheduling.driver``). ``flush`` waits until everything queued so far is sent. The thread starts
+on the first write and is left out when Tune pickles the callbacks that hold a writer.
 """
 
 from __future__ import annotations

@@ -28,10 +28,12 @@ class Blocked(importlib.abc.MetaPathFinder):
         return None
 
 
-def run_without(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python -m module args`` in this checkout, the packages the lent GPU machine lacks refused as it refuses
-    them."""
-    return subprocess.run([sys.executable, "-m", "tests.helpers.without", LENT_LACKS, "-m", module, *args], cwd=ROOT,
+def run_without(
+    module: str, *args: str, blocked: str = LENT_LACKS, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """``python -m module args`` in this checkout, the ``blocked`` packages (comma-separated; by default those the lent
+    GPU machine lacks) refused as an absent package is refused."""
+    return subprocess.run([sys.executable, "-m", "tests.helpers.without", blocked, "-m", module, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
