@@ -39,8 +39,8 @@ def test_a_trial_trains_with_ray_mlflow_and_dvc_blocked():
 
 
 def test_the_block_refuses_the_packages_and_what_is_under_them():
-    """The sweep needs Ray: blocked, it cannot start (``ray.tune`` refused as ``ray`` is)."""
-    done = run_without("pipeline.sweep", "--help", timeout=120)
+    """The sweep's driver needs Ray: blocked, it cannot be imported (``ray.tune`` refused as ``ray`` is)."""
+    done = run_without("pipeline.scheduling.driver", timeout=120)
     assert done.returncode != 0 and "No module named 'ray" in done.stderr and "blocked" in done.stderr
 
 
