@@ -23,15 +23,8 @@ import pytest
 import yaml
 
 from pipeline.common.config import ConfigError, load_config
-from pipeline.launch import (
-    KUBERAY_VERSION,
-    AllocationError,
-    LaunchError,
-    SchemaError,
-    check_rayjob,
-    check_slurm,
-    kuberay_versions,
-)
+from pipeline.launch.allocation import AllocationError, LaunchError, check_slurm
+from pipeline.launch.rayjob import KUBERAY_VERSION, SchemaError, check_rayjob, kuberay_versions
 from tests.helpers import ROOT, services
 from tests.helpers.repo import copy_repo, run
 from tests.helpers.upstream import copy_kernels, upstream_and_clone
