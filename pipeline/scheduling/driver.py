@@ -171,10 +171,17 @@ def prepare_searcher(
             checkpoints.drop_trial(run["checkpoint"])
 
     single = unfusable(cells, s.model.heads) if s.resources.fuse != "off" else {}
+    share = s.resources.gpus_per_trial  # how the trials of an architecture that cannot fuse share a GPU instead
+    if 0 < share < 1:
+        apart = f", packed {int(1 / share + 1e-9)} a GPU (sweep.resources.gpus_per_trial: {share:g})"
+    elif share:  # fusion takes one worker a trial (SweepConfig.fusion_fits): one GPU
+        apart = ", a GPU each (sweep.resources.gpus_per_trial below 1 packs them)"
+    else:
+        apart = ""  # CPU trials
     for arch, why in single.items():
         print(
             f"sweep: sweep.resources.fuse: {s.resources.fuse}: {arch} cannot fuse ({why}): its learning rates train "
-            "as separate trials"
+            f"as separate trials{apart}"
         )
     searcher = TuneSearcher(
         make_plan(s.search.strategy, cells, s.search.predict),
