@@ -14,7 +14,9 @@ earlier part leaves is a later one's):
    round.
 2. ``packing``: 1, 2, 4, 8 and 14 processes on one GPU, each a trial's real Lightning steps (the sweep's module,
    its memory capped to its share, ``pipeline.training.memory.memory_cap``), all timed together (a barrier before
-   the timed steps): aggregate trial-steps/s, and what a CUDA context holds outside the allocator.
+   the timed steps): aggregate trial-steps/s, each size over one process in the same rounds (the sizes in turn,
+   the order turned every round, in one pool of 14 processes, the others idle), and what a CUDA context holds
+   outside the allocator.
 3. ``lightning``: a trial's Lightning fit against a bare loop over the same module and batches, side by side.
 4. ``profile``: torch.profiler over one trial's steps: kernels a step and the GPU-busy fraction (eager, graphed).
 5. ``throughput``: what ``python -m pipeline.forecast --throughput`` reads (``pipeline.costs.throughput``), for the
@@ -352,51 +354,57 @@ class AtBarrier(L.Callback):
             self.barrier.wait()
 
 
-def packed_worker(conn, barrier, share: float, threads: int) -> None:
-    """A process of a packed GPU: measures what it is sent (``measure``'s arguments), at the barrier with the others,
-    on ``share`` of the GPU; answers with the measurement and the bytes its allocator holds (None on a CPU)."""
+def packed_worker(conn, barriers: dict, threads: int) -> None:
+    """A process of a packed GPU: measures what it is sent (the pack's size and ``measure``'s arguments) on its share
+    of the GPU, at that size's barrier with the others; answers with the measurement and the bytes its allocator
+    holds (None on a CPU)."""
     torch.set_num_threads(threads)
     while (job := conn.recv()) is not None:
-        profile, cell, kwargs = job
+        size, profile, cell, kwargs = job
         try:
             cfg = load_config(profile=profile)
-            m = measure(cfg, cell, share=share, callbacks=[AtBarrier(barrier, kwargs["warmup"])], **kwargs)
+            at = AtBarrier(barriers[size], kwargs["warmup"])
+            m = measure(cfg, cell, share=1 / size, callbacks=[at], **kwargs)
             conn.send((m, torch.cuda.memory_reserved() if torch.cuda.is_available() else None))
         except Exception as err:  # noqa: BLE001 (the parent writes it as the row's status)
-            barrier.abort()
+            barriers[size].abort()
             conn.send(f"{type(err).__name__}: {str(err)[:300]}")
 
 
 class Pack:
-    """``processes`` worker processes on one device, each its share of it."""
+    """``processes`` worker processes on one device; a measurement of size P takes the first P, each on 1 / P of the
+    device, the others idle (so that packs of every size in ``sizes`` are timed in turn, round by round)."""
 
-    def __init__(self, processes: int, threads: int):
+    def __init__(self, processes: int, threads: int, sizes: tuple[int, ...] = ()):
         ctx = mp.get_context("spawn")  # a CUDA context each
         # the device's free memory before them: what they take beyond their allocators' is their contexts
         self.free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
-        self.barrier = ctx.Barrier(processes)
+        self.barriers = {size: ctx.Barrier(size) for size in {*sizes, processes}}
         self.conns, self.procs = [], []
         for _ in range(processes):
             here, there = ctx.Pipe()
-            proc = ctx.Process(target=packed_worker, args=(there, self.barrier, 1 / processes, threads), daemon=True)
+            proc = ctx.Process(target=packed_worker, args=(there, self.barriers, threads), daemon=True)
             proc.start()
             self.conns.append(here)
             self.procs.append(proc)
 
-    def measure(self, profile: str, cell: CellSpec, **kwargs) -> tuple[Measurement, float | None]:
-        """Every process measures ``cell``, together: one packed measurement, and the bytes a process holds outside
-        its allocator (its CUDA context; None on a CPU)."""
-        self.barrier.reset()
-        for conn in self.conns:
-            conn.send((profile, cell, kwargs))
-        answers = [conn.recv() for conn in self.conns]
+    def measure(
+        self, profile: str, cell: CellSpec, size: int | None = None, **kwargs
+    ) -> tuple[Measurement, float | None]:
+        """``size`` processes (default: all) measure ``cell`` together: one packed measurement, and the bytes a process
+        holds outside its allocator (its CUDA context; measured when every process took part, else None)."""
+        size = size or len(self.conns)
+        self.barriers[size].reset()
+        for conn in self.conns[:size]:
+            conn.send((size, profile, cell, kwargs))
+        answers = [conn.recv() for conn in self.conns[:size]]
         errors = [a for a in answers if isinstance(a, str)]
         if errors:
             raise RuntimeError(errors[0])
         context = None
-        if self.free is not None:
+        if self.free is not None and size == len(self.conns):
             taken = self.free - torch.cuda.mem_get_info()[0]
-            context = taken / len(answers) - sum(r for _, r in answers) / len(answers)
+            context = taken / size - sum(r for _, r in answers) / size
         return packed([m for m, _ in answers]), context
 
     def close(self, kill: bool = False) -> None:
@@ -412,8 +420,8 @@ class Pack:
 
 
 @contextlib.contextmanager
-def pack(processes: int, threads: int) -> Iterator[Pack]:
-    p = Pack(processes, threads)
+def pack(processes: int, threads: int, sizes: tuple[int, ...] = ()) -> Iterator[Pack]:
+    p = Pack(processes, threads, sizes)
     try:
         yield p
     except BaseException:
@@ -438,30 +446,50 @@ def fit_kwargs(plan: Plan, profile: str, shape: Shape, device: torch.device) -> 
 
 
 def part_packing(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: int) -> None:
+    """Every pack size in turn, round by round (the order turned every round), in one pool of the largest size: each
+    size's trial-steps/s over one process's in the same rounds. A row a size once its rounds are done, or when the
+    part stops early (the budget, a failure), with the rounds it has."""
     clock.part("packing")
     shape = plan.shapes[0]
     _, cell = profile_cell(plan.profile, plan.arch, shape)
     where = {"part": "packing", "arch": plan.arch, **shape._asdict(), "step": "eager"}
-    alone: list[float] = []
     threads = 1 if device.type == "cpu" else max(1, (os.cpu_count() or 1) // max(plan.processes))
-    for processes in plan.processes:
-        if clock.spent():
-            rows.write(**where, processes=processes, status="skipped: the part's share of the budget is spent")
-            continue
-        try:
-            with pack(processes, threads) as p:
-                got = [p.measure(plan.profile, cell, **fit_kwargs(plan, plan.profile, shape, device)) for _ in range(n)]
-        except TimeUp:
-            raise
-        except Exception as err:  # noqa: BLE001 (a failed pack is a row)
-            rows.write(**where, processes=processes, status=f"failed: {type(err).__name__}: {str(err)[:300]}")
-            continue
-        per_s = [m.flops_per_s / m.step_flops for m, _ in got]  # trial-steps/s of the GPU
-        alone = alone or per_s
-        contexts = [c for _, c in got if c is not None]
-        rows.write(**where, processes=processes, status="measured", share=round(1 / processes, 4),
-                   trial_steps_per_s=figure(per_s, "trial-steps/s"), x_one=figure(ratios(per_s, alone), "x"),
-                   cuda_context_gb=max(contexts) / GB if contexts else None)  # fmt: skip
+    kwargs = fit_kwargs(plan, plan.profile, shape, device)
+    per_s: dict[int, dict[int, float]] = {size: {} for size in plan.processes}  # trial-steps/s of the device by round
+    contexts: list[float] = []
+    failed: dict[int, str] = {}
+    try:
+        with pack(max(plan.processes), threads, plan.processes) as p:
+            for round_ in range(n):
+                for size in plan.processes[:: -1 if round_ % 2 else 1]:
+                    if size in failed or clock.spent():
+                        continue
+                    try:
+                        m, context = p.measure(plan.profile, cell, size, **kwargs)
+                    except TimeUp:
+                        raise
+                    except Exception as err:  # noqa: BLE001 (a size that fails is a row)
+                        failed[size] = f"failed: {type(err).__name__}: {str(err)[:300]}"
+                        continue
+                    per_s[size][round_] = m.flops_per_s / m.step_flops
+                    contexts += [context] if context is not None else []
+    except TimeUp:
+        raise
+    except Exception as err:  # noqa: BLE001 (the pool did not start or stop): the sizes not measured say why
+        failed |= {size: f"failed: {type(err).__name__}: {str(err)[:300]}" for size, got in per_s.items() if not got}
+    finally:
+        for size, got in per_s.items():
+            if not got:
+                status = failed.get(size, "skipped: the part's share of the budget is spent")
+                rows.write(**where, processes=size, status=status)
+                continue
+            one = per_s.get(1, {})
+            both = [r for r in got if r in one]  # the rounds that measured one process too
+            rows.write(**where, processes=size, status="measured", share=round(1 / size, 4),
+                       trial_steps_per_s=figure(list(got.values()), "trial-steps/s"),
+                       x_one=figure(ratios([got[r] for r in both], [one[r] for r in both]), "x") if both else None,
+                       rounds=len(got), stopped=failed.get(size),
+                       cuda_context_gb=max(contexts) / GB if contexts else None)  # fmt: skip
 
 
 # ---- 3. Lightning against a bare loop -----------------------------------------------------------------------------

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import time
 from types import SimpleNamespace
@@ -220,6 +221,35 @@ def test_pack_benchmark_packs_processes_on_one_device(tmp_path):
     rows = [r for r in pack_rows(tmp_path) if r["part"] == "packing"]
     assert [(r["processes"], r["status"], r["share"]) for r in rows] == [(1, "measured", 1), (2, "measured", 0.5)]
     assert all(is_figure(r["trial_steps_per_s"]) and len(r["trial_steps_per_s"]["values"]) == 2 for r in rows)
+
+
+def test_pack_benchmarks_packing_part_times_the_sizes_in_turn_and_keeps_a_failed_sizes_rounds(tmp_path, monkeypatch):
+    """The pack sizes side by side: in one pool, the order turned every round, each size's ratio over one process
+    taken in the same rounds; a size that fails keeps the rounds it measured and says why it stopped (the pool's
+    measurements replaced by their calls, so, no time)."""
+    calls = []
+
+    class Pool:
+        def measure(self, profile, cell, size, **kwargs):
+            calls.append(size)
+            if size == 2 and calls.count(2) == 2:
+                raise RuntimeError("out of memory")
+            rate = 10.0 * size * (1 + len(calls) / 100)  # a drift: the same within a round, not across rounds
+            return SimpleNamespace(flops_per_s=rate, step_flops=1.0), None
+
+    @contextlib.contextmanager
+    def pool(processes, threads, sizes):
+        assert (processes, sizes) == (2, (1, 2))
+        yield Pool()
+
+    monkeypatch.setattr(bench_pack, "pack", pool)
+    with bench_pack.Clock(60, ["packing"]) as clock:
+        bench_pack.part_packing(bench_pack.QUICK, torch.device("cpu"), clock, bench_pack.Rows(tmp_path / "r"), 3)
+    assert calls == [1, 2, 2, 1, 1]  # round 2 turned; 2 failed there, and is not asked again in round 3
+    one, two = (json.loads(line) for line in (tmp_path / "r").read_text().splitlines())
+    assert (one["rounds"], one["stopped"], two["rounds"]) == (3, None, 1)
+    assert two["stopped"] == "failed: RuntimeError: out of memory"
+    assert two["x_one"]["values"] == [pytest.approx(2 * 1.02 / 1.01)]  # round 1's: 10 x 1.01 beside 20 x 1.02
 
 
 def test_generator_benchmark_writes_its_figures(capsys, tmp_path):

@@ -199,6 +199,22 @@ def test_a_bf16_trial_trains_and_scores_on_cuda(tiny_cfg, tiny_data):
     assert result["train_steps"] == 20 and 0 <= result["final_accuracy"] <= 1
 
 
+def test_a_trials_device_caps_its_share_and_a_whole_gpu_after_it_is_uncapped():
+    """One process training trials of other shares in turn (bench_pack's pool): each trial's allocator cap is its
+    own, never the one before's."""
+    from pipeline.training.settings import TrainSettings
+    from pipeline.training.train import trial_device
+
+    third = torch.cuda.get_device_properties(CUDA).total_memory // 3
+    trial_device(TrainSettings().replaced(use_gpu=True, gpu_share=0.25))
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(third, dtype=torch.uint8, device=CUDA)
+    trial_device(TrainSettings().replaced(use_gpu=True, gpu_share=1.0))
+    whole = torch.empty(third, dtype=torch.uint8, device=CUDA)  # over a quarter: the cap is gone
+    del whole
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("arch", ["standard", "mamba"])
 def test_a_graphed_step_trains_as_the_eager_one(arch):
     """sweep.resources.step: graphed (CUDA graphs through torch.compile's reduce-overhead mode; mamba's Triton scan

@@ -377,9 +377,10 @@ def trial_device(settings: TrainSettings, rank: int = 0) -> torch.device:
     device = torch.device("cuda", rank) if settings.use_gpu else torch.device("cpu")
     if settings.use_gpu:
         torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls: Ampere and later, ~1e-3 relative
-        if settings.gpu_share < 1:  # a fractional GPU: its allocator capped to the trial's share, less a context
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(memory_cap(settings.gpu_share, total), device)
+        # on a fractional GPU its allocator capped to the trial's share, less a context; else uncapped (set either
+        # way: a process may train trials of other shares in turn, as bench_pack's packs do)
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(memory_cap(settings.gpu_share, total), device)
     return device
 
 
