@@ -7,8 +7,8 @@ processes, with graphed steps, and where a step's time goes; then the throughput
 Parts, in priority order (a part that would start past its share of the budget is skipped, and says so; what an
 earlier part leaves is a later one's):
 1. ``fused``: one trial alone against K = 7 fused (eager, then graphed) at the separations shape (widths 64 and
-   128, depth 1, L = 102, batch 64) and at depth 6, L = 402, for transformer, mamba, lstm, linear_nofm, dss and
-   retnet; one trial alone graphed too at the first shape. A bare step (forward, loss, backward, Adam), bf16 on a
+   128, depth 1, L = 102, batch 64), then at depth 6, L = 402, for transformer, mamba, lstm, linear_nofm, dss and
+   retnet; one trial alone graphed too. A bare step (forward, loss, backward, Adam), bf16 on a
    GPU, both sides the same model under ``RECIPE`` (the separations recipe: no dropout); trial-steps/s = K x
    steps/s; each variant timed round by round beside one trial alone (the order turned every round), the ratio per
    round.
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -279,12 +280,14 @@ def rounds(variants: dict[str, tuple[Callable[[], None], int]], n: int, device) 
 
 # ---- 1. one trial alone against K fused --------------------------------------------------------------------------
 def part_fused(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: int) -> None:
-    """Eager first, every shape and architecture: one trial alone against K fused; then graphed, shape by shape (a
-    graph records, and compiles, once a shape: the later shapes as the part's share allows), one trial alone and K
-    fused graphed against one trial alone eager, measured again beside them."""
+    """A depth and length at a time (the separations shape first: its widths are what issue 46's targets read), its
+    widths and architectures eager, one trial alone against K fused; then graphed (a graph records, and compiles,
+    once a shape: the costliest rows), one trial alone and K fused graphed against one trial alone eager, measured
+    again beside them. The next depth and length as the part's share allows."""
     clock.part("fused")
-    for graphed in (False, True):
-        for shape in plan.shapes:
+    for _, same in itertools.groupby(plan.shapes, key=lambda shape: (shape.depth, shape.length)):
+        group = list(same)
+        for graphed, shape in [(g, shape) for g in (False, True) for shape in group]:
             for arch in plan.archs:
                 where = {"part": "fused", "arch": arch, **shape._asdict()}
                 # (trials a step, graphed): the yardstick first

@@ -174,6 +174,24 @@ def test_pack_benchmark_times_the_same_model_alone_and_fused(arch, monkeypatch):
         assert torch.equal(a, b), name
 
 
+def test_pack_benchmarks_fused_part_finishes_the_separations_shape_graphed_before_the_next_depth(tmp_path,
+                                                                                                  monkeypatch):
+    """Issue 46's targets are read at the separations shape (widths 64 and 128, depth 1, L = 102), graphed among them:
+    its rows, eager and then graphed, come before depth 6's (the variants' building replaced by their calls)."""
+    calls = []
+
+    def built(wanted, arch, shape, *args):
+        calls.append((shape.width, shape.depth, "graphed" if wanted[0][1] else "eager"))
+        return {}
+
+    monkeypatch.setattr(bench_pack, "built", built)
+    plan = bench_pack.FULL._replace(archs=("transformer",))
+    with bench_pack.Clock(60, ["fused"]) as clock:
+        bench_pack.part_fused(plan, torch.device("cpu"), clock, bench_pack.Rows(tmp_path / "r"), 1)
+    assert calls == [(64, 1, "eager"), (128, 1, "eager"), (64, 1, "graphed"), (128, 1, "graphed"),
+                     (64, 6, "eager"), (128, 6, "eager"), (64, 6, "graphed"), (128, 6, "graphed")]
+
+
 def test_pack_benchmarks_lightning_part_times_its_two_sides_in_turn(tmp_path, monkeypatch):
     """Lightning against a bare loop, side by side: the order turned every round, so a drift of the machine favours
     neither (its measurements replaced by their calls, so, no time)."""
