@@ -4,8 +4,9 @@ processes, with graphed steps, and where a step's time goes; then the throughput
     python -m benchmarks.bench_pack --out DIR             # a GPU: at most --budget-s (400 s), parts in this order
     python -m benchmarks.bench_pack --quick --out DIR     # a CPU: toy shapes in seconds (checks the script, CI)
 
-Parts, in priority order (a part that would start past its share of the budget is skipped, and says so; what an
-earlier part leaves is a later one's):
+Parts, in priority order, each until its share of the budget is spent (what an earlier part leaves is a later
+one's; a row that would start past it is skipped, and says so; a row still running at its end is cut, so that a
+long row, a graph's compile, cannot take a later part's time):
 1. ``fused``: one trial alone against K = 7 fused (eager, then graphed) at the separations shape (widths 64 and
    128, depth 1, L = 102, batch 64), then at depth 6, L = 402, for transformer, mamba, lstm, linear_nofm, dss and
    retnet; one trial alone graphed too. A bare step (forward, loss, backward, Adam), bf16 on a
@@ -26,16 +27,18 @@ earlier part leaves is a later one's):
    ``throughput-separations.json`` and ``throughput-paper.json`` in ``--out``.
 
 Every row is a line of ``bench_pack.jsonl`` in ``--out``, appended and flushed as it is measured (the first line says
-how: command, commit, date, device); a time guard (an alarm at the budget's end) stops a part mid-row and writes a
-last line saying so, every row before it kept. Figures are medians of ``--rounds`` rounds with their spread
-(``benchmarks.results.figure``). docs/gpu.md gives the command for a lent GPU; the targets (issue 46): trial-steps/s
-per GPU at widths up to 128 on the separations shape at least 5x one eager trial alone, 10x with graphs.
+how: command, commit, date, device); a time guard (an alarm at each part's end, and at the budget's) stops a part
+mid-row and writes a line saying so, every row before it kept. Figures are medians of ``--rounds`` rounds with their
+spread (``benchmarks.results.figure``). docs/gpu.md gives the command for a lent GPU; the targets (issue 46):
+trial-steps/s per GPU at widths up to 128 on the separations shape at least 5x one eager trial alone, 10x with
+graphs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import itertools
 import json
 import multiprocessing as mp
@@ -144,6 +147,10 @@ class TimeUp(Exception):
     """The run's budget is spent."""
 
 
+class PartUp(TimeUp):
+    """The current part's share of the budget is spent: it stops mid-row, and the next part starts."""
+
+
 class Rows:
     """``bench_pack.jsonl``: a JSON line a row, appended and flushed as it is measured, and printed."""
 
@@ -160,17 +167,21 @@ class Rows:
 
 
 class Clock:
-    """The budget: an alarm at its end raises TimeUp wherever the run is; each of the ``parts`` run may start rows
-    until its share (``PARTS``, over theirs) of the budget, counted from the run's start, is spent (time an earlier
-    part left over is a later one's)."""
+    """The budget: each of the ``parts`` run has until its share (``PARTS``, over theirs) of the budget, counted from
+    the run's start, is spent (time an earlier part left over is a later one's): it starts no row after, and an alarm
+    at its end raises PartUp wherever it is, so that a long row (a graph's compile) cannot take a later part's time;
+    the alarm at the budget's end raises TimeUp."""
 
     def __init__(self, budget_s: float, parts: list[str]):
         self.start, self.budget = time.monotonic(), budget_s
         self.shares = {p: PARTS[p] / sum(PARTS[q] for q in parts) for p in parts}
         self.until = 0.0  # the current part's end, seconds from the start
+        self.name, self.last = "", True  # the current part, and whether its alarm is the budget's
 
     def __enter__(self) -> Clock:
         def up(signum, frame):
+            if not self.last:
+                raise PartUp(f"the {self.name} part's share of the budget ({self.until:.0f} s from the start) is spent")
             raise TimeUp(f"the budget of {self.budget:g} s is spent")
 
         self.before = signal.signal(signal.SIGALRM, up)
@@ -185,7 +196,11 @@ class Clock:
         return time.monotonic() - self.start
 
     def part(self, name: str) -> None:
+        """Part ``name`` starts: its alarm set at its end (the budget's, for the last part)."""
+        self.name = name
         self.until += self.shares[name] * self.budget
+        self.last = self.until >= self.budget - 1e-6
+        signal.setitimer(signal.ITIMER_REAL, max(0.01, (self.budget if self.last else self.until) - self.elapsed()))
 
     def spent(self) -> bool:
         """The current part's share is spent: its next row is skipped."""
@@ -674,16 +689,22 @@ def main(argv: list[str] | None = None) -> int:
             for part in PARTS:
                 if part not in args.parts:
                     continue
-                if part == "fused":
-                    part_fused(plan, device, clock, rows, args.rounds)
-                elif part == "packing":
-                    part_packing(plan, device, clock, rows, args.rounds)
-                elif part == "lightning":
-                    part_lightning(plan, device, clock, rows, args.rounds)
-                elif part == "profile":
-                    part_profile(plan, device, clock, rows)
-                else:
-                    part_throughput(plan, device, clock, rows, out)
+                try:
+                    if part == "fused":
+                        part_fused(plan, device, clock, rows, args.rounds)
+                    elif part == "packing":
+                        part_packing(plan, device, clock, rows, args.rounds)
+                    elif part == "lightning":
+                        part_lightning(plan, device, clock, rows, args.rounds)
+                    elif part == "profile":
+                        part_profile(plan, device, clock, rows)
+                    else:
+                        part_throughput(plan, device, clock, rows, out)
+                except PartUp as up:  # its rows so far kept; the row it was measuring is not
+                    rows.write(part=part, status=f"cut: {up}: the row it was measuring and the rest not measured")
+                    gc.collect()  # the cut row's models and graphs, before the next part's
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
         except TimeUp as up:
             stopped = str(up)
     rows.write(part="end", seconds=round(clock.elapsed(), 1), stopped=stopped)

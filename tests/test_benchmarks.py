@@ -229,6 +229,33 @@ def test_pack_benchmark_stops_at_its_budget_and_keeps_the_rows_before(tmp_path, 
     assert list(kept) == ["alone, eager", "7 fused, eager"]  # the priority order
 
 
+def test_a_part_past_its_share_is_cut_mid_row_and_the_next_part_runs(tmp_path, monkeypatch):
+    """A part's share is a deadline: a row still running at its end (mamba's steps, slower than the part's share) is
+    cut, the part's rows before it kept, and the next part runs in its own share (its measurements replaced by their
+    results, so, no time)."""
+    def step(arch, shape, device, how):
+        if how != "eager":
+            raise NotImplementedError("not here")
+        return lambda: time.sleep(0.01 if arch == "transformer" else 1.0)
+
+    def measured(cfg, cell, **kwargs):
+        return SimpleNamespace(flops_per_s=1.0, step_flops=1.0)
+
+    monkeypatch.setattr(bench_pack, "alone_step", step)
+    monkeypatch.setattr(bench_pack, "measure", measured)
+    monkeypatch.setattr(bench_pack, "bare_measure", measured)
+    start = time.monotonic()
+    bench_pack.main(["--quick", "--out", str(tmp_path), "--rounds", "1", "--budget-s", "3", "--parts", "fused",
+                     "lightning"])
+    assert time.monotonic() - start < 6  # mamba's row alone would take 7 s
+    rows = pack_rows(tmp_path)[1:]
+    fused = [r for r in rows if r["part"] == "fused"]
+    assert [r["arch"] for r in fused[:-1]] == ["transformer", "transformer"]
+    assert fused[-1]["status"].startswith("cut: the fused part's share of the budget (")
+    assert [r["status"] for r in rows if r["part"] == "lightning"] == ["measured"]
+    assert rows[-1] == {"part": "end", "seconds": rows[-1]["seconds"], "stopped": None}
+
+
 @pytest.mark.slow
 def test_pack_benchmark_packs_processes_on_one_device(tmp_path):
     """Part packing: 1 and 2 processes (--quick), each a trial's Lightning steps, timed together; run as the lent
