@@ -399,12 +399,16 @@ class Pack:
         self.free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
         self.barriers = {size: ctx.Barrier(size) for size in {*sizes, processes}}
         self.conns, self.procs = [], []
-        for _ in range(processes):
-            here, there = ctx.Pipe()
-            proc = ctx.Process(target=packed_worker, args=(there, self.barriers, threads), daemon=True)
-            proc.start()
-            self.conns.append(here)
-            self.procs.append(proc)
+        try:
+            for _ in range(processes):
+                here, there = ctx.Pipe()
+                proc = ctx.Process(target=packed_worker, args=(there, self.barriers, threads), daemon=True)
+                proc.start()
+                self.conns.append(here)
+                self.procs.append(proc)
+        except BaseException:  # cut while starting (a part's deadline): none left holding a CUDA context
+            self.close(kill=True)
+            raise
 
     def measure(
         self, profile: str, cell: CellSpec, size: int | None = None, **kwargs

@@ -1,5 +1,6 @@
 import contextlib
 import json
+import multiprocessing
 import time
 from types import SimpleNamespace
 
@@ -254,6 +255,24 @@ def test_a_part_past_its_share_is_cut_mid_row_and_the_next_part_runs(tmp_path, m
     assert fused[-1]["status"].startswith("cut: the fused part's share of the budget (")
     assert [r["status"] for r in rows if r["part"] == "lightning"] == ["measured"]
     assert rows[-1] == {"part": "end", "seconds": rows[-1]["seconds"], "stopped": None}
+
+
+def test_a_pack_cut_while_starting_leaves_no_process_behind(monkeypatch):
+    """A part's deadline can fall while a pool starts its processes: those started are ended, not left holding a
+    device (the second start replaced by the cut)."""
+    started = []
+    real = multiprocessing.context.SpawnProcess.start
+
+    def start(self):
+        if started:
+            raise bench_pack.PartUp("cut")
+        real(self)
+        started.append(self)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start)
+    with pytest.raises(bench_pack.PartUp):
+        bench_pack.Pack(3, 1)
+    assert len(started) == 1 and not started[0].is_alive()
 
 
 @pytest.mark.slow
