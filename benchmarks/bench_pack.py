@@ -301,8 +301,7 @@ def part_fused(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: in
     again beside them. The next depth and length as the part's share allows."""
     clock.part("fused")
     for _, same in itertools.groupby(plan.shapes, key=lambda shape: (shape.depth, shape.length)):
-        group = list(same)
-        for graphed, shape in [(g, shape) for g in (False, True) for shape in group]:
+        for graphed, shape in itertools.product((False, True), same):
             for arch in plan.archs:
                 where = {"part": "fused", "arch": arch, **shape._asdict()}
                 # (trials a step, graphed): the yardstick first

@@ -171,17 +171,10 @@ def prepare_searcher(
             checkpoints.drop_trial(run["checkpoint"])
 
     single = unfusable(cells, s.model.heads) if s.resources.fuse != "off" else {}
-    share = s.resources.gpus_per_trial  # how the trials of an architecture that cannot fuse share a GPU instead
-    if 0 < share < 1:
-        apart = f", packed {int(1 / share + 1e-9)} a GPU (sweep.resources.gpus_per_trial: {share:g})"
-    elif share:  # fusion takes one worker a trial (SweepConfig.fusion_fits): one GPU
-        apart = ", a GPU each (sweep.resources.gpus_per_trial below 1 packs them)"
-    else:
-        apart = ""  # CPU trials
     for arch, why in single.items():
         print(
             f"sweep: sweep.resources.fuse: {s.resources.fuse}: {arch} cannot fuse ({why}): its learning rates train "
-            f"as separate trials{apart}"
+            f"as separate trials{sharing(s.resources.gpus_per_trial)}"
         )
     searcher = TuneSearcher(
         make_plan(s.search.strategy, cells, s.search.predict),
@@ -205,3 +198,12 @@ def prepare_searcher(
         flush=True,
     )
     return children, searcher, to_train
+
+
+def sharing(share: float) -> str:
+    """How separate trials of ``share`` of a GPU each share one, in words (nothing for CPU trials)."""
+    if 0 < share < 1:
+        return f", packed {int(1 / share + 1e-9)} a GPU (sweep.resources.gpus_per_trial: {share:g})"
+    if share:  # fusion takes one worker a trial (SweepConfig.fusion_fits): one GPU
+        return ", a GPU each (sweep.resources.gpus_per_trial below 1 packs them)"
+    return ""
