@@ -293,11 +293,11 @@ def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, overr
 
 
 @pytest.mark.parametrize("override, blocked, message", [
-    ("sweep: {max_steps: 3}", "torch,ray,lightning", "sweep.max_steps moved to sweep.optim.max_steps"),
-    ("sweep: {grid: {architectures: [standard, transformr]}}", "ray,lightning",
+    ("sweep: {max_steps: 3}", "torch,ray,lightning,mlflow", "sweep.max_steps moved to sweep.optim.max_steps"),
+    ("sweep: {grid: {architectures: [standard, transformr]}}", "ray,lightning,mlflow",
      "sweep.grid.architectures: 'transformr' is not allowed"),
 ])
-def test_the_sweep_stage_names_a_bad_setting_before_it_imports_ray_and_lightning(tmp_path, override, blocked,
+def test_the_sweep_stage_names_a_bad_setting_before_it_imports_ray_mlflow_and_lightning(tmp_path, override, blocked,
                                                                                  message):
     """Seconds of imports (Ray, MLflow, Lightning; torch for the architectures) come after the settings are checked:
     the stage runs with those packages refused, and still names the setting."""

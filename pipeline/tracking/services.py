@@ -19,10 +19,6 @@ import tempfile
 import urllib.parse
 from pathlib import Path, PurePosixPath
 
-from mlflow.exceptions import MlflowException
-from mlflow.utils.credentials import get_default_host_creds
-from mlflow.utils.rest_utils import http_request
-
 
 class ServiceError(RuntimeError):
     """MLflow or Ray cannot be reached or used; the message names the address."""
@@ -48,6 +44,12 @@ def check_mlflow(uri: str, experiment: str | None = None) -> None:
 
 
 def check_server(uri: str, experiment: str | None) -> None:
+    # MLflow's client here, not at the top: importing it takes a second, and the stages' command lines import
+    # ServiceError to name a bad setting before anything heavy loads
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
     creds = get_default_host_creds(uri)  # the client's own credentials and TLS settings
 
     def call(method: str, endpoint: str, **kwargs):
