@@ -20,7 +20,7 @@ long row, a graph's compile, cannot take a later part's time):
    outside the allocator.
 3. ``lightning``: a trial's Lightning fit against a bare loop over the same module and batches, side by side.
 4. ``profile``: torch.profiler over one trial's steps: kernels a step and the GPU-busy fraction (eager, graphed).
-5. ``throughput``: what ``python -m pipeline.forecast --throughput`` reads (``pipeline.costs.throughput``), for the
+5. ``throughput``: what ``python -m pipeline.forecast --throughput`` reads (``pipeline.costs.rates``), for the
    separations profile (every architecture alone at three widths and two depths, the affine fit's shapes, then K
    fused as one fused trial's Lightning fit, graphed on a GPU, but for the architectures the sweep cannot fuse,
    then packed 8 a GPU, at the same shapes) and the paper profile (alone), written as each shape is measured to
@@ -61,14 +61,12 @@ from benchmarks.repeats import ratios, side_by_side
 from benchmarks.results import RESULTS, figure, provenance
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import Config, load_config
+from pipeline.costs.rates import Measurement, Throughput, packed
 from pipeline.costs.throughput import (
-    Measurement,
-    Throughput,
     device_name,
     measure,
     measured_settings,
     on_trial_device,
-    packed,
     random_sequences,
     shapes_to_measure,
 )

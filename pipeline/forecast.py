@@ -27,7 +27,7 @@ import torch
 
 from pipeline.common.config import ROOT, Config, ConfigError, Precision, StepMode, load_config
 from pipeline.costs.forecast import REPLAY_COMMAND, Cluster, Forecast, Row, forecast
-from pipeline.costs.throughput import ALONE, EVERY_WIDTH, SOURCES, ForecastError, Throughput, measure_all
+from pipeline.costs.rates import ALONE, EVERY_WIDTH, SOURCES, ForecastError, Throughput
 from pipeline.search.cells import check_architectures, defined_cells, model_costs
 
 
@@ -348,6 +348,8 @@ def measured(
     args: argparse.Namespace, cfg: Config, cells: dict, device: torch.device, precision: Precision
 ) -> tuple[Throughput, str]:
     """The throughput measured here (kept with --save-throughput), with where it came from in words."""
+    from pipeline.costs.throughput import measure_all  # Lightning's seconds of imports, only to measure
+
     throughput = measure_all(
         cfg,
         cells,

@@ -10,7 +10,7 @@ import torch
 
 import models
 from benchmarks import bench_fused, bench_gpu, bench_models, bench_pack, results
-from pipeline.costs.throughput import ALONE, Mode, Throughput
+from pipeline.costs.rates import ALONE, Mode, Throughput
 from pipeline.forecast import main as forecast_main
 from tests.helpers import write_params
 from tests.helpers.tables import recorded_grid

@@ -14,24 +14,17 @@ import pytest
 import torch
 
 import models
+import pipeline.costs.throughput
 import pipeline.forecast
 import tasks
 from pipeline.common.config import Config, load_config
 from pipeline.costs.forecast import REPLAYED, REPLAYED_CELLS, Cluster, forecast
-from pipeline.costs.throughput import (
-    ALONE,
-    Affine,
-    ForecastError,
-    Measurement,
-    Mode,
-    Throughput,
-    measure,
-    packed,
-    shapes_to_measure,
-)
+from pipeline.costs.rates import ALONE, Affine, ForecastError, Measurement, Mode, Throughput, packed
+from pipeline.costs.throughput import measure, shapes_to_measure
 from pipeline.forecast import number
 from pipeline.search.cells import build_cells, defined_cells, model_costs
 from tests.helpers import ROOT, make_cell, write_params
+from tests.helpers.without import run_without
 
 TASKS = "tasks: [" + ", ".join(tasks.TASKS) + "]\n"  # every registered task, as params.yaml lists them
 # 2 architectures x 2 widths on one dataset: 4 trials of 8 steps of 32 sequences, on a CPU profile
@@ -121,6 +114,10 @@ def test_a_throughput_file_gives_the_wall_time_it_implies(tmp_path, capsys):
     assert "cells: 4 " in out and "throughput (from" in out and "1 node x 2 CPUs = 2 trial slots" in out
     assert [line.split()[-2:] for line in out.splitlines() if line.startswith("grid, ")] == [["5.0", "h"],
                                                                                            ["10.0", "h"]]
+    # from a file the forecast measures nothing: it runs without Lightning (seconds of imports), Ray or MLflow
+    done = run_without("pipeline.forecast", "--params", str(params), "--throughput", str(path), "--cpus-per-node", "2",
+                       blocked="lightning,ray,mlflow,dvc", timeout=120)
+    assert done.returncode == 0 and done.stdout == out, done.stderr[-2000:]
 
 
 def test_a_width_between_two_measured_takes_their_log_log_interpolation():
@@ -168,7 +165,7 @@ def test_bad_input_is_named_before_any_compute(tmp_path, capsys, monkeypatch):
         raise AssertionError("computed before the input was checked")
 
     monkeypatch.setattr(pipeline.forecast, "model_costs", computed)
-    monkeypatch.setattr(pipeline.forecast, "measure_all", computed)
+    monkeypatch.setattr(pipeline.costs.throughput, "measure_all", computed)  # imported when the forecast measures
     lstm_only = tmp_path / "lstm.json"
     lstm_only.write_text(json.dumps({"device": "x", "flops_per_s": {"lstm": 1e12}}))
     broken = tmp_path / "broken.json"

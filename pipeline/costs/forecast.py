@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import Config, ResourcesSection, SweepConfig
+from pipeline.costs.rates import ALONE, ForecastError, Mode, Throughput
 from pipeline.costs.schedule import Trial, list_schedule
-from pipeline.costs.throughput import ALONE, ForecastError, Mode, Throughput
 from pipeline.search.cells import budget_steps, expected_cost, unfusable
 
 # grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
@@ -109,7 +109,7 @@ class Priced:
     slots: int
     per_slot: float  # devices a slot holds: a share of a GPU, the GPUs of a data-parallel trial, a trial's CPUs
     row: Row
-    sources: dict[str, int]  # how a trial's rate was had (throughput.SOURCES) -> trials
+    sources: dict[str, int]  # how a trial's rate was had (rates.SOURCES) -> trials
     alone: list[str]  # architectures the mode has no rate for: their trials priced alone, sharing their slot
 
 
