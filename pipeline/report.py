@@ -19,11 +19,9 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.common.signals import exit_on_signals, held
@@ -33,6 +31,9 @@ from pipeline.reporting.figures import draw_all, load_histories
 from pipeline.reporting.page import fidelity_markdown, page
 from pipeline.reporting.plots import write
 from pipeline.tracking.services import ServiceError, check_mlflow, ui_link
+
+if TYPE_CHECKING:  # MLflow's client is imported where a report is logged: a bad setting, or --table-at, needs none
+    from mlflow.tracking import MlflowClient
 
 REQUIRED = (
     "task",
@@ -137,6 +138,8 @@ MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store, u
 def parent_link(client: MlflowClient, uri: str, parent: str) -> str | None:
     """The MLflow UI's page of the sweep's parent run (a local store's: as `mlflow ui` serves it); None for a run
     this store lacks."""
+    from mlflow.exceptions import MlflowException
+
     try:
         experiment = client.get_run(parent).info.experiment_id
     except MlflowException:
@@ -161,6 +164,8 @@ def report(
     if log_mlflow:
         uri = cfg.cluster.mlflow()
         check_mlflow(uri)
+        from mlflow.tracking import MlflowClient
+
         client = MlflowClient(uri)
         link = parent_link(client, uri, str(table.parent_run_id.iloc[0]))
     tmp, plots_tmp = fresh(out_dir), fresh(plots_dir)

@@ -86,11 +86,13 @@ def test_the_static_closure_covers_what_a_real_import_loads():
     assert ours and ours <= set(code_files(*entries))
 
 
-@pytest.mark.parametrize("stage", ["pipeline.generate", "pipeline.report"])
-def test_the_generate_and_report_stages_never_load_torch(stage):
-    """They read and write tables: torch and Lightning would cost each of the 9 generate stages and the report
-    seconds of imports (a verdict's status lives in ``pipeline/training/status.py`` for this)."""
-    script = f"import sys, {stage}\nprint(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+@pytest.mark.parametrize("stage", ["pipeline.generate", "pipeline.report", "pipeline.sweep"])
+def test_the_stages_command_lines_load_no_training_or_tracking_library_before_the_settings_hold(stage):
+    """generate and report read and write tables: torch and Lightning would cost each of the 9 generate stages and
+    the report seconds of imports (a verdict's status lives in ``pipeline/training/status.py`` for this); every stage
+    checks its settings before it imports MLflow, Ray or the models, so a bad one is named in a second."""
+    heavy = ("torch", "lightning", "mlflow", "ray")
+    script = f"import sys, {stage}\nprint(sorted(m for m in {heavy} if m in sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
 
