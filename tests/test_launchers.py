@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow.fs as pafs
 import pytest
 import yaml
 
 from pipeline.common.config import ConfigError, load_config
 from pipeline.launch.allocation import AllocationError, LaunchError, check_slurm
+from pipeline.launch.job import keep
 from pipeline.launch.rayjob import KUBERAY_VERSION, SchemaError, check_rayjob, kuberay_versions
 from tests.helpers import ROOT, services
 from tests.helpers.repo import copy_repo, run
@@ -398,6 +400,30 @@ def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "profile: 'huge' is not allowed" in done.stderr
     assert not (tmp_path / "dvc.json").exists() and profile_of(repo / "params.yaml") == "separations"
+
+
+def test_kept_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch):
+    """`keep` copies beside the storage's outputs and renames into place: a copy that fails, or a job killed while
+    copying (`ray job stop` kills it seconds after its signal), leaves no outputs/NAME to take for a whole one."""
+    root, storage = tmp_path / "checkout", tmp_path / "shared"
+    (root / "results").mkdir(parents=True)
+    for name in ("params.yaml", "dvc.lock", "results/sweep.csv"):
+        (root / name).write_text(name)
+    copy = pafs.copy_files
+
+    def full_disk(source: str, destination: str, **kwargs) -> None:
+        if source.endswith("results"):  # after params.yaml and dvc.lock
+            raise OSError("No space left on device")
+        copy(source, destination, **kwargs)
+
+    monkeypatch.setattr(pafs, "copy_files", full_disk)
+    with pytest.raises(LaunchError, match="cannot copy the outputs to .*No space left on device"):
+        keep(str(storage), "tiny-1", root)
+    assert list((storage / "outputs").iterdir()) == []
+    monkeypatch.setattr(pafs, "copy_files", copy)
+    assert keep(str(storage), "tiny-1", root) == str(storage / "outputs" / "tiny-1")
+    assert [p.name for p in (storage / "outputs").iterdir()] == ["tiny-1"]
+    assert (storage / "outputs" / "tiny-1" / "results" / "sweep.csv").read_text() == "results/sweep.csv"
 
 
 def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_outputs(tmp_path):

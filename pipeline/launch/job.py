@@ -9,16 +9,18 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
 from pipeline.common.config import ROOT, load_config
-from pipeline.data.storage import filesystem
+from pipeline.data.storage import filesystem, location_of
 from pipeline.launch.allocation import LaunchError
 from pipeline.nightly import experiments
 from pipeline.scheduling.cluster import check_ray_token
@@ -81,19 +83,27 @@ def wait_for_nodes(address: str, nodes: int, timeout: float) -> list[dict]:
 
 def keep(storage: str, name: str, root: Path = ROOT) -> str:
     """Copies this checkout's outputs (``OUTPUTS``) to ``<storage>/outputs/<name>/`` (a path or a URI), for a
-    checkout that is deleted with its pod; returns where."""
+    checkout that is deleted with its pod; returns where. On a path the folder appears whole or not at all: copied
+    beside it under a hidden name, then renamed (a job killed while copying, as `ray job stop` kills one a few seconds
+    after its signal, leaves only that hidden folder); on an object store each file is whole once written."""
     fs, base = filesystem(storage)
     dest = f"{base.rstrip('/')}/outputs/{name}"
+    local = isinstance(fs, pafs.LocalFileSystem)
+    into = f"{base.rstrip('/')}/outputs/.{name}.{uuid.uuid4().hex}" if local else dest
     try:
-        fs.create_dir(dest)
+        fs.create_dir(into)
         for item in OUTPUTS:
             if (root / item).is_dir():
-                fs.create_dir(f"{dest}/{item}")  # pyarrow makes the folders below it, not this one
+                fs.create_dir(f"{into}/{item}")  # pyarrow makes the folders below it, not this one
             if (root / item).exists():
-                pafs.copy_files(str(root / item), f"{dest}/{item}", destination_filesystem=fs)
+                pafs.copy_files(str(root / item), f"{into}/{item}", destination_filesystem=fs)
+        if local:
+            os.rename(into, dest)
     except OSError as err:  # pyarrow's errors are OSErrors
+        if local:
+            shutil.rmtree(into, ignore_errors=True)
         raise LaunchError(f"cannot copy the outputs to {storage}: {err}") from None
-    return dest if "://" not in storage else f"{storage.split('://')[0]}://{dest}"
+    return location_of(dest, storage)
 
 
 # ---- DVC's state, for a checkout that lives as long as its job (a Ray job's copy, a pod's image)
