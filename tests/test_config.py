@@ -297,8 +297,8 @@ def test_bad_params_are_rejected_with_the_key_and_allowed_values(tmp_path, overr
     ("sweep: {grid: {architectures: [standard, transformr]}}", "ray,lightning,mlflow",
      "sweep.grid.architectures: 'transformr' is not allowed"),
 ])
-def test_the_sweep_stage_names_a_bad_setting_before_it_imports_ray_mlflow_and_lightning(tmp_path, override, blocked,
-                                                                                 message):
+def test_the_sweep_stage_names_a_bad_setting_before_it_imports_ray_mlflow_and_lightning(tmp_path, override,
+                                                                                        blocked, message):
     """Seconds of imports (Ray, MLflow, Lightning; torch for the architectures) come after the settings are checked:
     the stage runs with those packages refused, and still names the setting."""
     base = {"profile": "tiny", "tasks": ["arithmetic", "lis"]} | yaml.safe_load(override)
