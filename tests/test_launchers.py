@@ -404,7 +404,8 @@ def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp
 
 def test_kept_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch):
     """`keep` copies beside the storage's outputs and renames into place: a copy that fails, or a job killed while
-    copying (`ray job stop` kills it seconds after its signal), leaves no outputs/NAME to take for a whole one."""
+    copying (`ray job stop` kills it seconds after its signal), leaves no outputs/NAME to take for a whole one; a
+    second job's outputs under the same name go beside the first's, never over them."""
     root, storage = tmp_path / "checkout", tmp_path / "shared"
     (root / "results").mkdir(parents=True)
     for name in ("params.yaml", "dvc.lock", "results/sweep.csv"):
@@ -424,6 +425,10 @@ def test_kept_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch):
     assert keep(str(storage), "tiny-1", root) == str(storage / "outputs" / "tiny-1")
     assert [p.name for p in (storage / "outputs").iterdir()] == ["tiny-1"]
     assert (storage / "outputs" / "tiny-1" / "results" / "sweep.csv").read_text() == "results/sweep.csv"
+    (root / "params.yaml").write_text("the second job's")  # a job of the same profile that ended in the same second
+    second = Path(keep(str(storage), "tiny-1", root))
+    assert second.name.startswith("tiny-1-") and (second / "params.yaml").read_text() == "the second job's"
+    assert (storage / "outputs" / "tiny-1" / "params.yaml").read_text() == "params.yaml"
 
 
 def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_outputs(tmp_path):

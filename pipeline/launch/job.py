@@ -98,6 +98,8 @@ def keep(storage: str, name: str, root: Path = ROOT) -> str:
             if (root / item).exists():
                 pafs.copy_files(str(root / item), f"{into}/{item}", destination_filesystem=fs)
         if local:
+            if os.path.exists(dest):  # another job of this profile ended in the same second: beside it, not over it
+                dest = f"{dest}-{uuid.uuid4().hex[:8]}"
             os.rename(into, dest)
     except OSError as err:  # pyarrow's errors are OSErrors
         if local:
