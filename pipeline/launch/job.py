@@ -87,9 +87,10 @@ def keep(storage: str, name: str, root: Path = ROOT) -> str:
     beside it under a hidden name, then renamed (a job killed while copying, as `ray job stop` kills one a few seconds
     after its signal, leaves only that hidden folder); on an object store each file is whole once written."""
     fs, base = filesystem(storage)
-    dest = f"{base.rstrip('/')}/outputs/{name}"
+    outputs = f"{base.rstrip('/')}/outputs"
+    dest = f"{outputs}/{name}"
     local = isinstance(fs, pafs.LocalFileSystem)
-    into = f"{base.rstrip('/')}/outputs/.{name}.{uuid.uuid4().hex}" if local else dest
+    into = f"{outputs}/.{name}.{uuid.uuid4().hex}" if local else dest
     try:
         fs.create_dir(into)
         for item in OUTPUTS:
