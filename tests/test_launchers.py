@@ -7,6 +7,7 @@ joined with the job's token, and nothing of Ray left once the job ends."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from pipeline.common.config import ConfigError, load_config
+from pipeline.common.signals import Stopped
 from pipeline.launch.allocation import AllocationError, LaunchError, check_slurm
 from pipeline.launch.job import keep
 from pipeline.launch.rayjob import KUBERAY_VERSION, SchemaError, check_rayjob, kuberay_versions
@@ -403,9 +405,9 @@ def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp
 
 
 def test_kept_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch):
-    """`keep` copies beside the storage's outputs and renames into place: a copy that fails, or a job killed while
-    copying (`ray job stop` kills it seconds after its signal), leaves no outputs/NAME to take for a whole one; a
-    second job's outputs under the same name go beside the first's, never over them."""
+    """`keep` copies beside the storage's outputs and renames into place: a copy that fails or is stopped leaves
+    nothing, and a job killed while copying (`ray job stop` kills it a while after its signal) leaves no outputs/NAME
+    to take for a whole one; a second job's outputs under the same name go beside the first's, never over them."""
     root, storage = tmp_path / "checkout", tmp_path / "shared"
     (root / "results").mkdir(parents=True)
     for name in ("params.yaml", "dvc.lock", "results/sweep.csv"):
@@ -417,10 +419,19 @@ def test_kept_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch):
             raise OSError("No space left on device")
         copy(source, destination, **kwargs)
 
+    def stopped(source: str, destination: str, **kwargs) -> None:
+        if source.endswith("results"):
+            raise Stopped(signal.SIGINT)  # as exit_on_signals raises it in `python -m pipeline.launch keep`
+        copy(source, destination, **kwargs)
+
     monkeypatch.setattr(pafs, "copy_files", full_disk)
     with pytest.raises(LaunchError, match="cannot copy the outputs to .*No space left on device"):
         keep(str(storage), "tiny-1", root)
     assert list((storage / "outputs").iterdir()) == []
+    monkeypatch.setattr(pafs, "copy_files", stopped)
+    with pytest.raises(Stopped):
+        keep(str(storage), "tiny-1", root)
+    assert list((storage / "outputs").iterdir()) == []  # not even the hidden folder
     monkeypatch.setattr(pafs, "copy_files", copy)
     assert keep(str(storage), "tiny-1", root) == str(storage / "outputs" / "tiny-1")
     assert [p.name for p in (storage / "outputs").iterdir()] == ["tiny-1"]
@@ -460,6 +471,40 @@ def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_
     (kept,) = (shared / "outputs").iterdir()
     assert kept.name.startswith("separations-") and profile_of(kept / "params.yaml") == "separations"
     assert not pidfile.exists()
+
+
+def has_loaded(pid: int, library: str) -> bool:
+    """Whether process ``pid`` has mapped a file whose path holds ``library`` (its /proc maps)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return library in f.read()
+
+
+def test_a_ray_job_stopped_before_its_command_exits_with_the_signals_status_and_one_line(tmp_path):
+    """`ray job stop` while ops/ray-job still sets up (here: while `pipeline.launch use-profile` imports): SIGINT
+    to the driver and every process below it, as Ray's job supervisor sends it. The job ends as a stopped one (130),
+    saying so in a line, not with a traceback and "cannot start" (2); nothing ran, so nothing is kept."""
+    repo = checkout(tmp_path / "checkout")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    shared = tmp_path / "shared"
+    env = services.clean_env() | {"PATH": f"{BIN}:{os.environ['PATH']}", "CAPACITY_ATLAS_PROFILE": "separations",
+                                  "CAPACITY_ATLAS_STORAGE": str(shared)}
+    job = subprocess.Popen([str(repo / "ops/ray-job"), "true"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    deadline, setup = time.monotonic() + 60, None
+    while setup is None and job.poll() is None and time.monotonic() < deadline:
+        for child in psutil.Process(job.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error, OSError):
+                # numpy mapped: pipeline.launch is importing its settings (a second of imports still to come)
+                if "use-profile" in child.cmdline() and has_loaded(child.pid, "numpy"):
+                    setup = child
+        time.sleep(0.005)
+    assert setup is not None, "ops/ray-job ended or hung before its setup could be stopped"
+    for process in [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]:
+        process.send_signal(signal.SIGINT)
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 130, out + err
+    assert "python -m pipeline.launch: stopped by SIGINT" in err and "Traceback" not in err, err
+    assert "running `true`" not in err and not (shared / "outputs").exists()
 
 
 @pytest.mark.slow

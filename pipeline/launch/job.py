@@ -84,8 +84,9 @@ def wait_for_nodes(address: str, nodes: int, timeout: float) -> list[dict]:
 def keep(storage: str, name: str, root: Path = ROOT) -> str:
     """Copies this checkout's outputs (``OUTPUTS``) to ``<storage>/outputs/<name>/`` (a path or a URI), for a
     checkout that is deleted with its pod; returns where. On a path the folder appears whole or not at all: copied
-    beside it under a hidden name, then renamed (a job killed while copying, as `ray job stop` kills one a few seconds
-    after its signal, leaves only that hidden folder); on an object store each file is whole once written."""
+    beside it under a hidden name, then renamed (a copy that fails or is stopped removes it; one killed, as `ray job
+    stop` kills a job a while after its signal, leaves only that hidden folder); on an object store each file is
+    whole once written."""
     fs, base = filesystem(storage)
     outputs = f"{base.rstrip('/')}/outputs"
     dest = f"{outputs}/{name}"
@@ -103,9 +104,10 @@ def keep(storage: str, name: str, root: Path = ROOT) -> str:
                 dest = f"{dest}-{uuid.uuid4().hex[:8]}"
             os.rename(into, dest)
     except OSError as err:  # pyarrow's errors are OSErrors
+        raise LaunchError(f"cannot copy the outputs to {storage}: {err}") from None
+    finally:  # a copy that failed or was stopped leaves nothing; a renamed one is gone from here
         if local:
             shutil.rmtree(into, ignore_errors=True)
-        raise LaunchError(f"cannot copy the outputs to {storage}: {err}") from None
     return location_of(dest, storage)
 
 
