@@ -479,10 +479,12 @@ def has_loaded(pid: int, library: str) -> bool:
         return library in f.read()
 
 
-def test_a_ray_job_stopped_before_its_command_exits_with_the_signals_status_and_one_line(tmp_path):
-    """`ray job stop` while ops/ray-job still sets up (here: while `pipeline.launch use-profile` imports): SIGINT
-    to the driver and every process below it, as Ray's job supervisor sends it. The job ends as a stopped one (130),
-    saying so in a line, not with a traceback and "cannot start" (2); nothing ran, so nothing is kept."""
+@pytest.mark.parametrize("who, signum", [("tree", signal.SIGINT), ("driver", signal.SIGTERM)])
+def test_a_ray_job_stopped_before_its_command_exits_with_the_signals_status_and_one_line(tmp_path, who, signum):
+    """A stop while ops/ray-job still sets up (here: while `pipeline.launch use-profile` imports): `ray job stop`,
+    SIGINT to the driver and every process below it, as Ray's job supervisor sends it; a head pod's preStop hook,
+    SIGTERM to the driver alone. The step stops, the job ends as a stopped one (128 + the signal) saying so, not
+    with a traceback and "cannot start" (2), and neither the next step nor COMMAND starts: nothing is kept."""
     repo = checkout(tmp_path / "checkout")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     shared = tmp_path / "shared"
@@ -499,12 +501,14 @@ def test_a_ray_job_stopped_before_its_command_exits_with_the_signals_status_and_
                     setup = child
         time.sleep(0.005)
     assert setup is not None, "ops/ray-job ended or hung before its setup could be stopped"
-    for process in [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]:
-        process.send_signal(signal.SIGINT)
+    driver = psutil.Process(job.pid)
+    for process in [driver, *(driver.children(recursive=True) if who == "tree" else [])]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signum)
     out, err = job.communicate(timeout=60)
-    assert job.returncode == 130, out + err
-    assert "python -m pipeline.launch: stopped by SIGINT" in err and "Traceback" not in err, err
-    assert "running `true`" not in err and not (shared / "outputs").exists()
+    assert job.returncode == 128 + signum, out + err
+    assert f"ops/ray-job: stopped by {signum.name} before `true` started" in err and "Traceback" not in err, err
+    assert "DVC:" not in out and "running `true`" not in err and not (shared / "outputs").exists(), out + err
 
 
 @pytest.mark.slow
