@@ -21,7 +21,7 @@ from pipeline.data import validate
 from pipeline.data.datasets import DatasetError, dataset_path, file_hash, read_dataset, read_metadata
 from pipeline.data.parallel import Pool
 from pipeline.generate import SPLITS, generate_task
-from tests.helpers import ROOT, SMALL_SIZES, write_params
+from tests.helpers import ROOT, SMALL_SIZES, default_stop_signals, write_params
 
 
 def seq_hash(tokens: np.ndarray) -> int:
@@ -254,14 +254,6 @@ def files_under(path: Path) -> list[str]:
     locks = set((path / generate.STAGING_DIR).glob("*.lock"))
     assert all(lock.stat().st_size == 0 for lock in locks)
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir() and p not in locks)
-
-
-def default_stop_signals() -> None:
-    """SIGINT and SIGTERM at their defaults in a child, as a terminal starts it, whatever this process's: an ignored
-    signal is inherited (and generate leaves it ignored, as a shell's background job wants), and a test before this
-    one may leave SIGINT ignored in pytest's process."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from pipeline.common.signals import Stopped
 from pipeline.launch.allocation import AllocationError, LaunchError, check_slurm
 from pipeline.launch.job import keep
 from pipeline.launch.rayjob import KUBERAY_VERSION, SchemaError, check_rayjob, kuberay_versions
-from tests.helpers import ROOT, services
+from tests.helpers import ROOT, default_stop_signals, services
 from tests.helpers.repo import copy_repo, run
 from tests.helpers.upstream import copy_kernels, upstream_and_clone
 
@@ -491,7 +491,7 @@ def test_a_ray_job_stopped_before_its_command_exits_with_the_signals_status_and_
     env = services.clean_env() | {"PATH": f"{BIN}:{os.environ['PATH']}", "CAPACITY_ATLAS_PROFILE": "separations",
                                   "CAPACITY_ATLAS_STORAGE": str(shared)}
     job = subprocess.Popen([str(repo / "ops/ray-job"), "true"], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, preexec_fn=default_stop_signals)
     deadline, setup = time.monotonic() + 60, None
     while setup is None and job.poll() is None and time.monotonic() < deadline:
         for child in psutil.Process(job.pid).children(recursive=True):

@@ -4,7 +4,8 @@ test module or from conftest (tests/test_test_helpers.py checks).
 What lives where:
 
 - ``tests.helpers`` (here): ``ROOT`` (this checkout), ``write_params``, ``make_cell`` (a synthetic cell record),
-  ``dataset_fields`` (a generated dataset's fields of a cell record),
+  ``dataset_fields`` (a generated dataset's fields of a cell record), ``default_stop_signals`` (a child's
+  ``preexec_fn`` for the tests that stop it: SIGINT and SIGTERM as a terminal starts it),
   ``KILLABLE_SWEEP`` (the sweep of the kill and cluster tests) and ``SMALL_SIZES`` (each task's small sizes,
   its ``test_sizes``).
 - ``tests.helpers.repo``: ``copy_repo`` (a git copy of this checkout on the tiny profile, some tasks only if asked),
@@ -34,6 +35,7 @@ What lives where:
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,9 @@ from pipeline.common.cell import Cell, CellSpec, cell_id
 from pipeline.common.config import ROOT
 from tasks import TASKS
 
-__all__ = ["KILLABLE_SWEEP", "ROOT", "SMALL_SIZES", "dataset_fields", "make_cell", "write_params"]
+__all__ = [
+    "KILLABLE_SWEEP", "ROOT", "SMALL_SIZES", "dataset_fields", "default_stop_signals", "make_cell", "write_params",
+]
 
 
 def make_cell(task: str = "lis", size: int = 4, arch: str = "standard", width: int = 16, depth: int = 1,
@@ -68,6 +72,16 @@ def dataset_fields(data_dir: Path, task: str, size: int) -> dict:
     return {key: str(path) for key, path in paths.items()} | {
         "max_len": max(m["stats"]["max_length"] for m in meta.values()), "vocab_size": len(train["vocab"]),
         "family": train["family"], "vocab": tuple(train["vocab"]), "train_samples": train["stats"]["samples"]}
+
+
+def default_stop_signals() -> None:
+    """SIGINT and SIGTERM at their defaults and unblocked in a child (its ``preexec_fn``), as a terminal starts it,
+    whatever this process's: an ignored or blocked signal is inherited (a shell can trap neither), and pytest's
+    process is not always clean (in the full suite, ops/ray-job once started with SIGINT blocked: reproduced by
+    running pytest with it blocked; generate leaves SIGINT ignored, as a shell's background job wants)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def write_params(path: Path, text: str) -> Path:
