@@ -77,8 +77,8 @@ def dataset_fields(data_dir: Path, task: str, size: int) -> dict:
 def default_stop_signals() -> None:
     """SIGINT and SIGTERM at their defaults and unblocked in a child (its ``preexec_fn``), as a terminal starts it,
     whatever this process's: an ignored or blocked signal is inherited (a shell can trap neither), and pytest's
-    process is not always clean (in the full suite, ops/ray-job once started with SIGINT blocked: reproduced by
-    running pytest with it blocked; generate leaves SIGINT ignored, as a shell's background job wants)."""
+    process is not always clean (twice in the full suite, ops/ray-job could not be stopped by SIGINT, as it cannot
+    when pytest runs with SIGINT blocked; generate leaves SIGINT ignored, as a shell's background job wants)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
