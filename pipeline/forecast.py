@@ -118,6 +118,7 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
     return "\n".join(lines)
 
 
+PACK_COMMAND = "python -m benchmarks.bench_pack --out docs/benchmarks"
 LISTED = 24  # measurements listed one a line; more are summed up a line per architecture and way
 
 
@@ -186,9 +187,16 @@ def sources(counts: dict[str, int]) -> str:
 
 def mode_lines(fc: Forecast) -> list[str]:
     """The first budget under every way of training trials a GPU measured: the GPU-hours with and without many
-    trials a GPU (fused in one step, packed as processes), the configured one marked."""
-    if len(fc.modes) < 2:
+    trials a GPU (fused in one step, packed as processes), the configured one marked; where only one way was
+    measured, that the others are not, and what measures them. None on a CPU profile."""
+    if not fc.modes:
         return []
+    if len(fc.modes) == 1:
+        return [
+            "Many trials a GPU (fused in one step, packed as processes): no rate measured that way, so none is",
+            f"forecast; `{PACK_COMMAND}` measures them on a GPU (docs/gpu.md).",
+            "",
+        ]
     lines = [
         "The grid's first budget under each way of training measured, many trials a GPU or one (an architecture",
         "with no rate measured that way is charged alone: listed):",

@@ -112,6 +112,7 @@ def test_a_throughput_file_gives_the_wall_time_it_implies(tmp_path, capsys):
     assert pipeline.forecast.main(["--params", str(params), "--throughput", str(path), "--cpus-per-node", "2"]) == 0
     out = capsys.readouterr().out
     assert "cells: 4 " in out and "throughput (from" in out and "1 node x 2 CPUs = 2 trial slots" in out
+    assert "Many trials a GPU" not in out  # a CPU profile's trials share no GPU
     assert [line.split()[-2:] for line in out.splitlines() if line.startswith("grid, ")] == [["5.0", "h"],
                                                                                            ["10.0", "h"]]
     # from a file the forecast measures nothing: it runs without Lightning (seconds of imports), Ray or MLflow
@@ -284,14 +285,21 @@ def test_a_trials_rate_is_its_own_shape_measured_then_the_fit_then_its_width():
     assert two.basis("lstm", ALONE, [64, 128]) == "rates" and two.basis("lstm", Mode(7), [64]) is None
 
 
-def test_the_grid_on_a_fit_costs_the_sum_of_its_trials_steps(tmp_path):
+def test_the_grid_on_a_fit_costs_the_sum_of_its_trials_steps(tmp_path, capsys):
     cfg = load(tmp_path, "separations", SMALL_GPU)
     cells, s = costed(cfg), cfg.sweep
-    fc = forecast(cfg, cells, Throughput.of_measured("H100", measured_by(FAST)), Cluster(1, 8, "H100", None))
+    alone = Throughput.of_measured("H100", measured_by(FAST))
+    fc = forecast(cfg, cells, alone, Cluster(1, 8, "H100", None))
     steps = s.optim.max_steps
     hours = sum(7 * steps * seconds(FAST, c.depth, step_flops(c, s)) for c in cells.values()) / 3600
     assert fc.grid.device_hours == pytest.approx(hours) and fc.configured.sources == {"affine": fc.trials}
     assert [p.mode for p in fc.modes] == [ALONE]
+    # one trial a GPU the only way measured: the forecast says the others are not, and what measures them
+    alone.dump(tmp_path / "alone.json")
+    assert pipeline.forecast.main(["--params", str(tmp_path / "params.yaml"), "--throughput",
+                                   str(tmp_path / "alone.json"), "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert "no rate measured that way, so none is" in out and f"`{pipeline.forecast.PACK_COMMAND}` measures" in out
 
 
 def test_packed_processes_are_charged_at_their_measured_rate_else_as_no_faster_than_alone(tmp_path, capsys):
@@ -320,7 +328,7 @@ def test_packed_processes_are_charged_at_their_measured_rate_else_as_no_faster_t
     assert pipeline.forecast.main(["--params", params, "--throughput", str(path), "--gpu", "H100"]) == 0
     out = capsys.readouterr().out
     assert "transformer  4 processes a GPU, eager: MODELLED, affine: 3 ms + 0.6 ms a layer" in out
-    assert "4 processes a GPU, eager *" in out and "one trial alone, eager" in out
+    assert "4 processes a GPU, eager *" in out and "one trial alone, eager" in out and "so none is" not in out
     assert f"rates: {fc.trials} trials MODELLED by the affine fit" in out
     table = [line.replace(" *", "").split(", eager")[1].split()[:2] for line in out.splitlines()
              if line.startswith(("one trial alone", "4 processes"))]  # slots, GPU-hours
