@@ -10,7 +10,8 @@ long row, a graph's compile, cannot take a later part's time):
 1. ``fused``: one trial alone against K = 7 fused (eager, then graphed) at the separations shape (widths 64 and
    128, depth 1, L = 102, batch 64), then at depth 6, L = 402, for transformer, mamba, lstm, linear_nofm, dss and
    retnet; one trial alone graphed too. A bare step (forward, loss, backward, Adam), bf16 on a
-   GPU, both sides the same model under ``RECIPE`` (the separations recipe: no dropout); trial-steps/s = K x
+   GPU, both sides the same model under ``RECIPE`` (the separations recipe: no dropout), graphed as a trial runs it
+   (its forward, and so its backward, under reduce-overhead: ``StepForward``; the optimizer eager); trial-steps/s = K x
    steps/s; each variant timed round by round beside one trial alone (the order turned every round), the ratio per
    round.
 2. ``packing``: 1, 2, 4, 8 and 14 processes on one GPU, each a trial's real Lightning steps (the sweep's module,
@@ -221,7 +222,14 @@ def step_model(arch: str, shape: Shape) -> models.LanguageModel:
                               max_len=shape.length + 1, dropout=RECIPE.model.dropout)  # fmt: skip
 
 
-def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Callable[[], None]:
+class Step(NamedTuple):
+    """A variant's step, and the forward it runs (a graphed one that fell back to eager is not measured as graphed)."""
+
+    run: Callable[[], None]
+    forward: StepForward | None
+
+
+def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Step:
     """One trial's optimiser step on a fixed batch: the forward as ``sweep.resources.step`` runs it (``StepForward``),
     the loss, backward and Adam (the separations paper's optimiser, no clip)."""
     torch.manual_seed(0)  # the initialisation fused_step gives its members
@@ -239,25 +247,27 @@ def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Call
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return run
+    return Step(run, forward)
 
 
-def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: bool) -> Callable[[], None]:
+def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: bool) -> Step:
     """K trials of ``arch`` at ``shape`` in one step, with stacked weights (``pipeline.training.fused``): forward,
     each member's loss, backward, Adam at each member's rate (the paper's, in turn), no clip, as ``alone_step``;
-    graphed, under torch.compile's reduce-overhead mode (CUDA graphs), whose failure the row names."""
+    graphed as a fused trial runs it, and as ``alone_step`` does: the forward (and so its backward) under
+    torch.compile's reduce-overhead mode (CUDA graphs), the optimizer eager."""
     if graphed and device.type != "cuda":
         raise NotImplementedError("graphed needs a GPU: CUDA graphs")
     lrs = [PAPER_LRS[i % len(PAPER_LRS)] for i in range(k)]
     step = fused.fused_step(arch, lrs, RECIPE, vocab_size=VOCAB, width=shape.width, depth=shape.depth,
-                            max_len=shape.length + 1, device=device)  # fmt: skip
+                            max_len=shape.length + 1, device=device,
+                            step="graphed" if graphed else "eager")  # fmt: skip
     tokens = torch.randint(2, VOCAB, (shape.batch, shape.length + 1), device=device)
 
-    def once() -> None:
+    def run() -> None:
         with autocast(device):
             step(tokens[:, :-1], tokens[:, 1:])
 
-    return torch.compile(once, mode="reduce-overhead") if graphed else once
+    return Step(run, step.forward)
 
 
 def calibrated(run: Callable[[], None], device: torch.device, round_s: float) -> int:
@@ -342,10 +352,11 @@ def built(wanted: list[tuple[int, bool]], arch: str, shape: Shape, plan: Plan, d
                 if k == 1
                 else fused_step(arch, shape, k, device, graphed)
             )
-            if isinstance(made, str):
-                rows.write(**where, variant=name, status=made)
+            steps = calibrated(made.run, device, plan.round_s)  # its warm-up compiles it
+            if made.forward is not None and made.forward.why:  # it could not compile: it ran eager
+                rows.write(**where, variant=name, status=f"failed: {made.forward.why}")
                 continue
-            variants[name] = (made, calibrated(made, device, plan.round_s), k)
+            variants[name] = (made.run, steps, k)
         except TimeUp:
             raise
         except NotImplementedError as why:
@@ -572,11 +583,15 @@ def part_profile(plan: Plan, device: torch.device, clock: Clock, rows: Rows) -> 
             rows.write(**where, status="skipped: the part's share of the budget is spent")
             continue
         try:
-            run = alone_step(plan.arch, shape, device, step)
+            made = alone_step(plan.arch, shape, device, step)
         except NotImplementedError as why:
             rows.write(**where, status=f"not measured: {why}")
             continue
+        run = made.run
         steps = calibrated(run, device, plan.round_s)
+        if made.forward is not None and made.forward.why:  # it could not compile: it ran eager
+            rows.write(**where, status=f"failed: {made.forward.why}")
+            continue
         activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
         synchronize(device)
         with profile(activities=activities) as prof:

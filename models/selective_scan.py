@@ -165,6 +165,14 @@ def _threads() -> None:
     numba.set_num_threads(max(1, min(torch.get_num_threads(), cores)))
 
 
+@torch.compiler.disable
+def numba_call(kernel, *tensors: torch.Tensor) -> None:
+    """``kernel`` on the tensors' memory (outputs written in place), with torch's thread count; opaque to
+    torch.compile, which cannot trace numba's dispatcher (the step runs the kernel between compiled graphs)."""
+    _threads()
+    kernel(*(t.numpy() for t in tensors))
+
+
 class _SelectiveScan(torch.autograd.Function):
     """The fused kernel under autograd, A (G, E, N) grouped as ``_forward`` takes it. Under ``torch.func.vmap`` (the K
     models of a fused trial, ``models.fused``) the model axis folds into the batch: K models of B rows each are one
@@ -177,8 +185,7 @@ class _SelectiveScan(torch.autograd.Function):
         Bsz, E, T = dt_.shape
         y, hT = dt_.new_empty(Bsz, E, T), torch.empty_like(h0_)
         saved = dt_.new_empty(Bsz, E, -(-T // CHECKPOINT), A.shape[2])
-        _threads()
-        _forward(*(t.numpy() for t in (dt_, x_, A_, Bm_, Cm_, h0_, y, hT, saved)))
+        numba_call(_forward, dt_, x_, A_, Bm_, Cm_, h0_, y, hT, saved)
         return y.transpose(1, 2), hT, saved
 
     @staticmethod
@@ -198,8 +205,7 @@ class _SelectiveScan(torch.autograd.Function):
         gdt, gx = torch.empty_like(dt_), torch.empty_like(x_)
         gA = saved.new_zeros(dt_.shape[0], *A_.shape[1:])  # per batch row
         gB, gC, gh0 = torch.zeros_like(Bm_), torch.zeros_like(Cm_), torch.empty_like(ghT)
-        _threads()
-        _backward(*(t.numpy() for t in (dt_, x_, A_, Bm_, Cm_, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0)))
+        numba_call(_backward, dt_, x_, A_, Bm_, Cm_, saved, gy, ghT, gdt, gx, gA, gB, gC, gh0)
         gA = gA.view(A_.shape[0], -1, *A_.shape[1:]).sum(1)  # (G, E, N): each group's rows
         return gdt.transpose(1, 2), gx.transpose(1, 2), gA, gB, gC, gh0
 

@@ -175,6 +175,23 @@ def test_pack_benchmark_times_the_same_model_alone_and_fused(arch, monkeypatch):
         assert torch.equal(a, b), name
 
 
+def test_a_graphed_variant_that_could_not_compile_is_a_failed_row_not_a_graphed_figure(tmp_path, monkeypatch):
+    """A step whose compile fails runs eager (``StepForward``'s fallback): timed, it would be an eager step's rate
+    under a graphed name, so its row says why it failed and it is not measured (its compile replaced by its why)."""
+    why = "sweep.resources.step: graphed failed (RuntimeError: no graphs here); eager"
+
+    def step(arch, shape, device, how):
+        return bench_pack.Step(lambda: None, SimpleNamespace(why=why if how == "graphed" else ""))
+
+    monkeypatch.setattr(bench_pack, "alone_step", step)
+    rows = bench_pack.Rows(tmp_path / "rows.jsonl")
+    variants = bench_pack.built([(1, False), (1, True)], "transformer", bench_pack.QUICK.shapes[0], bench_pack.QUICK,
+                                torch.device("cpu"), rows, {"part": "fused"})  # fmt: skip
+    assert list(variants) == ["alone, eager"]
+    assert [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()] == [
+        {"part": "fused", "variant": "alone, graphed", "status": f"failed: {why}"}]
+
+
 def test_pack_benchmarks_fused_part_finishes_the_separations_shape_graphed_before_the_next_depth(tmp_path,
                                                                                                   monkeypatch):
     """Issue 46's targets are read at the separations shape (widths 64 and 128, depth 1, L = 102), graphed among them:
@@ -217,7 +234,7 @@ def test_pack_benchmark_stops_at_its_budget_and_keeps_the_rows_before(tmp_path, 
     def step(arch, shape, device, how):
         if how != "eager":
             raise NotImplementedError("not here")
-        return lambda: time.sleep(0.01 if arch == "transformer" else 1.0)  # mamba's: past the budget
+        return bench_pack.Step(lambda: time.sleep(0.01 if arch == "transformer" else 1.0), None)  # mamba's: past it
 
     monkeypatch.setattr(bench_pack, "alone_step", step)
     start = time.monotonic()
@@ -237,7 +254,7 @@ def test_a_part_past_its_share_is_cut_mid_row_and_the_next_part_runs(tmp_path, m
     def step(arch, shape, device, how):
         if how != "eager":
             raise NotImplementedError("not here")
-        return lambda: time.sleep(0.01 if arch == "transformer" else 3.0)  # mamba's: 12 s to warm up alone
+        return bench_pack.Step(lambda: time.sleep(0.01 if arch == "transformer" else 3.0), None)  # mamba's: 12 s
 
     def measured(cfg, cell, **kwargs):
         return SimpleNamespace(flops_per_s=1.0, step_flops=1.0)

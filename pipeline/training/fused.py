@@ -20,7 +20,8 @@ torch.optim.Adam(W) state dict and its LambdaLR's), and K of those load back int
 ``clip_grad_norm_`` over all of one model's parameters) for each member apart.
 
 ``fused_step`` builds what one fused training step needs, for an architecture and shape, and ``FusedStep`` runs
-it: what a benchmark times against one trial alone (its learning rates share the initialisation, as a cell's do).
+it (its forward eager, compiled or graphed, as a fused trial's): what a benchmark times against one trial alone (its
+learning rates share the initialisation, as a cell's do).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import torch.nn.functional as F
 
 import models
 from models.fused import Fused
+from pipeline.common.config import StepMode
 from pipeline.training.batches import IGNORE
 from pipeline.training.settings import TrainSettings
+from pipeline.training.steps import StepForward
 from pipeline.training.train import decay_groups, warmup_steps
 
 
@@ -244,10 +247,11 @@ class FusedStep:
     model: Fused
     optimizer: FusedAdam
     grad_clip: float | None = None
+    forward: StepForward | None = None  # the training forward as sweep.resources.step runs it; None: the eager model
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        losses = member_losses(self.model(inputs), targets)
+        losses = member_losses((self.forward or self.model)(inputs), targets)
         losses.sum().backward()  # each member's gradient is its own loss's: no gradient crosses members
         if self.grad_clip is not None:
             clip_per_member(self.model.parameters(), self.grad_clip)
@@ -277,10 +281,12 @@ def fused_step(
     total_steps: int = 1,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    step: StepMode = "eager",
 ) -> FusedStep:
     """One member per learning rate in ``lrs``, each initialised as a trial of the cell seeded ``seed`` is (so all
     alike), fused on ``device`` with its optimizer under ``settings`` (heads, dropout, optimizer, weight decay,
-    warm-up over ``total_steps``, gradient clip): call the result with (inputs, targets) to train one step."""
+    warm-up over ``total_steps``, gradient clip), its forward run ``step`` as a fused trial runs it (``StepForward``:
+    compiled or graphed, the optimizer eager): call the result with (inputs, targets) to train one step."""
     torch.manual_seed(seed)
     model = models.build_model(
         arch,
@@ -293,4 +299,5 @@ def fused_step(
         **(options or {}),
     )
     fused = Fused([model] * len(lrs)).to(device)
-    return FusedStep(fused, fused_optimizer(fused, lrs, settings, total_steps), settings.optim.grad_clip)
+    forward = StepForward(fused, step, torch.device(device)) if step != "eager" else None
+    return FusedStep(fused, fused_optimizer(fused, lrs, settings, total_steps), settings.optim.grad_clip, forward)
