@@ -119,7 +119,8 @@ def test_the_tiny_sweep_gives_the_same_verdicts_with_fusion_on_and_off(tmp_path,
     """Ray Tune, Lightning and MLflow on the tiny profile (every architecture, at one width and dataset), with three
     learning rates a cell, fused (one Tune trial a cell; lstm, which cannot fuse, trains them apart and the sweep
     says so) and not: every learning-rate run ends with the same verdict, reason, steps and scores (some stop at
-    the first budget while the others of their trial go on), in an MLflow run of its own, and no checkpoint is
+    the first budget while the others of their trial go on), with the same curve (every validation's step, accuracy
+    and training FLOPs; its loss within float32's rounding), in an MLflow run of its own, and no checkpoint is
     left."""
     import pandas as pd
     from mlflow.tracking import MlflowClient
@@ -138,7 +139,7 @@ sweep: {{grid: {{widths: [8], datasets: {{lis: [3]}}}}, optim: {{lrs: [0.03, 0.0
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)
 
-    tables = {}
+    tables, curves = {}, {}
     for fuse in ("off", "learning_rates"):
         (tmp_path / fuse).mkdir()
         store, db = tmp_path / fuse / "store", tmp_path / fuse / "mlflow.db"
@@ -146,6 +147,7 @@ cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
         sweep(load_config(p), tiny_data, tmp_path / fuse / "results")
         trials = pd.read_csv(tmp_path / fuse / "results" / "trials.csv").sort_values(["arch", "lr"])
         tables[fuse] = trials.reset_index(drop=True)
+        curves[fuse] = pd.read_csv(tmp_path / fuse / "results" / "curves.csv").reset_index(drop=True)
         client = MlflowClient(f"sqlite:///{db}")
         runs = client.search_runs([client.get_experiment_by_name("capacity-atlas").experiment_id],
                                   "tags.trial_key != ''")
@@ -160,6 +162,9 @@ cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
     assert "sweep: sweep.resources.fuse: learning_rates: lstm cannot fuse" in capsys.readouterr().out
     for key in ("arch", "lr", "status", "reason", "train_steps", "budget_steps", "solve_step", "final_accuracy"):
         assert off[key].equals(on[key]), (key, off[key].tolist(), on[key].tolist())
+    apart, fused = curves["off"], curves["learning_rates"]
+    assert len(apart) > len(off) and apart.drop(columns="val_loss").equals(fused.drop(columns="val_loss"))
+    assert fused.val_loss.to_numpy() == pytest.approx(apart.val_loss.to_numpy(), rel=1e-4)
     # one reuse key, fused or not: the fused sweep over the unfused one's stores trains nothing
     sweep(load_config(params("learning_rates", "off")), tiny_data, tmp_path / "again")
     again = pd.read_csv(tmp_path / "again" / "trials.csv")
