@@ -240,6 +240,28 @@ def test_a_graphed_step_trains_as_the_eager_one(arch):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["transformer", "mamba", "linear_nofm"])
+def test_a_fused_step_graphed_trains_as_the_eager_one(arch):
+    """A fused trial's step graphed (its forward under reduce-overhead, vmap over stacked weights and the Triton
+    kernels' vmap rules inside; the optimizer eager), as the sweep and bench_pack's graphed fused rows run it: it
+    records and replays without falling back, and three steps give the eager step's losses, and the trained members
+    the eager ones' logits, within float32's rounding (the CPU twin: test_fused_training's compiled test)."""
+    from pipeline.training.fused import fused_step
+    from pipeline.training.settings import TrainSettings
+
+    settings = TrainSettings().replaced(heads=4, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=1.0)
+    graphed, eager = (fused_step(arch, (1e-2, 3e-3, 1e-3), settings, vocab_size=16, width=64, depth=2, max_len=65,
+                                 device=CUDA, step=step) for step in ("graphed", "eager"))  # fmt: skip
+    tokens = torch.randint(0, 16, (4, 8, 65), device=CUDA)
+    for batch in tokens[:3]:
+        torch.testing.assert_close(graphed(batch[:, :-1], batch[:, 1:]), eager(batch[:, :-1], batch[:, 1:]),
+                                   rtol=1e-3, atol=1e-5)  # fmt: skip
+        assert graphed.forward is not None and graphed.forward.mode == "graphed", graphed.forward.why
+    with torch.no_grad():
+        torch.testing.assert_close(graphed.model(tokens[3, :, :-1]), eager.model(tokens[3, :, :-1]), rtol=1e-3,
+                                   atol=1e-4)  # fmt: skip
+
+
 def test_a_graphed_bf16_trial_trains_and_scores_on_cuda(tiny_cfg, tiny_data):
     result = short_trial(tiny_cfg, tiny_data, precision="bf16-mixed", use_gpu=True, step="graphed")
     assert result["train_steps"] == 20 and 0 <= result["final_accuracy"] <= 1
