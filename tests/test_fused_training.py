@@ -74,16 +74,24 @@ def vector(params) -> torch.Tensor:
 RECIPES = {"lstm": {"grad_clip": 0.2}, "retnet": {"lrs": (3e-3, 1e-3, 3e-4)}}
 
 
+def separate_step(trial: SequenceModel, plan: dict, inputs, targets) -> tuple[torch.Tensor, float]:
+    """One step of a separate trial as Lightning takes it: loss, backward, the clip, the optimizer, then the schedule.
+    Returns the loss and the gradient's norm before the clip."""
+    plan["optimizer"].zero_grad()
+    loss = trial.loss(trial.model(inputs), inputs, targets)
+    loss.backward()
+    norm = float(torch.nn.utils.clip_grad_norm_(trial.parameters(), trial.spec.settings.optim.grad_clip))
+    plan["optimizer"].step()
+    plan["lr_scheduler"]["scheduler"].step()
+    return loss.detach(), norm
+
+
 def steps_apart(a: SequenceModel, b: SequenceModel) -> float:
     """How far apart two copies of a trial end after the test's 50 steps, relative to the largest parameter."""
     plans = [t.configure_optimizers_for(STEPS) for t in (a, b)]
     for inputs, targets in batches(STEPS):
         for trial, plan in zip((a, b), plans):
-            plan["optimizer"].zero_grad()
-            trial.loss(trial.model(inputs), inputs, targets).backward()
-            torch.nn.utils.clip_grad_norm_(trial.parameters(), trial.spec.settings.optim.grad_clip)
-            plan["optimizer"].step()
-            plan["lr_scheduler"]["scheduler"].step()
+            separate_step(trial, plan, inputs, targets)
     return relative(vector(p.detach() for p in a.model.parameters()), vector(p.detach() for p in b.model.parameters()))
 
 
@@ -117,13 +125,9 @@ def test_fifty_steps_per_learning_rate_equal_the_separate_trials(arch):
     for inputs, targets in batches(STEPS):
         losses = step(inputs, targets)
         for k, (trial, plan) in enumerate(zip(separate, plans)):
-            plan["optimizer"].zero_grad()
-            loss = trial.loss(trial.model(inputs), inputs, targets)
-            assert relative(losses[k], loss.detach()) <= 1e-10
-            loss.backward()
-            clipped.add(bool(torch.nn.utils.clip_grad_norm_(trial.parameters(), clip) > clip))
-            plan["optimizer"].step()  # then the schedule, as Lightning steps them
-            plan["lr_scheduler"]["scheduler"].step()
+            loss, norm = separate_step(trial, plan, inputs, targets)
+            assert relative(losses[k], loss) <= 1e-10
+            clipped.add(norm > clip)
             params = fused.stacked()[0]
             ours = vector(params[name][k].detach() for name, _ in trial.model.named_parameters())
             assert relative(ours, vector(p.detach() for p in trial.model.parameters())) <= 1e-10, k
