@@ -7,6 +7,7 @@ the model will see (positions, caches, and patterns sized from the dataset's L),
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -86,3 +87,25 @@ def build_model(
         dropout=dropout,
         **{**arch.defaults(), **options},
     )
+
+
+@functools.cache
+def bf16_on_cpu(name: str) -> str:
+    """'' where this machine's CPU trains architecture ``name`` under bf16 autocast (a small model's forward and
+    backward), else why not, naming the CPU's instruction set. It is the machine's answer, not the architecture's:
+    oneDNN's bf16 LSTM, for one, needs AVX-512 and fails on AVX2-only CPUs ("could not create a primitive descriptor
+    for the LSTM forward propagation primitive")."""
+    import torch
+
+    model = build_model(name, vocab_size=8, width=8, depth=1, heads=2, max_len=8, dropout=0.0)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(torch.zeros(2, 8, dtype=torch.long))  # (B, T, V)
+        logits.float().sum().backward()
+    except RuntimeError as err:
+        first = str(err).strip().split(". ")[0] if str(err).strip() else type(err).__name__
+        return (
+            f"{name} cannot train in bf16 on this CPU (torch's CPU capability: "
+            f"{torch.backends.cpu.get_cpu_capability()}): {first}"
+        )
+    return ""

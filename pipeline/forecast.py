@@ -28,7 +28,7 @@ import torch
 from pipeline.common.config import ROOT, Config, ConfigError, Precision, StepMode, load_config
 from pipeline.costs.forecast import REPLAY_COMMAND, Cluster, Forecast, Row, forecast
 from pipeline.costs.rates import ALONE, EVERY_WIDTH, SOURCES, ForecastError, Throughput
-from pipeline.search.cells import check_architectures, defined_cells, model_costs
+from pipeline.search.cells import check_architectures, check_precision, defined_cells, model_costs
 
 
 def number(x: float) -> str:
@@ -341,14 +341,16 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def measuring_on(args: argparse.Namespace, cfg: Config) -> tuple[torch.device, Precision]:
-    """Where and in what precision to measure; a device or precision this machine lacks is an error."""
+def measuring_on(args: argparse.Namespace, cfg: Config, archs: list[str]) -> tuple[torch.device, Precision]:
+    """Where and in what precision to measure ``archs``; a device or precision this machine lacks is an error."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ForecastError("--device cuda: no CUDA device here")
     precision = args.precision or cfg.sweep.optim.precision
     if device.type == "cpu" and precision == "16-mixed":
         raise ForecastError("--precision 16-mixed needs a GPU: on a CPU measure in bf16-mixed or 32-true (--precision)")
+    if device.type == "cpu":
+        check_precision(archs, precision, "--precision" if args.precision else "sweep.optim.precision")
     return device, precision
 
 
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         where = Cluster(args.nodes, args.gpus_per_node, args.gpu, cpus)
         where.slots(s.resources)  # a node that holds no trial: named now, not after the measurements
         if given is None:
-            device, precision = measuring_on(args, cfg)  # named before any model is built
+            device, precision = measuring_on(args, cfg, archs)  # named before any model is built
         cells = {at: replace(cell, **model_costs(cell, s.model.heads)) for at, cell in defined_cells(cfg).items()}
         if given is None:
             throughput, source = measured(args, cfg, cells, device, precision)

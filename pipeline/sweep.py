@@ -59,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"runs": runs})})
             # imported once the settings hold: the registry imports torch, the driver Ray, MLflow and Lightning
             # (seconds), and a bad setting is named before them
-            from pipeline.search.cells import check_architectures
+            from pipeline.search.cells import check_architectures, check_precision
 
             check_architectures(cfg)
+            if cfg.cluster.ray() is None and not cfg.sweep.resources.gpus_per_trial:  # trials on this CPU
+                check_precision(cfg.sweep.grid.architectures, cfg.sweep.optim.precision)
             from pipeline.scheduling.driver import sweep
 
             sweep(cfg, Path(args.data), out)

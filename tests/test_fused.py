@@ -11,6 +11,7 @@ from models.fused import Fused, FusionError
 from tests.helpers.fused import LENGTH as T
 from tests.helpers.fused import VOCAB as V
 from tests.helpers.fused import members
+from tests.helpers.training import needs_cpu_bf16
 
 ARCHS = sorted(models.ARCHITECTURES)
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}  # relative to the largest magnitude compared
@@ -49,6 +50,7 @@ def test_fused_forward_and_gradients_equal_the_members_apart(arch, dtype):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fused_under_bf16_autocast_equals_the_members_apart_under_it(arch):
     """The profiles' bf16-mixed precision: each member's logits within bf16's rounding of its own under autocast."""
+    needs_cpu_bf16(arch)
     apart = members(arch, torch.float32)
     fused = Fused(copy.deepcopy(apart)).eval()
     tokens = torch.randint(0, V, (B, T))

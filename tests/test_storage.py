@@ -41,6 +41,16 @@ def test_a_node_that_cannot_read_the_storage_is_named(parquet, tmp_path):
 
 def test_the_node_probe_names_a_package_it_cannot_import_and_data_it_cannot_read(parquet, tmp_path):
     location = publish(parquet, str(tmp_path))
-    assert probe(location, ("pipeline.training.train",)) == ""
-    assert "cannot import the package (ModuleNotFoundError" in probe(location, ("pipeline_renamed",))
-    assert "cannot read dataset" in probe(str(tmp_path / "missing.parquet"), ("pipeline.training.train",))
+    assert probe(location, ("pipeline.training.train",), ()) == ""
+    assert "cannot import the package (ModuleNotFoundError" in probe(location, ("pipeline_renamed",), ())
+    assert "cannot read dataset" in probe(str(tmp_path / "missing.parquet"), ("pipeline.training.train",), ())
+
+
+def test_the_node_probe_names_an_architecture_its_cpu_cannot_train_in_bf16(parquet, tmp_path, monkeypatch):
+    import models
+
+    location = publish(parquet, str(tmp_path))
+    monkeypatch.setattr(models, "bf16_on_cpu", lambda arch: "lstm cannot train in bf16 on this CPU" * (arch == "lstm"))
+    assert probe(location, ("pipeline.training.train",), ("standard", "mamba")) == ""
+    assert probe(location, ("pipeline.training.train",), ("standard", "lstm")).endswith(
+        ": lstm cannot train in bf16 on this CPU")

@@ -16,8 +16,9 @@
   nodes.
 - ``LostNode``: the error of a sweep that lost nodes until none could run a trial
   (``pipeline.scheduling.tuning.NodeWatch``).
-- ``probe_nodes``: one zero-CPU task per node imports the package and opens a dataset through the storage path,
-  so a node that cannot is named before the first trial, not found by a failed trial later.
+- ``probe_nodes``: one zero-CPU task per node imports the package and opens a dataset through the storage path (and,
+  for bf16 trials on CPUs, trains each architecture in bf16 there), so a node that cannot is named before the first
+  trial, not found by a failed trial later.
 """
 
 from __future__ import annotations
@@ -236,8 +237,9 @@ def trial_slots(cpu: float, gpu: float, wanted: int | None, local: bool) -> int:
     return max(1, now)
 
 
-def probe(location: str, modules: tuple[str, ...]) -> str:
-    """Runs on one node: '' if it can import ``modules`` and read the dataset at ``location``, else why not."""
+def probe(location: str, modules: tuple[str, ...], bf16: tuple[str, ...]) -> str:
+    """Runs on one node: '' if it can import ``modules``, read the dataset at ``location`` and train the
+    architectures ``bf16`` in bf16 on its CPU, else why not."""
     node = ray.util.get_node_ip_address()
     try:
         for name in modules:
@@ -252,17 +254,22 @@ def probe(location: str, modules: tuple[str, ...]) -> str:
         fetch(location, node)
     except DatasetError as err:
         return str(err)
-    return ""
+    import models
+
+    problems = [problem for arch in bf16 if (problem := models.bf16_on_cpu(arch))]
+    return f"Ray node {node}: {'; '.join(problems)}" if problems else ""
 
 
 def probe_nodes(
-    location: str, modules: tuple[str, ...] = ("pipeline.training.train", "pipeline.training.checkpoints")
+    location: str,
+    modules: tuple[str, ...] = ("pipeline.training.train", "pipeline.training.checkpoints"),
+    bf16: tuple[str, ...] = (),
 ) -> None:
     task = ray.remote(num_cpus=0)(probe)
     nodes = alive_nodes()
     answers = [
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            location, modules
+            location, modules, bf16
         )
         for n in nodes
     ]  # every node at once

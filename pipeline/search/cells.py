@@ -47,6 +47,19 @@ def check_architectures(cfg: Config) -> None:
             raise ConfigError(str(err)) from None
 
 
+def check_precision(archs: list[str], precision: str, key: str = "sweep.optim.precision") -> None:
+    """bf16-mixed trials on this machine's CPU: every architecture in ``archs`` must train in bf16 here
+    (``models.bf16_on_cpu``); one that cannot is named, with the CPU's instruction set, before any compute."""
+    if precision != "bf16-mixed":
+        return
+    problems = [problem for arch in archs if (problem := models.bf16_on_cpu(arch))]
+    if problems:
+        raise ConfigError(
+            f"{key}: bf16-mixed: {'; '.join(problems)}. Train in 32-true ({key}), on GPUs "
+            "(sweep.resources.gpus_per_trial), or without it (sweep.grid.architectures)"
+        )
+
+
 def run_key(train: dict) -> str:
     """What, beyond the cell and learning rate, decides a trial's result: the training settings, the code that
     trains (every project module the trainable imports) and the installed versions of the libraries it trains with

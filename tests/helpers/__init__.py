@@ -15,7 +15,8 @@ What lives where:
   ``push_change`` (a commit pushed to the upstream), ``copy_kernels`` (a copy's numba kernels into a clone), ``git``.
 - ``tests.helpers.training``: ``Curve``, a Lightning callback recording a trial's curve; ``Copies`` and
   ``MemberCopies``, a trial's and a fused trial's checkpoints as a test keeps them; ``short_trial``, a 20-step
-  trial on the tiny profile (the GPU tests and their CPU twin).
+  trial on the tiny profile (the GPU tests and their CPU twin); ``needs_cpu_bf16``, a skip, with the reason, where
+  this CPU cannot train an architecture in bf16.
 - ``tests.helpers.fused``: ``members``, K models of one shape for a fused model (the fused tests and their GPU
   twin).
 - ``tests.helpers.without``: ``python -m tests.helpers.without ray,mlflow,dvc -m MODULE``, a module run with packages

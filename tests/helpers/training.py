@@ -1,12 +1,15 @@
 """Training helpers: `Curve`, a trial's (step, training loss, validation accuracy) at each validation; `Copies`, its
 checkpoints as a test keeps them (`MemberCopies`, a fused trial's); `with_settings`, a trial under other settings;
-`short_trial`, a 20-step trial on the tiny profile."""
+`short_trial`, a 20-step trial on the tiny profile; `needs_cpu_bf16`, a skip where this CPU cannot train an
+architecture in bf16."""
 
 import dataclasses
 import shutil
 
 import lightning as L
+import pytest
 
+import models
 from pipeline.training.checkpoints import Resumable
 from pipeline.training.fused_trial import MemberCheckpoints
 
@@ -69,3 +72,10 @@ def short_trial(cfg, data, **settings) -> dict:
     base = TrainSettings.of(cfg).params() | {"max_steps": 20, "epochs": 10, "val_every_steps": 10,
                                              "max_budget_factor": 1}
     return run_trial(TrialSpec.for_cell(cell, base | settings | {"lr": 3e-3}))
+
+
+def needs_cpu_bf16(arch: str) -> None:
+    """Skips the test, saying why, where this machine's CPU cannot train ``arch`` in bf16 (``models.bf16_on_cpu``:
+    the LSTM without AVX-512), which the product refuses before compute (tests/test_precision.py)."""
+    if why := models.bf16_on_cpu(arch):
+        pytest.skip(why)
