@@ -15,7 +15,8 @@ compute).
 
 ``--claims``: the lines are also a results table, one row per cell (its best learning rate, as the sweep keeps it;
 a cut-off trial undecided), whose claim checks (``pipeline.reporting.claims``: the verdicts a sweep's report gives,
-with their coverage) go to ``claims.json`` beside them: a claims run on a lent GPU.
+with their coverage and each length's reading) go to ``claims.json`` beside them, rewritten as each trial ends: a
+claims run on a lent GPU gives the verdicts of the trials it finished, wherever it is cut.
 """
 
 from __future__ import annotations
@@ -76,11 +77,14 @@ def results_table(lines: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).reindex(columns=list(dict.fromkeys([*rows[0], *scored])) if rows else scored)
 
 
-def check_claims(cfg: Config, lines: list[dict], out: Path) -> None:
-    """The claim checks on the pilot's cells, written to ``out``/claims.json and printed."""
-    checks = evaluate(results_table(lines), swept_at=cfg.report.accuracy_threshold)
-    (out / "claims.json").write_text(json.dumps(checks, indent=1, default=str) + "\n")
-    for c in checks:
+def write_claims(cfg: Config, lines: list[dict], out: Path, shown: bool = False) -> None:
+    """The claim checks on the pilot's cells so far, written whole to ``out``/claims.json; ``shown``: printed too
+    (those the cells decide, and every separations claim)."""
+    checks = [v.row() for v in evaluate(results_table(lines), swept_at=cfg.report.accuracy_threshold)]
+    tmp = out / "claims.json.tmp"
+    tmp.write_text(json.dumps(checks, indent=1, default=str) + "\n")
+    tmp.replace(out / "claims.json")
+    for c in checks if shown else []:
         if c["status"] != "not tested" or c["paper"] == "separations":
             print(f"claim {c['id']}: {c['status']} ({c['coverage']})", flush=True)
 
@@ -143,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
                 sink.flush()
                 accuracy = row.get("final_accuracy", float("nan"))
                 print(f"{name:55} {row['status']:10} test {accuracy:.3f}  {row.get('reason', '')}", flush=True)
+            if done and args.claims and not late:  # a run cut from outside keeps the verdicts of what it finished
+                write_claims(cfg, ended, out)
             if late:
                 pool.terminate()
                 break
             time.sleep(1)
     pool.close()
     if args.claims:
-        check_claims(cfg, ended, out)
+        write_claims(cfg, ended, out, shown=True)
     return 0
 
 

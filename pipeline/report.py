@@ -26,7 +26,7 @@ import pandas as pd
 from pipeline.common.config import ROOT, Config, ConfigError, load_config
 from pipeline.common.signals import exit_on_signals, held
 from pipeline.reporting import tables
-from pipeline.reporting.claims import ClaimStatus, evaluate
+from pipeline.reporting.claims import ClaimError, ClaimStatus, check_claims, evaluate
 from pipeline.reporting.figures import draw_all, load_histories
 from pipeline.reporting.page import fidelity_markdown, page
 from pipeline.reporting.plots import write
@@ -70,6 +70,16 @@ def load_results(path: Path) -> pd.DataFrame:
 
 
 CLAIMS_TABLE = "tables/claims.json"  # the claim checks on the MLflow parent run, as an MLflow table
+# report.json's count of the claims of each status
+COUNTS = {
+    ClaimStatus.HOLDS: "claims_hold",
+    ClaimStatus.HOLDS_IN_PART: "claims_hold_in_part",
+    ClaimStatus.UNCONTROLLED: "claims_fail_uncontrolled",
+    ClaimStatus.UNDECIDED: "claims_undecided",
+    ClaimStatus.NOT_TESTED: "claims_not_tested",
+    ClaimStatus.FAILS: "claims_fail",
+}
+EVIDENCE = ("steps", "learning_rates", "seeds", "solved_at", "at_thresholds")  # what a verdict rests on
 
 
 def headline(cfg: Config, table: pd.DataFrame, best: pd.DataFrame, checks: list[dict]) -> dict[str, Any]:
@@ -95,13 +105,11 @@ def headline(cfg: Config, table: pd.DataFrame, best: pd.DataFrame, checks: list[
         "cells_at_threshold": int((measured.final_accuracy >= threshold).sum()),
         "mean_final_accuracy": round(float(measured.final_accuracy.mean()), 4) if len(measured) else None,
         "mlflow_parent_run": str(table.parent_run_id.iloc[0]),
-        "claims_hold": statuses.count(ClaimStatus.HOLDS),
-        "claims_hold_in_part": statuses.count(ClaimStatus.HOLDS_IN_PART),
-        "claims_fail": statuses.count(ClaimStatus.FAILS),
-        "claims_not_tested": statuses.count(ClaimStatus.NOT_TESTED),
+        **{COUNTS[status]: statuses.count(status) for status in ClaimStatus},
         "claims": {c["id"]: str(c["status"]) for c in checks},
-        # which of the paper's lengths, models and widths each verdict was decided at
+        # which of the paper's lengths, models and widths each verdict read which way, and what it rests on
         "claims_coverage": {c["id"]: c["coverage"] for c in checks},
+        "claims_evidence": {c["id"]: {k: c[k] for k in EVIDENCE} for c in checks},
         "min_paper_gflops": {
             f"{r.task}_{r.size}_{r.arch}_d{r.depth}": (
                 None if pd.isna(r.min_paper_gflops) else float(r.min_paper_gflops)
@@ -124,12 +132,14 @@ def log_report(client: MlflowClient, parent: str, out_dir: Path, checks: list[di
     claim."""
     client.log_artifacts(parent, str(out_dir), "report")
     client.log_table(parent, pd.DataFrame(checks), CLAIMS_TABLE)  # the UI shows it as a table
-    counts = ("claims_hold", "claims_hold_in_part", "claims_fail", "claims_not_tested")
-    for key in ("solved_cells", "solved_below_threshold_on_test", *counts):
+    for key in ("solved_cells", "solved_below_threshold_on_test", *COUNTS.values()):
         client.log_metric(parent, key, summary[key])
     for check in checks:
         client.set_tag(parent, f"claim.{check['id']}", str(check["status"]))
         client.set_tag(parent, f"claim.{check['id']}.coverage", check["coverage"])
+        evidence = "; ".join(f"{k}: {check[k]}" for k in EVIDENCE[:3] if check[k])
+        thresholds = ", ".join(f"{t} {v}" for t, v in check["at_thresholds"].items())
+        client.set_tag(parent, f"claim.{check['id']}.evidence", f"{evidence}; at {thresholds}".strip("; "))
 
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store, unless told otherwise
@@ -159,7 +169,7 @@ def report(
     sweep_json = results.with_name("sweep.json")  # the sweep's headline: its compute
     table = load_results(results)
     best = tables.min_gflops(table)
-    checks = evaluate(table, swept_at=cfg.report.accuracy_threshold)
+    checks = [v.row() for v in evaluate(table, swept_at=cfg.report.accuracy_threshold)]
     client, link = None, None
     if log_mlflow:
         uri = cfg.cluster.mlflow()
@@ -241,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.table_at is not None:
             print(table_at(load_config(args.params), Path(args.results), args.table_at))
             return 0
+        check_claims()  # a claim the papers' text or the registries no longer back is named before anything is read
         with exit_on_signals():  # SIGTERM and Ctrl-C leave the last report whole (``report``)
             summary = report(
                 load_config(args.params),
@@ -250,13 +261,12 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.plots),
                 log_mlflow=not args.no_mlflow,
             )
-    except (ConfigError, ReportError, ServiceError) as err:
+    except (ConfigError, ReportError, ServiceError, ClaimError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(
         f"report: {args.out}/index.html; {summary['solved_cells']} of {summary['cells']} cells solved; claims: "
-        f"{summary['claims_hold']} hold, {summary['claims_hold_in_part']} hold in part, {summary['claims_fail']} "
-        f"fail, {summary['claims_not_tested']} not tested"
+        + ", ".join(f"{summary[COUNTS[s]]} {s}" for s in ClaimStatus)
     )
     return 0
 

@@ -527,7 +527,7 @@ def test_pilot_trains_each_trial_in_parallel_and_writes_a_line_per_verdict(tmp_p
     assert len(cut) == 2 and {r["status"] for r in cut} == {"cut off"}
     # a claims run: the cells' checks as a sweep's report gives them; a cut-off cell is undecided, so decides nothing
     checks = {c["id"]: c for c in json.loads((tmp_path / "b" / "claims.json").read_text())}
-    assert checks["sep_eq_one_all_models"]["status"] == "not tested"
+    assert checks["sep_eq_one_all_models"]["status"] == "not tested"  # N = 10: not a length of the paper's
     assert "undecided (still training or not started" in checks["sep_eq_one_all_models"]["detail"]
 
     bad = write_params(tmp_path / "bad.yaml", PILOT.replace("[transformer, lstm]", "[transformer, nosuch]"))

@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 
 import models
-from pipeline.reporting.claims import CLAIMS, Models, evaluate
+from pipeline.reporting.claims import CLAIMS, ClaimError, Models, check_claims, evaluate
+from pipeline.reporting.papers import PAPERS_ENV, TEXTS
+from pipeline.reporting.rules import near_perfect
 from pipeline.reporting.tables import (
     BELOW,
     BORDERLINE,
@@ -27,7 +29,7 @@ from tests.helpers.tables import rows
 
 
 def check(table_rows: list[dict], claim_id: str) -> dict:
-    return next(r for r in evaluate(pd.DataFrame(table_rows)) if r["id"] == claim_id)
+    return next(v.row() for v in evaluate(pd.DataFrame(table_rows)) if v.claim.id == claim_id)
 
 
 def test_every_claim_quotes_its_paper_names_its_threshold_and_is_not_tested_on_an_unrelated_table():
@@ -35,43 +37,43 @@ def test_every_claim_quotes_its_paper_names_its_threshold_and_is_not_tested_on_a
     for claim in CLAIMS:
         assert claim.finding.quote and claim.finding.where and 0 < claim.threshold < 1 and claim.source
         # the paper's own outcome names where the paper shows it; what deciding the claim needs names a profile
-        assert re.match(r"(Figure|Table) \d", claim.paper_outcome) and "profile such as `" in claim.needs, claim.id
+        assert re.match(r"(Figure|Table) \d|Appendix H", claim.paper_outcome), claim.id
+        assert "profile such as `" in claim.needs, claim.id
     assert {c.threshold for c in CLAIMS if c.paper == "DP"} == {0.9}  # Table 2: "above 90%"
     assert {c.threshold for c in CLAIMS if c.paper == "separations"} == {0.99}  # "near-perfect"
-    results = evaluate(pd.DataFrame(rows("lis", "lstm", 2, {4: 16})))
+    results = [v.row() for v in evaluate(pd.DataFrame(rows("lis", "lstm", 2, {4: 16})))]
     assert [r["id"] for r in results] == [c.id for c in CLAIMS]
     for r, claim in zip(results, CLAIMS):
-        assert r["status"] == "not tested" and r["coverage"] == "nothing of the paper's scope", r
+        assert r["status"] == "not tested" and r["coverage_fraction"] == 0 and " held" not in r["coverage"], r
         assert (r["paper_outcome"], r["needs"]) == (claim.paper_outcome, claim.needs)
 
 
-def test_a_claim_naming_an_unknown_task_or_a_threshold_outside_0_1_is_refused_when_made():
+def test_a_claim_naming_an_unknown_task_or_model_a_threshold_outside_0_1_or_a_quote_not_verbatim_is_refused(
+        tmp_path, monkeypatch):
     claim = CLAIMS[0]
-    with pytest.raises(ValueError, match="unknown tasks \\['nope'\\]"):
+    with pytest.raises(ClaimError, match="unknown tasks \\['nope'\\]"):
         replace(claim, tasks=("nope",))
-    with pytest.raises(ValueError, match="threshold 1.0 is outside"):
-        replace(claim, threshold=1.0)
+    with pytest.raises(ClaimError, match="threshold 1.5 is outside \\(0, 1\\]"):
+        replace(claim, threshold=1.5)
+    replace(claim, threshold=1.0)  # 100% is a threshold
+    lookup = next(c for c in CLAIMS if c.id == "sep_index_lookup_one_layer")
+    gru = replace(lookup, rule=near_perfect("index_lookup", [Models("gru", (1,), 64)]))
+    with pytest.raises(ClaimError, match="claim sep_index_lookup_one_layer: its rule names architectures \\['gru'\\]"):
+        check_claims([gru])
+    # the papers' text where the report reads it: a quote edited away from it is named
+    for name in TEXTS.values():
+        (tmp_path / name).write_text("nothing the claims quote")
+    monkeypatch.setenv(PAPERS_ENV, str(tmp_path))
+    with pytest.raises(ClaimError, match="not verbatim in the paper's text: dp_efficient_grow \\(§6.2, Figure 1\\)"):
+        check_claims(CLAIMS[:1])
+    monkeypatch.setenv(PAPERS_ENV, str(tmp_path / "absent"))
+    check_claims()  # no text to read: nothing to refuse on
 
 
 def test_every_architecture_a_claim_names_is_registered():
-    named = {m.arch for c in CLAIMS for m in named_models(c)}
+    named = {m.arch for c in CLAIMS for m in c.rule.models()}
     assert named and named <= set(models.ARCHITECTURES)
-    assert {s for c in CLAIMS for s in c.scope.subjects if " " not in s} <= set(models.ARCHITECTURES)
-
-
-def named_models(claim) -> list[Models]:
-    """The ``Models`` a claim's rule closes over (its named architectures)."""
-    found = []
-    cells = [cell.cell_contents for cell in (claim.rule.__closure__ or ())]
-    while cells:
-        value = cells.pop()
-        if isinstance(value, Models):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            cells.extend(value)
-        elif callable(value) and getattr(value, "__closure__", None):
-            cells.extend(c.cell_contents for c in value.__closure__)
-    return found
+    check_claims()
 
 
 def standard(task, depth, solved_from, **kw):
@@ -83,10 +85,14 @@ def test_width_grows_per_chain_at_the_papers_depth_and_a_flat_chain_at_the_floor
     result = check(growing, "dp_width_grows")
     assert result["status"] == "holds in part" and result["detail"].startswith("for (2): lis d3 sparse: n=40 D=16")
     assert result["coverage"].startswith(
-        "arithmetic n = none of 6, 10, 13, 16; ed n = none of 6, 12, 16, 20; lis n = 40, 110 of 40, 110, 175, 250"
+        "arithmetic n = 6, 10, 13, 16 not run (of 6, 10, 13, 16); ed n = 6, 12, 16, 20 not run (of 6, 12, 16, 20); "
+        "lis n = 40, 110 held; 175, 250 not run (of 40, 110, 175, 250)"
     )
     small = check(rows("lis", "sparse", 3, {4: 16, 6: 64}), "dp_width_grows")  # below the paper's sizes
-    assert small["status"] == "not tested" and "(outside the paper's n = 40-250)" in small["detail"]
+    assert small["status"] == "not tested" and "(n = 4, 6 set aside: outside the paper's 40-250)" in small["detail"]
+    # a size outside the paper's range beside the paper's: set aside, said so, the chain still read
+    wider = check(growing + rows("lis", "sparse", 3, {20: 64}), "dp_width_grows")
+    assert wider["status"] == "holds in part" and "(n = 20 set aside: outside the paper's 40-250)" in wider["detail"]
     shrinks = growing + rows("ed", "linear", 3, {6: 32, 12: 16})
     assert check(shrinks, "dp_width_grows")["status"] == "fails"
     flat_above = rows("lis", "sparse", 3, {40: 32, 110: 32})  # flat above the narrowest width: no growth
@@ -112,8 +118,8 @@ def test_width_comparisons_with_standard_and_a_tie_at_the_narrowest_width_tells_
     assert tie["status"] == "not tested" and "a tie at the narrowest width tried" in tie["detail"]
     assert check(base, "dp_standard_fixed")["status"] == "holds in part"
     wide = standard("lis", 3, {40: None}, widths=(64, 128, 256)) + rows("lis", "linear", 3, {40: 256}, widths=(256,))
-    result = check(wide, "dp_standard_fixed")
-    assert result["status"] == "fails" and "where another model reached 90%" in result["detail"]
+    result = check(wide, "dp_standard_fixed")  # its own converged miss at every width up to 256
+    assert result["status"] == "fails" and "converged below 90% at every width up to 256" in result["detail"]
     short = check(standard("lis", 3, {40: None}, widths=(64, 128)), "dp_standard_fixed")
     assert short["status"] == "not tested" and "no width tried reaches 256" in short["detail"]
 
@@ -144,7 +150,8 @@ def test_table2_standard_first_against_each_efficient_model_with_the_papers_widt
         )
 
     result = check(three(16, 32, 64), "dp_arithmetic_standard_first")
-    assert result["status"] == "holds in part" and result["coverage"].startswith("arithmetic n = 6 of 6, 10, 13, 16")
+    assert result["status"] == "holds in part"
+    assert result["coverage"].startswith("arithmetic n = 6 held; 10, 13, 16 not run (of 6, 10, 13, 16)")
     assert "arithmetic n=6 d3: standard D=16, sparse D=32 (Table 2: standard D=64, sparse D=128)" in result["detail"]
     assert check(three(16, 32, None), "dp_arithmetic_standard_first")["status"] == "holds in part"
     assert check(three(32, 32, 64), "dp_arithmetic_standard_first")["status"] == "fails"
@@ -163,21 +170,21 @@ def test_near_perfect_needs_the_named_width_and_99_percent_on_test():
     table = tf("index_lookup", 1, {20: 64, 50: 64})
     result = check(table, "sep_index_lookup_one_layer")
     assert result["status"] == "holds in part" and result["margin"] == "+0.5 pt"
-    assert result["coverage"].startswith("index_lookup N = 20, 50 of 20, 50, 100, 200, 400")
+    assert result["coverage"].startswith(
+        "index_lookup N = 20, 50 held; 100, 200, 400 not run (of 20, 50, 100, 200, 400)")
     low = rows("index_lookup", "transformer", 1, {20: 64}, widths=(64,))  # solved at 90%, held 95%
     converged = [r | {"converged": 1.0} for r in low]
-    alone = check(converged, "sep_index_lookup_one_layer")  # no model reached 99%: the recipe is not shown to learn
-    assert alone["status"] == "not tested" and (
-        "1-layer transformer D=64 N=20: 95.0%: no model reached 99% (the recipe is not shown to learn it)"
-        in alone["detail"]
-    )
+    alone = check(converged, "sep_index_lookup_one_layer")  # its own converged miss: no other model needed
+    assert alone["status"] == "fails"
+    assert "1-layer transformer D=64 N=20: 95.0%, converged below 99%" in alone["detail"]
+    assert alone["cases"]["missed"] == ["index_lookup N=20 1-layer transformer D=64"]
     control = [r | NEAR_PERFECT for r in rows("index_lookup", "lstm", 1, {20: 64}, widths=(64,))]
-    result = check(converged + control, "sep_index_lookup_one_layer")  # an LSTM learned it: a failure
-    assert result["status"] == "fails" and "1-layer transformer D=64 N=20: 95.0%, where another" in result["detail"]
-    stopped = check(low, "sep_index_lookup_one_layer")  # stopped at 95% still improving: 99% undecided
-    assert stopped["status"] == "not tested" and (
+    assert check(converged + control, "sep_index_lookup_one_layer")["status"] == "fails"
+    stopped = check(low, "sep_index_lookup_one_layer")  # stopped at 95% still improving: 99% undecided, not dropped
+    assert stopped["status"] == "undecided" and (
         "at 99%: validation held 95.0% when the trial stopped, not converged" in stopped["detail"]
     )
+    assert stopped["coverage"].startswith("index_lookup N = 20 undecided; 50, 100, 200, 400 not run")
     wider = tf("index_lookup", 1, {20: 128}, widths=(128,))
     assert (
         "1-layer transformer D=64 not run on index_lookup at N = 20,"
@@ -208,7 +215,7 @@ def test_a_failure_claim_needs_every_named_model_and_a_positive_control():
     control = tf("index_lookup", 1, {200: 64})
     result = check(recurrent + control, "sep_index_lookup_recurrent_fail")
     assert result["status"] == "holds in part" and "lstm D<=256 (<=6 layers) N=200: 30.0% beside" in result["detail"]
-    assert result["coverage"].startswith("index_lookup N = 200 of 200, 400; 5 of 5 models")
+    assert result["coverage"].startswith("index_lookup N = 200 held; 400 not run (of 200, 400); 5 of 5 models")
     lstm_only = [r for r in recurrent if r["arch"] == "lstm"] + control
     result = check(lstm_only, "sep_index_lookup_recurrent_fail")
     assert (
@@ -216,8 +223,10 @@ def test_a_failure_claim_needs_every_named_model_and_a_positive_control():
         and "dss D<=256 (<=6 layers) not run on index_lookup at N = 200, 400" in result["detail"]
     )
     no_control = check(recurrent + tf("index_lookup", 1, {200: None}, accuracy=0.4), "sep_index_lookup_recurrent_fail")
-    assert no_control["status"] == "not tested"
-    assert "no control (1-layer transformer D=64) reached 99%" in no_control["detail"]
+    assert no_control["status"] == "fails, uncontrolled"  # they failed, but nothing shows the recipe learns it
+    assert "no control (1-layer transformer D=64, or itself at a shorter N) reached 99%" in no_control["detail"]
+    itself = [r | NEAR_PERFECT | {"size": 20, "status": "solved"} for r in recurrent]  # each near-perfect at N = 20
+    assert check(recurrent + itself, "sep_index_lookup_recurrent_fail")["status"] == "holds in part"
     learns = [
         r | NEAR_PERFECT | {"status": "solved", "converged": 0.0} if r["arch"] == "mamba" else r for r in recurrent
     ]
@@ -236,7 +245,7 @@ def test_eq_ncp_fails_as_near_chance_beside_a_transformer_of_the_same_width():
     above = [r | {"final_accuracy": 0.5} for r in ssm]  # below near-perfect, but far from chance
     assert check(above + tf("eq_ncp", 2, {800: 64}), "sep_eq_ncp_ssm_width_64")["status"] == "fails"
     wider_tf = tf("eq_ncp", 2, {800: 256}, widths=(256,))
-    assert check(ssm + wider_tf, "sep_eq_ncp_ssm_width_64")["status"] == "not tested"  # no control at width 64
+    assert check(ssm + wider_tf, "sep_eq_ncp_ssm_width_64")["status"] == "fails, uncontrolled"  # none at width 64
 
 
 def test_positive_results_of_the_separations_paper():
@@ -250,7 +259,7 @@ def test_positive_results_of_the_separations_paper():
     assert check(beyond, "sep_dyck_small_models")["status"] == "holds in part"  # N = 800: outside the claim
     eq_one = tf("eq_one", 1, {100: 64}) + [r | NEAR_PERFECT for r in rows("eq_one", "lstm", 1, {100: 64}, widths=(64,))]
     result = check(eq_one, "sep_eq_one_all_models")
-    assert result["status"] == "holds in part" and "2 of 6 models (transformer, lstm)" in result["coverage"]
+    assert result["status"] == "holds in part" and "2 of 6 models decided (transformer, lstm)" in result["coverage"]
     match = tf("eq_random", 2, {200: 64}) + [
         r | NEAR_PERFECT for a in ("dss", "mamba") for r in rows("eq_random", a, 2, {200: 64}, widths=(64,))
     ]
@@ -312,13 +321,13 @@ def test_a_width_solved_on_validation_but_below_the_threshold_on_test_is_marked(
     assert BELOW not in convention_table(best, 2, "min_exact_gflops").iloc[0]["sparse"]  # no threshold: no mark
 
 
-def test_a_case_that_rests_on_an_undecided_cell_is_not_tested_and_names_it():
+def test_a_case_that_rests_on_an_undecided_cell_is_undecided_and_names_it():
     growing = rows("lis", "sparse", 3, {40: 16, 110: 64})
     assert check(growing, "dp_width_grows")["status"] == "holds in part"
     # sparse n=110 D=16 still improving when its budget ran out: the minimum width 64 is an upper bound
     narrower = rows("lis", "sparse", 3, {40: 16, 110: 64}, undecided={(110, 16)})
     result = check(narrower, "dp_width_grows")
-    assert result["status"] == "not tested"
+    assert result["status"] == "undecided"
     assert (
         "lis n=110 sparse d3: seed 0 D=16 undecided (budget: still improving at step 6400 (8x the budget of 800))"
         in result["detail"]
@@ -339,7 +348,7 @@ def test_a_case_that_rests_on_an_undecided_cell_is_not_tested_and_names_it():
         )
     ]
     result = check(recurrent + tf("index_lookup", 1, {200: 64}), "sep_index_lookup_recurrent_fail")
-    assert result["status"] == "not tested"
+    assert result["status"] == "undecided"
     assert "index_lookup n=200 lstm d1: seed 0 D=64 undecided (budget: " in result["detail"]
     assert "; and 2 more undecided cells" in result["detail"]
     # an undecided cell wider than a solved width decides nothing: solved stays solved

@@ -4,52 +4,72 @@ A ``Claim`` carries the paper's words and where it says them (``pipeline.reporti
 calls solved (Table 2: "above 90%"; the separations paper: "near-perfect", read as 99%), its ``Scope`` (the tasks,
 sizes and models the paper decides it at: what its coverage counts), the paper's own outcome (its numbers where it
 gives them, its words where not), what deciding it needs, and a rule (``pipeline.reporting.rules``) that returns the
-claim's cases. ``judge`` turns the cases into a ``ClaimCheck``:
+claim's cases, each read one way (``Reading``: held, missed, undecided, not run; fails uncontrolled; tells nothing).
+``judge`` turns the cases into a ``ClaimCheck``:
 
-- *fails*: a case against the claim (with "generally", ``most``: as many against as for it);
-- *holds*: cases for it and none against, covering the whole scope at the paper's widths;
-- *holds in part*: cases for it and none against, covering part of the scope (its ``Coverage`` says which lengths,
-  models and widths of the paper's were tested);
-- *not tested*: no case decided, each with why.
+- *fails*: a case missed (with "generally" or "in most scenarios", ``most``: as many missed as held). A claim that a
+  model is near-perfect fails on that model's own converged miss, with no control needed;
+- *holds*: cases held and none missed, covering the whole scope at the paper's widths;
+- *holds in part*: cases held and none missed, covering part of the scope (its ``Coverage`` says which lengths,
+  models and widths of the paper's read which way);
+- *fails, uncontrolled*: nothing held or missed, but a model the paper says fails did, where no control (another
+  model, or the same one at a shorter length) reached the line: our recipe is not shown to learn the task there;
+- *undecided*: nothing held or missed, some case rests on a cell with no verdict yet (still improving, diverged,
+  failed);
+- *not tested*: nothing ran that the claim reads, or the grid tells nothing, each with why.
 
 A case at a size outside the range of the paper's sizes for its task (lis at n = 4, where the paper ran 40-250)
-decides nothing: a claim is made at the paper's lengths.
+decides nothing: a claim is made at the paper's lengths. Where the paper words a claim two ways ("within each
+subplot", "in most scenarios"), the verdict under the other wording is given beside (``Claim.other``).
 
 Every claim is read at its own threshold and, for its sensitivity, at ``SENSITIVITY``'s (``tables.at_threshold``: a
-trial that stopped short of a threshold without having converged is undecided there). The report leads its page and
-``report/fidelity.md`` with the checks this run decided, and gathers the rest under "Not decided at this scale" with
-what each needs; ``results/report.json`` holds each status and coverage (``dvc metrics diff``), the MLflow parent run
-a tag of each. ``tests/test_claims_papers.py`` runs every rule on the papers' own results, which must hold, and on
-their opposites, which must not.
+trial that stopped short of a threshold without having converged is undecided there), and carries what it rests on
+(``Basis``: the steps trained and whether converged, the learning rates, the seeds). ``evaluate`` returns one typed
+``Verdict`` per claim; ``Verdict.row`` is its form for the page, ``results/report.json`` and MLflow. Every measured
+statement of the papers is checked by a claim or listed in ``UNCHECKED`` with why (``check_claims`` refuses, when
+the report loads, a claim whose quote is not verbatim in its paper's text, whose rule names a model or task the
+registries do not know, or whose threshold is outside (0, 1]). ``tests/test_claims_papers.py`` runs every rule on
+the papers' own results, which must hold, and on their opposites, which must not.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import pandas as pd
 
-from pipeline.reporting.evidence import Evidence, Models
-from pipeline.reporting.papers import DP, FINDINGS, Finding, table2_in_words
+from pipeline.reporting.evidence import Evidence, Models, Reading
+from pipeline.reporting.papers import DP, FINDINGS, Finding, table2_in_words, unquoted
 from pipeline.reporting.rules import (
+    CHANCE_MARGIN,
+    DEGRADE_MARGIN,
     EFFICIENT,
-    NOT_RUN,
+    MATCH_MARGIN,
+    AccuracyRises,
     Case,
+    FailsSomewhere,
+    LocalityReduces,
     Rule,
+    StandardNarrower,
+    StandardWithin,
+    SteeperWithLessLocality,
+    WidthGrows,
     all_of,
     degrades,
-    locality_reduces,
     matches,
     near_perfect,
-    standard_narrower,
-    standard_within,
-    width_grows,
+    size_name,
 )
 from pipeline.reporting.tables import at_threshold
 from tasks import TASKS
 from tasks.papers import NEAR_PERFECT, TABLE2_THRESHOLD
+
+
+class ClaimError(ValueError):
+    """A claim the report cannot check as its paper states it: its quote, its rule's models or tasks, its threshold."""
 
 
 class ClaimStatus(StrEnum):
@@ -57,6 +77,8 @@ class ClaimStatus(StrEnum):
 
     HOLDS = "holds"
     HOLDS_IN_PART = "holds in part"
+    UNCONTROLLED = "fails, uncontrolled"
+    UNDECIDED = "undecided"
     NOT_TESTED = "not tested"
     FAILS = "fails"
 
@@ -66,12 +88,14 @@ class ClaimStatus(StrEnum):
 
     @property
     def decided(self) -> bool:
-        return self != ClaimStatus.NOT_TESTED
+        """A reading the page leads with: held, failed, or a failure our recipe does not control."""
+        return self not in (ClaimStatus.UNDECIDED, ClaimStatus.NOT_TESTED)
 
 
 NEAR_PERFECT_SOURCE = "the separations paper's 'near-perfect' (§6, App. H), read as 99%"
 TABLE2_SOURCE = "DP paper, Table 2: 'an accuracy above 90%'"
-SENSITIVITY = (0.95, 0.99, 0.995)  # each claim is also read at these thresholds
+NEARLY_100_SOURCE = "DP paper, §6.2: 'nearly 100% accuracy', read at Table 2's 90%, the line its trials train to"
+SENSITIVITY = (0.95, 0.97, 0.99)  # each claim is also read at these thresholds
 SHOWN_CASES = 6  # a check's detail names this many cases of a kind, then counts the rest
 
 Point = tuple[str, int, str]  # (task, size, subject): one comparison the paper makes
@@ -102,11 +126,11 @@ class Scope:
         return bool(sizes) and all(sizes[0] <= s <= sizes[-1] for s in case.sizes)
 
     def outside(self, case: Case) -> Case:
-        """``case`` as not tested: it lies outside the paper's sizes."""
+        """``case`` as telling nothing: it lies outside the paper's sizes."""
         sizes = self.sizes.get(case.task, ())
         span = f"{sizes[0]}-{sizes[-1]}" if sizes else "none"
         text = f"{case.text} (outside the paper's {size_name(case.task)} = {span})"
-        return Case(case.task, case.sizes, case.subject, None, text)
+        return Case(case.task, case.sizes, case.subject, Reading.SILENT, text, read=case.read)
 
 
 def paper_sizes(task: str, above: int | None = None, upto: int | None = None) -> tuple[int, ...]:
@@ -119,43 +143,73 @@ def scope(tasks: Iterable[str], subjects: Iterable[object], above: int | None = 
     return Scope(tuple((t, s, m) for t in tasks for s in paper_sizes(t, above, upto) for m in named))
 
 
-def size_name(task: str) -> str:
-    return "n" if TASKS[task].paper == "dp" else "N"
+READ_ORDER = (Reading.HELD, Reading.MISSED, Reading.UNCONTROLLED, Reading.UNDECIDED, Reading.NOT_RUN, Reading.SILENT)
+# a point two cases read (two comparisons at one size, two models at one length) reads as the first of these
+PRIORITY = (Reading.MISSED, Reading.UNDECIDED, Reading.UNCONTROLLED, Reading.HELD, Reading.SILENT, Reading.NOT_RUN)
 
 
 @dataclass(frozen=True)
 class Coverage:
-    """Which of a claim's ``scope`` its decided cases tested: the points, the sizes outside the paper's, and what a
-    decided case lacked of the paper's setting (``short``)."""
+    """How a claim's ``scope`` reads: each point of it that a case read, by reading (a point several cases read
+    takes the first reading of ``PRIORITY`` among them), the sizes outside the paper's, and what a decided case
+    lacked of the paper's setting (``short``)."""
 
     scope: Scope
-    tested: frozenset[Point]
+    read: dict[Point, Reading]
+    outside: frozenset[Point] = frozenset()
     short: tuple[str, ...] = ()
 
     @property
+    def tested(self) -> frozenset[Point]:
+        """The points of the scope a case decided (held or missed)."""
+        return frozenset(p for p, r in self.read.items() if r.decided and p in self.scope.points)
+
+    @property
     def full(self) -> bool:
-        return set(self.scope.points) <= self.tested and not self.short
+        """Every point of the scope decided at the paper's setting (a verdict of holds has none of them missed, but
+        for a claim worded "generally")."""
+        return all(p in self.tested for p in self.scope.points) and not self.short
 
     @property
     def fraction(self) -> float:
-        return len(self.tested.intersection(self.scope.points)) / len(self.scope.points)
+        return len(self.tested) / len(self.scope.points)
 
     def text(self) -> str:
-        if not self.tested:
+        """Per task, the paper's sizes by how they read ("N = 20, 50 held, 100 missed, 200 undecided, 400 not run of
+        20-400"), the sizes between the paper's that were decided, then the models decided and what they lacked."""
+        if not self.read and not self.outside:
             return "nothing of the paper's scope"
         parts = []
         for task, sizes in self.scope.sizes.items():
-            n = size_name(task)
-            mine = sorted({s for t, s, _ in self.tested if t == task})
-            inside = [s for s in mine if s in sizes]
-            outside = [s for s in mine if s not in sizes]
-            text = f"{task} {n} = {', '.join(map(str, inside)) or 'none'} of {', '.join(map(str, sizes))}"
-            if outside:
-                text += f" (and {n} = {', '.join(map(str, outside))}, between the paper's)"
+            mine = {s: self.reading_at(task, s) for s in sizes}
+            groups = [
+                f"{', '.join(str(s) for s, r in mine.items() if r == reading)} {reading}"
+                for reading in READ_ORDER
+                if any(r == reading for r in mine.values())
+            ]
+            between = sorted({s for (t, s, _), r in self.read.items() if t == task and s not in sizes and r.decided})
+            text = f"{task} {size_name(task)} = {'; '.join(groups)} (of {', '.join(map(str, sizes))})"
+            if between:
+                text += f" (and {size_name(task)} = {', '.join(map(str, between))}, between the paper's)"
             parts.append(text)
         subjects = [m for m in self.scope.subjects if any(p[2] == m for p in self.tested)]
-        parts.append(f"{len(subjects)} of {len(self.scope.subjects)} models ({', '.join(subjects)})")
+        parts.append(f"{len(subjects)} of {len(self.scope.subjects)} models decided ({', '.join(subjects) or 'none'})")
         return "; ".join(parts + list(dict.fromkeys(self.short)))
+
+    def reading_at(self, task: str, size: int) -> Reading:
+        """How (task, size) reads over the scope's subjects: the first reading of ``PRIORITY`` among them (not run
+        where no case read one)."""
+        points = [(task, size, m) for m in self.scope.subjects if (task, size, m) in self.scope.points]
+        found = {self.read.get(p, Reading.NOT_RUN) for p in points}
+        return next(r for r in PRIORITY if r in found)
+
+    def by_reading(self) -> dict[str, list[str]]:
+        """reading -> the scope's points that read so ("index_lookup N=100 1-layer transformer D=64"), for JSON."""
+        out: dict[str, list[str]] = {str(r): [] for r in READ_ORDER}
+        for task, size, subject in self.scope.points:
+            reading = self.read.get((task, size, subject), Reading.NOT_RUN)
+            out[str(reading)].append(f"{task} {size_name(task)}={size} {subject}")
+        return out
 
 
 @dataclass(frozen=True)
@@ -164,6 +218,7 @@ class ClaimCheck:
     detail: str
     coverage: Coverage
     margins: tuple[float, ...] = ()  # the decided cases' margins past the claim's line (positive: the paper's side)
+    cases: tuple[Case, ...] = field(default=(), repr=False)
 
 
 def listed(cases: Sequence[Case]) -> str:
@@ -171,7 +226,7 @@ def listed(cases: Sequence[Case]) -> str:
     absent: dict[tuple[str, str], list[int]] = {}
     texts = []
     for c in cases:
-        if c.result is None and c.text.endswith(NOT_RUN):
+        if c.reading == Reading.NOT_RUN:
             absent.setdefault((c.subject, c.task), []).extend(c.sizes)
         else:
             texts.append(c.text)
@@ -184,44 +239,68 @@ def listed(cases: Sequence[Case]) -> str:
     return "; ".join(shown) + (f"; and {more} more" if more else "")
 
 
+CASE_WORDS = {
+    Reading.MISSED: "against",
+    Reading.HELD: "for",
+    Reading.UNCONTROLLED: "fails, uncontrolled",
+    Reading.UNDECIDED: "undecided",
+    Reading.NOT_RUN: "not run",
+    Reading.SILENT: "tells nothing",
+}
+
+
 def judge(cases: Sequence[Case], claim_scope: Scope, most: bool = False) -> ClaimCheck:
     """The verdict of ``cases`` on ``claim_scope``: see the module's docstring. ``most``: the claim says
-    "generally", so it fails only when as many cases are against it as for it. A case outside the paper's sizes
-    decides nothing."""
-    cases = [c if c.result is None or claim_scope.covers(c) else claim_scope.outside(c) for c in cases]
-    passes = [c for c in cases if c.result is True]
-    fails = [c for c in cases if c.result is False]
-    untested = [c for c in cases if c.result is None]
-    decided = passes + fails
-    coverage = Coverage(
-        claim_scope,
-        frozenset((c.task, s, c.subject) for c in decided for s in c.sizes),
-        tuple(c.short_of for c in decided if c.short_of),
-    )
+    "generally", so it fails only when as many cases missed as held. A case outside the paper's sizes tells
+    nothing."""
+    cases = [c if c.reading == Reading.NOT_RUN or claim_scope.covers(c) else claim_scope.outside(c) for c in cases]
+    by = {r: [c for c in cases if c.reading == r] for r in READ_ORDER}
+    held, missed = by[Reading.HELD], by[Reading.MISSED]
+    read: dict[Point, Reading] = {}
+    outside = set()
+    for c in cases:
+        for s in c.sizes:
+            point = (c.task, s, c.subject)
+            if c.reading == Reading.SILENT and not claim_scope.covers(c):
+                outside.add(point)
+                continue
+            if point not in read or PRIORITY.index(c.reading) < PRIORITY.index(read[point]):
+                read[point] = c.reading
+    decided = held + missed
+    coverage = Coverage(claim_scope, read, frozenset(outside), tuple(c.short_of for c in decided if c.short_of))
     margins = tuple(c.margin for c in decided if c.margin is not None)
-    against = (len(fails) >= len(passes)) if most else bool(fails)
+    against = (len(missed) >= len(held)) if most else bool(missed)
     if decided and against:
         status = ClaimStatus.FAILS
-    elif passes:
+    elif held:
         status = ClaimStatus.HOLDS if coverage.full else ClaimStatus.HOLDS_IN_PART
+    elif by[Reading.UNCONTROLLED]:
+        status = ClaimStatus.UNCONTROLLED
+    elif by[Reading.UNDECIDED]:
+        status = ClaimStatus.UNDECIDED
     else:
         status = ClaimStatus.NOT_TESTED
-    parts = []
-    if fails:
-        parts.append(f"against ({len(fails)}): {listed(fails)}")
-    if passes:
-        parts.append(f"for ({len(passes)}): {listed(passes)}")
-    if untested:
-        parts.append(f"not tested ({len(untested)}): {listed(untested)}")
-    return ClaimCheck(status, ". ".join(parts) or "no case: nothing the claim names was run", coverage, margins)
+    parts = [f"{CASE_WORDS[r]} ({len(by[r])}): {listed(by[r])}" for r in CASE_WORDS if by[r]]
+    detail = ". ".join(parts) or "no case: nothing the claim names was run"
+    return ClaimCheck(status, detail, coverage, margins, tuple(cases))
+
+
+@dataclass(frozen=True)
+class Other:
+    """The paper's other wording of a claim ("in most scenarios" beside "within each subplot"), read with
+    ``most`` as that wording says."""
+
+    finding: str
+    most: bool
 
 
 @dataclass(frozen=True)
 class Claim:
     """One claim of a paper: ``finding`` (its words and where), the ``threshold`` it reads (with ``source``), the
-    ``tasks`` it is about and what our ``test`` of it reads, its ``scope``, the paper's own outcome
-    (``paper_outcome``, naming its figure or table, with its numbers where it gives them), what deciding it
-    ``needs``, the ``rule``, and ``most`` for a claim the paper words "generally"."""
+    ``tasks`` it is about and what our ``test`` of it reads (one sentence: the rule's reading), its ``scope``, the
+    paper's own outcome (``paper_outcome``, naming its figure or table, with its numbers where it gives them), what
+    deciding it ``needs``, the ``rule``, ``most`` for a claim the paper words "generally", ``other``: the paper's
+    other wording of it, whose verdict is given beside, and ``also``: other passages of the papers it checks."""
 
     id: str
     finding: Finding
@@ -234,22 +313,24 @@ class Claim:
     needs: str
     rule: Rule = field(repr=False)
     most: bool = False
+    other: Other | None = None
+    also: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if not 0 < self.threshold < 1:
-            raise ValueError(f"claim {self.id}: threshold {self.threshold} is outside (0, 1)")
+        if not 0 < self.threshold <= 1:
+            raise ClaimError(f"claim {self.id}: threshold {self.threshold} is outside (0, 1]")
         unknown = [t for t in {*self.tasks, *self.scope.sizes} if t not in TASKS]
         if unknown:
-            raise ValueError(f"claim {self.id}: unknown tasks {sorted(unknown)}; registered: {sorted(TASKS)}")
+            raise ClaimError(f"claim {self.id}: unknown tasks {sorted(unknown)}; registered: {sorted(TASKS)}")
         if not self.scope.points:
-            raise ValueError(f"claim {self.id}: its scope names no size of the paper's")
+            raise ClaimError(f"claim {self.id}: its scope names no size of the paper's")
 
     @property
     def paper(self) -> str:
         return "DP" if self.finding.paper == DP else "separations"
 
-    def check(self, ev: Evidence) -> ClaimCheck:
-        return judge(self.rule(ev), self.scope, self.most)
+    def check(self, ev: Evidence, most: bool | None = None) -> ClaimCheck:
+        return judge(self.rule(ev), self.scope, self.most if most is None else most)
 
 
 FINDING = {f.id: f for f in FINDINGS}
@@ -266,6 +347,7 @@ def sep(id: str, finding: str, tasks: tuple[str, ...], test: str, rule: Rule, cl
 # what the claims name: the DP paper's three tasks of Figure 1 at its 3 layers; the separations paper's models
 FIGURE1 = ("arithmetic", "ed", "lis")
 LAYERS, DEEPER = 3, 5  # §6.1: 3 layers; Appendix D: 5 layers on ED (Figure 3)
+DP_MODELS = ("standard", *EFFICIENT)
 TF1, TF2 = Models("transformer", (1,), 64), Models("transformer", (2,), 64)
 # §6: "recurrent models with up to 6 layers and widths or hidden state size of 256"; the five it names
 RECURRENT = tuple(Models(a, max_width=256, max_depth=6) for a in ("lstm", "dss", "mamba", "linear_nofm", "retnet"))
@@ -277,69 +359,131 @@ TF1_UPTO = Models("transformer", (1,), max_width=256)
 EQ_RNN = (Models("lstm", max_width=TUNED), Models("linear_nofm", max_width=TUNED))
 SSM = (Models("dss"), Models("mamba"))
 NCP_SSM = (Models("dss", width=64), Models("mamba", width=64))  # App. H.2: "the width of the models is 64"
+MAMBA_FIG3 = Models("mamba", (2,))  # App. H.1: "two-layer models of different widths {32, 64, 256, 512, 1024}"
+LOOKUP_CHANCE = 1 / 64  # |Sigma| = 64 symbols
 PAPER_SCALE = "a GPU profile such as `paper-faithful`"
 SEPARATIONS_SCALE = f"a GPU profile such as `separations`, trained to {NEAR_PERFECT:.0%}"
+BELOW = f"at least {DEGRADE_MARGIN:.0%} points below"
 CLAIMS = (
     dp("dp_width_grows", "dp_efficient_grow", FIGURE1,
-       "per task and efficient architecture (sparse, linear) at 3 layers: the minimum width never shrinks as n "
-       "grows and is wider at the largest n than at the smallest",
-       width_grows(FIGURE1, LAYERS), scope(FIGURE1, EFFICIENT),
+       "per task and efficient architecture (sparse, linear) at 3 layers, the paper's sizes only: the minimum width "
+       "never shrinks as n grows and is wider at the largest n than at the smallest, in every one of the six chains "
+       "('within each subplot')",
+       WidthGrows(FIGURE1, LAYERS), scope(FIGURE1, EFFICIENT),
+       other=Other("dp_most_scenarios", most=True), also=("dp_figure1",),
        paper_outcome="Figure 1 (3 layers): on arithmetic, ED and LIS the width sparse and linear need grows with n; "
        "Table 2's arithmetic widths: sparse 128/256/256/256, linear 256/512/512/512 at 6/10/13/16 operators",
        needs="two sizes or more of arithmetic, ed or lis with sparse or linear at 3 layers, solved above the "
        "narrowest width tried; the paper: 6-16 operators, ED n = 6-20, LIS n = 40-250, widths 32-1024: "
        + PAPER_SCALE),
     dp("dp_width_grows_deeper", "dp_five_layers", ("ed",),
-       "as dp_width_grows, on ed at 5 layers (Figure 3)", width_grows(("ed",), DEEPER), scope(["ed"], EFFICIENT),
+       "as dp_width_grows, on ed at 5 layers (Figure 3)", WidthGrows(("ed",), DEEPER), scope(["ed"], EFFICIENT),
        paper_outcome="Figure 3 (Appendix D): at 5 layers on ED the results are similar to those at 3 (Figure 1), "
        "where the width sparse and linear need grows with n",
        needs="two sizes or more of ed with sparse or linear at 5 layers, solved above the narrowest width tried; the "
        "paper: ED n = 6-20, widths 32-1024: " + PAPER_SCALE),
     dp("dp_efficient_wider", "dp_efficient_wider", FIGURE1,
        "at each (task, n) at 3 layers, sparse and linear each need a strictly wider model than standard, in most "
-       "cases ('generally')",
-       standard_narrower(FIGURE1, LAYERS), scope(FIGURE1, EFFICIENT), most=True,
+       "cases ('generally': it fails only with as many cases against as for)",
+       StandardNarrower(FIGURE1, LAYERS), scope(FIGURE1, EFFICIENT), most=True, also=("dp_figure1",),
        paper_outcome="Figure 1 (3 layers): efficient Transformers generally need larger widths than standard; Table "
        "2's arithmetic widths: standard 64/128/128/128, sparse 128/256/256/256, linear 256/512/512/512",
        needs="arithmetic, ed or lis with standard and sparse or linear at 3 layers, solved above the narrowest width "
        "tried; the paper: its Figure 1 grid: " + PAPER_SCALE),
     dp("dp_standard_fixed", "dp_standard_fixed", FIGURE1,
-       "at each (task, n) at 3 layers, standard solves at a width of 256 or less",
-       standard_within(FIGURE1, LAYERS, 256), scope(FIGURE1, ["standard"]),
+       "at each (task, n) at 3 layers, standard solves at a width of 256 or less; converged below the line at every "
+       "width up to 256 refutes it",
+       StandardWithin(FIGURE1, LAYERS, 256), scope(FIGURE1, ["standard"]),
        paper_outcome="Figure 1 (3 layers): standard solves every size at width 128 or 256; Table 2's arithmetic "
        "widths: standard 64/128/128/128",
        needs="arithmetic, ed or lis with standard at 3 layers up to width 256 at least; the paper: its Figure 1 "
        "grid: " + PAPER_SCALE),
+    dp("dp_nearly_perfect", "dp_lis_sparse", FIGURE1,
+       "at each (task, n) at 3 layers, standard, sparse and linear each reach the line at some width, but for "
+       "sparse on lis, which at some n converges below it at every width where standard or linear reaches it",
+       all_of(*(near_perfect(t, [Models(a, (LAYERS,))]) for t in FIGURE1 for a in DP_MODELS
+                if (t, a) != ("lis", "sparse")),
+              FailsSomewhere("lis", Models("sparse", (LAYERS,)), (Models("standard", (LAYERS,)),
+                                                                  Models("linear", (LAYERS,))))),
+       scope(["arithmetic", "ed", "lis"], [Models(a, (LAYERS,)) for a in DP_MODELS]),
+       paper_outcome="Figure 1 (3 layers): every model reaches nearly 100% at a large enough width on every task and "
+       "size, but the Sparse Transformer on LIS",
+       needs="arithmetic, ed and lis with standard, sparse and linear at 3 layers, wide enough to solve; the paper: "
+       "widths up to 1024: " + PAPER_SCALE),
+    dp("dp_lis_sparse_grows", "dp_lis_sparse_grows", ("lis",),
+       "sparse on lis at 3 layers: at each n its test accuracy never falls by more than 2 points from a narrower "
+       "width to a wider one, and is higher at the widest than at the narrowest",
+       AccuracyRises("lis", Models("sparse", (LAYERS,))), scope(["lis"], [Models("sparse", (LAYERS,))]),
+       paper_outcome="Figure 1 (3 layers): the Sparse Transformer's accuracy on LIS rises with the width at every n",
+       needs="lis with sparse at 3 layers at two widths or more; the paper: LIS n = 40-250, widths 32-1024: "
+       + PAPER_SCALE),
+    dp("dp_less_locality", "dp_less_locality", FIGURE1,
+       "per efficient architecture at 3 layers: its minimum width doubles more times from the paper's smallest n to "
+       "its largest on lis (no locality) than on ed and on arithmetic (locality)",
+       SteeperWithLessLocality("lis", ("ed", "arithmetic"), LAYERS), scope(["lis"], EFFICIENT),
+       also=("dp_lis_steeper",),
+       paper_outcome="Figure 1 (3 layers): within each row the width the efficient models need grows fastest on LIS; "
+       "§1: more pronounced in LIS than in ED",
+       needs="lis and ed or arithmetic with sparse or linear at 3 layers, each at two sizes or more, solved at the "
+       "smallest; the paper: its Figure 1 grid: " + PAPER_SCALE),
     dp("dp_locality", "dp_locality", ("ed", "ed_local"),
        "per efficient architecture at 3 layers: the minimum width on ed_local at most ed's at every n both ran, and "
-       "smaller at one n at least", locality_reduces(LAYERS), scope(["ed_local"], EFFICIENT),
+       "smaller at one n at least", LocalityReduces(LAYERS), scope(["ed_local"], EFFICIENT), also=("dp_figure2",),
        paper_outcome="Figure 2: on ED_Local sparse and linear solve at smaller widths than on ED (Figure 1): both "
        "benefit from locality",
        needs="ed and ed_local at a common n with sparse or linear at 3 layers, solved above the narrowest width "
        "tried; the paper: n = 6-20, widths 32-1024: " + PAPER_SCALE),
     dp("dp_arithmetic_standard_first", "dp_table2", ("arithmetic",),
        "arithmetic at 3 layers: at each n standard's minimum width (so its paper-convention FLOPs) strictly below "
-       "sparse's and linear's", standard_narrower(["arithmetic"], LAYERS), scope(["arithmetic"], EFFICIENT),
+       "sparse's and linear's", StandardNarrower(("arithmetic",), LAYERS), scope(["arithmetic"], EFFICIENT),
        paper_outcome=table2_in_words(),
        needs="arithmetic with standard and sparse or linear at 3 layers, solved above the narrowest width tried; the "
        "paper: 6-16 operators, widths 32-512: " + PAPER_SCALE),
     sep("sep_index_lookup_one_layer", "sep_index_lookup", ("index_lookup",),
-        "a 1-layer transformer of width 64 near-perfect at every index_lookup length",
+        "a 1-layer transformer of width 64 near-perfect at every index_lookup length; its own converged miss at a "
+        "length refutes it",
         near_perfect("index_lookup", [TF1]), scope(["index_lookup"], [TF1]),
         paper_outcome="Figure 2 (left, middle): a 1-layer Transformer of width 64 near-perfect at every N = 20-400, "
         "within a few thousand steps",
         needs="index_lookup with a 1-layer transformer of width 64; the paper: N = 20-400: " + SEPARATIONS_SCALE),
     sep("sep_index_lookup_recurrent_fail", "sep_index_lookup", ("index_lookup",),
-        "at each N > 100, each of LSTM, DSS, Mamba, linear Transformer and RetNet (up to 6 layers, width up to 256) "
-        "at least 5 points below the 1-layer transformer of width 64, which reaches near-perfect (the control)",
+        f"at each N > 100, each of LSTM, DSS, Mamba, linear Transformer and RetNet (up to 6 layers, width up to 256) "
+        f"{BELOW} the 1-layer transformer of width 64 where it reaches near-perfect (the control), or below "
+        "near-perfect less 5 points where the model itself reached it at a shorter N",
         degrades("index_lookup", RECURRENT, [TF1], 100, paper_width=256), scope(["index_lookup"], RECURRENT, 100),
         paper_outcome="Figure 2 (left, middle): LSTM, DSS, Mamba, linear Transformer and RetNet, up to 6 layers and "
         "width 256, degrade beyond N = 100 where the 1-layer Transformer of width 64 is near-perfect; Figure 3: Mamba "
         "gains with width yet at 1024 stays far below it, and the LSTM stays at chance beyond N = 100 at any width",
         needs="index_lookup at N = 200 and 400 with all five recurrent models and the 1-layer transformer as control; "
         "the paper: recurrent models up to 6 layers and width 256: " + SEPARATIONS_SCALE),
+    sep("sep_index_lookup_lstm_chance", "sep_lstm_width", ("index_lookup",),
+        f"at each N > 100, the LSTM at every width within {CHANCE_MARGIN:.0%} points of chance (1/64), where a control "
+        "(the 1-layer transformer of width 64, or the LSTM at a shorter N) reached near-perfect",
+        degrades("index_lookup", [Models("lstm")], [TF1], 100, chance=LOOKUP_CHANCE),
+        scope(["index_lookup"], [Models("lstm")], 100),
+        paper_outcome="Appendix H.1: the LSTM stays at chance beyond N = 100 even as its width grows",
+        needs="index_lookup at N = 200 and 400 with the LSTM at several widths, and the 1-layer transformer as "
+        "control: " + SEPARATIONS_SCALE),
+    sep("sep_mamba_width_trend", "sep_mamba_width", ("index_lookup",),
+        "2-layer Mamba on index_lookup: at each N its test accuracy never falls by more than 2 points from a narrower "
+        "width to a wider one, and is higher at the widest than at the narrowest (every width near-perfect tells "
+        "nothing)",
+        AccuracyRises("index_lookup", MAMBA_FIG3), scope(["index_lookup"], [MAMBA_FIG3]),
+        paper_outcome="Figure 3 (Appendix H.1): 2-layer Mamba of widths 32-1024 gains accuracy with width at every N",
+        needs="index_lookup with 2-layer Mamba at two widths or more (the paper: 32, 64, 256, 512, 1024), N = 20-400: "
+        + SEPARATIONS_SCALE),
+    sep("sep_mamba_wide_below_transformer", "sep_mamba_below_transformer", ("index_lookup",),
+        f"at each N > 100, 2-layer Mamba of width 1024 {BELOW} the 1-layer transformer of width 64 where it reaches "
+        "near-perfect (the control)",
+        degrades("index_lookup", [Models("mamba", (2,), 1024)], [TF1], 100),
+        scope(["index_lookup"], [Models("mamba", (2,), 1024)], 100),
+        paper_outcome="Figure 3 (Appendix H.1): even at width 1024 Mamba stays far below the 1-layer Transformer of "
+        "width 64 at the longer lengths",
+        needs="index_lookup at N = 200 and 400 with 2-layer Mamba of width 1024 and the 1-layer transformer as "
+        "control: " + SEPARATIONS_SCALE),
     sep("sep_dyck_small_models", "sep_dyck", ("dyck",),
-        "LSTM, 2-layer transformer and Mamba of width 64 near-perfect at every dyck length up to 400",
+        "LSTM, 2-layer transformer and Mamba of width 64 near-perfect at every dyck length up to 400; a model's own "
+        "converged miss refutes it",
         near_perfect("dyck", DYCK_SMALL, upto=400),
         scope(["dyck"], DYCK_SMALL, upto=400),
         paper_outcome="Figure 2 (right): the LSTM and Mamba of hidden size 64 and a 2-layer Transformer of width 64 "
@@ -347,8 +491,9 @@ CLAIMS = (
         needs="dyck with the LSTM, the 2-layer transformer and Mamba at width 64; the paper: N = 20-400: "
         + SEPARATIONS_SCALE),
     sep("sep_dyck_one_layer_struggles", "sep_dyck_one_layer", ("dyck",),
-        "a 1-layer transformer of width 256 near-perfect up to N = 100, and beyond it (width up to 256) at least 5 "
-        "points below the LSTM or the 2-layer transformer of width 64, which reach near-perfect (the controls)",
+        f"a 1-layer transformer of width 256 near-perfect up to N = 100, and beyond it (width up to 256) {BELOW} the "
+        "LSTM or the 2-layer transformer of width 64 where they reach near-perfect (the controls), or below "
+        "near-perfect less 5 points where it reached it at a shorter N",
         all_of(near_perfect("dyck", [TF1_WIDE], upto=100),
                degrades("dyck", [TF1_UPTO], [Models("lstm", width=64), TF2], 100, paper_width=256)),
         scope(["dyck"], [TF1_WIDE], upto=100) + scope(["dyck"], [TF1_UPTO], 100),
@@ -356,9 +501,17 @@ CLAIMS = (
         "where the small recurrent models and the 2-layer Transformer are",
         needs="dyck at N = 20-400 with the 1-layer transformer at width 256, and the LSTM or the 2-layer transformer "
         "as control: " + SEPARATIONS_SCALE),
+    sep("sep_eq_transformers", "sep_eq_transformers", ("eq_random", "eq_one"),
+        "a transformer (any width and depth the grid ran) near-perfect on eq_random and eq_one at every length up to "
+        "400; its converged miss refutes it",
+        all_of(near_perfect("eq_random", [Models("transformer")], upto=400),
+               near_perfect("eq_one", [Models("transformer")], upto=400)),
+        scope(["eq_random", "eq_one"], [Models("transformer")], upto=400),
+        paper_outcome="Figure 4 (left): Transformers near-perfect on Eq-random and Eq-one up to N = 400",
+        needs="eq_random and eq_one at N = 20-400 with a transformer: " + SEPARATIONS_SCALE),
     sep("sep_eq_random_recurrent_fail", "sep_eq_random", ("eq_random",),
-        "at each N > 100, the LSTM and the linear Transformer at least 5 points below a transformer that reaches "
-        "near-perfect (the control)",
+        f"at each N > 100, the LSTM and the linear Transformer {BELOW} a transformer that reaches near-perfect (the "
+        "control), or below near-perfect less 5 points where the model itself reached it at a shorter N",
         degrades("eq_random", EQ_RNN, [Models("transformer", max_width=TUNED)], 100),
         scope(["eq_random"], EQ_RNN, 100),
         paper_outcome="Figure 4 (left): Transformers near-perfect up to N = 400; the LSTM and the linear Transformer "
@@ -366,28 +519,177 @@ CLAIMS = (
         needs="eq_random at N = 200 and 400 with the LSTM, the linear transformer, and a transformer as control; the "
         "paper: widths up to 512: " + SEPARATIONS_SCALE),
     sep("sep_eq_random_ssm_match", "sep_eq_random_ssm", ("eq_random", "eq_one"),
-        "on eq_random and eq_one, DSS and Mamba near-perfect at every length a transformer is",
+        f"on eq_random and eq_one, DSS and Mamba less than {MATCH_MARGIN:.0%} points below the best transformer at "
+        "every length both ran, whatever the threshold (whether each reached near-perfect is said beside)",
         matches(("eq_random", "eq_one"), SSM, Models("transformer")),
         scope(["eq_random", "eq_one"], SSM),
         paper_outcome="Figure 4 (left): DSS and Mamba match the Transformers on Eq-random and Eq-one, near-perfect up "
         "to N = 400",
-        needs="eq_random and eq_one at a length a transformer solves, with DSS and Mamba; the paper: N up to 400: "
-        + SEPARATIONS_SCALE),
+        needs="eq_random and eq_one at the paper's lengths with DSS, Mamba and a transformer: " + SEPARATIONS_SCALE),
     sep("sep_eq_one_all_models", "sep_eq_one", ("eq_one",),
-        "every one of the six architectures near-perfect on eq_one at every length up to 400",
+        "every one of the six architectures near-perfect on eq_one at every length up to 400; one model's converged "
+        "miss refutes it",
         near_perfect("eq_one", [Models(a) for a in ALL_MODELS], upto=400), scope(["eq_one"], ALL_MODELS, upto=400),
         paper_outcome="Figure 4: on Eq-one every model near-perfect up to N = 400",
         needs="eq_one with all six architectures; the paper: N up to 400: " + SEPARATIONS_SCALE),
     sep("sep_eq_ncp_ssm_width_64", "sep_eq_ncp", ("eq_ncp",),
-        "at each N > 400, DSS and Mamba of width 64 within 5 points of chance (0%), where a transformer of width 64 "
-        "is near-perfect (the control)",
+        f"at each N > 400, DSS and Mamba of width 64 within {CHANCE_MARGIN:.0%} points of chance (0%), where a "
+        "transformer of width 64, or the model itself at a shorter N, reached near-perfect (the control)",
         degrades("eq_ncp", NCP_SSM, [Models("transformer", width=64)], 400, chance=0.0),
         scope(["eq_ncp"], NCP_SSM, 400),
         paper_outcome="Figure 4: at width 64, DSS and Mamba no better than chance beyond N = 400, where Transformers "
         "of width 64 are near-perfect; a wider DSS solves up to N = 800",
         needs="eq_ncp at N = 800 with DSS and Mamba at width 64, and a transformer of width 64 as control: "
         + SEPARATIONS_SCALE),
+    sep("sep_eq_ncp_transformers", "sep_eq_ncp_transformers", ("eq_ncp",),
+        "a transformer of width 64 near-perfect on eq_ncp at every length up to 800; its converged miss refutes it",
+        near_perfect("eq_ncp", [Models("transformer", width=64)]), scope(["eq_ncp"], [Models("transformer", width=64)]),
+        also=("sep_eq_ncp_wide",),
+        paper_outcome="Figure 4: Transformers of width 64 near-perfect on Eq-ncp at every N up to 800",
+        needs="eq_ncp at N = 20-800 with a transformer of width 64: " + SEPARATIONS_SCALE),
+    sep("sep_eq_ncp_dss_wide", "sep_eq_ncp_dss_wide", ("eq_ncp",),
+        "DSS wider than 64 near-perfect on eq_ncp at every length up to 800; its converged miss refutes it",
+        near_perfect("eq_ncp", [Models("dss", min_width=128)]), scope(["eq_ncp"], [Models("dss", min_width=128)]),
+        also=("sep_eq_ncp_wide",),
+        paper_outcome="Figure 4: DSS of larger widths solves Eq-ncp up to N = 800",
+        needs="eq_ncp at N = 20-800 with DSS of width 128 or more: " + SEPARATIONS_SCALE),
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Unchecked:
+    """A measured statement of a paper no claim checks, and why."""
+
+    finding: Finding
+    why: str
+
+
+UNCHECKED = (
+    Unchecked(
+        FINDING["sep_learning_rates"],
+        "a statement about every learning rate a model was tried at: the claims read a cell's best run; each rate's "
+        "run is in results/trials.csv, and a profile with the paper's 7 rates (`separations`) shows it there",
+    ),
+    Unchecked(
+        FINDING["sep_dyck_slower"],
+        "a statement about learning speed, not accuracy: the report's learning curves (results/curves.csv) show each "
+        "model's steps to the threshold, but no rule compares them",
+    ),
+)
+
+
+def check_claims(claims: Sequence[Claim] = CLAIMS) -> None:
+    """Refuses, naming it, a claim whose quote is not verbatim in its paper's text (where that text is at
+    ``papers.papers_dir``), whose rule names an architecture the registry does not know, or whose threshold is
+    outside (0, 1] (``Claim`` itself refuses a task the registry does not know)."""
+    import models
+
+    for claim in claims:
+        if not 0 < claim.threshold <= 1:
+            raise ClaimError(f"claim {claim.id}: threshold {claim.threshold} is outside (0, 1]")
+        unknown = sorted({m.arch for m in claim.rule.models()} - set(models.ARCHITECTURES))
+        if unknown:
+            raise ClaimError(
+                f"claim {claim.id}: its rule names architectures {unknown} the registry does not have; registered: "
+                f"{', '.join(sorted(models.ARCHITECTURES))}"
+            )
+    quoted = {c.finding.id: c.finding for c in claims} | {u.finding.id: u.finding for u in UNCHECKED}
+    missing = unquoted(tuple(quoted.values()))
+    if missing:
+        raise ClaimError(
+            "not verbatim in the paper's text: "
+            + "; ".join(f"{f.id} ({f.where}): \u201c{f.quote}\u201d" for f in missing)
+        )
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a claim's decided cases rest on, from the cells they read: the steps trained (range), how many seeds
+    converged, the budget the trials had, the learning rates tried and kept, the seeds, and per size the steps at
+    which the cells it read were solved (the separations paper's "within a few thousand steps")."""
+
+    steps: str
+    learning_rates: str
+    seeds: str
+    solved_at: str
+
+    @classmethod
+    def of(cls, table: pd.DataFrame, cases: Sequence[Case]) -> Basis:
+        keys = {k for c in cases if c.reading.decided or c.reading == Reading.UNCONTROLLED for k in c.read}
+        if not keys:
+            return cls("", "", "", "")
+        index = list(zip(table.task, table["size"], table.arch, table.width, table.depth))
+        rows = table[[k in keys and bool(m) for k, m in zip(index, table.measured)]]
+        if rows.empty:
+            return cls("", "", "", "")
+        steps = rows.get("train_steps", pd.Series(dtype=float)).dropna()
+        converged = rows.get("converged", pd.Series(dtype=float)).fillna(0).astype(bool)
+        budget = rows.get("budget_steps", pd.Series(dtype=float)).dropna()
+        text = f"{int(steps.min()):,}-{int(steps.max()):,} steps" if len(steps) else "steps not recorded"
+        text += f" ({int(converged.sum())} of {len(rows)} seeds converged"
+        text += f"; budgets up to {int(budget.max()):,})" if len(budget) else ")"
+        tried = sorted({float(x) for v in rows.get("lrs", pd.Series(dtype=str)).dropna() for x in str(v).split()})
+        kept = sorted({float(x) for x in rows.get("lr", pd.Series(dtype=float)).dropna()})
+        rates = ", ".join(f"{x:g}" for x in tried) or "not recorded"
+        rates += f" (kept: {', '.join(f'{x:g}' for x in kept)})" if kept and tried and kept != tried else ""
+        seeds = ", ".join(str(int(s)) for s in sorted(set(rows.seed)))
+        solved = rows[rows.status == "solved"] if "solve_step" in rows else rows.iloc[:0]
+        at = []
+        for size, group in solved.groupby("size"):
+            found = sorted(int(s) for s in group.solve_step.dropna())
+            if found:
+                at.append(f"{size_name(str(group.task.iloc[0]))}={size}: step {', '.join(f'{s:,}' for s in found)}")
+        return cls(text, rates, seeds, "; ".join(at))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One claim's check on a results table, typed: the claim, its verdict and coverage, the detail, the margins,
+    what it rests on, its verdict at the other thresholds and, where the paper words it two ways, under the other
+    wording. ``row`` is its form for the page, report.json and MLflow."""
+
+    claim: Claim
+    check: ClaimCheck
+    detail: str
+    basis: Basis
+    at_thresholds: dict[str, str]
+    other: ClaimStatus | None = None
+
+    @property
+    def status(self) -> ClaimStatus:
+        return self.check.status
+
+    def row(self) -> dict:
+        c = self.claim
+        other = (
+            {"wording": FINDING[c.other.finding].quote, "where": FINDING[c.other.finding].where,
+             "status": str(self.other)}
+            if c.other and self.other is not None
+            else None
+        )  # fmt: skip
+        return {
+            "id": c.id,
+            "paper": c.paper,
+            "claim": c.finding.quote,
+            "where": c.finding.where,
+            "threshold": c.threshold,
+            "threshold_source": c.source,
+            "decided_by": c.test,
+            "paper_outcome": c.paper_outcome,
+            "needs": c.needs,
+            "status": self.status,
+            "detail": self.detail,
+            "coverage": self.check.coverage.text(),
+            "coverage_fraction": round(self.check.coverage.fraction, 4),
+            "cases": self.check.coverage.by_reading(),
+            "margin": margin_text(self.check.margins),
+            "steps": self.basis.steps,
+            "learning_rates": self.basis.learning_rates,
+            "seeds": self.basis.seeds,
+            "solved_at": self.basis.solved_at,
+            "at_thresholds": self.at_thresholds,
+            "other_reading": other,
+        }
 
 
 def read_at(table: pd.DataFrame, threshold: float, swept_at: float) -> Evidence | None:
@@ -398,9 +700,11 @@ def read_at(table: pd.DataFrame, threshold: float, swept_at: float) -> Evidence 
         return None
 
 
-def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS, swept_at: float = TABLE2_THRESHOLD) -> list[dict]:
+def evaluate(
+    table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS, swept_at: float = TABLE2_THRESHOLD
+) -> list[Verdict]:
     """Every claim's check on ``table`` (results/sweep.csv, its verdicts at ``swept_at``: the sweep's threshold),
-    read at the claim's threshold and at ``SENSITIVITY``'s, as rows for the page, report.json and MLflow."""
+    read at the claim's threshold and at ``SENSITIVITY``'s."""
     views: dict[float, Evidence | None] = {}
 
     def at(threshold: float) -> Evidence | None:
@@ -408,7 +712,7 @@ def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS, swept_at: fl
             views[threshold] = read_at(table, threshold, swept_at)
         return views[threshold]
 
-    rows = []
+    verdicts = []
     for claim in claims:
         ev = at(claim.threshold)
         if ev is None:
@@ -416,38 +720,22 @@ def evaluate(table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS, swept_at: fl
         check = claim.check(ev)
         failed = ev.failed_trials(claim.tasks)
         detail = check.detail + (
-            f" ({failed} failed trials in {', '.join(claim.tasks)}, counted as unsolved)"
-            if failed and check.status.decided
+            f" ({failed} failed trials in {', '.join(claim.tasks)}: no verdict, never counted as a miss)"
+            if failed
             else ""
         )
         others = {}
         for t in sorted({*SENSITIVITY, claim.threshold}):
             view = at(t)
             others[f"{t:.1%}"] = "n/a" if view is None else str(claim.check(view).status)
-        rows.append(
-            {
-                "id": claim.id,
-                "paper": claim.paper,
-                "claim": claim.finding.quote,
-                "where": claim.finding.where,
-                "threshold": claim.threshold,
-                "threshold_source": claim.source,
-                "decided_by": claim.test,
-                "paper_outcome": claim.paper_outcome,
-                "needs": claim.needs,
-                "status": check.status,
-                "detail": detail,
-                "coverage": check.coverage.text(),
-                "coverage_fraction": round(check.coverage.fraction, 4),
-                "margin": margin_text(check.margins),
-                "at_thresholds": others,
-            }
-        )
-    return rows
+        other = claim.check(ev, most=claim.other.most).status if claim.other else None
+        verdicts.append(Verdict(claim, check, detail, Basis.of(ev.table, check.cases), others, other))
+    return verdicts
 
 
 def margin_text(margins: Sequence[float]) -> str:
     """The decided cases' margins past the claim's line, in accuracy points ("" where its rule compares widths)."""
+    margins = [m for m in margins if not math.isnan(m)]
     if not margins:
         return ""
     low, high = min(margins) * 100, max(margins) * 100

@@ -4,8 +4,13 @@ accuracy over the measured seeds, its spread, and how the seeds ended.
 
 A width counts as solved only when every seed was solved on validation *and* the cell's mean test accuracy is at the
 threshold: a validation pass the test set does not confirm is read as not solved (``confirmed``), never silently as
-solved. A lookup that an undecided cell could change (a narrower width still improving; a model that might yet
-reach the threshold) notes that cell in ``Evidence.undecided``: a rule's case that consulted one is not tested.
+solved. A cell *missed* the threshold only when every seed that did not solve had converged below it (unsolved); a
+seed still improving when its budget ran out, diverged or failed is no verdict of the model: the cell is
+*unsettled*, and a lookup whose answer it could change notes it (``Look.undecided``).
+
+Each case a rule judges reads the evidence through a ``Look`` of its own, which records the cells the case read and
+the unsettled cells its answer depends on; the rule returns its ``Decision``, and ``rules.judged`` makes the two one
+``Case``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 import pandas as pd
 
@@ -20,6 +26,28 @@ from pipeline.reporting.tables import cell_means, min_gflops
 from pipeline.training.status import Status
 
 INF = math.inf
+CellKey = tuple[str, int, str, int, int]  # (task, size, arch, width, depth)
+
+
+class Reading(StrEnum):
+    """How one case of a claim reads, for the paper's statement: the four ways a model at a length can read (held,
+    missed, undecided, not run), and two a comparison may add."""
+
+    HELD = "held"  # as the paper says
+    MISSED = "missed"  # against it, on a verdict of the model (converged on the other side of the line)
+    UNCONTROLLED = "fails, uncontrolled"  # a model the paper says fails did, where no control reached the line
+    UNDECIDED = "undecided"  # it rests on a cell with no verdict yet (still improving, diverged, failed)
+    NOT_RUN = "not run"  # a model it names did not run there
+    SILENT = "tells nothing"  # ran, but the grid cannot tell (a tie at the narrowest width tried, neither solved)
+
+    @property
+    def decided(self) -> bool:
+        return self in (Reading.HELD, Reading.MISSED)
+
+    @property
+    def result(self) -> bool | None:
+        """True: as the paper says; False: against it; None: not decided."""
+        return {Reading.HELD: True, Reading.MISSED: False}.get(self)
 
 
 def confirmed(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
@@ -51,12 +79,14 @@ class CellRecord:
     measured: int
     seeds: int
     solved: int
+    unsolved: int  # seeds converged below the threshold
     lrs: str  # the learning rates its seeds kept ("": not recorded)
 
 
 @dataclass(frozen=True)
-class Pending:
-    """An undecided row (one seed of a cell)."""
+class Unsettled:
+    """A measured row with no verdict of the model at the threshold (one seed of a cell): still improving when its
+    budget ran out, diverged, or failed."""
 
     arch: str
     depth: int
@@ -68,26 +98,30 @@ class Pending:
 @dataclass(frozen=True)
 class Models:
     """The runs a claim names: an architecture at these depths (None: any; ``max_depth`` caps them) and this width
-    (None: any; ``max_width`` caps them: a claim reads a model no wider than the paper ran it)."""
+    (None: any; ``max_width`` and ``min_width`` bound them: a claim reads a model no wider than the paper ran it,
+    or, for a claim about larger widths, wider than the one it compares)."""
 
     arch: str
     depths: tuple[int, ...] | None = None
     width: int | None = None
     max_width: int | None = None
     max_depth: int | None = None
+    min_width: int | None = None
 
     def __str__(self) -> str:
         layers = f"{'/'.join(map(str, self.depths))}-layer " if self.depths else ""
         width = f" D={self.width}" if self.width else f" D<={self.max_width}" if self.max_width else ""
+        width += f" D>={self.min_width}" if self.min_width else ""
         return f"{layers}{self.arch}{width}" + (f" (<={self.max_depth} layers)" if self.max_depth else "")
 
-    def admits(self, r: CellRecord | Pending) -> bool:
+    def admits(self, r: CellRecord | Unsettled) -> bool:
         return (
             r.arch == self.arch
             and (self.depths is None or r.depth in self.depths)
             and (self.max_depth is None or r.depth <= self.max_depth)
             and (self.width is None or r.width == self.width)
             and (self.max_width is None or r.width <= self.max_width)
+            and (self.min_width is None or r.width >= self.min_width)
         )
 
 
@@ -102,10 +136,9 @@ def accuracy_text(cells: list[CellRecord]) -> str:
 
 
 class Evidence:
-    """What the rules read, at ``threshold``: per (task, size) its cells (``tables.cell_means``) and undecided rows,
-    per (task, size, arch, depth) the smallest width solved (``tables.min_gflops`` of the confirmed table); the
-    lookups note the undecided cells their answer depends on in ``undecided`` (cell -> why), which a rule empties
-    before each case it judges."""
+    """What the rules read, at ``threshold``: per (task, size) its cells (``tables.cell_means``) and unsettled rows,
+    per (task, size, arch, depth) the smallest width solved (``tables.min_gflops`` of the confirmed table). Its
+    lookups are pure; a case reads it through a ``Look``."""
 
     def __init__(self, table: pd.DataFrame, threshold: float):
         self.threshold = threshold
@@ -116,28 +149,28 @@ class Evidence:
         rates = kept.groupby([self.table.loc[kept.index, k] for k in keys]).agg(
             lambda v: ", ".join(f"{x:g}" for x in sorted(set(v)))
         )
+        measured = self.table.measured.astype(bool)
+        unsolved = (self.table.status == Status.UNSOLVED) & measured
+        misses = unsolved.groupby([self.table[k] for k in keys]).sum()
         for r in cell_means(self.table).itertuples():
+            key = (r.task, r.size, r.arch, r.width, r.depth)
             record = CellRecord(
                 r.arch, int(r.depth), int(r.width), float(r.accuracy), float(r.accuracy_min), float(r.accuracy_max),
-                int(r.measured), int(r.seeds), int(r.solved), rates.get((r.task, r.size, r.arch, r.width, r.depth), ""),
+                int(r.measured), int(r.seeds), int(r.solved), int(misses.get(key, 0)), rates.get(key, ""),
             )  # fmt: skip
             self.cells.setdefault((r.task, int(r.size)), []).append(record)
-        self.pending: dict[tuple[str, int], list[Pending]] = {}
-        for r in self.table[self.table.status == Status.UNDECIDED].itertuples():
+        self.unsettled: dict[tuple[str, int], list[Unsettled]] = {}
+        open_ = measured & ~self.table.status.isin([Status.SOLVED, Status.UNSOLVED])
+        for r in self.table[open_].itertuples():
             name = f"{r.task} n={r.size} {r.arch} d{r.depth}: seed {r.seed} D={r.width}"
-            why = str(r.reason).split(";")[0]  # the verdict's words, not the curve's
-            self.pending.setdefault((r.task, int(r.size)), []).append(
-                Pending(r.arch, int(r.depth), int(r.width), name, why)
+            why = f"{r.status}: {str(r.reason).split(';')[0]}" if r.status != Status.UNDECIDED else str(r.reason)
+            self.unsettled.setdefault((r.task, int(r.size)), []).append(
+                Unsettled(r.arch, int(r.depth), int(r.width), name, why.split(";")[0])
             )
         self.best = {
             (r.task, int(r.size), r.arch, int(r.depth)): INF if pd.isna(r.width) else float(r.width)
             for r in min_gflops(self.table).itertuples()
         }
-        self.undecided: dict[str, str] = {}
-
-    def consult(self, rows: Iterable[Pending]) -> None:
-        """Note ``rows`` as undecided ones the case depends on."""
-        self.undecided.update((r.name, r.why) for r in rows)
 
     def sizes(self, task: str) -> list[int]:
         return sorted(s for t, s in self.cells if t == task)
@@ -146,8 +179,8 @@ class Evidence:
         """The measured cells of ``models`` at (task, size): an inferred cell has no test accuracy to read."""
         return [c for c in self.cells.get((task, size), []) if c.measured and models.admits(c)]
 
-    def undecided_of(self, task: str, size: int, models: Models) -> list[Pending]:
-        return [p for p in self.pending.get((task, size), []) if models.admits(p)]
+    def unsettled_of(self, task: str, size: int, models: Models) -> list[Unsettled]:
+        return [p for p in self.unsettled.get((task, size), []) if models.admits(p)]
 
     def ran(self, task: str, models: Models, size: int) -> bool:
         """Some cell of ``models`` was measured at (task, size)."""
@@ -169,35 +202,16 @@ class Evidence:
     def narrowest(self, task: str, arch: str) -> int:
         return min(c.width for (t, _), cells in self.cells.items() if t == task for c in cells if c.arch == arch)
 
-    def min_width(self, task: str, size: int, arch: str, depth: int) -> float:
-        """The smallest width every seed solved and the test set confirmed: inf where none did, NaN if not run.
-        Depends on the undecided cells narrower than it: any of them might solve."""
-        width = self.best.get((task, size, arch, depth), math.nan)
-        self.consult(p for p in self.undecided_of(task, size, Models(arch, (depth,))) if p.width < width)
-        return width
-
     def solved(self, cell: CellRecord) -> bool:
         """Every seed solved on validation and the mean test accuracy at the threshold."""
         return cell.solved == cell.seeds and cell.accuracy >= self.threshold - 1e-9
 
-    def reaches(self, task: str, size: int, models: Models) -> bool | None:
-        """Some cell of ``models`` reached the threshold (None: not run). An undecided cell cannot say: noted when
-        nothing reached it."""
-        cells = self.of(task, size, models)
-        if not cells:
-            return None
-        if any(self.solved(c) for c in cells):
-            return True
-        self.consult(self.undecided_of(task, size, models))
-        return False
-
-    def best_accuracy(self, task: str, size: int, models: Models) -> float:
-        """The best mean test accuracy of ``models`` (NaN: not run); depends on every undecided cell of them."""
-        self.consult(self.undecided_of(task, size, models))
-        return self.top_accuracy(task, size, models)
+    def reached(self, task: str, size: int, models: Models) -> bool:
+        """Some measured cell of ``models`` reached the threshold at (task, size), noting nothing."""
+        return any(self.solved(c) for c in self.of(task, size, models))
 
     def top_accuracy(self, task: str, size: int, models: Models) -> float:
-        """``best_accuracy`` without noting anything: for the text beside a verdict decided otherwise."""
+        """The best mean test accuracy of ``models`` (NaN: not run), noting nothing: for the text beside a verdict."""
         scored = [c.accuracy for c in self.of(task, size, models) if not math.isnan(c.accuracy)]
         return max(scored, default=math.nan)
 
@@ -211,6 +225,79 @@ class Evidence:
 
     def failed_trials(self, tasks: Iterable[str]) -> int:
         return int(((self.table.status == Status.FAILED) & self.table.task.isin(list(tasks))).sum())
+
+
+class Look:
+    """One case's reading of ``ev``: each lookup notes the cells it read (``read``, the case's evidence) and the
+    unsettled cells its answer depends on (``undecided``: cell -> why), which make the case undecided."""
+
+    def __init__(self, ev: Evidence):
+        self.ev = ev
+        self.read: set[CellKey] = set()
+        self.undecided: dict[str, str] = {}
+
+    @property
+    def threshold(self) -> float:
+        return self.ev.threshold
+
+    def of(self, task: str, size: int, models: Models) -> list[CellRecord]:
+        cells = self.ev.of(task, size, models)
+        self.read.update((task, size, c.arch, c.width, c.depth) for c in cells)
+        return cells
+
+    def consult(self, rows: Iterable[Unsettled]) -> None:
+        """Note ``rows`` as unsettled ones the case depends on."""
+        self.undecided.update((r.name, r.why) for r in rows)
+
+    def reading(self, task: str, size: int, models: Models) -> Reading:
+        """``models`` at (task, size) against the threshold: held (a cell reached it), else undecided (a cell had no
+        verdict: noted), else missed (every cell converged below it), else not run."""
+        cells = self.of(task, size, models)
+        if not cells:
+            return Reading.NOT_RUN
+        if any(self.ev.solved(c) for c in cells):
+            return Reading.HELD
+        unsettled = self.ev.unsettled_of(task, size, models)
+        if unsettled:
+            self.consult(unsettled)
+            return Reading.UNDECIDED
+        return Reading.MISSED
+
+    def reaches(self, task: str, size: int, models: Models) -> bool:
+        """Some cell of ``models`` reached the threshold; an unsettled one that might yet is noted when none did."""
+        return self.reading(task, size, models) == Reading.HELD
+
+    def best_accuracy(self, task: str, size: int, models: Models) -> float:
+        """The best mean test accuracy of ``models`` (NaN: not run); depends on every unsettled cell of them."""
+        self.of(task, size, models)
+        self.consult(self.ev.unsettled_of(task, size, models))
+        return self.ev.top_accuracy(task, size, models)
+
+    def top_accuracy(self, task: str, size: int, models: Models) -> float:
+        self.of(task, size, models)
+        return self.ev.top_accuracy(task, size, models)
+
+    def accuracy(self, task: str, size: int, models: Models) -> str:
+        return accuracy_text(self.of(task, size, models))
+
+    def by_width(self, task: str, size: int, models: Models) -> list[tuple[int, float]]:
+        """(width, best mean test accuracy) of ``models``' measured cells, narrowest first; depends on every
+        unsettled cell of them."""
+        best: dict[int, float] = {}
+        for c in self.of(task, size, models):
+            if not math.isnan(c.accuracy):
+                best[c.width] = max(best.get(c.width, -1.0), c.accuracy)
+        self.consult(self.ev.unsettled_of(task, size, models))
+        return sorted(best.items())
+
+    def min_width(self, task: str, size: int, arch: str, depth: int) -> float:
+        """The smallest width every seed solved and the test set confirmed: inf where none did, NaN if not run.
+        Depends on the unsettled cells narrower than it: any of them might solve."""
+        width = self.ev.best.get((task, size, arch, depth), math.nan)
+        model = Models(arch, (depth,))
+        self.read.update((task, size, arch, c.width, depth) for c in self.ev.of(task, size, model))
+        self.consult(p for p in self.ev.unsettled_of(task, size, model) if p.width < width)
+        return width
 
 
 def width_text(width: float) -> str:

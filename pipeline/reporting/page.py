@@ -12,7 +12,7 @@ import pandas as pd
 
 from pipeline.common.config import Config
 from pipeline.reporting import tables
-from pipeline.reporting.claims import ClaimStatus
+from pipeline.reporting.claims import UNCHECKED, ClaimStatus
 from pipeline.reporting.deviations import PAPER_COMPUTE, deviations
 from pipeline.reporting.figures import Figure
 
@@ -29,46 +29,74 @@ def html_table(frame: pd.DataFrame) -> str:
 
 
 NIGHTLY_MARKER = "<!-- nightly -->"  # `python -m pipeline.nightly` puts its comparison here
-STATUS_COLOURS = {"holds": "#d4f4d4", "holds in part": "#e8f6d0", "fails": "#f8d0d0", "not tested": "#eeeeee"}
+STATUS_COLOURS = {
+    ClaimStatus.HOLDS: "#d4f4d4",
+    ClaimStatus.HOLDS_IN_PART: "#e8f6d0",
+    ClaimStatus.UNCONTROLLED: "#f6ecd0",
+    ClaimStatus.UNDECIDED: "#eeeeee",
+    ClaimStatus.NOT_TESTED: "#eeeeee",
+    ClaimStatus.FAILS: "#f8d0d0",
+}
 CLAIMS_LEGEND = (
-    "<b>holds</b>: every comparison the claim makes at the paper's lengths, models and widths went the paper's way. "
-    "<b>holds in part</b>: those tested did, and none went against it; the coverage says which of the paper's were "
-    "tested. <b>fails</b>: a comparison went against it (a claim that a model fails needs a positive control that "
-    "reached the threshold there). <b>not tested</b>: nothing decided, each reason given. <b>Margin</b>: how far past "
-    "the claim's line its decided comparisons landed, in accuracy points: the threshold for near-perfect, the "
-    "control's accuracy less 5 points for 'degrades', chance plus 5 for 'no better than chance'; negative: the other "
-    "side. <b>At 95/99/99.5%</b>: the verdict with the threshold moved. A cell counts as solved when every seed "
-    "passed on validation and the mean test accuracy reaches the threshold; accuracies are the best cell's mean "
-    "over its seeds, with their range."
+    "Each comparison the claim makes (a model at a length, a chain of widths) reads one way: <b>held</b> (as the "
+    "paper says), <b>missed</b> (against it, on a verdict of the model: converged on the other side of the line), "
+    "<b>undecided</b> (it rests on a trial still improving when its budget ran out, diverged or failed), <b>not "
+    "run</b>; the coverage gives the paper's lengths by how they read. <b>fails</b>: a comparison missed; a claim "
+    "that a model is near-perfect fails on that model's own converged miss, no other model needed. <b>holds</b>: "
+    "every comparison at the paper's lengths, models and widths held. <b>holds in part</b>: those decided held, none "
+    "missed. <b>fails, uncontrolled</b>: a model the paper says fails did, but no control (another model, or the "
+    "same one at a shorter length) reached the line: our recipe is not shown to learn the task there. "
+    "<b>undecided</b>, <b>not tested</b>: nothing decided, each reason given. <b>Margin</b>: how far past the "
+    "claim's line its decided comparisons landed, in accuracy points: the threshold for near-perfect, the control's "
+    "accuracy less 5 points for 'degrades', chance plus 5 for 'no better than chance', the reference less 5 for "
+    "'match'; negative: the other side. <b>Rests on</b>: the steps its cells trained (how many seeds converged), "
+    "the learning rates tried, the seeds. <b>At 95/97/99%</b>: the verdict with the threshold moved. A cell counts "
+    "as solved when every seed passed on validation and the mean test accuracy reaches the threshold; accuracies "
+    "are the best cell's mean over its seeds, with their range."
 )
 
 
 def split_decided(checks: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The checks this run decided (holds, in part, fails) and those it did not, each in ``CLAIMS``' order."""
-    pending = [c for c in checks if c["status"] == ClaimStatus.NOT_TESTED]
-    return [c for c in checks if c["status"] != ClaimStatus.NOT_TESTED], pending
+    """The checks this run decided (holds, in part, fails, fails uncontrolled) and those it did not (undecided, not
+    tested), each in ``CLAIMS``' order."""
+    decided = [c for c in checks if ClaimStatus(c["status"]).decided]
+    return decided, [c for c in checks if not ClaimStatus(c["status"]).decided]
 
 
 def claim_cells(check: dict) -> dict[str, str]:
-    """A claim's row, as the page and fidelity.md show it: the verdict with its coverage, the paper's side, ours
-    with the margin and the sensitivity to the threshold (a decided claim), else why not and what it needs; then
-    our test."""
-    cells = {"claim": check["id"]}
-    decided = check["status"] != ClaimStatus.NOT_TESTED
-    if decided:
-        cells |= {"verdict": str(check["status"]), "coverage": check["coverage"]}
+    """A claim's row, as the page and fidelity.md show it: the paper's words with our reading of them in one sentence
+    beside; the verdict with its coverage (four ways a length reads), ours with the margin, what it rests on and the
+    sensitivity to the threshold (a decided claim), else why not and what it needs."""
+    decided = ClaimStatus(check["status"]).decided
+    cells = {"claim": check["id"], "verdict": str(check["status"]), "coverage": check["coverage"]}
     cells |= {
         "paper": f"{check['paper']}, {check['where']}",
         "the paper's words": f"\u201c{check['claim']}\u201d",
+        "our reading": f"{check['decided_by']}; at {check['threshold']:.0%} ({check['threshold_source']})",
         "the paper's outcome": check["paper_outcome"],
     }
     if decided:
         cells |= {"ours": check["detail"], "margin": check["margin"]}
-        cells["at " + ", ".join(check["at_thresholds"])] = " \u00b7 ".join(check["at_thresholds"].values())
     else:
         cells |= {"why not decided here": check["detail"], "what it needs": check["needs"]}
-    cells["our test"] = f"{check['decided_by']}; at {check['threshold']:.0%} ({check['threshold_source']})"
+    rests = [f"{check['steps']}", f"learning rates {check['learning_rates']}", f"seeds {check['seeds']}"]
+    cells["rests on"] = "; ".join(rests) if check["steps"] else "no decided case"
+    if check["solved_at"]:
+        cells["rests on"] += f"; solved at {check['solved_at']}"
+    cells["at " + ", ".join(check["at_thresholds"])] = " \u00b7 ".join(check["at_thresholds"].values())
+    other = check.get("other_reading")
+    cells["the paper's other wording"] = (
+        f"\u201c{other['wording']}\u201d ({other['where']}): {other['status']}" if other else ""
+    )
     return cells
+
+
+def unchecked_frame() -> pd.DataFrame:
+    """The papers' measured statements no claim checks, each with why."""
+    return pd.DataFrame(
+        [{"statement": f"\u201c{u.finding.quote}\u201d", "where": u.finding.where, "why not checked": u.why}
+         for u in UNCHECKED]
+    )  # fmt: skip
 
 
 def claim_cell_html(column: str, value: str) -> str:
@@ -100,7 +128,12 @@ def decided_count(checks: list[dict]) -> str:
     if not decided:
         return f"None of the papers' {len(checks)} claims at this scale"
     statuses = [c["status"] for c in decided]
-    plural = {ClaimStatus.HOLDS: "hold", ClaimStatus.HOLDS_IN_PART: "hold in part", ClaimStatus.FAILS: "fail"}
+    plural = {
+        ClaimStatus.HOLDS: "hold",
+        ClaimStatus.HOLDS_IN_PART: "hold in part",
+        ClaimStatus.UNCONTROLLED: "fail, uncontrolled",
+        ClaimStatus.FAILS: "fail",
+    }
     counts = ", ".join(
         f"{n} {status if n == 1 else plural[status]}"
         for status in ClaimStatus
@@ -138,9 +171,18 @@ def not_decided_html(checks: list[dict]) -> str:
     )
 
 
+def unchecked_html() -> str:
+    return (
+        "<h2 id='not-checked'>Not checked</h2><p>The papers' measured statements no claim checks, each with why.</p>"
+        + unchecked_frame()
+        .to_html(index=False, escape=True, classes="claims")
+        .replace("<table", "<table id='not-checked-statements'", 1)
+    )
+
+
 def compute_html(cfg: Config, checks: list[dict], sweep: dict) -> str:
     """The papers' compute beside this profile's forecast and what this run spent."""
-    papers = sorted({c["paper"] for c in checks if c["status"] != ClaimStatus.NOT_TESTED}) or ["DP", "separations"]
+    papers = sorted({c["paper"] for c in checks if ClaimStatus(c["status"]).decided}) or ["DP", "separations"]
     rows = "".join(f"<tr><td>the {p} paper</td><td>{html.escape(PAPER_COMPUTE[p])}</td></tr>" for p in papers)
     forecast = sweep.get("grid_pflops")
     if forecast is not None:
@@ -199,6 +241,9 @@ def fidelity_markdown(cfg: Config, checks: list[dict], best: pd.DataFrame) -> st
     else:
         parts.append("None: this run decided every claim.")
     parts += [
+        "### Not checked",
+        "The papers' measured statements no claim checks, each with why.",
+        markdown_table(unchecked_frame()),
         "### Deviations from the papers' setups",
         markdown_table(pd.DataFrame([vars(d) for d in deviations(cfg)])),
         "### Table 2 of the DP paper against this run",
@@ -318,6 +363,7 @@ def page(
         "test accuracy is borderline; div / fail = a seed diverged / failed.</p>",
         figures_html(figures),
         not_decided_html(checks),
+        unchecked_html(),
         CONVENTIONS_HTML,
         "<h2>All cells</h2>",
         table.to_html(index=False, float_format=lambda v: f"{v:.4g}"),

@@ -12,12 +12,20 @@ verbatim, so that ``tests/test_papers.py`` checks every quote against the papers
 from __future__ import annotations
 
 import math
+import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
+from pipeline.common.config import PROJECT
 from tasks import TASKS
 
 DP = "Yang et al., Do Efficient Transformers Really Save Computation? (ICML 2024)"
 SEPARATIONS = "Bhattamishra et al., Separations in the Representational Capabilities of Transformers and RNNs (2024)"
+
+# the papers' text (not in this repository): beside the checkout, as for CI, or where $CAPACITY_ATLAS_PAPERS says
+PAPERS_ENV = "CAPACITY_ATLAS_PAPERS"
+TEXTS = {DP: "dp-efficient-transformers.txt", SEPARATIONS: "separations.txt"}
 
 TABLE2_LAYERS = 3  # §6.1: "3 layers and 4 attention heads"
 # arithmetic operators -> the maximum CoT length L the paper states for them (§6.1), as the task declares them
@@ -68,12 +76,15 @@ def table2_in_words() -> str:
 
 @dataclass(frozen=True)
 class Finding:
-    """One result a paper reports, in its words: ``quote`` (verbatim from ``paper``'s text) at ``where``."""
+    """One passage of a paper, in its words: ``quote`` (verbatim from ``paper``'s text) at ``where``; ``setup``: it
+    states how the paper ran an experiment, not what it measured (every measured one is checked by a claim, or
+    said not checked, and why: ``pipeline.reporting.claims``)."""
 
     id: str
     paper: str
     where: str
     quote: str
+    setup: bool = False
 
 
 FINDINGS = (
@@ -129,6 +140,7 @@ FINDINGS = (
         DP,
         "§6.2, Table 2 (caption)",
         "Minimum GFLOPs of different model types to achieve an accuracy above 90% on Arithmetic Task.",
+        setup=True,
     ),
     Finding(
         "dp_table2",
@@ -142,6 +154,7 @@ FINDINGS = (
         "§6.1",
         "The LIS task is the most general DP problem without locality property, while ED and Arithmetic exhibit "
         "higher locality.",
+        setup=True,
     ),
     Finding(
         "dp_locality",
@@ -160,6 +173,7 @@ FINDINGS = (
         DP,
         "Appendix D, Figure 3",
         "The accuracies of standard and efficient Transformers with 5 layers on the ED task are shown in Figure 3.",
+        setup=True,
     ),
     Finding(
         "dp_five_layers",
@@ -173,6 +187,7 @@ FINDINGS = (
         "§6, Figure 2 (left, middle)",
         "We evaluate relatively small-sized Transformers with widths 64 against recurrent models with up to 6 layers "
         "and widths or hidden state size of 256.",
+        setup=True,
     ),
     Finding(
         "sep_index_lookup",
@@ -187,12 +202,14 @@ FINDINGS = (
         "§6, Figure 2 (right)",
         "We consider LSTMs and Mamba with hidden state sizes of 64 and similarly, two-layer Transformers with width "
         "64.",
+        setup=True,
     ),
     Finding(
         "sep_dyck_one_layer_width",
         SEPARATIONS,
         "§6, Figure 2 (right)",
         "We evaluate a one-layer Transformer with a width of 256 across lengths",
+        setup=True,
     ),
     Finding(
         "sep_dyck",
@@ -279,5 +296,63 @@ FINDINGS = (
         SEPARATIONS,
         "Appendix H",
         "We train the models for up to 250k steps unless they achieve (almost) perfect validation accuracy earlier.",
+        setup=True,
+    ),
+    Finding(
+        "dp_most_scenarios",
+        DP,
+        "§1 (Introduction)",
+        "for both efficient Transformers, the required hidden dimension increases as the problem size grows in most "
+        "scenarios, while this is not the case for the standard Transformer",
+    ),
+    Finding(
+        "dp_lis_steeper",
+        DP,
+        "§1 (Introduction)",
+        "Moreover, the dependency between hidden dimension and problem scale is more pronounced in LIS than in ED.",
+    ),
+    Finding(
+        "sep_learning_rates",
+        SEPARATIONS,
+        "§7 (Discussion)",
+        "For tasks like Index lookup, we observe that Transformers achieve near-perfect accuracy across several "
+        "learning rates whereas recurrent architectures fail on all the learning rates we tried.",
+    ),
+    Finding(
+        "sep_dyck_slower",
+        SEPARATIONS,
+        "§7 (Discussion)",
+        "A similar thing is true for other tasks such as Dyck-(2, 2) where one-layer Transformers seem to learn at a "
+        "much slower rate compared to LSTMs and two-layer Transformers even for the lengths where they do achieve "
+        "near-perfect accuracy.",
+    ),
+    Finding(
+        "sep_eq_ncp_wide",
+        SEPARATIONS,
+        "Appendix H.2",
+        "For models with larger widths, we find that DSS and Transformers succeed at performing the tasks for the "
+        "lengths considered in our experiments.",
     ),
 )
+
+
+def papers_dir() -> Path:
+    return Path(os.environ.get(PAPERS_ENV) or PROJECT.parent / "shared" / "papers")
+
+
+def normalized(text: str) -> str:
+    """The text as extracted from the PDF: curly quotes straight, math repeated four times once ("64646464" is
+    how the extraction writes $64$), whitespace single."""
+    text = text.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
+    text = re.sub(r"(\d+?)\1{3}", r"\1", text)
+    return re.sub(r"\s+", " ", text)
+
+
+def unquoted(findings: tuple[Finding, ...] = FINDINGS, where: Path | None = None) -> list[Finding] | None:
+    """The findings whose quote is not verbatim in their paper's text at ``where`` (``papers_dir``); None where
+    that text is not there to read."""
+    where = where or papers_dir()
+    if not all((where / TEXTS[f.paper]).is_file() for f in findings):
+        return None
+    texts = {paper: normalized((where / name).read_text()) for paper, name in TEXTS.items()}
+    return [f for f in findings if normalized(f.quote) not in texts[f.paper]]

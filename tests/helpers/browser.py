@@ -274,6 +274,8 @@ def report_problems(report: Path) -> list[str]:
     any resource that failed to load, a page wider than the window (it scrolls sideways as a whole), or claim
     tables whose rows differ from ``claims.json`` (the decided claims with their verdict, then the rest with what
     each needs)."""
+    from pipeline.reporting.claims import ClaimStatus
+
     claims = json.loads((report / "claims.json").read_text())
     with Page((report / "index.html").resolve().as_uri()) as page:
         figures, failed = page.figures(), page.failed_loads()
@@ -287,7 +289,7 @@ def report_problems(report: Path) -> list[str]:
     problems += [f"not on the page: {p.name}" for p in sorted(report.glob("*.png")) if p.name not in shown]
     if not figures:
         problems.append("no figure on the page")
-    decided = [c for c in claims if c["status"] != "not tested"]
+    decided = [c for c in claims if ClaimStatus(c["status"]).decided]
     parts = {"claims": decided, "not-decided-claims": [c for c in claims if c not in decided]}
     if any(claim_rows_differ(shown_claims[t], parts[t], *CLAIM_TABLES[t]) for t in CLAIM_TABLES):
         shown = sum(len(rows) - 1 for rows in shown_claims.values() if rows)
