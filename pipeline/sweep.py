@@ -64,6 +64,16 @@ def main(argv: list[str] | None = None) -> int:
             check_architectures(cfg)
             if cfg.cluster.ray() is None and not cfg.sweep.resources.gpus_per_trial:  # trials on this CPU
                 check_precision(cfg.sweep.grid.architectures, cfg.sweep.optim.precision)
+            if cfg.decides is not None and cfg.cluster.ray() is None:  # the time it states, on this machine
+                from pipeline.costs.forecast import check_decides
+
+                plan = check_decides(cfg)
+                print(
+                    f"sweep: decides {cfg.decides.claim}: the forecast gives {plan.grid.wall_hours:.2f} h at the "
+                    f"first budgets, at most {plan.extended.wall_hours:.2f} h every budget extended, within the "
+                    f"profile's {cfg.decides.hours:g} h",
+                    flush=True,
+                )
             from pipeline.scheduling.driver import sweep
 
             sweep(cfg, Path(args.data), out)

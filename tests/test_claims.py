@@ -416,3 +416,17 @@ def test_the_table_is_read_at_another_threshold_from_what_each_trial_recorded():
         at_threshold(
             pd.DataFrame(rows("lis", "lstm", 2, {4: 16})).drop(columns=["sustained_accuracy", "converged"]), 0.99, 0.9
         )
+
+
+def test_a_profile_that_decides_a_claim_names_the_claims_own_task_and_model():
+    """conf/*.yaml's ``decides`` states the claim's task and model for the settings' check; here they are held to the
+    claim's own (its tasks, its rule's models), so the two cannot drift."""
+    from pipeline.common.config import load_config, profiles
+
+    by_id = {c.id: c for c in CLAIMS}
+    deciding = [cfg for cfg in (load_config(profile=p) for p in profiles()) if cfg.decides]
+    assert deciding
+    for cfg in deciding:
+        d = cfg.decides
+        claim = by_id[d.claim]
+        assert d.task in claim.tasks and Models(d.arch, (d.depth,), d.width) in claim.rule.models(), cfg.profile

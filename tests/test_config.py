@@ -109,7 +109,8 @@ def test_params_overrides_win_over_the_profile(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("profile: nope",
-     "profile: 'nope' is not allowed; allowed values: cpu-repro, laptop, paper, paper-faithful, separations, tiny"),
+     "profile: 'nope' is not allowed; allowed values: cpu-claims, cpu-repro, laptop, paper, paper-faithful, "
+     "separations, tiny"),
     ("sweep: {grid: {architectures: [standard, transformerx]}}",
      "sweep.grid.architectures: 'transformerx' is not allowed; allowed values: "
      + ", ".join(sorted(models.ARCHITECTURES))),
@@ -495,3 +496,33 @@ def test_an_override_of_one_key_of_a_section_keeps_the_profiles_other_keys_of_it
     changed = {"max_steps", "arch_lrs"}
     assert optim.model_dump(exclude=changed) == laptop.optim.model_dump(exclude=changed)
     assert optim.lr == 3e-3 and optim.batch_size == 128  # the profile's, not the defaults
+
+
+@pytest.mark.parametrize("override, message", [
+    ("generate: {datasets: {index_lookup: [20, 30, 50, 100, 200, 400]}}",
+     "decides: sep_index_lookup_one_layer is made at index_lookup sizes \\[20, 50, 100, 200, 400\\], the paper's; the "
+     "grid runs \\[20, 30, 50, 100, 200, 400\\]: \\[30\\] not the paper's"),
+    ("generate: {datasets: {index_lookup: [20, 50]}}", "\\[100, 200, 400\\] missing, so it cannot be decided whole"),
+    ("sweep: {grid: {widths: [64, 128]}}",
+     "decides: sep_index_lookup_one_layer's model is a 1-layer transformer of width 64; the grid runs it on "
+     "index_lookup at widths \\[64, 128\\]"),
+])
+def test_a_profile_that_decides_a_claim_refuses_another_length_or_width_when_it_loads(tmp_path, override, message):
+    p = write_params(tmp_path / "params.yaml", "profile: cpu-claims\ntasks: [index_lookup]\n" + override + "\n")
+    with pytest.raises(config.ConfigError, match=message):
+        config.load_config(p)
+
+
+def test_a_profile_that_decides_a_claim_refuses_a_budget_the_forecast_says_will_not_fit_before_training(tmp_path):
+    """The sweep stage measures the grid's rate here (a few steps) and refuses, naming both times, a budget whose
+    every extension would not fit the hours the profile states; nothing is trained or written."""
+    p = write_params(tmp_path / "params.yaml", "profile: cpu-claims\ntasks: [index_lookup]\n"
+                     "decides: {claim: sep_index_lookup_one_layer, task: index_lookup, arch: transformer, depth: 1, "
+                     "width: 64, hours: 0.01}\n")
+    from pipeline.costs.forecast import check_decides
+
+    with pytest.raises(config.ConfigError, match="decides.hours: 0.01 h for sep_index_lookup_one_layer, but the "
+                                                 "forecast on this machine gives up to [0-9.]+ h"):
+        check_decides(config.load_config(p))
+    plan = check_decides(config.load_config(profile="cpu-claims"))  # the profile as shipped fits its 2.5 h
+    assert plan.extended.wall_hours <= 2.5

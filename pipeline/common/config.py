@@ -797,6 +797,21 @@ class ClusterConfig(Section):
         return self.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT / 'mlflow.db'}"
 
 
+class DecidesConfig(Section):
+    """A profile made to decide one claim whole (``cpu-claims``): the claim, the task and model it names (a test holds
+    them to the claim's own, ``pipeline.reporting.claims``), and the wall time the profile states it finishes in. A
+    grid that runs a length of the task that is not the paper's, misses one, or runs the claim's model at another
+    width is refused when the settings load; a budget the forecast says will not finish in ``hours`` is refused by
+    the sweep stage before training (``pipeline.costs.forecast.check_decides``)."""
+
+    claim: str = Field(description="the claim's id (report.json's claims.<id>)")
+    task: str
+    arch: str
+    depth: PositiveInt
+    width: PositiveInt
+    hours: float = Field(gt=0, description="the wall time the whole grid, every budget extended, must fit")
+
+
 class Config(Section):
     profile: str
     tasks: list[str] = Field(description="tasks with a generate stage in dvc.yaml's matrix")
@@ -805,6 +820,7 @@ class Config(Section):
     report: ReportConfig = ReportConfig()
     nightly: NightlyConfig = NightlyConfig()
     cluster: ClusterConfig = ClusterConfig()
+    decides: DecidesConfig | None = Field(None, description="the one claim this profile is made to decide whole")
 
     @field_validator("tasks")
     @classmethod
@@ -873,6 +889,35 @@ class Config(Section):
                     raise one_of(f"sweep.grid.exclude[{i}].tasks", task, self.tasks)
         if not self.sweep.grid.cells(self.sweep_datasets()):
             raise ConfigError("sweep.grid.exclude leaves no cell of the grid: nothing would train")
+        return self
+
+    @model_validator(mode="after")
+    def decides_whole(self) -> Config:
+        """A profile that decides a claim whole runs its task at every length of the paper's and no other, and its
+        model at the claim's width only."""
+        d = self.decides
+        if d is None:
+            return self
+        if d.task not in self.tasks:
+            raise one_of("decides.task", d.task, self.tasks)
+        paper = tasks.TASKS[d.task].paper_sizes
+        sizes = sorted(s for t, s in self.sweep_datasets() if t == d.task)
+        strays, missing = [s for s in sizes if s not in paper], [s for s in paper if s not in sizes]
+        if strays or missing:
+            raise ConfigError(
+                f"decides: {d.claim} is made at {d.task} sizes {list(paper)}, the paper's; the grid runs {sizes}"
+                + (f": {strays} not the paper's" if strays else "")
+                + (f": {missing} missing, so it cannot be decided whole" if missing else "")
+                + " (generate.datasets, sweep.grid.datasets)"
+            )
+        cells = [c for c in self.sweep.grid.cells(self.sweep_datasets()) if c[0] == d.task and c[2] == d.arch]
+        widths = sorted({w for _, _, _, w, depth in cells if depth == d.depth})
+        if widths != [d.width]:
+            raise ConfigError(
+                f"decides: {d.claim}'s model is a {d.depth}-layer {d.arch} of width {d.width}; the grid runs it on "
+                f"{d.task} at widths {widths or 'none'} (sweep.grid.widths, arch_widths, arch_depths): another width "
+                "is another model"
+            )
         return self
 
     def sweep_datasets(self) -> list[tuple[str, int]]:

@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass, replace
 
 from pipeline.common.cell import Cell, CellSpec
-from pipeline.common.config import Config, ResourcesSection, SweepConfig
+from pipeline.common.config import Config, ConfigError, ResourcesSection, SweepConfig
 from pipeline.costs.rates import ALONE, ForecastError, Mode, Throughput
 from pipeline.costs.schedule import Trial, list_schedule
-from pipeline.search.cells import budget_steps, expected_cost, unfusable
+from pipeline.search.cells import budget_steps, defined_cells, expected_cost, model_costs, unfusable
 
 # grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
 # of the profile's shape (the papers' reported frontiers, made-up curves, exact FLOPs of the real models), one value
@@ -228,3 +228,35 @@ def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, c
         searches=searches,
         shape_differs=len(cells) != REPLAYED_CELLS.get(cfg.profile, len(cells)),
     )
+
+
+def check_decides(cfg: Config) -> Forecast:
+    """A profile that decides a claim (``decides``) fits the wall time it states: the forecast of its grid on this
+    machine, every trial at its extended budget (the most it trains), at the rate measured here now; a
+    ``ConfigError`` naming both times if not. Returns the forecast."""
+    import os
+
+    import torch
+
+    from pipeline.costs.throughput import measure_all  # Lightning's seconds of imports, only here
+
+    d = cfg.decides
+    assert d is not None
+    s = cfg.sweep
+    cells = {at: replace(cell, **model_costs(cell, s.model.heads)) for at, cell in defined_cells(cfg).items()}
+    gpus = s.resources.gpus_per_trial > 0
+    device = torch.device("cuda" if gpus else "cpu")
+    throughput = measure_all(
+        cfg, cells, widths=None, depths=None, length=None, batch=None, steps=3, warmup=1, device=device,
+        precision=s.optim.precision, step=s.resources.step,
+    )  # fmt: skip
+    where = Cluster(1, torch.cuda.device_count() if gpus else 0, None, os.cpu_count() or 1)
+    plan = forecast(cfg, cells, throughput, where)
+    if plan.extended.wall_hours > d.hours:
+        raise ConfigError(
+            f"decides.hours: {d.hours:g} h for {d.claim}, but the forecast on this machine gives up to "
+            f"{plan.extended.wall_hours:.2f} h for its grid, every budget extended ({plan.grid.wall_hours:.2f} h at "
+            "the first budgets; `python -m pipeline.forecast` prints the whole plan): shorten the budget "
+            "(sweep.optim.max_steps, sweep.verdict.max_budget_factor) or state a longer time"
+        )
+    return plan
