@@ -548,3 +548,38 @@ def test_eq_shortcut_learns_the_count_shortcut_and_scores_the_exact_rule(tmp_pat
     with pytest.raises(SystemExit):
         eq_shortcut.main(["--sizes", "21"])
     assert "size N must be even" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_fused_step_launches_at_most_a_quarter_of_k_trials_kernels_and_no_step_waits_on_the_host():
+    """benchmarks.bench_launches (about a minute and a half): for every architecture a fused trial stacks, at depths 1
+    and 6, a trial's real step counted op by op (Lightning, the loss, the verdict's checks, the optimizer): 7 trials
+    alone launch at least 4 times the kernels of one fused trial of 7, and neither reads anything back to the host
+    in a step (float32; bf16 for two, its casts on both sides)."""
+    from benchmarks import bench_launches
+
+    rows = bench_launches.table(bench_launches.fusable(), [1, 6], 7, ["32-true"])
+    rows += bench_launches.table(["transformer", "linear_nofm"], [1], 7, ["bf16-mixed"])
+    assert len(rows) == 2 * len(bench_launches.fusable()) + 2 and "lstm" not in bench_launches.fusable()
+    low = [(r["arch"], r["depth"], r["precision"], round(r["ratio"], 2)) for r in rows if r["ratio"] < 4]
+    assert not low, f"7 x alone / fused below 4: {low}"
+    syncs = [(r["arch"], r["depth"], r["alone_syncs"], r["fused_syncs"]) for r in rows
+             if r["alone_syncs"] or r["fused_syncs"]]
+    assert not syncs, f"host syncs in a step: {syncs}"
+
+
+def test_the_launch_counter_counts_kernels_and_host_reads_and_not_views():
+    """The counter itself: a view and an allocation are no kernel, a _foreach op is one, a .item(), a .tolist() and
+    a boolean index each a sync."""
+    from benchmarks.bench_launches import Launches
+
+    x = torch.ones(4)
+    with Launches() as mode:
+        y = x.view(2, 2).t()  # views
+        torch.empty(3)  # an allocation
+        z = y + 1  # a kernel
+        torch._foreach_add_([x, x.clone()], 1.0)  # a clone, then one foreach
+        z.sum().item()  # a kernel, and a read
+        x.tolist()
+        x[x > 0]  # a comparison, and a boolean index
+    assert mode.kernels == 6 and mode.syncs == 3, (mode.kernels, mode.syncs, mode.ops)

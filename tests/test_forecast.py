@@ -172,7 +172,7 @@ def test_bad_input_is_named_before_any_compute(tmp_path, capsys, monkeypatch):
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"device": "x", "flops_per_s": {"lstm": -1}}))
     for argv, named in [
-        (["--profile", "nope"], "profile: 'nope' is not allowed; allowed values: cpu-repro, laptop, paper"),
+        (["--profile", "nope"], "profile: 'nope' is not allowed; allowed values: cpu-claims, cpu-repro, laptop, paper"),
         (["--profile", "tiny", "--throughput", str(tmp_path / "missing.json")], "missing.json: no such file"),
         (["--profile", "tiny", "--throughput", str(lstm_only)], "has no throughput for standard, sparse, linear"),
         (["--profile", "tiny", "--throughput", str(broken)], "lstm: -1: a rate is a positive, finite FLOP/s"),

@@ -206,11 +206,22 @@ def test_a_solved_trial_paused_at_a_rung_resumes_from_a_weights_only_checkpoint(
     assert again.status is status.Status.SOLVED and again.solved_step == cb.solved_step
 
 
-def test_a_non_finite_loss_is_a_divergence():
+def test_a_non_finite_loss_is_a_divergence_read_at_the_next_validation_or_at_the_end():
+    """The training loss is watched on the device, never read back at a step: a loss not finite at step 7 stops the
+    trial at the next validation (step 50, fewer than sweep.evaluation.val_every_steps later), its reason the step
+    and loss of the divergence, and the validation's own metrics unread; at the end of training if none comes."""
     cb, trainer = make()
-    trainer.global_step = 7
-    cb.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 0)
-    assert trainer.should_stop and cb.outcome(trainer)[0] == "diverged"
+    for step, loss in ((6, 2.0), (7, float("nan")), (8, 2.0)):
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, None, 0)
+    assert not trainer.should_stop and cb.status is None  # nothing read back at a step
+    validate(cb, trainer, 0.95, 50)
+    assert trainer.should_stop and cb.outcome(trainer) == ("diverged", "training loss nan at step 7") and not cb.checks
+    cb, trainer = make()
+    trainer.global_step = 9
+    cb.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("inf"))}, None, 0)
+    cb.on_train_end(trainer, None)
+    assert cb.outcome(trainer) == ("diverged", "training loss inf at step 9")
     cb, trainer = make()
     validate(cb, trainer, 0.1, 50, loss=float("inf"))
     assert trainer.should_stop and cb.outcome(trainer) == ("diverged", "validation loss inf at step 50")

@@ -16,8 +16,8 @@ A member's slice of the optimizer is also what a separate trial's checkpoint hol
 torch.optim.Adam(W) state dict and its LambdaLR's), and K of those load back into one (``load_state_dict`` of
 ``{"members": [...], "active": [...]}``): a fused trial's members are checkpointed, and resumed, as separate trials.
 
-``clip_per_member`` is the trial's gradient clip (``sweep.optim.grad_clip``: Lightning's ``gradient_clip_val``, torch's
-``clip_grad_norm_`` over all of one model's parameters) for each member apart.
+``FusedAdam.clip_per_member`` is the trial's gradient clip (``sweep.optim.grad_clip``: Lightning's
+``gradient_clip_val``, torch's ``clip_grad_norm_`` over all of one model's parameters) for each member apart.
 
 ``fused_step`` builds what one fused training step needs, for an architecture and shape, and ``FusedStep`` runs
 it (its forward eager, compiled or graphed, as a fused trial's): what a benchmark times against one trial alone (its
@@ -41,14 +41,84 @@ from pipeline.training.steps import StepForward
 from pipeline.training.train import decay_groups, warmup_steps
 
 
+def real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as two reals (a view), as torch's Adam steps it; a real one as it is."""
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+class Flat:
+    """The stacked parameters of one real dtype (a complex one counted as two reals) laid end to end in one buffer,
+    each a contiguous (K, ...) block of it, so that an optimizer step is a dozen operations over the whole buffer,
+    whatever the number of parameters: ``param`` holds the weights (every parameter's data is a view of it from
+    then on), ``grad`` their gradients gathered each step (one ``cat``), ``exp_avg`` and ``exp_avg_sq`` the moments
+    (each parameter's state a view of them); ``member`` (P,) says whose element each is, and ``decay`` (P,) its
+    parameter group's weight decay. A complex parameter's block starts at an even offset, as a complex view needs."""
+
+    def __init__(self, params: list[torch.Tensor], groups: list[int], state: dict, size: int):
+        dtype = real(params[0]).dtype
+        device = params[0].device
+        blocks, offsets, total = [], [], 0
+        for p in params:
+            total += total % 2  # a complex view starts at an even offset
+            offsets.append(total)
+            total += real(p).numel()
+        self.params, self.offsets, self.size = params, offsets, size
+        self.index = {id(p): i for i, p in enumerate(params)}
+        self.param = torch.zeros(total, dtype=dtype, device=device)
+        self.exp_avg = torch.zeros_like(self.param)
+        self.exp_avg_sq = torch.zeros_like(self.param)
+        self.grad = torch.zeros_like(self.param)
+        member, slot = torch.zeros(total, dtype=torch.long), torch.zeros(total, dtype=torch.long)
+        for p, off, group in zip(params, offsets, groups):
+            n = real(p).numel()
+            member[off : off + n] = torch.arange(size).repeat_interleave(n // size)
+            slot[off : off + n] = group * size + member[off : off + n]
+            blocks.append((off, n))
+        self.member = member.to(device)
+        self.slot = slot.to(device)  # (P,): group g's member k at g K + k, for the factors of (group, member)
+        with torch.no_grad():
+            for p, (off, n) in zip(params, blocks):
+                own = state.get(p, {})
+                for buffer, key in ((self.param, None), (self.exp_avg, "exp_avg"), (self.exp_avg_sq, "exp_avg_sq")):
+                    source = p if key is None else own.get(key)
+                    if source is not None:
+                        buffer[off : off + n].copy_(real(source.detach()).reshape(-1))
+                p.data = self.view(self.param, p)
+                state[p] = {"exp_avg": self.view(self.exp_avg, p), "exp_avg_sq": self.view(self.exp_avg_sq, p)}
+
+    def view(self, buffer: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """``p``'s block of ``buffer`` in ``p``'s shape and dtype (complex where ``p`` is)."""
+        off = self.offsets[self.index[id(p)]]
+        block = buffer[off : off + real(p).numel()].view(real(p).shape)
+        return torch.view_as_complex(block) if p.is_complex() else block
+
+    def gather(self) -> torch.Tensor:
+        """The parameters' gradients into ``grad``, in one ``cat`` (the padding between blocks stays zero)."""
+        grads = []
+        for i, p in enumerate(self.params):
+            assert p.grad is not None  # FusedAdam.flat: every parameter has one, or none
+            end = self.offsets[i + 1] if i + 1 < len(self.params) else self.param.numel()
+            pad = end - self.offsets[i] - real(p).numel()
+            grads.append(real(p.grad).reshape(-1))
+            if pad:
+                grads.append(self.grad.new_zeros(pad))
+        torch.cat(grads, out=self.grad)
+        return self.grad
+
+
 class FusedAdam(torch.optim.Optimizer):
     """Adam or AdamW over stacked parameters (K, ...), member k at ``lrs[k]``; see the module's docstring.
 
     Each parameter group holds, besides torch's keys, ``lrs`` (K,) the members' base rates, ``active`` (K,) bool the
-    members still training, and ``steps`` (K,) the steps each member has taken: one count for every parameter of the
-    group, which all step together (torch keeps one per parameter; a parameter without a gradient is skipped, and
-    every parameter of these models has one at every step). Member k's state is its slice of each parameter's
-    ``exp_avg`` and ``exp_avg_sq`` and of ``steps``."""
+    members still training, and ``steps`` (K,) the steps each member has taken: one count for every parameter, all
+    of which step together (torch keeps one per parameter; a parameter without a gradient is skipped, so a step
+    with only some of them is refused here: every parameter of these models has one at every step). Member k's
+    state is its slice of each parameter's ``exp_avg`` and ``exp_avg_sq`` and of ``steps``.
+
+    The step runs over ``Flat`` buffers, one per real dtype, built at the first step (and again after a state is
+    loaded): about a dozen tensor operations in all, each member's factors (its rate under the warm-up, Adam's bias
+    corrections, whether it is frozen) gathered to every element of the buffer by its member index, instead of a
+    dozen per parameter."""
 
     def __init__(
         self,
@@ -64,24 +134,44 @@ class FusedAdam(torch.optim.Optimizer):
         self.size = len(lrs)
         defaults = dict(lrs=lrs, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=decoupled, warmup=warmup)
         super().__init__(params, defaults)
+        self.flats: dict[torch.dtype, Flat] | None = None  # built at the first step
+        self.gathered = False  # this step's gradients are in the flat buffers (a clip gathered them)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.shape[0] != self.size:
                     raise ValueError(f"a parameter of shape {tuple(p.shape)} is not stacked for {self.size} members")
+            if (group["betas"], group["eps"], group["decoupled"], group["warmup"]) != (
+                betas, eps, decoupled, warmup,
+            ):  # fmt: skip
+                raise ValueError("FusedAdam's parameter groups differ only in their weight decay")
             device = group["params"][0].device
             group["lrs"] = torch.tensor(group["lrs"], dtype=torch.float64, device=device)
-            group["active"] = torch.ones(self.size, dtype=torch.bool, device=device)
-            group["steps"] = torch.zeros(self.size, dtype=torch.float64, device=device)
+        device = self.param_groups[0]["params"][0].device
+        self.share(torch.ones(self.size, dtype=torch.bool, device=device), torch.zeros(self.size, dtype=torch.float64,
+                   device=device))  # fmt: skip
+
+    def share(self, active: torch.Tensor, steps: torch.Tensor) -> None:
+        """Every group holds the one ``active`` and ``steps``: the members freeze and step as wholes. Whether all
+        are active is also kept on the host (read once here, never in a step): a step with none frozen writes its
+        buffers in place, with no mask."""
+        for group in self.param_groups:
+            group["active"], group["steps"] = active, steps
+        self.all_active = bool(active.all())
+        self.keep: dict[torch.dtype, torch.Tensor] = {}  # each flat buffer's elements of the active members
 
     def freeze(self, members: Iterable[int]) -> None:
         """From now on these members' parameters, moments and step counts stay as they are."""
-        for group in self.param_groups:
-            group["active"][list(members)] = False
+        self.active[list(members)] = False
+        self.all_active, self.keep = False, {}
 
     @property
     def active(self) -> torch.Tensor:
         """(K,) bool: the members still training."""
         return self.param_groups[0]["active"]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.gathered = False
+        super().zero_grad(set_to_none)
 
     def rates(self) -> list[float]:
         """Each member's learning rate at its next step, as its LambdaLR would have set it (host floats)."""
@@ -92,8 +182,11 @@ class FusedAdam(torch.optim.Optimizer):
         """torch's, or ``{"members": [K separate trials' Adam(W) state dicts], "active": [K bools]}``: member k's
         learning rate, step count and moments from the k-th (``member_state``'s inverse), with this optimizer's own
         warm-up and parameter groups, which must match the members'."""
+        self.flats = None  # rebuilt from the loaded state at the next step
         if "members" not in state_dict:
             super().load_state_dict(state_dict)
+            group = self.param_groups[0]
+            self.share(group["active"], group["steps"])
             return
         members, active = state_dict["members"], state_dict["active"]
         if len(members) != self.size:
@@ -109,15 +202,71 @@ class FusedAdam(torch.optim.Optimizer):
             group["lrs"] = torch.tensor(
                 [m["param_groups"][g]["initial_lr"] for m in members], dtype=torch.float64, device=device
             )
-            group["active"] = torch.tensor(active, dtype=torch.bool, device=device)
-            first = [m["state"][m["param_groups"][g]["params"][0]] for m in members]
-            group["steps"] = torch.tensor([float(s["step"]) for s in first], dtype=torch.float64, device=device)
             for p in group["params"]:
                 self.state[p] = {
                     key: torch.stack([m["state"][index][key] for m in members]).to(p)
                     for key in ("exp_avg", "exp_avg_sq")
                 }
                 index += 1
+        device = self.param_groups[0]["params"][0].device
+        first = [m["state"][m["param_groups"][0]["params"][0]] for m in members]
+        steps = torch.tensor([float(s["step"]) for s in first], dtype=torch.float64, device=device)
+        self.share(torch.tensor(active, dtype=torch.bool, device=device), steps)
+
+    def flat(self) -> dict[torch.dtype, Flat]:
+        """The flat buffers, built at the first call from the parameters and any state they have."""
+        if self.flats is None:
+            by_dtype: dict[torch.dtype, tuple[list, list]] = {}
+            for g, group in enumerate(self.param_groups):
+                for p in group["params"]:
+                    params, groups = by_dtype.setdefault(real(p).dtype, ([], []))
+                    params.append(p)
+                    groups.append(g)
+            group = self.param_groups[0]
+            for key in ("lrs", "active", "steps"):  # a loaded state_dict's are where the checkpoint was read
+                group[key] = group[key].to(group["params"][0].device)
+            self.share(group["active"], group["steps"])
+            for other in self.param_groups[1:]:
+                other["lrs"] = other["lrs"].to(group["lrs"].device)
+            self.flats = {
+                dtype: Flat(params, groups, self.state, self.size) for dtype, (params, groups) in by_dtype.items()
+            }
+        return self.flats
+
+    def gather(self) -> list[Flat]:
+        """This step's gradients in the flat buffers, once a step; [] where no parameter has one."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        have = [p.grad is not None for p in params]
+        if not any(have):
+            return []
+        if not all(have):
+            raise ValueError(
+                f"{have.count(False)} of {len(params)} stacked parameters have no gradient: FusedAdam steps every "
+                "parameter together (torch's Adam would skip those)"
+            )
+        flats = list(self.flat().values())
+        if not self.gathered:
+            for flat in flats:
+                flat.gather()
+            self.gathered = True
+        return flats
+
+    @torch.no_grad()
+    def clip_per_member(self, max_norm: float) -> torch.Tensor:
+        """Scales each member's gradients so that their norm over all its parameters is at most ``max_norm``, as
+        torch's ``clip_grad_norm_`` does for one model; returns the norms before (K,).
+
+            total_k = sqrt(sum over member k's elements of g^2),   g <- g * min(1, max_norm / (total_k + 1e-6))"""
+        flats = self.gather()
+        device = self.active.device
+        squares = torch.zeros(self.size, dtype=torch.float64, device=device)
+        for flat in flats:
+            squares.index_add_(0, flat.member, (flat.grad * flat.grad).to(torch.float64))
+        total = squares.sqrt()  # (K,)
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for flat in flats:
+            flat.grad.mul_(scale.to(flat.grad.dtype)[flat.member])
+        return total
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -125,55 +274,54 @@ class FusedAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            for key in ("lrs", "active", "steps"):  # a loaded state_dict's are where the checkpoint was read
-                group[key] = group[key].to(params[0].device)
-            self.step_group(group, params)
+        flats = self.gather()
+        self.gathered = False
+        if flats:
+            self.step_flat(flats)
         return loss
 
-    def step_group(self, group: dict, params: list[torch.Tensor]) -> None:
-        """One step of ``params``, a group's parameters with gradients: the members' factors once for the group,
-        (K,) in float64 as torch's Python floats are, then a dozen operations per parameter."""
+    def step_flat(self, flats: list[Flat]) -> None:
+        """One step of every member over the flat buffers. Per member k (and parameter group g), in float64 as
+        torch's Python floats are, then gathered to each element e by its member and group:
+
+            lr_k = base_k min(1, (n_k + 1) / warmup)       n_k: the steps member k has taken (LambdaLR's factor)
+            m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2
+            p <- p (1 - lr_k wd_g) - lr_k / (1 - b1^(n_k + 1)) * m / (sqrt(v) / sqrt(1 - b2^(n_k + 1)) + eps)
+
+        (Adam: wd_g p added to g instead of the decay); a frozen member's p, m and v are kept bit for bit."""
+        group = self.param_groups[0]
         beta1, beta2 = group["betas"]
-        steps, active = group["steps"], group["active"]
-        lr = group["lrs"] * torch.clamp((steps + 1) / group["warmup"], max=1.0)  # LambdaLR's factor of the steps before
-        taken = steps + active  # the steps taken after this one
-        factors = {
-            "shrink": 1 - lr * group["weight_decay"],  # AdamW's decay
-            "step": -lr / (1 - beta1**taken),
-            "root": (1 - beta2**taken).sqrt(),
-            "keep": active,  # a frozen member's values are left as they are, bit for bit
-        }
-        cast: dict[torch.dtype, dict[str, torch.Tensor]] = {}  # the factors in each parameter dtype
-        for p in params:
-            state = self.state[p]
-            if not state:
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            real = p.real.dtype if p.is_complex() else p.dtype
-            f = cast.setdefault(real, {k: v.to(real if k != "keep" else torch.bool) for k, v in factors.items()})
-            param, grad, exp_avg, exp_avg_sq = p, p.grad, state["exp_avg"], state["exp_avg_sq"]
-            assert grad is not None  # params: those with a gradient
-            if group["weight_decay"] and group["decoupled"]:
-                param = p * per_member(f["shrink"], p)
-            elif group["weight_decay"]:
-                grad = grad.add(p, alpha=group["weight_decay"])
-            target = p
-            if p.is_complex():  # as torch's Adam: real and imaginary parts as two reals
-                param, grad, exp_avg, exp_avg_sq, target = (
-                    torch.view_as_real(t) for t in (param, grad, exp_avg, exp_avg_sq, p)
-                )
-            m = exp_avg.lerp(grad, 1 - beta1)
-            v = (exp_avg_sq * beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (v.sqrt() / per_member(f["root"], v)).add_(group["eps"])
-            stepped = param + per_member(f["step"], m) * (m / denom)
-            keep = per_member(f["keep"], m)
-            for old, new in ((target, stepped), (exp_avg, m), (exp_avg_sq, v)):
-                torch.where(keep, new, old, out=old)
-        steps.copy_(taken)
+        steps, active, lrs = group["steps"], group["active"], group["lrs"]
+        # LambdaLR's factor of the steps before (none without a warm-up), then the steps taken after this one
+        lr = lrs if group["warmup"] == 1 else lrs * torch.clamp((steps + 1) / group["warmup"], max=1.0)  # (K,)
+        steps.add_(1 if self.all_active else active)
+        factors = torch.stack([lr / (beta1**steps - 1), (1 - beta2**steps).sqrt()])  # (2, K): -step size, root
+        decays = [g["weight_decay"] for g in self.param_groups]
+        if any(decays):
+            wd = torch.tensor(decays, dtype=torch.float64, device=lr.device)  # (G,)
+            decay = (1 - lr * wd[:, None]) if group["decoupled"] else wd[:, None].expand(-1, self.size)  # (G, K)
+        for flat in flats:
+            dtype = flat.param.dtype
+            param, grad, m, v = flat.param, flat.grad, flat.exp_avg, flat.exp_avg_sq
+            step_size, root = factors.to(dtype)[:, flat.member]  # (P,) each
+            shrink = decay.to(dtype).flatten()[flat.slot] if any(decays) else None  # AdamW's shrink, or Adam's wd
+            if shrink is not None and not group["decoupled"]:
+                grad = grad.addcmul(shrink, param)
+            if self.all_active:  # in place: nothing to keep
+                m.lerp_(grad, 1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                if shrink is not None and group["decoupled"]:
+                    param.mul_(shrink)
+                param.add_(step_size * (m / (v.sqrt() / root).add_(group["eps"])))
+                continue
+            new_m = m.lerp(grad, 1 - beta1)
+            new_v = (v * beta2).addcmul_(grad, grad, value=1 - beta2)
+            update = step_size * (new_m / (new_v.sqrt() / root).add_(group["eps"]))
+            stepped = (param * shrink if shrink is not None and group["decoupled"] else param) + update
+            if dtype not in self.keep:  # after a freeze: once, not every step
+                self.keep[dtype] = active[flat.member]
+            for old, new in ((param, stepped), (m, new_m), (v, new_v)):
+                torch.where(self.keep[dtype], new, old, out=old)
 
 
 def member_state(state: dict, k: int) -> tuple[dict, dict]:
@@ -210,25 +358,6 @@ def member_state(state: dict, k: int) -> tuple[dict, dict]:
     return out, scheduled
 
 
-def per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """(K,) -> (K, 1, ...), a view broadcasting over ``like`` (K, ...)."""
-    return values.view(-1, *[1] * (like.dim() - 1))
-
-
-@torch.no_grad()
-def clip_per_member(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Scales each member's gradients so that their norm over all its parameters is at most ``max_norm``, as
-    torch's ``clip_grad_norm_`` does for one model; returns the norms before (K,)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    # (P, K): each parameter's norm per member, then each member's over all its parameters
-    norms = torch.stack([torch.linalg.vector_norm(g, 2, dim=tuple(range(1, g.dim()))) for g in grads])
-    total = torch.linalg.vector_norm(norms, 2, dim=0)  # (K,)
-    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(per_member(scale.to(g.real.dtype if g.is_complex() else g.dtype), g))
-    return total
-
-
 def member_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(K, B, T, V) logits, (B, T) or (K, B, T) next tokens (``IGNORE`` where none is predicted) -> (K,): each
     member's next-token cross-entropy, averaged over its predicted positions (``SequenceModel.loss``)."""
@@ -254,7 +383,7 @@ class FusedStep:
         losses = member_losses((self.forward or self.model)(inputs), targets)
         losses.sum().backward()  # each member's gradient is its own loss's: no gradient crosses members
         if self.grad_clip is not None:
-            clip_per_member(self.model.parameters(), self.grad_clip)
+            self.optimizer.clip_per_member(self.grad_clip)
         self.optimizer.step()
         return losses.detach()
 

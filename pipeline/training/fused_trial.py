@@ -41,17 +41,18 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 
 from models.fused import Fused, FusionError, member_state, stacked_state
 from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training.batches import IGNORE, Batch
 from pipeline.training.checkpoints import FILE, Resumable, write_meta
-from pipeline.training.fused import FusedAdam, clip_per_member, fused_optimizer
+from pipeline.training.fused import FusedAdam, fused_optimizer, member_losses
 from pipeline.training.fused import member_state as optimizer_state
 from pipeline.training.memory import DoesNotFit
 from pipeline.training.train import SequenceModel, TrialSpec, fit_module, scored, trial_verdict
-from pipeline.training.verdict import LOSS, MONITOR, Verdict
+from pipeline.training.verdict import LOSS, MONITOR, Divergence, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class Members(L.Callback):
         self.metrics: list[dict[str, float]] = [{} for _ in verdicts]
         self.clock = time.perf_counter()
         self.trainer: L.Trainer | None = None
+        self.divergence = Divergence(len(verdicts))  # each member's training loss, watched on the device
 
     @property
     def active(self) -> list[int]:
@@ -129,19 +131,23 @@ class Members(L.Callback):
                 self.stop(trainer, k, trainer.global_step)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        losses, step = module.last_losses, trainer.global_step
-        finite = torch.isfinite(losses).tolist()  # one read a step, as a separate trial's verdict makes
+        step = trainer.global_step
+        self.divergence.watch(module.last_losses, step)  # nothing read back: read at the next validation
         for k in self.active:
-            if not finite[k]:
-                self.verdicts[k].diverge(f"training loss {float(losses[k])} at step {step}")
-                self.stop(trainer, k, step)
-            else:
-                self.verdicts[k].extend(step)
+            self.verdicts[k].extend(step)
         self.apply(trainer)
+
+    def diverged(self, trainer: L.Trainer) -> None:
+        """The members whose training loss was not finite since the last read diverge there, and stop."""
+        for k, seen in enumerate(self.divergence.read()):
+            if seen is not None and k in self.active:
+                self.verdicts[k].diverge(f"training loss {seen[1]} at step {seen[0]}")
+                self.stop(trainer, k, trainer.global_step)
 
     def on_validation_end(self, trainer, module):
         if trainer.sanity_checking:
             return
+        self.diverged(trainer)  # before this validation, which is not of them
         step = trainer.global_step
         for k in self.active:
             prefix = f"m{k}/"
@@ -153,6 +159,7 @@ class Members(L.Callback):
         self.apply(trainer)
 
     def on_train_end(self, trainer, module):
+        self.diverged(trainer)
         self.account()
 
     def stop(self, trainer: L.Trainer, k: int, step: int) -> None:
@@ -202,15 +209,24 @@ class FusedSequenceModel(SequenceModel):
     def training_step(self, batch: Batch, batch_idx):
         forward = self.step_forward or self.model
         logits = forward(batch.inputs)  # (K, B, T, V)
-        active = self.members.active
         flops = 3 * self.batch_flops(batch.lengths)
-        for k in active:
+        for k in self.members.active:
             self.member_flops[k] += flops
-        losses = torch.stack([self.loss(logits[k], batch.inputs, batch.targets) for k in range(len(self.specs))])
-        losses = losses * batch.share  # (K,)
+        losses = self.member_losses(logits, batch.inputs, batch.targets) * batch.share  # (K,)
         self.last_losses = losses.detach()
-        # each member's gradient is its own loss's (no gradient crosses members); a stopped member's none
-        return losses[active].sum()
+        # each member's gradient is its own loss's (no gradient crosses members); a stopped member's is computed
+        # and discarded: the optimizer keeps its weights as they are (``FusedAdam.freeze``)
+        return losses.sum()
+
+    def member_losses(self, logits: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(K, B, T, V) -> (K,): each member's ``SequenceModel.loss``, for all of them at once."""
+        if self.spec.cell.family != "ncp":
+            return member_losses(logits, targets)
+        assert self.ncp is not None  # made for the ncp family
+        mask = targets != IGNORE  # (B, T)
+        wanted = self.ncp.targets(inputs, targets).expand_as(logits)  # (K, B, T, V)
+        bce = F.binary_cross_entropy_with_logits(logits, wanted, reduction="none").sum(-1)  # (K, B, T)
+        return (bce * mask).sum((1, 2)) / mask.sum()
 
     def validation_step(self, batch: Batch, batch_idx):
         inputs, targets = batch.inputs, batch.targets
@@ -243,7 +259,8 @@ class FusedSequenceModel(SequenceModel):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         if gradient_clip_val:  # sweep.optim.grad_clip: each member's norm over its own parameters
-            clip_per_member(self.fused.parameters(), gradient_clip_val)
+            assert isinstance(optimizer, FusedAdam)  # configure_optimizers'
+            optimizer.clip_per_member(gradient_clip_val)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["train_flops"] = list(self.member_flops)

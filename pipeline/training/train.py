@@ -162,7 +162,8 @@ class SequenceModel(L.LightningModule):
         assert self.ncp is not None  # made for the ncp family
         mask = targets != IGNORE  # (B, T)
         bce = F.binary_cross_entropy_with_logits(logits, self.ncp.targets(inputs, targets), reduction="none")
-        return bce.sum(-1)[mask].mean()  # summed over the vocabulary, averaged over predicted positions
+        # summed over the vocabulary, averaged over predicted positions (a product, not a boolean index: no sync)
+        return (bce.sum(-1) * mask).sum() / mask.sum()
 
     def correct(self, logits, inputs, targets) -> torch.Tensor:
         """(B, T) bool: the prediction at each position is right (argmax token, or the whole ncp target set)."""

@@ -9,7 +9,11 @@ A trial ends at the first of:
 - **unsolved**: training has converged below the threshold (``Convergence``: neither the validation loss nor the
   validation accuracy gained over the last ``convergence_window`` of the steps trained, after at least
   ``convergence_min_steps``), so more training would not solve it;
-- **diverged**: the training loss (checked every step) or the validation loss is not finite;
+- **diverged**: the training loss or the validation loss is not finite. The training loss is watched on the device
+  every step (``Divergence``: the first step whose loss is not finite, with that loss, kept without reading it back)
+  and read at the next validation or when training ends, so a step never waits on the host: a diverged trial stops
+  there, fewer than ``sweep.evaluation.val_every_steps`` steps after the step that diverged, which its reason names
+  as before;
 - **undecided**: the budget ran out while the model was still improving. The budget is ``sweep.optim.max_steps`` (or
   ``sweep.optim.epochs``); a trial still improving when it reaches it goes on with its budget doubled, up to
   ``sweep.verdict.max_budget_factor`` times the first, before it is called undecided. An undecided trial is no evidence
@@ -32,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 import lightning as L
+import torch
 
 from pipeline.common.config import VerdictSection
 from pipeline.training.status import Status
@@ -96,6 +101,39 @@ class Convergence:
         return gain <= self.tolerance and acc_now - acc_before <= self.min_delta, words
 
 
+class Divergence:
+    """Whether a training loss was not finite since the last ``read``, at which step first, and what it was, kept on
+    the loss's device: ``watch`` is three tensor operations a step and reads nothing back, so that a step never waits
+    for the host; ``read`` (at a validation, where the host reads anyway) says what it saw. Each of ``size`` members
+    apart (a fused trial's (K,) losses), or one (a trial's scalar loss, ``size`` None).
+
+        total <- total + loss            (losses are not negative: the total is finite until one is not, then stays
+        finite <- finite + (total < inf)  NaN or inf; ``finite`` counts the steps before it)"""
+
+    def __init__(self, size: int | None = None):
+        self.size = size
+        self.first: int | None = None  # the step of the first watch since the last read
+        self.total: torch.Tensor | None = None  # () or (K,)
+        self.finite: torch.Tensor | None = None
+
+    def watch(self, loss: torch.Tensor, step: int) -> None:
+        loss = loss.detach()
+        if self.total is None or self.finite is None:
+            self.first, self.total = step, torch.zeros_like(loss)
+            self.finite = torch.zeros(loss.shape, dtype=torch.long, device=loss.device)
+        self.total = self.total + loss
+        self.finite = self.finite + (self.total < math.inf)
+
+    def read(self) -> list[tuple[int, float] | None]:
+        """Per member (one for a trial), (the step, the loss's total since the last read: nan or inf) of its first
+        non-finite loss since the last read, else None; forgets them."""
+        if self.total is None or self.finite is None or self.first is None:
+            return [None] * (self.size or 1)
+        totals, finite = self.total.reshape(-1).tolist(), self.finite.reshape(-1).tolist()
+        first, self.total, self.finite = self.first, None, None
+        return [None if math.isfinite(t) else (first + n, t) for t, n in zip(totals, finite)]
+
+
 class Verdict(L.Callback):
     """Solves a trial at ``threshold`` (``rules.patience`` validations in a row at or above it) and stops it once it
     also holds ``target`` (default: the threshold), converges (below the threshold: unsolved; ``Convergence``) or
@@ -129,6 +167,7 @@ class Verdict(L.Callback):
         self.base = 0  # the first step budget, set at the start of training
         self.budget = 0  # the budget now (base doubled at each extension)
         self.trainer: L.Trainer | None = None
+        self.divergence = Divergence()  # the training loss, watched on the device
 
     def state_dict(self) -> dict:
         keys = (
@@ -170,16 +209,29 @@ class Verdict(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        diverged = loss is not None and not math.isfinite(float(loss))
-        # every data-parallel worker stops together, or the others wait for it forever
-        if trainer.strategy.reduce_boolean_decision(diverged, all=False):
-            self.diverge(f"training loss {float(loss)} at step {trainer.global_step}")
-            trainer.should_stop = True
-        elif self.extend(trainer.global_step):
+        if loss is not None:
+            self.divergence.watch(loss, trainer.global_step)
+        if self.extend(trainer.global_step):
             self.apply_budget(trainer)
+
+    def diverged(self, trainer) -> bool:
+        """What ``divergence`` saw since the last read, read now; every data-parallel worker stops together, or the
+        others wait for it forever."""
+        (seen,) = self.divergence.read()
+        if trainer.strategy.reduce_boolean_decision(seen is not None, all=False):
+            self.diverge(f"training loss {seen[1] if seen else 'not finite'} at step {seen[0] if seen else '?'}")
+            return True
+        return False
+
+    def on_train_end(self, trainer, module):
+        if self.status != Status.DIVERGED:  # between the last validation and the end of training
+            self.diverged(trainer)
 
     def on_validation_end(self, trainer, module):
         if trainer.sanity_checking:
+            return
+        if self.status != Status.DIVERGED and self.diverged(trainer):  # trained past it: this validation is of it
+            trainer.should_stop = True
             return
         metrics = trainer.callback_metrics
         accuracy = float(metrics.get(MONITOR, float("nan")))

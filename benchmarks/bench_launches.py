@@ -1,0 +1,209 @@
+"""Kernel launches and host syncs per optimizer step of a trial's real step, alone and K fused, counted on a CPU.
+
+    python -m benchmarks.bench_launches [--archs A ...] [--depths 1 6] [--k 7] [--precisions 32-true bf16-mixed]
+                                        [--out FILE]
+
+A narrow model's step on a GPU costs its kernel launches and its host syncs, not its FLOPs (4-11 ms an H100 step at
+the separations paper's shapes, whatever the width): a fused trial of K learning rates pays off as far as it
+launches fewer kernels than K trials alone. Both are counts, the same on any machine, so they are taken here on the
+CPU, in CI, for every architecture a fused trial can stack (``LanguageModel.unbatched`` is None), under the
+`separations` profile's recipe (Adam, no clip, no warm-up): each side a trial's own Lightning fit
+(``pipeline.costs.throughput.measure``: the module, its loss, the verdict's checks, the optimizer), its steps counted
+after two of warm-up by a ``TorchDispatchMode`` (``Launches``):
+
+- kernel-like ops: every ATen op the step dispatches, forward, backward and optimizer, but views and bare
+  allocations; a ``_foreach_*`` op counts once (it is one launch on CUDA);
+- host syncs: an op that reads a device value back (``item``, ``nonzero``, a boolean index) or a ``tolist`` /
+  ``numpy`` (on a GPU a copy to the host the step waits for).
+
+Attention is counted as PyTorch's math kernel, whose ops vmap batches, as CUDA's fused attention kernels batch (the
+CPU's own fused kernel has no batching rule: its K members would run one by one, as no GPU runs them). Shapes are
+small (width 16, L = 24, batch 8): the counts do not depend on them. The test (tests/test_benchmarks.py) holds the
+targets: K x alone / fused at least 4 for every architecture at depths 1 and 6, and no host sync in a step. The
+table: docs/benchmarks.md, "Kernel launches a step".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.optim import adam
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import models
+from benchmarks.results import provenance
+from pipeline.common.config import Precision, VerdictSection, load_config
+from pipeline.costs.throughput import measure
+from pipeline.search.cells import defined_cells
+from pipeline.training.verdict import Verdict
+
+PROFILE = "separations"
+WIDTH, LENGTH, BATCH = 16, 24, 8
+WARMUP, STEPS = 2, 2
+ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "set_",
+               "resize_", "_local_scalar_dense", "_unsafe_view", "_reshape_alias"}  # fmt: skip
+SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "item"}
+
+
+def fusable() -> list[str]:
+    """The architectures a fused trial stacks: those vmap batches (``LanguageModel.unbatched`` None)."""
+    out = []
+    for name in sorted(models.ARCHITECTURES):
+        model = models.build_model(name, vocab_size=8, width=8, depth=1, heads=2, max_len=8, dropout=0.0)
+        if model.unbatched is None:
+            out.append(name)
+    return out
+
+
+class Launches(TorchDispatchMode):
+    """Counts what a step dispatches (see the module's docstring): ``kernels`` and ``syncs``, by op name in
+    ``ops``."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels = self.syncs = 0
+        self.ops: Counter[str] = Counter()
+        self.saved = {}
+        self.host: set[int] = set()  # tensors a GPU keeps on the host (torch's Adam step counts): no sync to read
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        indices = args[1] if name in ("index", "index_put_", "index_put") and len(args) > 1 else ()
+        bool_index = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+        if (name in SYNCS and not (args and id(args[0]) in self.host)) or bool_index:
+            self.syncs += 1
+            self.ops[f"sync:{name}"] += 1
+        if not func.is_view and name not in ALLOCATIONS:
+            self.kernels += 1
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        for method in ("tolist",):  # a host read with no ATen op on a CPU tensor (numpy: CPU kernels only)
+            original = getattr(torch.Tensor, method)
+            self.saved[method] = original
+
+            def read(tensor, *a, _original=original, _name=method, **k):
+                self.syncs += 1
+                self.ops[f"sync:{_name}"] += 1
+                return _original(tensor, *a, **k)
+
+            setattr(torch.Tensor, method, read)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for method, original in self.saved.items():
+            setattr(torch.Tensor, method, original)
+        return super().__exit__(*exc)
+
+
+class CountSteps(L.Callback):
+    """A ``Launches`` over the fit's steps after ``warmup``, through ``steps`` of them (each from its batch's start,
+    the data, Lightning's loop and every callback's work included)."""
+
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.steps = warmup, steps
+        self.mode = Launches()
+        self.counting = False
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if trainer.global_step == self.warmup:
+            states = trainer.optimizers[0].state.values()
+            self.mode.host = {id(s["step"]) for s in states if isinstance(s.get("step"), torch.Tensor)}
+            self.mode.__enter__()
+            self.counting = True
+        elif trainer.global_step == self.warmup + self.steps:
+            self.stop()
+
+    def on_train_end(self, trainer, module) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.counting:
+            self.mode.__exit__(None, None, None)
+            self.counting = False
+
+
+def replace_rules(cfg) -> VerdictSection:
+    return cfg.sweep.verdict.model_copy(update={"max_budget_factor": 1})
+
+
+@contextlib.contextmanager
+def as_on_cuda():
+    """torch's Adam(W) as it defaults on CUDA, its ``_foreach`` implementation (on a CPU it defaults to a loop over
+    the parameters, a dozen ops each)."""
+    chosen = adam._default_to_fused_or_foreach
+    adam._default_to_fused_or_foreach = lambda *a, **k: (False, True)
+    try:
+        yield
+    finally:
+        adam._default_to_fused_or_foreach = chosen
+
+
+def count(arch: str, depth: int, k: int, precision: Precision) -> dict:
+    """Per optimizer step of ``arch`` at ``depth``: kernel-like ops and host syncs, one trial alone (``k`` 1) or
+    ``k`` fused."""
+    cfg = load_config(profile=PROFILE)
+    base = next(iter(defined_cells(cfg).values()))  # index lookup's, as the profile runs it: its arch replaced
+    cell = replace(base, cell=base.cell._replace(arch=arch, width=WIDTH, depth=depth), max_len=LENGTH, arch_options={})
+    counter = CountSteps(WARMUP, STEPS)
+    # a trial alone checks its verdict every step (a fused one's Members does): here too, its budget never extended
+    checks = [] if k > 1 else [Verdict(cfg.report.accuracy_threshold, replace_rules(cfg))]
+    with sdpa_kernel(SDPBackend.MATH), as_on_cuda():
+        measure(cfg, cell, length=LENGTH, batch=BATCH, steps=STEPS + 1, warmup=WARMUP, device=torch.device("cpu"),
+                precision=precision, models=k, callbacks=[counter, *checks])  # fmt: skip
+    mode = counter.mode
+    return {"kernels": mode.kernels / STEPS, "syncs": mode.syncs / STEPS,
+            "top": dict(mode.ops.most_common(8))}  # fmt: skip
+
+
+def table(archs: list[str], depths: list[int], k: int, precisions: list[Precision]) -> list[dict]:
+    rows = []
+    for precision in precisions:
+        for depth in depths:
+            for arch in archs:
+                alone, fused = count(arch, depth, 1, precision), count(arch, depth, k, precision)
+                row = {"arch": arch, "depth": depth, "precision": precision, "k": k,
+                       "alone_kernels": alone["kernels"], "fused_kernels": fused["kernels"],
+                       "ratio": k * alone["kernels"] / fused["kernels"],
+                       "alone_syncs": alone["syncs"], "fused_syncs": fused["syncs"],
+                       "fused_top_ops": fused["top"]}  # fmt: skip
+                rows.append(row)
+                print(f"{arch:15} d{depth} {precision:10} alone {row['alone_kernels']:6.0f}  {k} fused "
+                      f"{row['fused_kernels']:6.0f}  {k} x alone / fused {row['ratio']:5.2f}  syncs "
+                      f"{row['alone_syncs']:.0f} / {row['fused_syncs']:.0f}", flush=True)  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_launches", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    ap.add_argument("--archs", nargs="+", help="architectures (default: every fusable one)")
+    ap.add_argument("--depths", nargs="+", type=int, default=[1, 6], help="depths (default: 1 6)")
+    ap.add_argument("--k", type=int, default=7, help="members of a fused trial (default: 7, the paper's rates)")
+    ap.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=["32-true", "bf16-mixed"])
+    ap.add_argument("--out", help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    archs = args.archs or fusable()
+    unknown = sorted(set(archs) - set(fusable()))
+    if unknown:
+        ap.error(f"not fusable or not registered: {unknown}; fusable: {fusable()}")
+    rows = table(archs, args.depths, args.k, args.precisions)
+    if args.out:
+        Path(args.out).write_text(json.dumps(provenance("benchmarks.bench_launches", argv) | {"rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
