@@ -18,9 +18,10 @@ after two of warm-up by a ``TorchDispatchMode`` (``Launches``):
 
 Attention is counted as PyTorch's math kernel, whose ops vmap batches, as CUDA's fused attention kernels batch (the
 CPU's own fused kernel has no batching rule: its K members would run one by one, as no GPU runs them). Shapes are
-small (width 16, L = 24, batch 8): the counts do not depend on them. The test (tests/test_benchmarks.py) holds the
-targets: K x alone / fused at least 4 for every architecture at depths 1 and 6, and no host sync in a step. The
-table: docs/benchmarks.md, "Kernel launches a step".
+small (width 16, L = 24, batch 8): the counts do not depend on them. The cells are index lookup's (a classification,
+the separations paper's headline task) and eq_ncp's (next-character prediction: its own loss and targets). The test
+(tests/test_benchmarks.py) holds the targets: K x alone / fused at least 4 for every architecture at depths 1 and 6,
+and no host sync in a step. The table: docs/benchmarks.md, "Kernel launches a step".
 """
 
 from __future__ import annotations
@@ -149,11 +150,11 @@ def as_on_cuda():
         adam._default_to_fused_or_foreach = chosen
 
 
-def count(arch: str, depth: int, k: int, precision: Precision) -> dict:
-    """Per optimizer step of ``arch`` at ``depth``: kernel-like ops and host syncs, one trial alone (``k`` 1) or
-    ``k`` fused."""
+def count(arch: str, depth: int, k: int, precision: Precision, task: str = "index_lookup") -> dict:
+    """Per optimizer step of ``arch`` at ``depth`` on ``task``: kernel-like ops and host syncs, one trial alone
+    (``k`` 1) or ``k`` fused."""
     cfg = load_config(profile=PROFILE)
-    base = next(iter(defined_cells(cfg).values()))  # index lookup's, as the profile runs it: its arch replaced
+    base = next(c for c in defined_cells(cfg).values() if c.task == task)  # as the profile runs it, arch replaced
     cell = replace(base, cell=base.cell._replace(arch=arch, width=WIDTH, depth=depth), max_len=LENGTH, arch_options={})
     counter = CountSteps(WARMUP, STEPS)
     # a trial alone checks its verdict every step (a fused one's Members does): here too, its budget never extended
@@ -166,19 +167,21 @@ def count(arch: str, depth: int, k: int, precision: Precision) -> dict:
             "top": dict(mode.ops.most_common(8))}  # fmt: skip
 
 
-def table(archs: list[str], depths: list[int], k: int, precisions: list[Precision]) -> list[dict]:
+def table(
+    archs: list[str], depths: list[int], k: int, precisions: list[Precision], task: str = "index_lookup"
+) -> list[dict]:
     rows = []
     for precision in precisions:
         for depth in depths:
             for arch in archs:
-                alone, fused = count(arch, depth, 1, precision), count(arch, depth, k, precision)
-                row = {"arch": arch, "depth": depth, "precision": precision, "k": k,
+                alone, fused = count(arch, depth, 1, precision, task), count(arch, depth, k, precision, task)
+                row = {"task": task, "arch": arch, "depth": depth, "precision": precision, "k": k,
                        "alone_kernels": alone["kernels"], "fused_kernels": fused["kernels"],
                        "ratio": k * alone["kernels"] / fused["kernels"],
                        "alone_syncs": alone["syncs"], "fused_syncs": fused["syncs"],
                        "fused_top_ops": fused["top"]}  # fmt: skip
                 rows.append(row)
-                print(f"{arch:15} d{depth} {precision:10} alone {row['alone_kernels']:6.0f}  {k} fused "
+                print(f"{task:12} {arch:15} d{depth} {precision:10} alone {row['alone_kernels']:6.0f}  {k} fused "
                       f"{row['fused_kernels']:6.0f}  {k} x alone / fused {row['ratio']:5.2f}  syncs "
                       f"{row['alone_syncs']:.0f} / {row['fused_syncs']:.0f}", flush=True)  # fmt: skip
     return rows
@@ -193,13 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", nargs="+", type=int, default=[1, 6], help="depths (default: 1 6)")
     ap.add_argument("--k", type=int, default=7, help="members of a fused trial (default: 7, the paper's rates)")
     ap.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=["32-true", "bf16-mixed"])
+    ap.add_argument("--tasks", nargs="+", default=["index_lookup", "eq_ncp"],
+                    help="the cells' tasks (default: index_lookup eq_ncp: a classification and the ncp loss)")
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args(argv)
     archs = args.archs or fusable()
     unknown = sorted(set(archs) - set(fusable()))
     if unknown:
         ap.error(f"not fusable or not registered: {unknown}; fusable: {fusable()}")
-    rows = table(archs, args.depths, args.k, args.precisions)
+    rows = [row for task in args.tasks for row in table(archs, args.depths, args.k, args.precisions, task)]
     if args.out:
         Path(args.out).write_text(json.dumps(provenance("benchmarks.bench_launches", argv) | {"rows": rows}, indent=1))
     return 0

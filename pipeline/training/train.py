@@ -78,12 +78,16 @@ class NextCharacterTargets:
     def __init__(self, vocab: tuple[str, ...]):
         self.sep = vocab.index("[sep]")
         self.free = torch.tensor([not (t.startswith("<") and t.endswith(">")) for t in vocab])  # (V,)
+        self.ids = torch.arange(len(vocab))  # (V,)
 
     def targets(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """(B, T) inputs and next tokens -> (B, T, V) multi-hot float targets."""
+        if self.free.device != inputs.device:  # moved once, not copied over at every step
+            self.free, self.ids = self.free.to(inputs.device), self.ids.to(inputs.device)
         before = (inputs == self.sep).cumsum(1) == 0  # (B, T): the separator is not among inputs[:t+1]
-        one_hot = F.one_hot(targets.clamp(min=0), len(self.free)).bool()  # (B, T, V)
-        return torch.where(before[..., None], self.free.to(inputs.device), one_hot).float()
+        # one-hot by comparison: F.one_hot reads its input's range back to the host to check it
+        one_hot = targets.clamp(min=0)[..., None] == self.ids  # (B, T, V)
+        return torch.where(before[..., None], self.free, one_hot).float()
 
 
 class SequenceModel(L.LightningModule):
