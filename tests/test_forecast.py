@@ -348,6 +348,11 @@ def test_fused_models_are_charged_as_one_job_a_cell_and_an_architecture_without_
     assert row.alone == ["lstm"] and row.row.device_hours == pytest.approx(hours)
     assert row.sources == {"affine": fc.trials} and row.row.pflops == pytest.approx(fc.grid.pflops)
     assert str(seven) == "7 fused a step, graphed" and str(Mode(2, 3)) == "2 fused a step x 3 processes a GPU, eager"
+    # the profile's own way, read from its settings: sweep.resources.fuse and step
+    fusing = load(tmp_path, "separations", SMALL_GPU.replace(
+        "{strategy: grid}}", "{strategy: grid}, resources: {fuse: learning_rates, step: graphed}}"))
+    configured = forecast(fusing, costed(fusing), fused, Cluster(1, 8, "H100", None)).configured
+    assert configured.mode == seven and configured.row.device_hours == pytest.approx(hours)
 
 
 def test_old_throughput_files_still_load_as_one_trial_alone_and_bad_measurements_are_named(tmp_path):

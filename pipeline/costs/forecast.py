@@ -137,9 +137,13 @@ class Forecast:
 
 def configured_mode(s: SweepConfig) -> Mode:
     """How the profile trains: 1 / sweep.resources.gpus_per_trial processes a GPU (below 1), each step
-    sweep.resources.step."""
+    sweep.resources.step, and with sweep.resources.fuse a cell's learning rates fused in one step (as many as an
+    architecture's most: a cell with fewer trains a smaller fused trial, charged at this rate)."""
     share = s.resources.gpus_per_trial
-    return Mode(processes=round(1 / share) if 0 < share < 1 else 1, step=s.resources.step)
+    fused = 1
+    if s.resources.fuse == "learning_rates":
+        fused = max(len(s.optim.learning_rates(arch)) for arch in s.grid.architectures)
+    return Mode(models=fused, processes=round(1 / share) if 0 < share < 1 else 1, step=s.resources.step)
 
 
 def priced(
