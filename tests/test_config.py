@@ -526,3 +526,9 @@ def test_a_profile_that_decides_a_claim_refuses_a_budget_the_forecast_says_will_
         check_decides(config.load_config(p))
     plan = check_decides(config.load_config(profile="cpu-claims"))  # the profile as shipped fits its 2.5 h
     assert plan.extended.wall_hours <= 2.5
+
+
+def test_the_tiny_profile_runs_every_registered_architecture():
+    """What the integration tests run (`tiny`): every architecture, so that a new one is in them from its first
+    commit."""
+    assert set(config.load_config(profile="tiny").sweep.grid.architectures) == set(models.ARCHITECTURES)

@@ -126,7 +126,8 @@ def test_the_cuda_lock_pins_what_the_main_lock_pins_plus_the_cuda_builds_own():
 
 def test_ci_runs_the_readmes_test_command():
     readme = (ROOT / "README.md").read_text()
-    command = "ops/install --test && .venv/bin/python -m pytest -n 2"
+    command = ("ops/install --test && .venv/bin/python -m pytest -n 2 -m \"not slow\" && "
+               ".venv/bin/python -m pytest -n 2 -m slow")
     assert f"```bash\n{command}\n```" in readme
     assert command in (ROOT / ".ci" / "run").read_text().splitlines()
 

@@ -13,10 +13,6 @@ from tasks.registry import declaration_errors, register
 from tests.helpers import SMALL_SIZES
 
 
-def test_every_registered_task_has_small_sizes_here():
-    assert set(SMALL_SIZES) == set(tasks.TASKS)
-
-
 @pytest.mark.parametrize("name", sorted(tasks.TASKS))
 def test_every_task_declares_its_paper_the_papers_lengths_and_its_test_sizes(name):
     task = tasks.TASKS[name]
