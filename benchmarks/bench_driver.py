@@ -34,12 +34,12 @@ from mlflow.tracking import MlflowClient
 from benchmarks.repeats import spread
 from benchmarks.results import Results, figure, out_option, out_path
 from pipeline.common.cell import Cell, CellSpec
+from pipeline.common.status import Status
 from pipeline.scheduling.console import SweepProgress
 from pipeline.search.frontier import GridPlan
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.runs import ChildRuns, start_parent
 from pipeline.tracking.writer import GATHER
-from pipeline.training.status import Status
 from tests.helpers.services import mlflow_server
 
 

@@ -50,13 +50,13 @@ from benchmarks import synthetic_grids  # noqa: E402
 from benchmarks.results import Results, figure, out_option, out_path  # noqa: E402
 from pipeline.common.cell import Cell  # noqa: E402
 from pipeline.common.config import ROOT, Config, load_config, merge  # noqa: E402
+from pipeline.common.status import Status  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from pipeline.reporting.tables import min_gflops  # noqa: E402
 from pipeline.scheduling.driver import sweep  # noqa: E402
 from pipeline.search.frontier import FrontierPlan, GridPlan, Plan  # noqa: E402
 from pipeline.search.halving import Halving  # noqa: E402
 from pipeline.search.replay import load_trials, replay, verified  # noqa: E402
-from pipeline.training.status import Status  # noqa: E402
 
 # lis n = 3..6, standard and linear attention, 5 widths, 3 learning rates: 120 (cell, rate) trials
 GRID: dict[str, Any] = {

@@ -34,12 +34,12 @@ import torch
 from benchmarks.results import provenance
 from pipeline.common.cell import Cell
 from pipeline.common.config import Config, ConfigError, load_config
+from pipeline.common.status import Status, best_run
 from pipeline.data.datasets import DatasetError
 from pipeline.generate import generate_task
 from pipeline.reporting.claims import evaluate
 from pipeline.search.cells import build_cells, check_architectures
 from pipeline.training.settings import TrainSettings
-from pipeline.training.status import Status, best_run
 from pipeline.training.train import TrialSpec, run_trial
 from tasks.registry import training_targets
 

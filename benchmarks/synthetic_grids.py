@@ -30,8 +30,8 @@ import models
 import tasks
 from pipeline.common.cell import Cell
 from pipeline.common.config import ROOT, load_config
+from pipeline.common.status import Status
 from pipeline.search.replay import Recorded, Recording
-from pipeline.training.status import Status
 
 THRESHOLD = 0.9
 RECURRENT = ("lstm", "dss", "mamba", "retnet", "linear_nofm")

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from pipeline.common.cell import Cell
+from pipeline.common.status import Status
 from pipeline.search.frontier import FrontierPlan, GridPlan, MinWidth, min_widths
-from pipeline.training.status import Status
 from tests.helpers import make_cell
 
 WIDTHS = [16, 32, 64, 128, 256]

@@ -6,10 +6,10 @@ import pytest
 from ray.tune.search import Searcher
 
 from pipeline.common.cell import Cell
+from pipeline.common.status import Status
 from pipeline.search.frontier import GridPlan
 from pipeline.search.halving import Halving
 from pipeline.search.searcher import CellSearcher
-from pipeline.training.status import Status
 from tests.helpers import make_cell, write_params
 
 LRS = (1e-2, 3e-3, 1e-3, 3e-4)

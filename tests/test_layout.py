@@ -89,7 +89,7 @@ def test_the_static_closure_covers_what_a_real_import_loads():
 @pytest.mark.parametrize("stage", ["pipeline.generate", "pipeline.report", "pipeline.sweep"])
 def test_the_stages_command_lines_load_no_training_or_tracking_library_before_the_settings_hold(stage):
     """generate and report read and write tables: torch and Lightning would cost each of the 9 generate stages and
-    the report seconds of imports (a verdict's status lives in ``pipeline/training/status.py`` for this); every stage
+    the report seconds of imports (a verdict's status lives in ``pipeline/common/status.py`` for this); every stage
     checks its settings before it imports MLflow, Ray or the models, so a bad one is named in a second."""
     heavy = ("torch", "lightning", "mlflow", "ray")
     script = f"import sys, {stage}\nprint(sorted(m for m in {heavy} if m in sys.modules))"

@@ -7,9 +7,9 @@ from dataclasses import fields
 import pytest
 
 from pipeline.common.config import SweepConfig
+from pipeline.common.status import Status, best_run
 from pipeline.reporting.claims import ClaimStatus
 from pipeline.training.settings import TrainSettings
-from pipeline.training.status import Status, best_run
 from pipeline.training.train import TrialSpec
 from tests.helpers import make_cell
 

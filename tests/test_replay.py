@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from pipeline.common.cell import Cell
+from pipeline.common.status import Status
 from pipeline.search.frontier import FrontierPlan, GridPlan, MinWidth
 from pipeline.search.halving import Halving
 from pipeline.search.replay import ReplayError, load_trials, replay, verified
-from pipeline.training.status import Status
 from tests.helpers.tables import RECORDED_LRS, RECORDED_NEEDED, RECORDED_SIZES, RECORDED_WIDTHS, recorded_grid
 
 SIZES, WIDTHS, LRS, NEEDED = RECORDED_SIZES, RECORDED_WIDTHS, RECORDED_LRS, RECORDED_NEEDED

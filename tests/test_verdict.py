@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipeline.common import status
 from pipeline.common.config import VerdictSection
-from pipeline.training import status, verdict
+from pipeline.training import verdict
 from pipeline.training.train import TrialSpec, run_trial
 from tests.helpers import dataset_fields, make_cell
 

@@ -27,9 +27,9 @@ from html import escape
 import pandas as pd
 
 from pipeline.common.config import NightlyConfig
+from pipeline.common.status import Status
 from pipeline.reporting.claims import ClaimStatus
 from pipeline.reporting.tables import BOUND, borderline_cells, min_gflops
-from pipeline.training.status import Status
 
 # the result's lists of changes, by the kind of change they hold, and their section titles
 KINDS = {

@@ -22,8 +22,8 @@ from enum import StrEnum
 
 import pandas as pd
 
+from pipeline.common.status import Status
 from pipeline.reporting.tables import cell_means, min_gflops
-from pipeline.training.status import Status
 
 INF = math.inf
 CellKey = tuple[str, int, str, int, int]  # (task, size, arch, width, depth)

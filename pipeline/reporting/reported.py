@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 import models
-from pipeline.training.status import Status
+from pipeline.common.status import Status
 from tasks import TASKS
 from tasks.papers import PAPER_THRESHOLD
 

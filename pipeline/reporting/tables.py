@@ -23,9 +23,9 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.common.cell import Cell
+from pipeline.common.status import Status, borderline_rows
 from pipeline.reporting.papers import TABLE2_GFLOPS, TABLE2_LAYERS, TABLE2_LENGTHS, table2_widths
 from pipeline.search.frontier import Outcome, min_widths, searched
-from pipeline.training.status import Status, borderline_rows
 from tasks import TASKS
 
 # The lengths L a paper states, per task and size: each task's own ``paper_lengths`` (today arithmetic's only)

@@ -20,10 +20,10 @@ from typing import TextIO
 from ray import tune
 from ray.tune import CLIReporter
 
+from pipeline.common.status import Status
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.writer import RunWriter
 from pipeline.training.members import members
-from pipeline.training.status import Status
 
 
 @dataclass(frozen=True)

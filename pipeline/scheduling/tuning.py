@@ -16,6 +16,7 @@ from ray.tune.search import Searcher
 
 from pipeline.common.config import Config
 from pipeline.common.signals import STOP
+from pipeline.common.status import Status
 from pipeline.data.storage import location_of
 from pipeline.scheduling import cluster
 from pipeline.scheduling.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
@@ -25,7 +26,6 @@ from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.runs import ChildRuns
 from pipeline.training.checkpoints import checkpoint_dirs, drop_checkpoints, drop_member, drop_trial
 from pipeline.training.members import member_results, members
-from pipeline.training.status import Status
 
 RESUME = (
     "a sweep resumes with `dvc repro` (or python -m pipeline.sweep), not Tuner.restore: its state is the runs "

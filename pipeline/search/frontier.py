@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipeline.common.cell import Cell
-from pipeline.training.status import Status
+from pipeline.common.status import Status
 
 
 @dataclass

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.common.config import SearchSection
-from pipeline.training.status import Status
+from pipeline.common.status import Status
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.common.cell import Cell, CellSpec
+from pipeline.common.status import Status
 from pipeline.search.frontier import MinWidth, Plan, min_widths
 from pipeline.search.halving import Halving
 from pipeline.search.searcher import CellSearcher
-from pipeline.training.status import Status
 
 
 @dataclass

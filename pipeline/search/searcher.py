@@ -35,10 +35,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from pipeline.common.cell import Cell, CellSpec
+from pipeline.common.status import Status, best_run
 from pipeline.search.frontier import Plan
 from pipeline.search.halving import Halving
 from pipeline.training.members import member_results
-from pipeline.training.status import Status, best_run
 
 FINISHED = "FINISHED"  # what ``suggest`` returns once nothing is left: Tune's ``Searcher.FINISHED``
 # (expected cost, cell, learning rates trained together (one unless fused), rung, each one's checkpoint to go on from)

@@ -26,11 +26,11 @@ from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 from pipeline.common.cell import CellSpec
 from pipeline.common.config import Config
+from pipeline.common.status import Status, borderline_rows
 from pipeline.search.frontier import Outcome, Plan
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.runs import ChildRuns
 from pipeline.tracking.services import ui_link
-from pipeline.training.status import Status, borderline_rows
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 
 TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only

@@ -38,10 +38,10 @@ from pipeline.common.cell import CellSpec
 from pipeline.common.config import PROJECT
 from pipeline.common.provenance import git_commit
 from pipeline.common.signals import STOP
+from pipeline.common.status import Status
 from pipeline.tracking.services import EXPERIMENT_KIND, MODEL_TRAINING, ServiceError
 from pipeline.tracking.writer import RunWriter
 from pipeline.training.members import member_results, members
-from pipeline.training.status import Status
 from pipeline.training.system import SYSTEM
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 

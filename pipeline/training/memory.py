@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.training.status import Status
+from pipeline.common.status import Status
 
 BYTES_PER_PARAMETER = 16  # float32 weight, gradient and AdamW's exp_avg and exp_avg_sq
 # the backward pass holds, besides what the forward saved, the gradients of the layer it is in and the allocator's

@@ -37,6 +37,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 import models
 from pipeline.common.cell import CellSpec
 from pipeline.common.locks import scratch_dir
+from pipeline.common.status import Status
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training import distributed
 from pipeline.training.batches import IGNORE, Batch, LengthBuckets, loader
@@ -44,7 +45,6 @@ from pipeline.training.checkpoints import Resumable
 from pipeline.training.evaluation import greedy_accuracy
 from pipeline.training.memory import budget_bytes, fit_memory, memory_cap
 from pipeline.training.settings import TrainSettings
-from pipeline.training.status import Status
 from pipeline.training.steps import StepForward, pad_to
 from pipeline.training.verdict import Verdict
 

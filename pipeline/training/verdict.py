@@ -39,7 +39,7 @@ import lightning as L
 import torch
 
 from pipeline.common.config import VerdictSection
-from pipeline.training.status import Status
+from pipeline.common.status import Status
 
 MONITOR = "val_accuracy"  # final-answer accuracy on the validation split, logged by SequenceModel
 LOSS = "val_loss"  # teacher-forced loss on the validation split, logged by SequenceModel
