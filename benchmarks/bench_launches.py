@@ -1,7 +1,7 @@
 """Kernel launches and host syncs per optimizer step of a trial's real step, alone and K fused, counted on a CPU.
 
     python -m benchmarks.bench_launches [--archs A ...] [--depths 1 6] [--k 7] [--precisions 32-true bf16-mixed]
-                                        [--out FILE]
+                                        [--tasks index_lookup eq_ncp] [--out FILE]
 
 A narrow model's step on a GPU costs its kernel launches and its host syncs, not its FLOPs (4-11 ms an H100 step at
 the separations paper's shapes, whatever the width): a fused trial of K learning rates pays off as far as it
@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -41,7 +39,7 @@ from torch.optim import adam
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import models
-from benchmarks.results import provenance
+from benchmarks.results import Results, figure, out_option, out_path
 from pipeline.common.config import Precision, VerdictSection, load_config
 from pipeline.costs.throughput import measure
 from pipeline.search.cells import defined_cells
@@ -198,15 +196,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=["32-true", "bf16-mixed"])
     ap.add_argument("--tasks", nargs="+", default=["index_lookup", "eq_ncp"],
                     help="the cells' tasks (default: index_lookup eq_ncp: a classification and the ncp loss)")
-    ap.add_argument("--out", help="write the rows as JSON here")
+    out_option(ap, "bench_launches", quick_note=False)
     args = ap.parse_args(argv)
     archs = args.archs or fusable()
     unknown = sorted(set(archs) - set(fusable()))
     if unknown:
         ap.error(f"not fusable or not registered: {unknown}; fusable: {fusable()}")
-    rows = [row for task in args.tasks for row in table(archs, args.depths, args.k, args.precisions, task)]
-    if args.out:
-        Path(args.out).write_text(json.dumps(provenance("benchmarks.bench_launches", argv) | {"rows": rows}, indent=1))
+    results = Results("bench_launches", argv)
+    for task in args.tasks:
+        settings = {"profile": PROFILE, "task": task, "k": args.k, "width": WIDTH, "length": LENGTH, "batch": BATCH,
+                    "counted_steps": STEPS, "after": WARMUP}  # fmt: skip
+        figures = results.section(task, settings)
+        for row in table(archs, args.depths, args.k, args.precisions, task):
+            figures[f"{row['arch']} d{row['depth']} {row['precision']}"] = {
+                name: figure(row[key], unit)
+                for name, key, unit in (
+                    ("alone kernels", "alone_kernels", "ops a step"),
+                    (f"{args.k} fused kernels", "fused_kernels", "ops a step"),
+                    (f"{args.k} x alone / fused", "ratio", "x"),
+                    ("alone syncs", "alone_syncs", "a step"),
+                    ("fused syncs", "fused_syncs", "a step"),
+                )
+            }
+    results.write(out_path(args, "bench_launches"))
     return 0
 
 
