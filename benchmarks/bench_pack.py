@@ -331,7 +331,7 @@ def part_fused(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: in
                 for name, rates in got.items():
                     per_s = [r * variants[name][2] for r in rates]
                     rows.write(**where, variant=name, status="measured", steps=variants[name][1],
-                               trial_steps_per_s=figure(per_s, "trial-steps/s"),
+                               graph_breaks=variants[name][3], trial_steps_per_s=figure(per_s, "trial-steps/s"),
                                x_alone=figure(ratios(per_s, alone), "x"))  # fmt: skip
 
 
@@ -340,9 +340,9 @@ def variant_name(k: int, graphed: bool) -> str:
 
 
 def built(wanted: list[tuple[int, bool]], arch: str, shape: Shape, plan: Plan, device: torch.device, rows: Rows,
-          where: dict) -> dict[str, tuple[Callable[[], None], int, int]]:  # fmt: skip
-    """The variants of ``wanted`` that run here, each (its step, its steps a round, its trials a step), warmed up;
-    a row for each that does not, saying why."""
+          where: dict) -> dict[str, tuple[Callable[[], None], int, int, int]]:  # fmt: skip
+    """The variants of ``wanted`` that run here, each (its step, its steps a round, its trials a step, its graph
+    breaks: a graphed step compiled in pieces says so), warmed up; a row for each that does not, saying why."""
     variants = {}
     for k, graphed in wanted:
         name = variant_name(k, graphed)
@@ -356,7 +356,7 @@ def built(wanted: list[tuple[int, bool]], arch: str, shape: Shape, plan: Plan, d
             if made.forward is not None and made.forward.why:  # it could not compile: it ran eager
                 rows.write(**where, variant=name, status=f"failed: {made.forward.why}")
                 continue
-            variants[name] = (made.run, steps, k)
+            variants[name] = (made.run, steps, k, made.forward.graph_breaks if made.forward else 0)
         except TimeUp:
             raise
         except NotImplementedError as why:
@@ -604,7 +604,8 @@ def part_profile(plan: Plan, device: torch.device, clock: Clock, rows: Rows) -> 
         kernels = [e for e in events if e.device_type == DeviceType.CUDA]
         busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
         cpu_ops = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
-        rows.write(**where, status="measured", steps=steps, step_ms=1e3 * wall / steps,
+        breaks = made.forward.graph_breaks if made.forward else 0
+        rows.write(**where, status="measured", steps=steps, graph_breaks=breaks, step_ms=1e3 * wall / steps,
                    kernels_a_step=len(kernels) / steps, gpu_busy=min(1.0, busy / wall) if kernels else None,
                    top_level_cpu_ops_a_step=len(cpu_ops) / steps)  # fmt: skip
 

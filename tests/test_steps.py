@@ -131,3 +131,21 @@ def test_the_flop_count_and_the_training_loss_are_recorded_as_before(spec):
     run_trial(with_settings(spec, max_steps=10, val_every_steps=5), callbacks=[curve, last])
     assert [step for step, _, _ in curve.points] == [5, 10]
     assert [loss for _, loss, _ in curve.points] == [pytest.approx(last.losses[5]), pytest.approx(last.losses[10])]
+
+
+def test_a_step_compiled_in_pieces_counts_its_graph_breaks_and_says_so(caplog):
+    """Mamba's numba scan on the CPU is opaque to torch.compile: its forward compiles in pieces, counted and logged
+    with the first reason; a transformer's compiles whole."""
+    import models
+    from pipeline.training.steps import StepForward
+
+    tokens = torch.randint(0, 11, (4, 16))
+    counted = {}
+    for arch in ("transformer", "mamba"):
+        model = models.build_model(arch, vocab_size=11, width=16, depth=1, heads=2, max_len=17, dropout=0.0)
+        step = StepForward(model, "compiled", torch.device("cpu"))
+        step(tokens).sum().backward()
+        counted[arch] = (step.mode, step.graph_breaks)
+    assert counted["transformer"] == ("compiled", 0)
+    assert counted["mamba"][0] == "compiled" and counted["mamba"][1] > 0
+    assert f"compiled in pieces, {counted['mamba'][1]} graph breaks (the first: Skip calling" in caplog.text
