@@ -175,6 +175,23 @@ def test_install_takes_python_311_and_uvs_managed_cpython_where_python3_is_anoth
     assert none.returncode == 2 and "no Python 3.11 and no python3 or uv to get uv with" in none.stderr
 
 
+# a Python 3.11 as stock Debian and Ubuntu ship it without their python3.11-venv package: no ensurepip
+PYTHON_NO_ENSUREPIP = '#!/bin/sh\ncase "$*" in *ensurepip*) exit 1 ;; *) echo 3.11 ;; esac\n'
+
+
+def test_a_python_without_ensurepip_gets_its_venv_from_uv_or_names_uvs_per_user_installer(tmp_path):
+    """No root anywhere: where python3.11 lacks ensurepip (python3.11-venv is a root install), uv makes the venv; with
+    no uv either, the error says how this user gets one."""
+    tools = tool_path(tmp_path, **{"python3.11": PYTHON_NO_ENSUREPIP})
+    none = install("--torch", "local", path=str(tools))
+    assert none.returncode == 2
+    assert "has no ensurepip (the python3.11-venv package, which needs root) and no uv is on the PATH" in none.stderr
+    assert "curl -LsSf https://astral.sh/uv/install.sh | sh (uv's per-user installer" in none.stderr
+    (tools / "uv").symlink_to(Path(sys.executable).parent / "uv")
+    by_uv = install("--torch", "local", path=str(tools))
+    assert by_uv.returncode == 0 and "has no ensurepip: the venv by uv" in by_uv.stdout
+
+
 def test_uvs_managed_cpython_that_cannot_be_downloaded_is_named(tmp_path):
     """The managed path run for real, as on a machine whose python3 is 3.12 and that has uv: uv is asked for its own
     CPython 3.11 (none on the PATH counts), from a mirror that does not answer."""
@@ -185,7 +202,8 @@ def test_uvs_managed_cpython_that_cannot_be_downloaded_is_named(tmp_path):
                    UV_PYTHON_INSTALL_DIR=str(tmp_path / "py"), UV_CACHE_DIR=str(tmp_path / "uv"),
                    UV_PYTHON_INSTALL_MIRROR=(tmp_path / "no-mirror").as_uri())
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "uv could not get its managed CPython 3.11 (it downloads it: is the network reachable?)" in done.stderr
+    assert "uv could not get its managed CPython 3.11 (it downloads it: is the network reachable?" in done.stderr
+    assert "UV_PYTHON_INSTALL_MIRROR names a mirror of its builds" in done.stderr
     assert not (repo / ".venv" / "bin" / "python").exists()
 
 
