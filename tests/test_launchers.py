@@ -707,3 +707,22 @@ def test_the_sbatch_defaults_are_a_gpu_job_of_one_ray_node_per_slurm_node():
     assert directives["ntasks-per-node"] == "1"  # one `ray start` a node, given the node's CPUs and GPUs
     nodes, cpus, gpus = (int(directives[k]) for k in ("nodes", "cpus-per-task", "gpus-per-node"))
     assert check_slurm(load_config(profile="paper"), nodes, cpus, gpus) == nodes * min(cpus // 4, gpus)
+
+
+def test_dvc_state_shares_the_cluster_cache_between_users_and_nodes(tmp_path, monkeypatch):
+    """``python -m pipeline.launch dvc-state`` with a shared cache: DVC's own config of the checkout points at it,
+    group-writable, linked instead of copied, its site cache on this node's disk; and, where the cache lies on a
+    network filesystem (NFS stood in for: /proc/mounts is the machine's), a lock that needs no flock."""
+    from pipeline.launch import job
+
+    repo = copy_repo(tmp_path / "repo")
+    cache = tmp_path / "shared-cache"
+    said = job.dvc_state({job.DVC_CACHE: str(cache)}, repo)
+    assert said.startswith(f"DVC: cache {cache}; shared (cache.shared group, cache.type reflink,hardlink,symlink,copy")
+    config = (repo / ".dvc" / "config.local").read_text()
+    assert f"dir = {cache}" in config and "shared = group" in config and "reflink,hardlink,symlink,copy" in config
+    assert f"site_cache_dir = {tempfile.gettempdir()}/dvc-site-{os.getuid()}" in config
+    assert "hardlink_lock" not in config  # this disk is local
+    monkeypatch.setattr(job, "mount_type", lambda path: "nfs4" if path == cache else "ext4")
+    assert "core.hardlink_lock true" in job.dvc_state({job.DVC_CACHE: str(cache)}, repo)
+    assert "hardlink_lock = true" in (repo / ".dvc" / "config.local").read_text()

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -120,19 +121,62 @@ def dvc(args: list[str], root: Path) -> subprocess.CompletedProcess:
     return experiments.run(experiments.dvc(*args), root)
 
 
+# filesystems that many nodes mount, where flock is unreliable (NFSv3, Lustre without -o flock, ...)
+NETWORK_FS = {"nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "gpfs", "beegfs", "ceph", "glusterfs",
+              "fuse.glusterfs", "fuse.sshfs", "panfs", "wekafs", "9p"}  # fmt: skip
+
+
+def mount_type(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (the longest mount point above it in /proc/mounts; "" if none)."""
+    path = path.resolve()
+    best, kind = "", ""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (path == Path(point) or Path(point) in path.parents) and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def shared_cache(cache: str, root: Path) -> list[list[str]]:
+    """``dvc config --local`` commands for a cache many users and nodes share: files group-writable
+    (``cache.shared group``), linked into the workspace instead of copied out of it (``cache.type``), DVC's own
+    site cache on this node's disk, and, where the cache or the checkout is on a network filesystem, a lock that
+    works without flock (``core.hardlink_lock``)."""
+    site = Path(tempfile.gettempdir()) / f"dvc-site-{os.getuid()}"
+    commands = [
+        ["cache.shared", "group"],
+        ["cache.type", "reflink,hardlink,symlink,copy"],
+        ["core.site_cache_dir", str(site)],
+    ]
+    if {mount_type(Path(cache)), mount_type(root)} & NETWORK_FS:
+        commands.append(["core.hardlink_lock", "true"])
+    return [["config", "--local", *c] for c in commands]
+
+
 def dvc_state(env: dict[str, str], root: Path = ROOT) -> str:
     """Points this checkout's DVC at the cluster's shared state (``.dvc/config.local``): ``$CAPACITY_ATLAS_DVC_CACHE``
-    a cache directory every job shares, ``$CAPACITY_ATLAS_DVC_REMOTE`` the default remote; checks the remotes the
-    results will be pushed to (``$CAPACITY_ATLAS_GIT_REMOTE`` and DVC's default remote) before anything runs; then
-    restores what ``dvc.lock`` records from them (``dvc pull``, else ``dvc checkout``), so that `dvc repro` reruns
-    only what changed instead of generating the datasets again. Returns what it did, in a line."""
+    a cache directory every job shares (``shared_cache``: group-writable, linked, a node-local site cache, a hardlink
+    lock on a network filesystem), ``$CAPACITY_ATLAS_DVC_REMOTE`` the default remote; checks the remotes the results
+    will be pushed to (``$CAPACITY_ATLAS_GIT_REMOTE`` and DVC's default remote) before anything runs; then restores
+    what ``dvc.lock`` records from them (``dvc pull``, else ``dvc checkout``), so that `dvc repro` reruns only what
+    changed instead of generating the datasets again. Returns what it did, in a line."""
     done = []
     for key, args in ((DVC_CACHE, ["cache", "dir", "--local"]), (DVC_REMOTE, ["remote", "add", "--local", "-f", "-d"])):
         if value := env.get(key):
-            cmd = [*args, value] if key == DVC_CACHE else [*args, "cluster", value]
-            if (run := dvc(cmd, root)).returncode != 0:
-                raise LaunchError(f"${key} {value!r}: `dvc {' '.join(cmd)}` failed:\n{experiments.last_lines(run)}")
+            cmds = [[*args, value], *shared_cache(value, root)] if key == DVC_CACHE else [[*args, "cluster", value]]
+            for cmd in cmds:
+                if (run := dvc(cmd, root)).returncode != 0:
+                    raise LaunchError(f"${key} {value!r}: `dvc {' '.join(cmd)}` failed:\n{experiments.last_lines(run)}")
             done.append(f"{'cache' if key == DVC_CACHE else 'remote'} {value}")
+            if key == DVC_CACHE:
+                done.append(f"shared ({', '.join(' '.join(c[2:]) for c in cmds[1:])})")
     if env.get(GIT_REMOTE):
         try:
             done.append(f"results pushed to {experiments.check(root, env[GIT_REMOTE])}")
