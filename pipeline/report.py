@@ -145,16 +145,16 @@ def log_report(client: MlflowClient, parent: str, out_dir: Path, checks: list[di
 MLFLOW_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store, unless told otherwise
 
 
-def parent_link(client: MlflowClient, uri: str, parent: str) -> str | None:
-    """The MLflow UI's page of the sweep's parent run (a local store's: as `mlflow ui` serves it); None for a run
-    this store lacks."""
+def parent_link(client: MlflowClient, ui: str, parent: str) -> str | None:
+    """The MLflow UI's page of the sweep's parent run at ``ui`` (``cluster.mlflow_ui_url``, else the tracking URI;
+    a local store's: as `mlflow ui` serves it); None for a run this store lacks."""
     from mlflow.exceptions import MlflowException
 
     try:
         experiment = client.get_run(parent).info.experiment_id
     except MlflowException:
         return None
-    link = ui_link(uri, experiment, parent)
+    link = ui_link(ui, experiment, parent)
     return link if link.startswith("http") else MLFLOW_UI + link
 
 
@@ -177,7 +177,7 @@ def report(
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(uri)
-        link = parent_link(client, uri, str(table.parent_run_id.iloc[0]))
+        link = parent_link(client, cfg.cluster.mlflow_ui(), str(table.parent_run_id.iloc[0]))
     tmp, plots_tmp = fresh(out_dir), fresh(plots_dir)
     metrics_tmp = metrics_path.with_name(metrics_path.name + ".tmp")
     try:

@@ -532,3 +532,14 @@ def test_the_tiny_profile_runs_every_registered_architecture():
     """What the integration tests run (`tiny`): every architecture, so that a new one is in them from its first
     commit."""
     assert set(config.load_config(profile="tiny").sweep.grid.architectures) == set(models.ARCHITECTURES)
+
+
+def test_the_mlflow_ui_a_browser_opens_comes_from_params_then_environment_then_the_tracking_uri(monkeypatch):
+    """On KubeRay the tracking URI is in-cluster DNS: the links the sweep prints and the report shows use the public
+    address where one is set."""
+    monkeypatch.delenv("CAPACITY_ATLAS_MLFLOW_UI", raising=False)
+    cluster = config.ClusterConfig(mlflow_tracking_uri="http://mlflow.atlas.svc:5000")
+    assert cluster.mlflow_ui() == "http://mlflow.atlas.svc:5000"
+    monkeypatch.setenv("CAPACITY_ATLAS_MLFLOW_UI", "https://mlflow.example.org")
+    assert cluster.mlflow_ui() == "https://mlflow.example.org"
+    assert config.ClusterConfig(mlflow_ui_url="http://127.0.0.1:8080").mlflow_ui() == "http://127.0.0.1:8080"

@@ -769,6 +769,12 @@ class ClusterConfig(Section):
         "path every Ray node sees, or a URI pyarrow understands (s3://, gs://); None: "
         "$CAPACITY_ATLAS_STORAGE, else ray_results/ in the project (one machine)",
     )
+    mlflow_ui_url: NonBlank | None = Field(
+        None,
+        description="where a reader's browser opens the MLflow UI (a public address, a port-forward): the links the "
+        "sweep prints and the report shows use it; None: $CAPACITY_ATLAS_MLFLOW_UI, else the tracking URI (an "
+        "in-cluster address no browser outside opens)",
+    )
     node_wait_s: PositiveFloat = Field(
         300,
         description="seconds a sweep on a cluster waits for a Ray node that can hold a trial: before the first "
@@ -795,6 +801,10 @@ class ClusterConfig(Section):
 
     def mlflow(self) -> str:
         return self.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT / 'mlflow.db'}"
+
+    def mlflow_ui(self) -> str:
+        """Where a browser opens the MLflow UI: the public address if one is set, else the tracking URI."""
+        return self.mlflow_ui_url or os.environ.get("CAPACITY_ATLAS_MLFLOW_UI") or self.mlflow()
 
 
 class DecidesConfig(Section):

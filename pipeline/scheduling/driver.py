@@ -194,7 +194,7 @@ def prepare_searcher(
         f"{sum(len(c.lrs) for c in cells.values())} (cell, learning rate) runs at most: {reused} already "
         f"finished with the same data, settings and code (reused), {searcher.queued} to train"
         f"{' first (the search adds more as results come)' if s.search.strategy == 'frontier' else ''}; "
-        f"MLflow {cfg.cluster.mlflow()}, runs at {ui_link(cfg.cluster.mlflow(), experiment, parent)}",
+        f"MLflow {cfg.cluster.mlflow()}, runs at {ui_link(cfg.cluster.mlflow_ui(), experiment, parent)}",
         flush=True,
     )
     return children, searcher, to_train
