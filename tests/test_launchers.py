@@ -726,3 +726,10 @@ def test_dvc_state_shares_the_cluster_cache_between_users_and_nodes(tmp_path, mo
     monkeypatch.setattr(job, "mount_type", lambda path: "nfs4" if path == cache else "ext4")
     assert "core.hardlink_lock true" in job.dvc_state({job.DVC_CACHE: str(cache)}, repo)
     assert "hardlink_lock = true" in (repo / ".dvc" / "config.local").read_text()
+
+
+def test_every_launch_subcommand_has_its_entry_in_the_table_and_no_other():
+    from pipeline.launch.commands import COMMANDS, parser
+
+    choices = next(a.choices for a in parser()._actions if a.dest == "command")
+    assert set(choices) == set(COMMANDS)

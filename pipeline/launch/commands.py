@@ -22,6 +22,7 @@ import argparse
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.common.config import ROOT, ConfigError, load_config
@@ -59,50 +60,69 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def slurm(args: argparse.Namespace) -> str:
+    cfg = load_config(args.params, profile=args.profile)
+    slots = check_slurm(cfg, args.nodes, args.cpus_per_node, args.gpus_per_node)
+    return (
+        f"profile {cfg.profile}: {amount(args.nodes, 'Slurm node')} of {amount(args.cpus_per_node, 'CPU')} "
+        f"and {amount(args.gpus_per_node, 'GPU')} run {amount(slots, 'trial')} at once (each {trial_need(cfg)})"
+    )
+
+
+def rayjob(args: argparse.Namespace) -> str:
+    job = check_rayjob(read_manifest(args.manifest), args.params)
+    cfg = load_config(args.params, profile=job.profile)
+    groups = "; ".join(g.describe() for g in job.groups)
+    said = (
+        f"{args.manifest}: a RayJob of KubeRay {job.kuberay}, profile {job.profile}, "
+        f"`{shlex.join(job.command)}`; {groups}: {amount(job.slots, 'trial')} at once (each {trial_need(cfg)})"
+    )
+    note = job.slots_note(cfg)
+    return said + (f"\n{note}" if note else "")
+
+
+def wait(args: argparse.Namespace) -> str:
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise LaunchError("no Ray address: give --address or set RAY_ADDRESS")
+    alive = wait_for_nodes(address, args.nodes, args.timeout)
+    listing = ", ".join(
+        f"{n['NodeManagerAddress']} ({n['Resources'].get('CPU', 0):g} CPUs, {n['Resources'].get('GPU', 0):g} GPUs)"
+        for n in alive
+    )
+    return f"Ray at {address}: {len(alive)} nodes: {listing}"
+
+
+def use_profile(args: argparse.Namespace) -> str:
+    set_profile(Path(args.params), args.profile)
+    return ""
+
+
+def keep_outputs(args: argparse.Namespace) -> str:
+    return f"outputs kept in {keep(load_config(args.params).cluster.storage(), args.name)}"
+
+
+# subcommand -> what it does, returning what it prints ("": nothing)
+COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
+    "slurm": slurm,
+    "rayjob": rayjob,
+    "wait": wait,
+    "use-profile": use_profile,
+    "keep": keep_outputs,
+    "dvc-state": lambda args: dvc_state(dict(os.environ)),
+    "save-experiment": lambda args: save_experiment(args.name, args.targets, dict(os.environ)),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        if args.command == "slurm":
-            cfg = load_config(args.params, profile=args.profile)
-            slots = check_slurm(cfg, args.nodes, args.cpus_per_node, args.gpus_per_node)
-            print(
-                f"profile {cfg.profile}: {amount(args.nodes, 'Slurm node')} of {amount(args.cpus_per_node, 'CPU')} "
-                f"and {amount(args.gpus_per_node, 'GPU')} run {amount(slots, 'trial')} at once "
-                f"(each {trial_need(cfg)})"
-            )
-        elif args.command == "rayjob":
-            job = check_rayjob(read_manifest(args.manifest), args.params)
-            cfg = load_config(args.params, profile=job.profile)
-            groups = "; ".join(g.describe() for g in job.groups)
-            print(
-                f"{args.manifest}: a RayJob of KubeRay {job.kuberay}, profile {job.profile}, "
-                f"`{shlex.join(job.command)}`; {groups}: {amount(job.slots, 'trial')} at once (each {trial_need(cfg)})"
-            )
-            if note := job.slots_note(cfg):
-                print(note)
-        elif args.command == "wait":
-            address = args.address or os.environ.get("RAY_ADDRESS")
-            if not address:
-                raise LaunchError("no Ray address: give --address or set RAY_ADDRESS")
-            alive = wait_for_nodes(address, args.nodes, args.timeout)
-            listing = ", ".join(
-                f"{n['NodeManagerAddress']} ({n['Resources'].get('CPU', 0):g} CPUs, "
-                f"{n['Resources'].get('GPU', 0):g} GPUs)"
-                for n in alive
-            )
-            print(f"Ray at {address}: {len(alive)} nodes: {listing}")
-        elif args.command == "use-profile":
-            set_profile(Path(args.params), args.profile)
-        elif args.command == "keep":
-            storage = load_config(args.params).cluster.storage()
-            print(f"outputs kept in {keep(storage, args.name)}")
-        elif args.command == "dvc-state":
-            print(dvc_state(dict(os.environ)))
-        elif args.command == "save-experiment":
-            print(save_experiment(args.name, args.targets, dict(os.environ)))
+        said = COMMANDS[args.command](args)
     except (LaunchError, ConfigError, ServiceError) as err:
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    if said:
+        print(said)
     return 0
 
 
