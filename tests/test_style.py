@@ -5,8 +5,12 @@ pipeline/, tasks/, models/ and benchmarks/ (whose GPU paths no CPU test runs: th
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -28,3 +32,69 @@ def test_the_code_is_clean(command):
     done = subprocess.run([str(BIN / command[0]), *command[1:]], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout[-5000:]}{done.stderr[-2000:]}"
+
+
+DOTTED = re.compile(r"(?<![\w/.-])((?:pipeline|tasks|models|benchmarks|tests)(?:\.[A-Za-z_]\w*)+)")
+FILE_NAME = re.compile(r"\.(csv|json|jsonl|md|py|yaml)$")  # docs/benchmarks.md is a file, not a module
+SETTING = re.compile(r"`((?:generate|sweep|report|nightly|cluster|decides)(?:\.[a-z_]+)+)`")
+NOT_SETTINGS = re.compile(r"\.(csv|json|md|py|jsonl|yaml)$|^nightly\.(date|commit)$|^sweep\.max_steps$")  # files;
+# the nightly's MLflow tags; the flat key the docs name as moved
+
+
+def written_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "conf").glob("*.yaml")),
+            ROOT / "params.yaml", *(p for top in LINTED if top != "docs/examples" for p in sorted((ROOT / top).rglob(
+                "*.py")))]  # fmt: skip
+
+
+def resolves(name: str) -> bool:
+    """A dotted name is a module of this checkout, or an attribute (or a declared field) of one."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        module = ".".join(parts[:i])
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            continue
+        obj: object = importlib.import_module(module)
+        for attr in parts[i:]:
+            fields = {**getattr(obj, "__annotations__", {}), **getattr(obj, "model_fields", {})}
+            if not hasattr(obj, attr) and attr not in fields:
+                return False
+            obj = getattr(obj, attr, None)
+        return True
+    return False
+
+
+def setting_resolves(key: str) -> bool:
+    """A settings key (``sweep.optim.lr``) names a field of the config's sections, down to a leaf or a mapping (whose
+    keys, a task or an architecture, are the profile's)."""
+    from pipeline.common.config import Config
+
+    model: type | None = Config
+    for part in key.split("."):
+        if model is None:
+            return True  # a key of a mapping
+        field = model.model_fields.get(part)  # type: ignore[attr-defined]
+        if field is None:
+            return False
+        args = typing.get_args(field.annotation) or (field.annotation,)
+        model = next((a for a in args if isinstance(a, type) and hasattr(a, "model_fields")), None)
+    return True
+
+
+def test_every_dotted_reference_in_the_docs_and_the_code_resolves():
+    """A module, attribute or setting named in the README, docs/, the profiles or a docstring exists: a rename
+    leaves no stale pointer (a test module and a setting, renamed, once were)."""
+    stale = set()
+    for path in written_files():
+        text = path.read_text()
+        if path.suffix == ".py":  # in code: what a comment or a docstring's backticks name, not a variable's use
+            text = "\n".join([*re.findall(r"#.*", text), *re.findall(r"``?[^`\n]+``?", text)])
+        names = {m for m in DOTTED.findall(text) if not FILE_NAME.search(m)}
+        stale |= {(path.relative_to(ROOT).as_posix(), m) for m in names if not resolves(m)}
+        stale |= {(path.relative_to(ROOT).as_posix(), k) for k in SETTING.findall(text)
+                  if not NOT_SETTINGS.search(k) and not setting_resolves(k)}  # fmt: skip
+    assert not stale, sorted(stale)

@@ -19,7 +19,7 @@ from pipeline.search.cells import budget_steps, defined_cells, expected_cost, mo
 # grid-over-strategy training FLOPs of each strategy replayed through the sweep's own searcher on a synthetic grid
 # of the profile's shape (the papers' reported frontiers, made-up curves, exact FLOPs of the real models), one value
 # per draw of that grid: draw 0 is docs/benchmarks/bench_frontier.json's sections "replay paper" and "replay
-# separations" (tests.test_plan holds them equal), draws 1 and 2 (--seed 1, --seed 2) are in docs/benchmarks.md.
+# separations" (tests.test_forecast holds them equal), draws 1 and 2 (--seed 1, --seed 2) are in docs/benchmarks.md.
 # On `paper` (one learning rate) halving changes nothing.
 REPLAY_COMMAND = "python -m benchmarks.bench_frontier --synthetic {profile} --slots 64"
 REPLAYED: dict[str, dict[str, tuple[float, ...]]] = {

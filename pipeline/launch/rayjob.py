@@ -107,7 +107,8 @@ class RayJob:
 
     def slots_note(self, cfg: Config) -> str | None:
         """What the profile must say for the sweep to fill an autoscaled cluster: it opens slots for the pods up
-        at its start unless ``sweep.resources.max_concurrent_trials`` asks for more (``cluster.trial_slots``)."""
+        at its start unless ``sweep.resources.max_concurrent_trials`` asks for more
+        (``pipeline.scheduling.cluster.trial_slots``)."""
         if not self.autoscaled or cfg.sweep.resources.max_concurrent_trials == self.slots:
             return None
         return (
