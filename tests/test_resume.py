@@ -280,3 +280,32 @@ def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(genera
     pd.testing.assert_frame_equal(got[SAME], want[SAME])
     assert_one_whole_run_per_trial(repo, reference)
     assert not list((repo / "ray_results").glob("*/*/checkpoint_*"))
+
+
+
+@pytest.mark.slow
+def test_retries_count_failures_without_progress(tmp_path):
+    """sweep.runs.max_failures (2) bounds failures in a row without a newer checkpoint (``RetriesOnProgress``): a
+    trial killed five times, each after saving a step further, ends as an undisturbed one would; one that dies before
+    any checkpoint fails after its 2 retries. Real Ray Tune on a local Ray (about 20 s)."""
+    import ray
+    from ray import tune
+
+    from pipeline.scheduling.tuning import RetriesOnProgress
+    from tests.helpers import ROOT
+    from tests.helpers.training import flaky
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # the workers import tests.helpers
+    try:
+        tuner = tune.Tuner(
+            tune.with_resources(flaky, {"cpu": 1}),
+            param_space={"progress": tune.grid_search([True, False])},
+            run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0, callbacks=[RetriesOnProgress()],
+                                      failure_config=tune.FailureConfig(max_failures=2)),
+        )  # fmt: skip
+        results = {r.config["progress"]: r for r in tuner.fit()}
+    finally:
+        ray.shutdown()
+    assert results[True].error is None and results[True].metrics["step"] == 5 and results[True].metrics["done"]
+    assert results[False].error is not None and "killed before any checkpoint" in str(results[False].error)

@@ -565,8 +565,9 @@ class RunsSection(Section):
     max_failures: int = Field(
         2,
         ge=0,
-        description="retries of a trial whose worker died or raised; each retry "
-        "continues from the trial's last checkpoint",
+        description="retries of a trial whose worker died or raised, in a row without progress: each retry "
+        "continues from the trial's last checkpoint, and one that saved a newer checkpoint than it started from "
+        "gets its retries back",
     )
     checkpoints_to_keep: PositiveInt = Field(
         2,

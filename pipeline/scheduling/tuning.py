@@ -142,6 +142,23 @@ class NodeWatch(tune.Callback):
             )
 
 
+class RetriesOnProgress(tune.Callback):
+    """``sweep.runs.max_failures`` counts a trial's failures in a row without progress: a trial whose last attempt
+    saved a newer checkpoint than the one it started from gets its retries back, so a long trial on a cluster that
+    kills often (each attempt past its last checkpoint) is not failed, while one that dies before any new checkpoint
+    still fails after ``max_failures`` retries. Tune counts every failure (``Trial.num_failures``); at each recovery
+    this sets the count back to this one failure where the checkpoint moved since the last."""
+
+    def __init__(self):
+        self.started_from: dict[str, str | None] = {}  # trial id -> the checkpoint its attempt continued from
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        latest = trial.checkpoint.path if trial.checkpoint is not None else None
+        if latest is not None and latest != self.started_from.get(trial.trial_id):
+            trial.run_metadata.num_failures = 1  # this failure opens a new streak
+        self.started_from[trial.trial_id] = latest
+
+
 class StopOnSignal(tune.Callback):
     """Listed first: a stop request (SIGTERM, SIGINT: ``pipeline.common.signals.STOP``) that came during Tune's loop
     is raised at its next step, before the step reads its trials' events; Tune's own SIGINT handler would end the loop
@@ -197,7 +214,7 @@ def train_trials(
                 RungCheckpoints(searcher, store),
             ]
             + ([] if s.runs.keep_checkpoints else [DropFinished()])
-            + [NodeWatch(**s.resources.trial_resources(), wait=wait)],
+            + [NodeWatch(**s.resources.trial_resources(), wait=wait), RetriesOnProgress()],
             progress_reporter=reporter() if s.runs.console == "table" else None,
             failure_config=tune.FailureConfig(max_failures=s.runs.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=s.runs.checkpoints_to_keep),
