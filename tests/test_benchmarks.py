@@ -181,7 +181,7 @@ def test_a_graphed_variant_that_could_not_compile_is_a_failed_row_not_a_graphed_
     why = "sweep.resources.step: graphed failed (RuntimeError: no graphs here); eager"
 
     def step(arch, shape, device, how):
-        return bench_pack.Step(lambda: None, SimpleNamespace(why=why if how == "graphed" else ""))
+        return bench_pack.Step(lambda: None, SimpleNamespace(why=why if how == "graphed" else "", graph_breaks=0))
 
     monkeypatch.setattr(bench_pack, "alone_step", step)
     rows = bench_pack.Rows(tmp_path / "rows.jsonl")

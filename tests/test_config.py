@@ -524,8 +524,6 @@ def test_a_profile_that_decides_a_claim_refuses_a_budget_the_forecast_says_will_
     with pytest.raises(config.ConfigError, match="decides.hours: 0.01 h for sep_index_lookup_one_layer, but the "
                                                  "forecast on this machine gives up to [0-9.]+ h"):
         check_decides(config.load_config(p))
-    plan = check_decides(config.load_config(profile="cpu-claims"))  # the profile as shipped fits its 2.5 h
-    assert plan.extended.wall_hours <= 2.5
 
 
 def test_the_tiny_profile_runs_every_registered_architecture():
