@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"report: {args.out}/index.html; {summary['solved_cells']} of {summary['cells']} cells solved; claims: "
-        + ", ".join(f"{summary[COUNTS[s]]} {s}" for s in ClaimStatus)
+        + ", ".join(f"{s} {summary[COUNTS[s]]}" for s in ClaimStatus)
     )
     return 0
 

@@ -615,7 +615,8 @@ class Basis:
 
     @classmethod
     def of(cls, table: pd.DataFrame, cases: Sequence[Case]) -> Basis:
-        keys = {k for c in cases if c.reading.decided or c.reading == Reading.UNCONTROLLED for k in c.read}
+        rests = (Reading.HELD, Reading.MISSED, Reading.UNCONTROLLED, Reading.UNDECIDED)
+        keys = {k for c in cases if c.reading in rests for k in c.read}
         if not keys:
             return cls("", "", "", "")
         index = list(zip(table.task, table["size"], table.arch, table.width, table.depth))
@@ -627,7 +628,7 @@ class Basis:
         budget = rows.get("budget_steps", pd.Series(dtype=float)).dropna()
         text = f"{int(steps.min()):,}-{int(steps.max()):,} steps" if len(steps) else "steps not recorded"
         text += f" ({int(converged.sum())} of {len(rows)} seeds converged"
-        text += f"; budgets up to {int(budget.max()):,})" if len(budget) else ")"
+        text += f"; budgets {int(budget.min()):,}-{int(budget.max()):,}, extensions in)" if len(budget) else ")"
         tried = sorted({float(x) for v in rows.get("lrs", pd.Series(dtype=str)).dropna() for x in str(v).split()})
         kept = sorted({float(x) for x in rows.get("lr", pd.Series(dtype=float)).dropna()})
         rates = ", ".join(f"{x:g}" for x in tried) or "not recorded"
@@ -636,10 +637,17 @@ class Basis:
         solved = rows[rows.status == "solved"] if "solve_step" in rows else rows.iloc[:0]
         at = []
         for size, group in solved.groupby("size"):
-            found = sorted(int(s) for s in group.solve_step.dropna())
+            found = sorted(int(step) for step in solved_steps(group))
             if found:
                 at.append(f"{size_name(str(group.task.iloc[0]))}={size}: step {', '.join(f'{s:,}' for s in found)}")
         return cls(text, rates, seeds, "; ".join(at))
+
+
+def solved_steps(rows: pd.DataFrame) -> pd.Series:
+    """The step each solved row reached the threshold it is read at: a trial that trained on to a target above the
+    sweep's threshold and held it stopped there (its last step), else its ``solve_step`` (the sweep's threshold)."""
+    held = rows.get("reason", pd.Series("", index=rows.index)).astype(str).str.contains("held the target")
+    return rows.train_steps.where(held, rows.solve_step).dropna() if "train_steps" in rows else rows.solve_step.dropna()
 
 
 @dataclass(frozen=True)
