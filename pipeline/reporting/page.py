@@ -50,8 +50,9 @@ CLAIMS_LEGEND = (
     "claim's line its decided comparisons landed, in accuracy points: the threshold for near-perfect, the control's "
     "accuracy less 5 points for 'degrades', chance plus 5 for 'no better than chance', the reference less 5 for "
     "'match'; negative: the other side. <b>Rests on</b>: the steps its cells trained (how many seeds converged), "
-    "the learning rates tried, the seeds. <b>At 95/97/99%</b>: the verdict with the threshold moved. A cell counts "
-    "as solved when every seed passed on validation and the mean test accuracy reaches the threshold; accuracies "
+    "the learning rates tried, the seeds. <b>At each threshold</b>: the verdict with the threshold moved (95%, 97%, "
+    "99%, and the claim's own). A cell counts as solved when every seed passed on validation and the mean test "
+    "accuracy reaches the threshold; accuracies "
     "are the best cell's mean over its seeds, with their range."
 )
 
@@ -83,7 +84,7 @@ def claim_cells(check: dict) -> dict[str, str]:
     cells["rests on"] = "; ".join(rests) if check["steps"] else "no decided case"
     if check["solved_at"]:
         cells["rests on"] += f"; solved at {check['solved_at']}"
-    cells["at " + ", ".join(check["at_thresholds"])] = " \u00b7 ".join(check["at_thresholds"].values())
+    cells["at each threshold"] = " \u00b7 ".join(f"{t}: {v}" for t, v in check["at_thresholds"].items())
     other = check.get("other_reading")
     cells["the paper's other wording"] = (
         f"\u201c{other['wording']}\u201d ({other['where']}): {other['status']}" if other else ""
