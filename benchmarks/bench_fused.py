@@ -1,4 +1,4 @@
-"""K models trained as one fused model (``models.fused``, ``pipeline.training.fused``) against the same K models
+"""K models trained as one fused model (``models.fused``, ``pipeline.training.fused_step``) against the same K models
 trained one step each, side by side on this machine's CPU.
 
     python -m benchmarks.bench_fused                   (K = 7 at the separations shape: depth 1, L = 102, batch 64)
@@ -25,7 +25,7 @@ import models
 from benchmarks.repeats import ratios, side_by_side, spread
 from benchmarks.results import Results, figure, out_option, out_path
 from pipeline.training.batches import IGNORE
-from pipeline.training.fused import FusedStep, fused_step
+from pipeline.training.fused_step import FusedStep, fused_step
 from pipeline.training.settings import TrainSettings
 
 ARCHS = ("transformer", "mamba", "lstm", "linear_nofm", "dss", "retnet")

@@ -72,7 +72,7 @@ from pipeline.costs.throughput import (
     shapes_to_measure,
 )
 from pipeline.search.cells import defined_cells, unfusable
-from pipeline.training import fused
+from pipeline.training import fused_step as stacked
 from pipeline.training.batches import loader
 from pipeline.training.memory import GB
 from pipeline.training.settings import TrainSettings
@@ -98,7 +98,7 @@ class Shape(NamedTuple):
         return f"width {self.width}, depth {self.depth}, L {self.length}, batch {self.batch}"
 
 
-class Plan(NamedTuple):
+class Measures(NamedTuple):
     """What a run measures: the full one on a GPU, toy sizes with --quick."""
 
     archs: tuple[str, ...]  # part fused's
@@ -114,7 +114,7 @@ class Plan(NamedTuple):
     fit_steps: dict[str, int]  # timed steps of a Lightning measurement, by profile (a paper-shape step: seconds)
 
 
-FULL = Plan(
+FULL = Measures(
     archs=ARCHS,
     shapes=(Shape(64, 1, 102, 64), Shape(128, 1, 102, 64), Shape(64, 6, 402, 64), Shape(128, 6, 402, 64)),
     processes=(1, 2, 4, 8, 14),
@@ -127,7 +127,7 @@ FULL = Plan(
     round_s=0.5,
     fit_steps={"separations": 20, "paper": 3},
 )
-QUICK = Plan(
+QUICK = Measures(
     archs=("transformer", "mamba"),
     shapes=(Shape(16, 1, 16, 8),),
     processes=(1, 2),
@@ -150,7 +150,7 @@ class PartUp(TimeUp):
     """The current part's share of the budget is spent: it stops mid-row, and the next part starts."""
 
 
-class Rows:
+class RowLog:
     """``bench_pack.jsonl``: a JSON line a row, appended and flushed as it is measured, and printed."""
 
     def __init__(self, path: Path):
@@ -217,7 +217,7 @@ def autocast(device: torch.device):
 
 
 def step_model(arch: str, shape: Shape) -> models.LanguageModel:
-    """One trial's model at ``shape`` under ``RECIPE``, as ``fused.fused_step`` builds each member."""
+    """One trial's model at ``shape`` under ``RECIPE``, as ``stacked.fused_step`` builds each member."""
     return models.build_model(arch, vocab_size=VOCAB, width=shape.width, depth=shape.depth, heads=RECIPE.model.heads,
                               max_len=shape.length + 1, dropout=RECIPE.model.dropout)  # fmt: skip
 
@@ -251,14 +251,14 @@ def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Step
 
 
 def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: bool) -> Step:
-    """K trials of ``arch`` at ``shape`` in one step, with stacked weights (``pipeline.training.fused``): forward,
+    """K trials of ``arch`` at ``shape`` in one step, with stacked weights (``pipeline.training.fused_step``): forward,
     each member's loss, backward, Adam at each member's rate (the paper's, in turn), no clip, as ``alone_step``;
     graphed as a fused trial runs it, and as ``alone_step`` does: the forward (and so its backward) under
     torch.compile's reduce-overhead mode (CUDA graphs), the optimizer eager."""
     if graphed and device.type != "cuda":
         raise NotImplementedError("graphed needs a GPU: CUDA graphs")
     lrs = [PAPER_LRS[i % len(PAPER_LRS)] for i in range(k)]
-    step = fused.fused_step(arch, lrs, RECIPE, vocab_size=VOCAB, width=shape.width, depth=shape.depth,
+    step = stacked.fused_step(arch, lrs, RECIPE, vocab_size=VOCAB, width=shape.width, depth=shape.depth,
                             max_len=shape.length + 1, device=device,
                             step="graphed" if graphed else "eager")  # fmt: skip
     tokens = torch.randint(2, VOCAB, (shape.batch, shape.length + 1), device=device)
@@ -302,7 +302,7 @@ def rounds(variants: dict[str, tuple[Callable[[], None], int]], n: int, device) 
 
 
 # ---- 1. one trial alone against K fused --------------------------------------------------------------------------
-def part_fused(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: int) -> None:
+def part_fused(plan: Measures, device: torch.device, clock: Clock, rows: RowLog, n: int) -> None:
     """A depth and length at a time (the separations shape first: its widths are what issue 46's targets read), its
     widths and architectures eager, one trial alone against K fused; then graphed (a graph records, and compiles,
     once a shape: the costliest rows), one trial alone and K fused graphed against one trial alone eager, measured
@@ -339,7 +339,7 @@ def variant_name(k: int, graphed: bool) -> str:
     return f"{'alone' if k == 1 else f'{k} fused'}, {'graphed' if graphed else 'eager'}"
 
 
-def built(wanted: list[tuple[int, bool]], arch: str, shape: Shape, plan: Plan, device: torch.device, rows: Rows,
+def built(wanted: list[tuple[int, bool]], arch: str, shape: Shape, plan: Measures, device: torch.device, rows: RowLog,
           where: dict) -> dict[str, tuple[Callable[[], None], int, int, int]]:  # fmt: skip
     """The variants of ``wanted`` that run here, each (its step, its steps a round, its trials a step, its graph
     breaks: a graphed step compiled in pieces says so), warmed up; a row for each that does not, saying why."""
@@ -468,14 +468,14 @@ def profile_cell(profile: str, arch: str, shape: Shape) -> tuple[Config, CellSpe
     return cfg, cell
 
 
-def fit_kwargs(plan: Plan, profile: str, shape: Shape, device: torch.device) -> dict:
+def fit_kwargs(plan: Measures, profile: str, shape: Shape, device: torch.device) -> dict:
     """``measure``'s arguments: the profile's precision on a GPU (both bf16), float32 on a CPU."""
     precision = load_config(profile=profile).sweep.optim.precision if device.type == "cuda" else "32-true"
     return dict(length=shape.length, batch=shape.batch, steps=plan.fit_steps[profile], warmup=2, device=device,
                 precision=precision)  # fmt: skip
 
 
-def part_packing(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: int) -> None:
+def part_packing(plan: Measures, device: torch.device, clock: Clock, rows: RowLog, n: int) -> None:
     """Every pack size in turn, round by round (the order turned every round), in one pool of the largest size: each
     size's trial-steps/s over one process's in the same rounds. A row a size once its rounds are done, or when the
     part stops early (the budget, a failure), with the rounds it has."""
@@ -523,7 +523,7 @@ def part_packing(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: 
 
 
 # ---- 3. Lightning against a bare loop -----------------------------------------------------------------------------
-def part_lightning(plan: Plan, device: torch.device, clock: Clock, rows: Rows, n: int) -> None:
+def part_lightning(plan: Measures, device: torch.device, clock: Clock, rows: RowLog, n: int) -> None:
     clock.part("lightning")
     shape = plan.shapes[0]
     where = {"part": "lightning", "arch": plan.arch, **shape._asdict()}
@@ -571,7 +571,7 @@ def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, d
 
 
 # ---- 4. where a step's time goes ----------------------------------------------------------------------------------
-def part_profile(plan: Plan, device: torch.device, clock: Clock, rows: Rows) -> None:
+def part_profile(plan: Measures, device: torch.device, clock: Clock, rows: RowLog) -> None:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -611,7 +611,7 @@ def part_profile(plan: Plan, device: torch.device, clock: Clock, rows: Rows) -> 
 
 
 # ---- 5. the forecast's throughput ---------------------------------------------------------------------------------
-def part_throughput(plan: Plan, device: torch.device, clock: Clock, rows: Rows, out: Path) -> None:
+def part_throughput(plan: Measures, device: torch.device, clock: Clock, rows: RowLog, out: Path) -> None:
     """Each profile's architectures at the affine fit's shapes (``shapes_to_measure`` on a GPU), round by round:
     alone; then, for the first profile, K fused (one fused trial's Lightning fit, as ``sweep.resources.fuse`` trains
     a cell's learning rates; graphed on a GPU) and packed ``plan.pack`` a GPU (--quick: on the CPU) at the same
@@ -696,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         torch.set_num_threads(1)
     budget = args.budget_s or (120.0 if args.quick else 400.0)  # with imports and start: 7 minutes
-    rows = Rows(out / "bench_pack.jsonl")
+    rows = RowLog(out / "bench_pack.jsonl")
     name = device_name(device, torch.get_num_threads())
     how = provenance("benchmarks.bench_pack", argv)
     rows.write(part="run", **how, device=name, budget_s=budget, plan=plan._asdict())

@@ -26,7 +26,7 @@ from typing import get_args
 import torch
 
 from pipeline.common.config import ROOT, Config, ConfigError, Precision, StepMode, load_config
-from pipeline.costs.forecast import REPLAY_COMMAND, Cluster, Forecast, Row, forecast
+from pipeline.costs.prediction import REPLAY_COMMAND, Cluster, Forecast, Row, forecast
 from pipeline.costs.rates import ALONE, EVERY_WIDTH, SOURCES, ForecastError, Throughput
 from pipeline.search.cells import check_architectures, check_precision, defined_cells, model_costs
 

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.cluster.ray() is None and not cfg.sweep.resources.gpus_per_trial:  # trials on this CPU
                 check_precision(cfg.sweep.grid.architectures, cfg.sweep.optim.precision)
             if cfg.decides is not None and cfg.cluster.ray() is None:  # the time it states, on this machine
-                from pipeline.costs.forecast import check_decides
+                from pipeline.costs.prediction import check_decides
 
                 plan = check_decides(cfg)
                 print(

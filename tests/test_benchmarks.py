@@ -166,8 +166,8 @@ def test_pack_benchmark_times_the_same_model_alone_and_fused(arch, monkeypatch):
     monkeypatch.setattr(bench_pack, "StepForward", lambda model, step, device: built.append(model) or SimpleNamespace(
         why=None))
     bench_pack.alone_step(arch, shape, cpu, "eager")
-    real = bench_pack.fused.fused_step
-    monkeypatch.setattr(bench_pack.fused, "fused_step", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    real = bench_pack.stacked.fused_step
+    monkeypatch.setattr(bench_pack.stacked, "fused_step", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
     bench_pack.fused_step(arch, shape, 2, cpu, graphed=False)
     alone, first = built[0], built[1].model.member(0)
     assert repr(alone) == repr(first)  # dropout's p among the rest
@@ -184,7 +184,7 @@ def test_a_graphed_variant_that_could_not_compile_is_a_failed_row_not_a_graphed_
         return bench_pack.Step(lambda: None, SimpleNamespace(why=why if how == "graphed" else "", graph_breaks=0))
 
     monkeypatch.setattr(bench_pack, "alone_step", step)
-    rows = bench_pack.Rows(tmp_path / "rows.jsonl")
+    rows = bench_pack.RowLog(tmp_path / "rows.jsonl")
     variants = bench_pack.built([(1, False), (1, True)], "transformer", bench_pack.QUICK.shapes[0], bench_pack.QUICK,
                                 torch.device("cpu"), rows, {"part": "fused"})  # fmt: skip
     assert list(variants) == ["alone, eager"]
@@ -205,7 +205,7 @@ def test_pack_benchmarks_fused_part_finishes_the_separations_shape_graphed_befor
     monkeypatch.setattr(bench_pack, "built", built)
     plan = bench_pack.FULL._replace(archs=("transformer",))
     with bench_pack.Clock(60, ["fused"]) as clock:
-        bench_pack.part_fused(plan, torch.device("cpu"), clock, bench_pack.Rows(tmp_path / "r"), 1)
+        bench_pack.part_fused(plan, torch.device("cpu"), clock, bench_pack.RowLog(tmp_path / "r"), 1)
     assert calls == [(64, 1, "eager"), (128, 1, "eager"), (64, 1, "graphed"), (128, 1, "graphed"),
                      (64, 6, "eager"), (128, 6, "eager"), (64, 6, "graphed"), (128, 6, "graphed")]
 
@@ -224,7 +224,7 @@ def test_pack_benchmarks_lightning_part_times_its_two_sides_in_turn(tmp_path, mo
     monkeypatch.setattr(bench_pack, "measure", timed("lightning"))
     monkeypatch.setattr(bench_pack, "bare_measure", timed("bare"))
     with bench_pack.Clock(60, ["lightning"]) as clock:
-        bench_pack.part_lightning(bench_pack.QUICK, torch.device("cpu"), clock, bench_pack.Rows(tmp_path / "r"), 4)
+        bench_pack.part_lightning(bench_pack.QUICK, torch.device("cpu"), clock, bench_pack.RowLog(tmp_path / "r"), 4)
     assert calls == ["lightning", "bare", "bare", "lightning"] * 2
 
 
@@ -325,7 +325,7 @@ def test_pack_benchmarks_packing_part_times_the_sizes_in_turn_and_keeps_a_failed
 
     monkeypatch.setattr(bench_pack, "pack", pool)
     with bench_pack.Clock(60, ["packing"]) as clock:
-        bench_pack.part_packing(bench_pack.QUICK, torch.device("cpu"), clock, bench_pack.Rows(tmp_path / "r"), 3)
+        bench_pack.part_packing(bench_pack.QUICK, torch.device("cpu"), clock, bench_pack.RowLog(tmp_path / "r"), 3)
     assert calls == [1, 2, 2, 1, 1]  # round 2 turned; 2 failed there, and is not asked again in round 3
     one, two = (json.loads(line) for line in (tmp_path / "r").read_text().splitlines())
     assert (one["rounds"], one["stopped"], two["rounds"]) == (3, None, 1)

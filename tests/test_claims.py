@@ -11,7 +11,7 @@ import pytest
 
 import models
 from pipeline.reporting.claims import CLAIMS, ClaimError, Models, check_claims, evaluate
-from pipeline.reporting.papers import PAPERS_ENV, TEXTS
+from pipeline.reporting.findings import PAPERS_ENV, TEXTS
 from pipeline.reporting.rules import near_perfect
 from pipeline.reporting.tables import (
     BELOW,

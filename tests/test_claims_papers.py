@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pipeline.reporting.claims import CLAIMS, ClaimStatus, evaluate
-from pipeline.reporting.papers import DP, SEPARATIONS
+from pipeline.reporting.findings import DP, SEPARATIONS
 from pipeline.reporting.reported import ReportedError, reported_table
 from tasks import TASKS
 from tests.helpers import ROOT

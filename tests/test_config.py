@@ -519,7 +519,7 @@ def test_a_profile_that_decides_a_claim_refuses_a_budget_the_forecast_says_will_
     p = write_params(tmp_path / "params.yaml", "profile: cpu-claims\ntasks: [index_lookup]\n"
                      "decides: {claim: sep_index_lookup_one_layer, task: index_lookup, arch: transformer, depth: 1, "
                      "width: 64, hours: 0.01}\n")
-    from pipeline.costs.forecast import check_decides
+    from pipeline.costs.prediction import check_decides
 
     with pytest.raises(config.ConfigError, match="decides.hours: 0.01 h for sep_index_lookup_one_layer, but the "
                                                  "forecast on this machine gives up to [0-9.]+ h"):

@@ -18,7 +18,7 @@ import pipeline.costs.throughput
 import pipeline.forecast
 import tasks
 from pipeline.common.config import Config, load_config
-from pipeline.costs.forecast import REPLAYED, REPLAYED_CELLS, Cluster, forecast
+from pipeline.costs.prediction import REPLAYED, REPLAYED_CELLS, Cluster, forecast
 from pipeline.costs.rates import ALONE, Affine, ForecastError, Measurement, Mode, Throughput, packed
 from pipeline.costs.throughput import measure, shapes_to_measure
 from pipeline.forecast import number

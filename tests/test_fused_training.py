@@ -1,6 +1,6 @@
-"""A fused trial's training (``pipeline.training.fused``): per learning rate, 50 steps equal the separate trials' own
-optimizer, schedule and gradient clip (``SequenceModel.configure_optimizers_for``); a frozen member stays bit for bit
-what it was while the others go on, and freezing it changes none of them."""
+"""A fused trial's training (``pipeline.training.fused_step``): per learning rate, 50 steps equal the separate trials'
+own optimizer, schedule and gradient clip (``SequenceModel.configure_optimizers_for``); a frozen member stays bit for
+bit what it was while the others go on, and freezing it changes none of them."""
 
 import copy
 import functools
@@ -13,7 +13,7 @@ import torch
 import models
 from models.fused import Fused
 from pipeline.training.batches import IGNORE
-from pipeline.training.fused import FusedAdam, FusedStep, fused_optimizer, fused_step
+from pipeline.training.fused_step import FusedAdam, FusedStep, fused_optimizer, fused_step
 from pipeline.training.settings import TrainSettings
 from pipeline.training.train import SequenceModel, TrialSpec
 from tests.helpers import ROOT, make_cell

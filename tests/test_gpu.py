@@ -246,7 +246,7 @@ def test_a_fused_step_graphed_trains_as_the_eager_one(arch):
     kernels' vmap rules inside; the optimizer eager), as the sweep and bench_pack's graphed fused rows run it: it
     records and replays without falling back, and three steps give the eager step's losses, and the trained members
     the eager ones' logits, within float32's rounding (the CPU twin: test_fused_training's compiled test)."""
-    from pipeline.training.fused import fused_step
+    from pipeline.training.fused_step import fused_step
     from pipeline.training.settings import TrainSettings
 
     settings = TrainSettings().replaced(heads=4, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=1.0)

@@ -160,6 +160,20 @@ def test_imports_run_downward_and_never_in_a_cycle():
             visit(name, [name])
 
 
+def test_no_entry_point_imports_another():
+    """The top floor's modules are entry points (a stage, the nightly, the forecast, the launchers): what two of them
+    share lives on a floor below both, so each runs, and changes, alone."""
+    graph = {name: project_imports(name, path) for name, path in modules().items()}
+    tops = LAYERS[0].split()
+
+    def entry(name: str) -> str | None:
+        return next((t for t in tops if name == t or name.startswith(t + ".")), None)
+
+    sideways = sorted(f"{a} imports {b}" for a, bs in graph.items() for b in bs
+                      if entry(a) and entry(b) and entry(a) != entry(b))  # fmt: skip
+    assert not sideways, sideways
+
+
 def test_training_and_tracking_import_no_ray():
     """Ray in a room of its own (``pipeline.scheduling``): a trial outside Tune, the forecast, the replay and the
     report run the training and tracking code without it (nor what that code imports), in the code and when imported."""

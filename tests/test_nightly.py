@@ -19,6 +19,7 @@ import pytest
 
 from pipeline.common.config import NightlyConfig
 from pipeline.common.locks import LockBusy, owned
+from pipeline.common.urls import redact
 from pipeline.nightly import notify, rerun
 from pipeline.nightly.comparison import LISTS, compare, html, markdown
 from tests.helpers import ROOT
@@ -149,7 +150,7 @@ def test_a_webhook_url_that_cannot_be_posted_to_is_named(url, says):
         notify.check_url(url)
     assert str(err.value).startswith("--notify ") and "/x" not in str(err.value) and "T0" not in str(err.value)
     assert notify.check_url("https://hooks.example.org/services/T0/B0/x") == "https://hooks.example.org/services/T0/B0/x"
-    assert notify.redact("https://user:pw@hooks.example.org:8443/services/T0?k=v") == "https://hooks.example.org:8443/…"
+    assert redact("https://user:pw@hooks.example.org:8443/services/T0?k=v") == "https://hooks.example.org:8443/…"
 
 
 def test_bad_input_is_named_before_anything_runs(tmp_path):

@@ -73,10 +73,10 @@ def cron(command: str, home: Path, timeout: int = 120) -> subprocess.CompletedPr
 @pytest.fixture
 def stub(tmp_path) -> tuple[Path, Path]:
     """(upstream, clone) of a stub checkout: ops/nightly, the .gitignore, params.yaml, dvc.yaml and dvc.lock, the
-    webhook notifier, the locks' module, and a pipeline.nightly that only records its calls."""
+    webhook notifier and its URL helper, the locks' module, and a pipeline.nightly that only records its calls."""
     src = tmp_path / "src"
     for name in ("ops/nightly", ".gitignore", "params.yaml", "dvc.yaml", "dvc.lock", "README.md",
-                 "pipeline/nightly/notify.py", "pipeline/common/locks.py"):
+                 "pipeline/nightly/notify.py", "pipeline/common/urls.py", "pipeline/common/locks.py"):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, src / name)
     (src / "pipeline" / "__init__.py").write_text("")

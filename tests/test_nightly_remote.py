@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.nightly import experiments
+from pipeline.tracking import experiments
 from tests.helpers import ROOT
 from tests.helpers.upstream import VENV, git, upstream_and_clone
 

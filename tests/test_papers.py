@@ -1,4 +1,4 @@
-"""The papers' own figures as the project records them (pipeline.reporting.papers): Table 2's GFLOPs stand for
+"""The papers' own figures as the project records them (pipeline.reporting.findings): Table 2's GFLOPs stand for
 the widths its count gives, every finding is quoted verbatim from the papers' text, and docs/fidelity.md gives the
 claims and Table 2 as the code has them."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from pipeline.reporting.papers import (
+from pipeline.reporting.findings import (
     FINDINGS,
     TABLE2_GFLOPS,
     TABLE2_LENGTHS,

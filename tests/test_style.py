@@ -98,3 +98,14 @@ def test_every_dotted_reference_in_the_docs_and_the_code_resolves():
         stale |= {(path.relative_to(ROOT).as_posix(), k) for k in SETTING.findall(text)
                   if not NOT_SETTINGS.search(k) and not setting_resolves(k)}  # fmt: skip
     assert not stale, sorted(stale)
+
+
+def test_no_class_name_is_defined_twice():
+    """A reader finds a concept by its name: one class a name across the code and the benchmarks (two ``Verdict``
+    classes, a claim's and a trial's, once were)."""
+    where: dict[str, list[str]] = {}
+    for top in [*CODE, "benchmarks"]:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for name in re.findall(r"^class (\w+)", path.read_text(), flags=re.M):
+                where.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
+    assert not {name: paths for name, paths in where.items() if len(paths) > 1}

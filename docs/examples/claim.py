@@ -1,6 +1,6 @@
 """A claim (a worked example, not in the product's CLAIMS): the separations paper's two-layer Transformer of width 64
 near-perfect on bounded Dyck up to length 400 (§6, Figure 2). Its words and place are a finding of
-pipeline.reporting.papers and its rule one of pipeline.reporting.rules, so it is data only; in the product it is one
+pipeline.reporting.findings and its rule one of pipeline.reporting.rules, so it is data only; in the product it is one
 more entry of the ``CLAIMS`` tuple in pipeline.reporting.claims."""
 
 from __future__ import annotations

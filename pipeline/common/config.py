@@ -813,7 +813,7 @@ class DecidesConfig(Section):
     them to the claim's own, ``pipeline.reporting.claims``), and the wall time the profile states it finishes in. A
     grid that runs a length of the task that is not the paper's, misses one, or runs the claim's model at another
     width is refused when the settings load; a budget the forecast says will not finish in ``hours`` is refused by
-    the sweep stage before training (``pipeline.costs.forecast.check_decides``). ``decides: null`` in a params file
+    the sweep stage before training (``pipeline.costs.prediction.check_decides``). ``decides: null`` in a params file
     runs the profile's recipe for something else (a control at one length) without it."""
 
     claim: str = Field(description="the claim's id (report.json's claims.<id>)")

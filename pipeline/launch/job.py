@@ -23,8 +23,8 @@ import pyarrow.fs as pafs
 from pipeline.common.config import ROOT, load_config
 from pipeline.data.storage import filesystem, location_of
 from pipeline.launch.allocation import LaunchError
-from pipeline.nightly import experiments
 from pipeline.scheduling.cluster import check_ray_token
+from pipeline.tracking import experiments
 
 OUTPUTS = ("params.yaml", "dvc.lock", "results", "report")  # what `keep` copies
 
@@ -199,7 +199,7 @@ def save_experiment(name: str, targets: list[str], env: dict[str, str], root: Pa
     """The workspace a `dvc repro [TARGETS]` left (its params, dvc.lock, the outputs of ``targets``, else of every
     stage) as the DVC experiment ``name`` (`dvc exp save`, committed as the job where the account has no git
     identity), pushed to ``$CAPACITY_ATLAS_GIT_REMOTE`` (its ref) and DVC's default remote (its outputs) when set, as
-    the nightly's nights are (``pipeline.nightly.experiments``): where `dvc exp show` finds it once a clone pulls it
+    the nightly's nights are (``pipeline.tracking.experiments``): where `dvc exp show` finds it once a clone pulls it
     (`dvc exp pull <remote> <name>`)."""
     identity = experiments.run(["git", "config", "user.email"], root).stdout.strip() or env.get("GIT_AUTHOR_EMAIL")
     if not identity:  # a pod's or a job's account often has none: the experiment's commit is the job's

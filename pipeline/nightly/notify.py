@@ -2,13 +2,12 @@
 Mattermost's incoming webhooks, Microsoft Teams' connectors and Discord's Slack-compatible ones (``.../slack``)
 accept.
 
-    python pipeline/nightly/notify.py URL < summary.txt     # post stdin; exit 0 posted, 1 not, 2 a bad URL
-    python pipeline/nightly/notify.py --check URL           # only check URL (exit 0 or 2)
+    python -m pipeline.nightly.notify URL < summary.txt     # post stdin; exit 0 posted, 1 not, 2 a bad URL
+    python -m pipeline.nightly.notify --check URL           # only check URL (exit 0 or 2)
 
-The standard library only, so that ``ops/nightly`` can run it by its path with any Python, even where the checkout's
-venv is missing (it posts why its night did not run). A webhook URL holds its secret in its path: it is named in
-logs and summaries only as its scheme and host (``redact``).
-"""
+The standard library only (and ``pipeline.common.urls``, as light), so that ``ops/nightly`` can run it from the checkout
+with any Python, even where the checkout's venv is missing (it posts why its night did not run). A webhook URL holds its
+secret in its path: it is named in logs and summaries only as its scheme and host (``pipeline.common.urls.redact``)."""
 
 from __future__ import annotations
 
@@ -18,6 +17,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+from pipeline.common.urls import redact
 
 TIMEOUT_S = 10  # per attempt: a webhook answers in well under a second
 ATTEMPTS = 3  # a refused connection, a timeout, HTTP 429 or 5xx is tried again; any other answer is final
@@ -44,20 +45,6 @@ def check_url(url: str, option: str = "--notify") -> str:
     if any(c.isspace() for c in url):
         raise WebhookError(f"{option} {redact(url)!r} holds white space: quote it whole, without spaces")
     return url
-
-
-def redact(url: str) -> str:
-    """``url`` without what may be secret (user, path, query): ``https://hooks.example.org/…``."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return url.split("://")[0] + "://…" if "://" in url else "…"
-    if not parts.scheme or not host:
-        return url if len(url) <= 12 else url[:12] + "…"
-    rest = "/…" if (parts.path not in ("", "/") or parts.query or parts.username) else ""
-    return f"{parts.scheme}://{host}{port}{rest}"
 
 
 def shorten(text: str, limit: int = MAX_CHARS) -> str:
@@ -104,7 +91,7 @@ def post(url: str, text: str, attempts: int = ATTEMPTS, backoff_s: float = BACKO
 def main(argv: list[str]) -> int:
     check = argv[:1] == ["--check"]
     if len(argv) != 1 + check:
-        print("usage: notify.py URL < text | notify.py --check URL", file=sys.stderr)
+        print("usage: python -m pipeline.nightly.notify [--check] URL [< text]", file=sys.stderr)
         return 2
     try:
         url = check_url(argv[-1])

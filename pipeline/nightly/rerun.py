@@ -35,8 +35,10 @@ from pipeline.common import signals
 from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import NIGHTLY_LOCK, LockBusy, owned
 from pipeline.common.provenance import git_commit, library_versions
-from pipeline.nightly import comparison, experiments, history, notify
+from pipeline.common.urls import redact
+from pipeline.nightly import comparison, history, notify
 from pipeline.reporting.page import NIGHTLY_MARKER, figures_html
+from pipeline.tracking import experiments
 
 SNAPSHOT = ("results/sweep.csv", "results/trials.csv", "results/sweep.json", "results/report.json")
 LISTED = 15  # changes a summary lists of each kind; the rest are counted (the report has them all)
@@ -414,7 +416,7 @@ def deliver(text: str, summary_files: list[Path], urls: list[str]) -> None:
     if failed:
         text += "\n" + "\n".join(f"Not notified: {why}." for why in failed) + "\n"
     elif urls:
-        text += f"\nNotified: {', '.join(map(notify.redact, urls))}.\n"
+        text += f"\nNotified: {', '.join(map(redact, urls))}.\n"
     print(f"\n== nightly summary\n{text}", end="", flush=True)
     for path in summary_files:
         with path.open("a") as f:

@@ -1,6 +1,6 @@
 """The two papers' claims, each as the paper states it, and their check on a results table.
 
-A ``Claim`` carries the paper's words and where it says them (``pipeline.reporting.papers``), the accuracy the paper
+A ``Claim`` carries the paper's words and where it says them (``pipeline.reporting.findings``), the accuracy the paper
 calls solved (Table 2: "above 90%"; the separations paper: "near-perfect", read as 99%), its ``Scope`` (the tasks,
 sizes and models the paper decides it at: what its coverage counts), the paper's own outcome (its numbers where it
 gives them, its words where not), what deciding it needs, and a rule (``pipeline.reporting.rules``) that returns the
@@ -25,12 +25,11 @@ subplot", "in most scenarios"), the verdict under the other wording is given bes
 Every claim is read at its own threshold and, for its sensitivity, at ``SENSITIVITY``'s (``tables.at_threshold``: a
 trial that stopped short of a threshold without having converged is undecided there), and carries what it rests on
 (``Basis``: the steps trained and whether converged, the learning rates, the seeds). ``evaluate`` returns one typed
-``Verdict`` per claim; ``Verdict.row`` is its form for the page, ``results/report.json`` and MLflow. Every measured
-statement of the papers is checked by a claim or listed in ``UNCHECKED`` with why (``check_claims`` refuses, when
-the report loads, a claim whose quote is not verbatim in its paper's text, whose rule names a model or task the
-registries do not know, or whose threshold is outside (0, 1]). ``tests/test_claims_papers.py`` runs every rule on
-the papers' own results, which must hold, and on their opposites, which must not.
-"""
+``ClaimVerdict`` per claim; ``ClaimVerdict.row`` is its form for the page, ``results/report.json`` and MLflow. Every
+measured statement of the papers is checked by a claim or listed in ``UNCHECKED`` with why (``check_claims`` refuses,
+when the report loads, a claim whose quote is not verbatim in its paper's text, whose rule names a model or task the
+registries do not know, or whose threshold is outside (0, 1]). ``tests/test_claims_papers.py`` runs every rule on the
+papers' own results, which must hold, and on their opposites, which must not."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ from enum import StrEnum
 import pandas as pd
 
 from pipeline.reporting.evidence import Evidence, Models, Reading
-from pipeline.reporting.papers import DP, FINDINGS, Finding, table2_in_words, unquoted
+from pipeline.reporting.findings import DP, FINDINGS, Finding, table2_in_words, unquoted
 from pipeline.reporting.rules import (
     CHANCE_MARGIN,
     DEGRADE_MARGIN,
@@ -651,7 +650,7 @@ def solved_steps(rows: pd.DataFrame) -> pd.Series:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ClaimVerdict:
     """One claim's check on a results table, typed: the claim, its verdict and coverage, the detail, the margins,
     what it rests on, its verdict at the other thresholds and, where the paper words it two ways, under the other
     wording. ``row`` is its form for the page, report.json and MLflow."""
@@ -710,7 +709,7 @@ def read_at(table: pd.DataFrame, threshold: float, swept_at: float) -> Evidence 
 
 def evaluate(
     table: pd.DataFrame, claims: Iterable[Claim] = CLAIMS, swept_at: float = TABLE2_THRESHOLD
-) -> list[Verdict]:
+) -> list[ClaimVerdict]:
     """Every claim's check on ``table`` (results/sweep.csv, its verdicts at ``swept_at``: the sweep's threshold),
     read at the claim's threshold and at ``SENSITIVITY``'s."""
     views: dict[float, Evidence | None] = {}
@@ -737,7 +736,7 @@ def evaluate(
             view = at(t)
             others[f"{t:.1%}"] = "n/a" if view is None else str(claim.check(view).status)
         other = claim.check(ev, most=claim.other.most).status if claim.other else None
-        verdicts.append(Verdict(claim, check, detail, Basis.of(ev.table, check.cases), others, other))
+        verdicts.append(ClaimVerdict(claim, check, detail, Basis.of(ev.table, check.cases), others, other))
     return verdicts
 
 

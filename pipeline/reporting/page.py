@@ -249,7 +249,7 @@ def fidelity_markdown(cfg: Config, checks: list[dict], best: pd.DataFrame) -> st
         markdown_table(pd.DataFrame([vars(d) for d in deviations(cfg)])),
         "### Table 2 of the DP paper against this run",
         "Per architecture and number of operators (3 layers): the paper's minimum width, back-solved from its GFLOPs "
-        "(`pipeline/reporting/papers.py`), and its GFLOPs at its L, beside this run's minimum width and its "
+        "(`pipeline/reporting/findings.py`), and its GFLOPs at its L, beside this run's minimum width and its "
         "paper-convention GFLOPs taken to the paper's L; the verdict says how they compare, or why they cannot.",
         markdown_table(tables.against_table2(best)),
     ]
@@ -352,7 +352,7 @@ def page(
         with_legend(
             html_table(tables.against_table2(best)),
             "The paper's minimum widths on arithmetic at 3 layers, back-solved from its GFLOPs "
-            "(<code>pipeline.reporting.papers</code>), beside this run's at the same operators and depth, its "
+            "(<code>pipeline.reporting.findings</code>), beside this run's at the same operators and depth, its "
             "paper-convention GFLOPs taken to the paper's L.",
         ),
     ]

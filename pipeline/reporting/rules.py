@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pipeline.reporting.evidence import INF, CellKey, Evidence, Look, Models, Reading, width_text
-from pipeline.reporting.papers import TABLE2_LAYERS, table2_at
+from pipeline.reporting.findings import TABLE2_LAYERS, table2_at
 from tasks import TASKS
 
 CHANCE_MARGIN = 0.05  # "no better than chance": best test accuracy within this of chance

@@ -24,7 +24,7 @@ import pandas as pd
 
 from pipeline.common.cell import Cell
 from pipeline.common.status import Status, borderline_rows
-from pipeline.reporting.papers import TABLE2_GFLOPS, TABLE2_LAYERS, TABLE2_LENGTHS, table2_widths
+from pipeline.reporting.findings import TABLE2_GFLOPS, TABLE2_LAYERS, TABLE2_LENGTHS, table2_widths
 from pipeline.search.frontier import Outcome, min_widths, searched
 from tasks import TASKS
 

@@ -1,1 +1,2 @@
-"""Where runs are recorded: MLflow runs, their writer, the sweep's result tables, the services a sweep needs."""
+"""Where runs are recorded and shared: MLflow runs, their writer, the sweep's result tables, the services a sweep
+needs, and runs shared as named DVC experiments (``experiments``)."""

@@ -4,7 +4,7 @@ The members are ``TrialSpec``s of one cell that differ only in ``lr`` (``check_m
 separate trials share: one initialisation (the cell's seed), one order of batches, one validation set. So they train
 as one Lightning fit of ``FusedSequenceModel``: the cell's model built once and stacked K times (``models.fused``),
 trained by ``FusedAdam`` at each member's rate with each member's own warm-up, step count and moments, its gradient
-clipped on its own (``pipeline.training.fused``). Each member's loss, FLOPs and validation metrics are its own
+clipped on its own (``pipeline.training.fused_step``). Each member's loss, FLOPs and validation metrics are its own
 (logged as ``m<k>/<metric>``), and so is its ``Verdict``: ``Members``, the fit's first callback, feeds each one its
 member's training loss and validations as Lightning feeds a separate trial's, and a member that stops (solved,
 converged, diverged, or at the end of its budget or rung) is frozen (``FusedAdam.freeze``: its parameters and
@@ -48,8 +48,8 @@ from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training.batches import IGNORE, Batch
 from pipeline.training.checkpoints import FILE, Resumable, write_meta
-from pipeline.training.fused import FusedAdam, fused_optimizer, member_losses
-from pipeline.training.fused import member_state as optimizer_state
+from pipeline.training.fused_step import FusedAdam, fused_optimizer, member_losses
+from pipeline.training.fused_step import member_state as optimizer_state
 from pipeline.training.memory import DoesNotFit
 from pipeline.training.train import SequenceModel, TrialSpec, fit_module, scored, trial_verdict
 from pipeline.training.verdict import LOSS, MONITOR, Divergence, Verdict

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.nightly.notify import redact
+from pipeline.common.urls import redact
 
 PREFIX = "nightly-"  # a night's experiment: nightly-<profile>-<date>
 REFS = "refs/exps/"  # where DVC keeps experiments: refs/exps/<baseline[:2]>/<baseline[2:]>/<name>
