@@ -22,6 +22,11 @@ small (width 16, L = 24, batch 8): the counts do not depend on them. The cells a
 the separations paper's headline task) and eq_ncp's (next-character prediction: its own loss and targets). The test
 (tests/test_benchmarks.py) holds the targets: K x alone / fused at least 4 for every architecture at depths 1 and 6,
 and no host sync in a step. The table: docs/benchmarks.md, "Kernel launches a step".
+
+``--validation`` counts instead what scoring a fused trial's K members costs at a validation, as a classification
+decodes (its answer and <eos>, 2 tokens: here each row runs to the cache's end 2 tokens after its prompt, as a
+trained classifier stops at its <eos>): each member copied out and decoded alone with its cache, as a chain of
+thought is scored, against the K members' batched decode (``Fused.greedy``), which a classification's is.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import models
 from benchmarks.results import Results, figure, out_option, out_path
+from models.fused import Fused
 from pipeline.common.config import Precision, VerdictSection, load_config
 from pipeline.costs.throughput import measure
 from pipeline.search.cells import defined_cells
@@ -48,6 +54,7 @@ from pipeline.training.verdict import Verdict
 PROFILE = "separations"
 WIDTH, LENGTH, BATCH = 16, 24, 8
 WARMUP, STEPS = 2, 2
+VOCAB, NEVER = 20, -1  # a validation's: its vocabulary, and a stop token no model produces
 ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "set_",
                "resize_", "_local_scalar_dense", "_unsafe_view", "_reshape_alias"}  # fmt: skip
 SYNCS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "item"}
@@ -185,6 +192,31 @@ def table(
     return rows
 
 
+def validation(arch: str, depth: int, k: int) -> dict:
+    """Kernel-like ops and host syncs of scoring ``k`` members' greedy answers, one by one and batched."""
+    members = []
+    for seed in range(k):
+        torch.manual_seed(seed)
+        members.append(models.build_model(arch, vocab_size=VOCAB, width=WIDTH, depth=depth, heads=2,
+                                          max_len=LENGTH, dropout=0.0).eval())  # fmt: skip
+    fused = Fused(members).eval()
+    prompts = torch.randint(0, VOCAB, (BATCH, LENGTH - 1))  # 2 tokens to the cache's end
+    counts = {}
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        for side, score in (("alone", lambda: [fused.member(m).eval().greedy(prompts, NEVER) for m in range(k)]),
+                            ("fused", lambda: fused.greedy(prompts, NEVER))):  # fmt: skip
+            with Launches() as mode:
+                score()
+            counts[side] = mode
+    alone, batched = counts["alone"], counts["fused"]
+    ratio = alone.kernels / batched.kernels
+    print(f"validation   {arch:15} d{depth} alone {alone.kernels:6d}  {k} batched {batched.kernels:6d}  alone / "
+          f"batched {ratio:5.2f}  syncs {alone.syncs} / {batched.syncs}", flush=True)  # fmt: skip
+    return {"arch": arch, "depth": depth, "precision": "32-true", "ratio": ratio,
+            "alone_kernels": alone.kernels, "fused_kernels": batched.kernels,
+            "alone_syncs": alone.syncs, "fused_syncs": batched.syncs}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_launches", description=__doc__,
@@ -194,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", nargs="+", type=int, default=[1, 6], help="depths (default: 1 6)")
     ap.add_argument("--k", type=int, default=7, help="members of a fused trial (default: 7, the paper's rates)")
     ap.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=["32-true", "bf16-mixed"])
-    ap.add_argument("--tasks", nargs="+", default=["index_lookup", "eq_ncp"],
-                    help="the cells' tasks (default: index_lookup eq_ncp: a classification and the ncp loss)")
+    ap.add_argument("--tasks", nargs="+", default=["index_lookup", "eq_ncp", "validation"],
+                    choices=["index_lookup", "eq_ncp", "validation"],
+                    help="the cells' tasks, a training step's (index_lookup eq_ncp: a classification and the ncp "
+                         "loss), and validation: scoring the members (fp32; default: all three)")
     out_option(ap, "bench_launches", quick_note=False)
     args = ap.parse_args(argv)
     archs = args.archs or fusable()
@@ -206,16 +240,22 @@ def main(argv: list[str] | None = None) -> int:
     for task in args.tasks:
         settings = {"profile": PROFILE, "task": task, "k": args.k, "width": WIDTH, "length": LENGTH, "batch": BATCH,
                     "counted_steps": STEPS, "after": WARMUP}  # fmt: skip
+        if task == "validation":
+            settings = {"k": args.k, "width": WIDTH, "prompt": LENGTH - 1, "decoded": 2, "batch": BATCH}
+            rows = [validation(arch, depth, args.k) for depth in args.depths for arch in archs]
+        else:
+            rows = table(archs, args.depths, args.k, args.precisions, task)
+        per = "ops a validation batch" if task == "validation" else "ops a step"
         figures = results.section(task, settings)
-        for row in table(archs, args.depths, args.k, args.precisions, task):
+        for row in rows:
             figures[f"{row['arch']} d{row['depth']} {row['precision']}"] = {
                 name: figure(row[key], unit)
                 for name, key, unit in (
-                    ("alone kernels", "alone_kernels", "ops a step"),
-                    (f"{args.k} fused kernels", "fused_kernels", "ops a step"),
+                    ("alone kernels", "alone_kernels", per),
+                    (f"{args.k} fused kernels", "fused_kernels", per),
                     (f"{args.k} x alone / fused", "ratio", "x"),
-                    ("alone syncs", "alone_syncs", "a step"),
-                    ("fused syncs", "fused_syncs", "a step"),
+                    ("alone syncs", "alone_syncs", per.removeprefix("ops ")),
+                    ("fused syncs", "fused_syncs", per.removeprefix("ops ")),
                 )
             }
     results.write(out_path(args, "bench_launches"))

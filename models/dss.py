@@ -54,10 +54,10 @@ class DSS(Mixer):
                 y = y + carried
                 state["x"] = powers[None, ..., T] * state["x"]
             else:
-                state["x"] = u.new_zeros(B, D, self.modes, dtype=torch.cfloat)
+                state["x"] = u.new_zeros(B, D, self.modes, dtype=bbar.dtype)  # complex, of the weights' precision
             # x_T += sum_s Abar^(T-1-s) Bbar u_s
             state["x"] = state["x"] + torch.einsum(
-                "dnt,bdt->bdn", powers[..., :T].flip(-1) * bbar[..., None], uf.to(torch.cfloat)
+                "dnt,bdt->bdn", powers[..., :T].flip(-1) * bbar[..., None], uf.to(bbar.dtype)
             )
         return F.gelu(y.transpose(1, 2), approximate="tanh")  # (B, T, D)
 

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
 from models.attention import SoftmaxAttention
@@ -97,8 +98,10 @@ class Fused(nn.Module):
             {name: getattr(self, _attribute(name)) for name in self.buffer_names},
         )
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) tokens every member reads, or (K, B, T), member k reading tokens[k] -> (K, B, T, V) logits."""
+    def forward(self, tokens: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
+        """(B, T) tokens every member reads, or (M, B, T), the m-th member run reading tokens[m] -> (M, B, T, V)
+        logits, of every member (M = K) or of ``members`` only (their weights gathered first: a validation's
+        saving, where frozen members need no score)."""
         if tokens.device not in self.told:
             self.told.add(tokens.device)
             for note in self.notes(tokens.device):
@@ -108,6 +111,11 @@ class Fused(nn.Module):
         if self.template.training != self.training:
             self.template.train(self.training)
         params, buffers = self.stacked()
+        if members is not None and list(members) != list(range(self.size)):
+            index = torch.tensor(list(members), device=tokens.device)
+            params = {n: p.index_select(0, index) for n, p in params.items()}
+            buffers = {n: b.index_select(0, index) for n, b in buffers.items()}
+        size = next(iter(params.values())).shape[0]
         per_member = tokens.dim() == 3
         if self.unbatched is None:
             run = vmap(self.call, in_dims=(0, 0, 0 if per_member else None), randomness="different")
@@ -119,9 +127,40 @@ class Fused(nn.Module):
                     {n: b[k] for n, b in buffers.items()},
                     tokens[k] if per_member else tokens,
                 )
-                for k in range(self.size)
+                for k in range(size)
             ]
         )
+
+    @torch.no_grad()
+    def greedy(
+        self, prompts: torch.Tensor, stop: int, members: Sequence[int] | None = None, batched: int = 2
+    ) -> torch.Tensor:
+        """(B, P) prompts -> (M, B, L): each member's greedy continuation (of ``members``, default all), what
+        ``LanguageModel.greedy`` gives it, padded with -1 to the longest. The first ``batched`` tokens come from one
+        batched forward a token; the members' caches are not stacked, so each such token recomputes the prefix, which
+        for a short continuation (a classification's answer and <eos>: 2) costs about one cached decode in a K-th of
+        the launches. A member with a row still going after them decodes alone, from the start, with its cache."""
+        members = list(range(self.size)) if members is None else list(members)
+        out = prompts.expand(len(members), *prompts.shape)  # (M, B, P)
+        done = torch.zeros(out.shape[:2], dtype=torch.bool, device=prompts.device)  # (M, B)
+        ends = torch.zeros(len(members), dtype=torch.long, device=prompts.device)  # (M,) where each stopped; 0: going
+        for _ in range(batched):
+            nxt = self(out, members)[:, :, -1].argmax(-1)  # (M, B)
+            out = torch.cat([out, nxt[..., None]], -1)
+            done |= nxt == stop
+            ends = torch.where((ends == 0) & done.all(1), out.shape[-1], ends)
+            if done.all() or out.shape[-1] - 1 >= self.max_len:  # as many tokens read as a full cache holds
+                break
+        # what a member decoded after its own last row stopped (the others going on) is not its own: cut
+        after = torch.arange(out.shape[-1], device=out.device) >= ends[:, None, None]  # (M, 1, L)
+        out = out.masked_fill(after & (ends[:, None, None] > 0), -1)
+        going = (ends == 0).tolist()  # one read back a batch
+        if not any(going) or out.shape[-1] - 1 >= self.max_len:
+            return out
+        alone = [self.member(k).eval().greedy(prompts, stop) if more else row
+                 for k, more, row in zip(members, going, out, strict=True)]  # fmt: skip
+        longest = max(a.shape[-1] for a in alone)
+        return torch.stack([F.pad(a, (0, longest - a.shape[-1]), value=-1) for a in alone])
 
     def call(self, params: dict, buffers: dict, tokens: torch.Tensor) -> torch.Tensor:
         """One member's forward with the given weights: (B, T) -> (B, T, V)."""

@@ -569,6 +569,18 @@ def test_a_fused_step_launches_at_most_a_quarter_of_k_trials_kernels_and_no_step
     assert not syncs, f"host syncs in a step: {syncs}"
 
 
+def test_a_classifications_members_are_scored_in_a_quarter_of_their_launches_one_by_one():
+    """benchmarks.bench_launches --tasks validation (seconds, fast tier): a validation of 7 members of a
+    classification, batched (``Fused.greedy``), launches at most a quarter of the kernels of the members decoded one
+    by one with their caches, and reads back to the host at most once a token and once more (3 syncs)."""
+    from benchmarks import bench_launches
+
+    rows = [bench_launches.validation(arch, 1, 7) for arch in bench_launches.fusable()]
+    low = [(r["arch"], round(r["ratio"], 2)) for r in rows if r["ratio"] < 4]
+    assert not low, f"alone / batched below 4: {low}"
+    assert {r["fused_syncs"] for r in rows} == {3} and min(r["alone_syncs"] for r in rows) == 14
+
+
 def test_the_launch_counter_counts_kernels_and_host_reads_and_not_views():
     """The counter itself: a view and an allocation are no kernel, a _foreach op is one, a .item(), a .tolist() and
     a boolean index each a sync."""

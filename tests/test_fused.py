@@ -62,6 +62,30 @@ def test_fused_under_bf16_autocast_equals_the_members_apart_under_it(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_fused_greedy_decodes_what_each_member_decodes_with_its_cache(arch):
+    """Batched greedy decoding (no cache, the prefix recomputed a token) gives each member's own cached decode, for
+    every member or a subset (a validation skips frozen ones): rows that stop within the batched tokens, rows that go
+    on (those members decode alone, padded with -1), and every token batched."""
+    apart = [m.eval() for m in members(arch)]
+    fused = Fused(copy.deepcopy(apart)).eval()
+    torch.manual_seed(3)
+    prompts = torch.randint(0, V, (B, T - 6))
+    own = [m.greedy(prompts, 0) for m in apart]
+    # a stop token the members often produce first: some rows stop at once, some go on
+    stop = int(torch.cat([o[:, T - 6] for o in own]).mode().values)
+    own = [m.greedy(prompts, stop) for m in apart]
+    for subset in (None, [0, 2]):
+        for batched in (2, T):
+            out = fused.greedy(prompts, stop, subset, batched=batched)
+            chosen = range(K) if subset is None else subset
+            assert out.shape[:2] == (len(chosen), B), (subset, batched)
+            for row, k in zip(out, chosen, strict=True):
+                kept = row[:, : own[k].shape[1]]
+                assert torch.equal(kept, own[k]), (arch, k, subset, batched)
+                assert (row[:, own[k].shape[1] :] == -1).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_no_gradient_crosses_members(arch):
     """A loss on member 1 alone: every other member's slice of every gradient is exactly zero, member 1's is not."""
     fused = Fused(members(arch))

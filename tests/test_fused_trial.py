@@ -49,6 +49,42 @@ def test_each_member_ends_as_its_separate_trial_ends(specs):
     assert math.isnan(fused[3]["val_accuracy"]) and separate[3]["val_accuracy"] == 0.0
 
 
+
+@pytest.fixture(scope="module")
+def one_pass_data(tmp_path_factory) -> Path:
+    """Tiny index lookup (a classification) and eq_ncp (next-character prediction) datasets: the families whose
+    members are scored in one batched pass at a validation."""
+    from pipeline.common.config import load_config
+    from pipeline.generate import generate_task
+    from tests.helpers import write_params
+
+    tmp = tmp_path_factory.mktemp("one_pass")
+    params = "profile: tiny\ntasks: [index_lookup, eq_ncp]\ngenerate: {datasets: {index_lookup: [10], eq_ncp: [8]}}\n"
+    cfg = load_config(write_params(tmp / "params.yaml", params))
+    for task in ("index_lookup", "eq_ncp"):
+        generate_task(cfg, task, tmp / "data", check=True)
+    return tmp / "data"
+
+
+@pytest.mark.parametrize("task, size", [("index_lookup", 10), ("eq_ncp", 8)])
+def test_members_scored_in_one_pass_score_as_their_separate_trials(specs, one_pass_data, task, size):
+    """Where a validation scores the active members in one batched pass (``FusedSequenceModel.member_accuracies``:
+    a classification's greedy answer, ncp's every-prefix score), each member's accuracies, verdict and steps are its
+    separate trial's."""
+    from tests.helpers import dataset_fields, make_cell
+
+    cell = make_cell(task, size, "standard", 16, 1, 3, **dataset_fields(one_pass_data, task, size))
+    settings = {"targets": {task: 0.4}, "max_steps": 300, "val_every_steps": 50}
+    lrs = (1e-2, 3e-3, 1e6)  # 0.03 would amplify fusion's float rounding over 300 steps into another model
+    on_task = [dataclasses.replace(specs[0], cell=cell, lr=lr, settings=specs[0].settings.replaced(**settings))
+               for lr in lrs]  # fmt: skip
+    fused = run_fused(on_task, NAMES[: len(lrs)])
+    separate = [run_trial(spec) for spec in on_task]
+    for lr, a, b in zip(lrs, fused, separate):
+        differ = same(a, b, VERDICT if a["status"] == "diverged" else SAME)
+        assert not differ, f"{task} lr {lr}: {differ} {[(a[k], b[k]) for k in differ]}"
+    assert fused[-1]["status"] == "diverged"  # frozen at step 1: every later validation scores a subset
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes: NaN equals NaN bit for bit (a diverged member's weights)."""
     return t.detach().contiguous().view(torch.uint8)

@@ -10,7 +10,7 @@ import models
 import tasks
 from pipeline.data.datasets import META_KEY, dataset_path, read_dataset
 from pipeline.training.batches import IGNORE, Collate, LengthBuckets, collate, collate_reference, loader
-from pipeline.training.evaluation import final_answers, greedy_accuracy
+from pipeline.training.evaluation import final_answers, greedy_accuracies, greedy_accuracy
 from pipeline.training.settings import TrainSettings
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, SequenceModel, TrialSpec, run_trial
 from tests.helpers import dataset_fields, make_cell, write_params
@@ -91,6 +91,18 @@ def test_greedy_accuracy_is_one_for_an_oracle_and_counts_wrong_answers(tiny_data
     data.answer[:10] = (data.answer[:10] + 1) % vocab  # ten answers no decoding can match
     assert greedy_accuracy(Oracle(data, vocab), data, batch_size=7) == pytest.approx(1 - 10 / len(data))
 
+
+
+def test_greedy_accuracies_score_each_of_several_models_decoded_at_once(tiny_data):
+    """(M, B, L) sequences, M models decoded in one pass (``Fused.greedy``), give one accuracy each."""
+    data = read_dataset(dataset_path(tiny_data, "arithmetic", 2, "test"))
+    oracle = Oracle(data, len(data.meta["vocab"]))
+
+    def decode(prompts, stop):  # the oracle, and a model that never stops (no answer)
+        right = oracle.greedy(prompts, stop)
+        return torch.stack([right, torch.full_like(right, -1)])
+
+    assert greedy_accuracies(decode, data, batch_size=7, device="cpu").tolist() == [1.0, 0.0]
 
 @pytest.mark.parametrize("arch", sorted(models.ARCHITECTURES))
 @pytest.mark.parametrize("task", ["arithmetic", "lis"])

@@ -9,7 +9,8 @@ clipped on its own (``pipeline.training.fused_step``). Each member's loss, FLOPs
 member's training loss and validations as Lightning feeds a separate trial's, and a member that stops (solved,
 converged, diverged, or at the end of its budget or rung) is frozen (``FusedAdam.freeze``: its parameters and
 moments unchanged from then on) while the others go on. The fit trains to the furthest budget a member still
-training has, and ends when none is.
+training has, and ends when none is. A validation scores the members still training only, in one batched pass where
+the family's answer is a forward or a short continuation (``member_accuracies``).
 
 What leaves it is per member, what a separate trial of it writes (``pipeline.training.train.score``'s keys, with
 ``fused_members``, the members it trained with): each one is scored on the test set as a model of its own
@@ -230,23 +231,38 @@ class FusedSequenceModel(SequenceModel):
 
     def validation_step(self, batch: Batch, batch_idx):
         inputs, targets = batch.inputs, batch.targets
-        logits = self.model(inputs)  # (K, B, T, V)
+        active = self.members.active  # a frozen member's metrics stopped with it
+        if not active:
+            return
+        logits = self.fused(inputs, active)  # (M, B, T, V)
         mask = targets != IGNORE
-        for k in self.members.active:
-            correct = (self.correct(logits[k], inputs, targets) & mask).sum()
-            self.log(f"m{k}/val_loss", self.loss(logits[k], inputs, targets), batch_size=len(inputs))
+        for m, k in enumerate(active):
+            correct = (self.correct(logits[m], inputs, targets) & mask).sum()
+            self.log(f"m{k}/val_loss", self.loss(logits[m], inputs, targets), batch_size=len(inputs))
             self.log(f"m{k}/val_token_accuracy", correct / mask.sum(), batch_size=int(mask.sum()))
 
     def on_validation_epoch_end(self):
-        for k in self.members.active:
+        active = self.members.active
+        for k in active:
             if self.last_losses is not None:
                 self.log(f"m{k}/train_loss", self.last_losses[k])
-            if self.val_data is not None:
-                with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
-                    accuracy = self.final_accuracy(
-                        self.val_data, self.spec.settings.evaluation.eval_batch_size, self.device, self.fused.member(k)
-                    )
-                self.log(f"m{k}/val_accuracy", accuracy)
+        if self.val_data is not None and active:
+            with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
+                for k, accuracy in zip(active, self.member_accuracies(self.val_data, active), strict=True):
+                    self.log(f"m{k}/val_accuracy", accuracy)
+
+    def member_accuracies(self, data: Dataset, members: list[int]) -> list[float]:
+        """The final scores of ``members`` (frozen ones need none): in one batched pass where a family's answer is a
+        forward (ncp) or a short continuation (classify: its answer and <eos>, ``Fused.greedy``); a chain of thought,
+        long, decodes member by member with each member's cache (batched without one, its prefix recomputed every
+        token, it would cost more than the K decodes)."""
+        batch_size, fused = self.spec.settings.evaluation.eval_batch_size, self.fused
+        if self.spec.cell.family == "cot":
+            return [self.final_accuracy(data, batch_size, self.device, fused.member(k)) for k in members]
+        fused.eval()
+        decode = functools.partial(fused.greedy, members=members)
+        scores = self.final_accuracies(data, batch_size, self.device, decode, functools.partial(fused, members=members))
+        return scores.tolist()
 
     @property
     def fused(self) -> Fused:

@@ -42,7 +42,7 @@ from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training import distributed
 from pipeline.training.batches import IGNORE, Batch, LengthBuckets, loader
 from pipeline.training.checkpoints import Resumable
-from pipeline.training.evaluation import greedy_accuracy
+from pipeline.training.evaluation import greedy_accuracies
 from pipeline.training.memory import budget_bytes, fit_memory, memory_cap
 from pipeline.training.settings import TrainSettings
 from pipeline.training.steps import StepForward, pad_to
@@ -182,16 +182,23 @@ class SequenceModel(L.LightningModule):
         """The family's final score of ``model`` (default: this trial's), as the papers score it: greedy final answers
         (cot, classify) or, for ncp, the fraction of sequences right at every prefix (teacher-forced, one pass)."""
         model = model or self.model
-        if self.spec.cell.family != "ncp":
-            return greedy_accuracy(model, data, batch_size, device)
         model.eval()
-        right = 0
-        with torch.no_grad():
-            for batch in loader(data, batch_size, 0, shuffle=False):
-                inputs, targets = batch.inputs.to(device), batch.targets.to(device)
-                ok = self.correct(model(inputs), inputs, targets) | (targets == IGNORE)  # (B, T)
-                right += int(ok.all(1).sum())
-        return right / len(data)
+        return float(self.final_accuracies(data, batch_size, device, model.greedy, model)[0])
+
+    @torch.no_grad()
+    def final_accuracies(
+        self, data: Dataset, batch_size: int, device, decode: Callable, run: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """(M,) final scores of one model (M = 1) or of M models at once, given their greedy decoding and their
+        forward: (B, P) prompts -> (B, L) or (M, B, L) sequences; (B, T) tokens -> (B, T, V) or (M, B, T, V)."""
+        if self.spec.cell.family != "ncp":
+            return greedy_accuracies(decode, data, batch_size, device)
+        right = torch.zeros((), dtype=torch.long, device=device)
+        for batch in loader(data, batch_size, 0, shuffle=False):
+            inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+            ok = self.correct(run(inputs), inputs, targets) | (targets == IGNORE)  # (B, T) or (M, B, T)
+            right = right + ok.all(-1).sum(-1)
+        return right.reshape(-1).double() / len(data)
 
     def training_step(self, batch: Batch, batch_idx):
         loss = self.training_loss(batch)
