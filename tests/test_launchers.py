@@ -38,6 +38,7 @@ MANIFEST = ROOT / "ops" / "kuberay" / "rayjob.yaml"
 BIN = Path(sys.executable).parent
 IMAGE = "registry.example/capacity-atlas:1"  # what a user puts in place of the placeholder
 NO_NAMESPACES = services.namespace_problem()  # the Ray cluster's test needs them (root)
+NODES = ("127.0.0.1", "127.0.0.2")  # the simulated allocation's
 
 SCONTROL = """#!/usr/bin/env bash
 # scontrol's stand-in: `scontrol show hostnames a,b` prints a and b, one a line; `scontrol requeue ID` is logged
@@ -64,6 +65,7 @@ args=()
 for arg in "$@"; do
     case $arg in
         --temp-dir=*) args+=("--temp-dir=$FAKE_SLURM/$node") ;;
+        /tmp/ray-*) args+=("$FAKE_SLURM/$node") ;;  # the job's temp dir, removed at its end
         *) args+=("$arg") ;;
     esac
 done
@@ -129,7 +131,7 @@ def slurm_env(fake: Path, repo: Path, **extra: str) -> dict[str, str]:
         "PATH": f"{bin_dir}:{BIN}:{os.environ['PATH']}",
         "FAKE_SLURM": str(fake),
         "SLURM_JOB_ID": "42",
-        "SLURM_JOB_NODELIST": "127.0.0.1,127.0.0.2",
+        "SLURM_JOB_NODELIST": ",".join(NODES),
         "SLURM_JOB_NUM_NODES": "2",
         "SLURM_CPUS_PER_TASK": "4",
         "SLURM_SUBMIT_DIR": str(repo),
@@ -323,7 +325,9 @@ def test_the_image_recipe_builds_this_checkout_from_the_locks_on_rays_cuda_image
     assert re.search(r"(?m)^FROM \$\{RAY_IMAGE\}$", dockerfile)
     # the checkout where the manifest's entrypoint runs, installed with the CUDA lock and Ray's job server
     entrypoint = yaml.safe_load(MANIFEST.read_text())["spec"]["entrypoint"].split()[0]
-    assert "COPY . /srv/capacity-atlas" in dockerfile and entrypoint == "/srv/capacity-atlas/ops/ray-job"
+    assert entrypoint == "/srv/capacity-atlas/ops/ray-job"
+    assert "COPY --chown=ray:users . /srv/capacity-atlas" in dockerfile
+    assert not re.search(r"(?m)^RUN .*chown -R", dockerfile)  # a layer that would store the tree a second time
     assert "RUN ops/install --torch cuda --cluster" in dockerfile
     assert "ENV PATH=/srv/capacity-atlas/.venv/bin:$PATH" in dockerfile  # KubeRay's `ray start` is the venv's
     lines = (ROOT / "ops/kuberay/Dockerfile.dockerignore").read_text().splitlines()
@@ -621,7 +625,7 @@ def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_dri
     """The job as Slurm runs it, three times: the driver ends (its status is the job's); Slurm's notice before the time
     limit (SIGUSR1 to the batch shell, --signal=B:USR1@300) stops the driver's whole process group, SIGINT first, and
     then the job requeues itself; a SIGTERM (scancel) stops it without a requeue. Ray is gone each time, and its ports
-    and temp dir are the job's own."""
+    and temp dir are the job's own; the temp dir is removed from each node, but where the driver failed."""
     repo = checkout(tmp_path / "checkout")
     fake = Path(tempfile.mkdtemp(prefix="sb-", dir="/tmp"))  # short: Ray's socket paths live under it
     shared = tmp_path / "shared"
@@ -638,6 +642,7 @@ def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_dri
                                                  str(seen)]),
                                   cwd=repo, env=env, capture_output=True, text=True, timeout=300)
             left = ray_processes(fake)
+            kept = [(fake / node).is_dir() for node in NODES]
             (fake / "srun.log").rename(fake / "first-srun.log")
             for notice in (signal.SIGUSR1, signal.SIGTERM):
                 state = tmp_path / notice.name
@@ -652,6 +657,7 @@ def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_dri
                 out, err = job.communicate(timeout=240)
                 requeued = (fake / "scontrol.log").read_text() if (fake / "scontrol.log").exists() else ""
                 stopped[notice.name] = (job.returncode, out, err, state, requeued, ray_processes(fake))
+                assert not any((fake / node).exists() for node in NODES), (notice.name, err)  # temp dirs removed
         assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-5000:]  # the driver's status
         driver = json.loads(seen.read_text())
         assert {n["ip"] for n in driver["nodes"]} == {"127.0.0.1", "127.0.0.2"}
@@ -669,6 +675,8 @@ def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_dri
         assert all("--min-worker-port=0 --max-worker-port=0" in s for s in steps)
         assert f"--head --port={port}" in steps[0] and f"--address=127.0.0.1:{port}" in steps[1]
         assert not left, [p.cmdline() for p in left]  # Ray stopped on both nodes
+        # the driver failed: Ray's logs stay on each node, and the log says where
+        assert kept == [True, True] and "Ray's logs are kept in /tmp/ray-42 on each node" in done.stderr
         code, out, err, state, requeued, left = stopped["SIGUSR1"]
         assert code == 143 and "the time limit is near (SIGUSR1): stopping, then requeueing" in err, out + err
         # the driver and its stage, one process group, had SIGINT while Ray was still up; then the job requeued
