@@ -57,6 +57,28 @@ def words(values) -> str:
 
 def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, cluster: Cluster, source: str) -> str:
     """The forecast as it is printed: the grid, the throughput it rests on, the cluster, then the costs."""
+    lines = [
+        *grid_lines(fc, cfg, params),
+        "",
+        f"throughput ({source}), model FLOP/s of training steps, on {throughput.device}:",
+        *rate_lines(fc, cfg.sweep, throughput),
+        *cluster_lines(fc, throughput, cluster),
+        "",
+        f"{'':26} {'trials':>7} {'training FLOPs':>16} {fc.unit + '-hours':>16}   wall",
+        row(fc.grid, fc.trials, "grid, first budget"),
+        row(fc.extended, fc.trials, f"grid, extended {fc.factor}x"),
+        "  wall: the trials on the slots longest first, as the sweep hands them out (a list schedule). The extended",
+        "  line is the most the grid trains: a trial stops once solved or converged, and how early is not forecast.",
+        f"  rates: {sources(fc.configured.sources)}",
+        "",
+        *mode_lines(fc),
+        *search_lines(fc),
+    ]
+    return "\n".join(lines)
+
+
+def grid_lines(fc: Forecast, cfg: Config, params: str) -> list[str]:
+    """What the profile trains: its cells, trials, budget and search."""
     s = cfg.sweep
     tasks = dict.fromkeys(t for t, _ in cfg.sweep_datasets())
     shapes: dict[str, list[str]] = {}  # what an architecture trains -> the architectures that train it
@@ -65,7 +87,7 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
         shape = f"widths {widths} · depths {depths} · learning rates {words(lrs)}"
         shapes.setdefault(shape, []).append(arch)
     budget = f"{' / '.join(f'{n:,}' for n in fc.steps)} steps of batch {s.optim.batch_size}"
-    lines = [
+    return [
         f"Forecast for profile {fc.profile} (conf/{fc.profile}.yaml with {params}'s overrides), before launch",
         "",
         f"cells: {fc.cells:,} (task x size x architecture x width x depth x seed)",
@@ -78,15 +100,16 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
         + (f", extended up to {fc.factor}x while a trial still improves" if fc.factor > 1 else ", never extended"),
         f"search: sweep.search.strategy {s.search.strategy}, lr_search {s.search.lr_search}"
         + (f", predict {words(s.search.predict)}" if s.search.predict else ""),
-        "",
-        f"throughput ({source}), model FLOP/s of training steps, on {throughput.device}:",
     ]
-    lines += rate_lines(fc, s, throughput)
+
+
+def cluster_lines(fc: Forecast, throughput: Throughput, cluster: Cluster) -> list[str]:
+    """The cluster's trial slots, and what the rates measured elsewhere or not at all mean for its hours."""
     kind = f"{cluster.gpus} GPUs" + (f" ({cluster.gpu})" if cluster.gpu else "") if fc.unit == "GPU" else ""
-    lines.append(
+    lines = [
         f"cluster: {cluster.nodes} node{'s' * (cluster.nodes > 1)} x {kind or f'{cluster.cpus} CPUs'} = "
         f"{fc.slots} trial slots, {fc.per_trial:g} {fc.unit}{'s' * (fc.per_trial != 1)} a trial"
-    )
+    ]
     elsewhere = cluster.gpu and cluster.gpu.lower() not in throughput.device.lower()
     if fc.unit == "GPU" and (throughput.device.startswith("cpu") or elsewhere):
         lines.append(
@@ -103,19 +126,7 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
             f"  note: no rate of {', '.join(mine.alone)} was measured as {mine.mode}: their trials are charged at "
             f"their rate alone, {mine.per_slot:g} of it each (no faster in all than one trial a GPU)"
         )
-    lines += [
-        "",
-        f"{'':26} {'trials':>7} {'training FLOPs':>16} {fc.unit + '-hours':>16}   wall",
-        row(fc.grid, fc.trials, "grid, first budget"),
-        row(fc.extended, fc.trials, f"grid, extended {fc.factor}x"),
-        "  wall: the trials on the slots longest first, as the sweep hands them out (a list schedule). The extended",
-        "  line is the most the grid trains: a trial stops once solved or converged, and how early is not forecast.",
-        f"  rates: {sources(mine.sources)}",
-        "",
-        *mode_lines(fc),
-        *search_lines(fc),
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 PACK_COMMAND = "python -m benchmarks.bench_pack --out docs/benchmarks"

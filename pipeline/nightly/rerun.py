@@ -433,7 +433,7 @@ def checked_summary_file(path: str) -> Path:
     return Path(path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m pipeline.nightly", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -482,7 +482,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the summary's link to the report, e.g. where report/ is served or the CI run that keeps it "
         "(default: the path of report/ in the checkout)",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     night = Night(Path(args.repo), args.profile, args.report_url)
     summary_files: list[Path] = []
     try:  # bad input is named before anything runs

@@ -25,7 +25,7 @@ import pandas as pd
 from pipeline.common.cell import Cell
 from pipeline.common.status import Status, borderline_rows
 from pipeline.reporting.findings import TABLE2_GFLOPS, TABLE2_LAYERS, TABLE2_LENGTHS, table2_widths
-from pipeline.search.frontier import Outcome, min_widths, searched
+from pipeline.search.frontier import MinWidth, Outcome, min_widths, searched
 from tasks import TASKS
 
 # The lengths L a paper states, per task and size: each task's own ``paper_lengths`` (today arithmetic's only)
@@ -118,6 +118,13 @@ def paper_length(task: str, size: int) -> int | None:
     return PAPER_LENGTHS.get(task, {}).get(int(size))
 
 
+# min_gflops's columns, in order
+MIN_GFLOPS_COLUMNS = (
+    "task size L paper_L depth arch min_paper_gflops paper_gflops_at_paper_L min_exact_gflops min_train_pflops width "
+    "accuracy best_accuracy statuses undecided borderline"
+).split()
+
+
 def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
     """Per (task, size, arch, depth): the smallest width solved by every seed (``frontier.min_widths``, the same
     rule the search uses) and its cost in the three conventions; ``paper_L`` and ``paper_gflops_at_paper_L``
@@ -129,55 +136,41 @@ def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
         for r in table.itertuples()
     }
     cells = cell_means(table).set_index(["task", "size", "arch", "width", "depth"])
-    rows = []
-    for (task, size, arch, depth), found in sorted(min_widths(outcomes).items()):
-        width = found.width
-        group = cells.loc[(task, size, arch)].xs(depth, level="depth")
-        data_len = int(group.max_len.iloc[0])
-        row = {
-            "task": task,
-            "size": size,
-            "L": data_len,
-            "paper_L": paper_length(task, size),
-            "depth": depth,
-            "arch": arch,
-            "best_accuracy": round(float(group.accuracy.max()), 4) if group.accuracy.notna().any() else None,
-            "statuses": ",".join(sorted(set(",".join(group.statuses).split(",")))),
-            "undecided": "; ".join(found.undecided),
-            "borderline": False,
-        }
-        if width is not None:
-            best = group.loc[width]
-            row.update(
-                min_paper_gflops=float(best.paper_gflops),
-                min_exact_gflops=float(best.exact_gflops),
-                min_train_pflops=None if pd.isna(best.solve_pflops) else float(best.solve_pflops),
-                width=int(width),
-                accuracy=None if pd.isna(best.accuracy) else round(float(best.accuracy), 4),
-                borderline=bool(best.borderline),
-            )
-            if row["paper_L"] is not None:
-                row["paper_gflops_at_paper_L"] = float(best.paper_gflops) * (row["paper_L"] + 2) / (data_len + 2)
-        rows.append(row)
-    cols = [
-        "task",
-        "size",
-        "L",
-        "paper_L",
-        "depth",
-        "arch",
-        "min_paper_gflops",
-        "paper_gflops_at_paper_L",
-        "min_exact_gflops",
-        "min_train_pflops",
-        "width",
-        "accuracy",
-        "best_accuracy",
-        "statuses",
-        "undecided",
-        "borderline",
+    rows = [
+        min_width_row(task, size, arch, depth, found, cells.loc[(task, size, arch)].xs(depth, level="depth"))
+        for (task, size, arch, depth), found in sorted(min_widths(outcomes).items())
     ]
-    return pd.DataFrame(rows).reindex(columns=cols)
+    return pd.DataFrame(rows).reindex(columns=MIN_GFLOPS_COLUMNS)
+
+
+def min_width_row(task: str, size: int, arch: str, depth: int, found: MinWidth, group: pd.DataFrame) -> dict:
+    """One row of ``min_gflops``: ``group`` is the (task, size, arch, depth)'s cells by width (seed means)."""
+    data_len, paper_len = int(group.max_len.iloc[0]), paper_length(task, size)
+    row: dict = {
+        "task": task,
+        "size": size,
+        "L": data_len,
+        "paper_L": paper_len,
+        "depth": depth,
+        "arch": arch,
+        "best_accuracy": round(float(group.accuracy.max()), 4) if group.accuracy.notna().any() else None,
+        "statuses": ",".join(sorted(set(",".join(group.statuses).split(",")))),
+        "undecided": "; ".join(found.undecided),
+        "borderline": False,
+    }
+    if found.width is not None:
+        best = group.loc[found.width]
+        row.update(
+            min_paper_gflops=float(best.paper_gflops),
+            min_exact_gflops=float(best.exact_gflops),
+            min_train_pflops=None if pd.isna(best.solve_pflops) else float(best.solve_pflops),
+            width=int(found.width),
+            accuracy=None if pd.isna(best.accuracy) else round(float(best.accuracy), 4),
+            borderline=bool(best.borderline),
+        )
+        if paper_len is not None:
+            row["paper_gflops_at_paper_L"] = float(best.paper_gflops) * (paper_len + 2) / (data_len + 2)
+    return row
 
 
 def cheapest(best: pd.DataFrame, column: str) -> pd.DataFrame:

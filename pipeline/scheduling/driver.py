@@ -33,8 +33,8 @@ from pipeline.search.cells import (
 from pipeline.search.frontier import make_plan
 from pipeline.search.halving import Halving
 from pipeline.search.searcher import trial_key
-from pipeline.tracking.parent import open_parent_run
-from pipeline.tracking.results import cell_table, curve_table, record, summarise, trial_table
+from pipeline.tracking.parent import SweepRun, open_parent_run
+from pipeline.tracking.results import SweepResult, cell_table, curve_table, record, summarise, trial_table
 from pipeline.tracking.runs import (
     Heartbeat,
     close_orphans,
@@ -89,21 +89,22 @@ def run_sweep(cfg: Config, cells: dict[Cell, CellSpec], out_dir: Path, stage_sta
     published = prepare_cells(cells, key, s.model.heads, cfg.cluster.storage())
     started = time.time()
     client, parent = open_parent_run(cfg, cells, train, key)
+    run = SweepRun(client, parent, out_dir, started, stage_start)
     heartbeat = Heartbeat(client, parent, cfg.cluster.heartbeat_s)  # this driver alive, for sweeps on other hosts
     status = "FAILED"
     children = None
     try:
         children, searcher, to_train = prepare_searcher(cfg, client, parent, cells, train, key)
-        slots = train_trials(cfg, client, parent, searcher, children, published, local, started) if to_train else 0
+        slots = train_trials(cfg, run, searcher, children, published, local) if to_train else 0
         children.writer.flush()  # every child run's data is in MLflow before the tables name the runs
         trials = trial_table(searcher, cells, children).assign(parent_run_id=parent)
         table = cell_table(searcher, cells, cfg.report.accuracy_threshold).assign(parent_run_id=parent)
-        summary = summarise(cfg, table, trials, searcher.plan, started, stage_start, slots, parent)
+        summary = summarise(cfg, run, table, trials, searcher.plan, slots)
         summary["mlflow_write_errors"] = len(children.writer.errors)
         # the forecast beside what was spent: the grid's training at its first budget, every learning rate
         summary["grid_pflops"] = round(sum(expected_cost(c, s.optim) * len(c.lrs) for c in cells.values()) / 1e6, 6)
-        curves = curve_table(searcher)
-        record(client, parent, out_dir, table, trials, curves, summary, searcher.plan, children.writer.errors)
+        result = SweepResult(table, trials, curve_table(searcher), summary, searcher.plan, children.writer.errors)
+        record(run, result)
         status = "FINISHED" if summary["failed"] == 0 else "FAILED"
         return table
     except BaseException as err:  # a lost node, an error, a signal: no run is left RUNNING, none holds a result

@@ -10,7 +10,6 @@ import os
 import time
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune.search import Searcher
 
@@ -23,6 +22,7 @@ from pipeline.scheduling.cluster import LostNode, alive_nodes, fits, let_go, sho
 from pipeline.scheduling.console import SweepProgress, reporter, trial_name
 from pipeline.scheduling.trainable import run_cell
 from pipeline.search.searcher import CellSearcher
+from pipeline.tracking.parent import SweepRun
 from pipeline.tracking.runs import ChildRuns
 from pipeline.training.checkpoints import checkpoint_dirs, drop_checkpoints, drop_member, drop_trial
 from pipeline.training.members import member_results, members
@@ -169,21 +169,14 @@ class StopOnSignal(tune.Callback):
 
 
 def train_trials(
-    cfg: Config,
-    client: MlflowClient,
-    parent: str,
-    searcher: TuneSearcher,
-    children: TuneChildRuns,
-    published: dict[str, str],
-    local: bool,
-    started: float,
+    cfg: Config, run: SweepRun, searcher: TuneSearcher, children: TuneChildRuns, published: dict[str, str], local: bool
 ) -> int:
     """Joins the cluster (a local Ray is already up), checks it can run a trial, and runs Tune until the searcher
     has nothing left; returns the number of trial slots."""
     s, store = cfg.sweep, cfg.cluster.storage()
     address = "local" if local else cluster.connect_ray(cfg.cluster.ray(), os.cpu_count() or 1)
     STOP.install()  # ray.init set its own SIGTERM handler
-    client.log_param(parent, "ray", address)
+    run.client.log_param(run.parent, "ray", address)
     wait = 0 if local else cfg.cluster.node_wait_s  # no node joins a local Ray
     cluster.check_resources(**s.resources.trial_resources(), wait=wait)
     if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
@@ -203,14 +196,14 @@ def train_trials(
             trial_dirname_creator=lambda t: f"{trial_name(t)}-{members(t.config)[0]['trial_key']}-{t.trial_id}",
         ),
         run_config=tune.RunConfig(
-            name=f"{cfg.profile}-{int(started)}",
+            name=f"{cfg.profile}-{int(run.started)}",
             storage_path=store,
             verbose=1 if s.runs.console == "table" else 0,
             # a stop request first: it ends the loop before the others read a stopping cluster's events
             callbacks=[
                 StopOnSignal(),
                 children,
-                SweepProgress(searcher, children.writer, parent),
+                SweepProgress(searcher, children.writer, run.parent),
                 RungCheckpoints(searcher, store),
             ]
             + ([] if s.runs.keep_checkpoints else [DropFinished()])

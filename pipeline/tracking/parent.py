@@ -1,10 +1,13 @@
 """The sweep's MLflow parent run: what it records of the grid, the training settings, the reuse key, the library
 versions and where the code came from, so that a run in the UI says which sweep made it and how to make it again.
-Its children, one per trained trial, are ``pipeline.tracking.runs``'."""
+Its children, one per trained trial, are ``pipeline.tracking.runs``'. ``SweepRun`` is the sweep's run record: where
+it records and since when."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 from mlflow.tracking import MlflowClient
@@ -14,6 +17,17 @@ from pipeline.common.config import Config
 from pipeline.common.provenance import git_commit, library_versions
 from pipeline.search.halving import Halving
 from pipeline.tracking.runs import dataset_inputs, driver_tags, start_parent
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """A sweep's run record: where it records (MLflow's client, its parent run, the results folder) and since when."""
+
+    client: MlflowClient
+    parent: str  # the parent run's id
+    out_dir: Path  # results/
+    started: float  # time.time() as the sweep began training
+    stage_start: float  # the stage's process start, its imports included (the slots' time is counted from it)
 
 
 def open_parent_run(cfg: Config, cells: dict[Cell, CellSpec], train: dict, key: str) -> tuple[MlflowClient, str]:

@@ -9,7 +9,8 @@
 - ``results/sweep.json`` (``summarise``): the headline counts and costs, also the parent run's metrics.
 The per-cell table is also logged to the parent run as an MLflow table (``TABLE``), and so are the reused trials
 with links to their runs (``REUSED``): the parent of a sweep that trained nothing has no child runs.
-Each file is written whole or not at all (``write_atomic``).
+Each file is written whole or not at all (``write_atomic``). What a sweep found travels as one ``SweepResult``, and
+``record`` writes it through one writer for each destination (``to_mlflow``, ``to_files``, ``to_console``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
 from pipeline.common.cell import CellSpec
@@ -29,6 +30,7 @@ from pipeline.common.config import Config
 from pipeline.common.status import Status, borderline_rows
 from pipeline.search.frontier import Outcome, Plan
 from pipeline.search.searcher import CellSearcher
+from pipeline.tracking.parent import SweepRun
 from pipeline.tracking.runs import ChildRuns
 from pipeline.tracking.services import ui_link
 from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
@@ -107,16 +109,7 @@ def cell_table(searcher: CellSearcher, cells: dict, threshold: float) -> pd.Data
     return table.assign(borderline=borderline_rows(table, threshold))
 
 
-def summarise(
-    cfg: Config,
-    table: pd.DataFrame,
-    trials: pd.DataFrame,
-    plan: Plan,
-    started: float,
-    stage_start: float,
-    slots: int,
-    parent: str,
-) -> dict:
+def summarise(cfg: Config, run: SweepRun, table: pd.DataFrame, trials: pd.DataFrame, plan: Plan, slots: int) -> dict:
     """results/sweep.json: the headline counts and costs."""
     measured = table[table.measured]
     reused = int(trials.reused_from.notna().sum())
@@ -143,30 +136,40 @@ def summarise(
         "train_pflops": round(float(trials.train_pflops.sum()), 6),
         "contradictions": len(plan.contradictions),
         "prediction_misses": len(plan.misses),
-        "wall_seconds": round(time.time() - started, 1),
+        "wall_seconds": round(time.time() - run.started, 1),
         # share of the Ray slots' time, from the stage's start, spent training and scoring
-        "slot_utilisation": round(busy / (slots * (time.time() - stage_start)), 3) if slots else None,
-        "mlflow_parent_run": parent,
+        "slot_utilisation": round(busy / (slots * (time.time() - run.stage_start)), 3) if slots else None,
+        "mlflow_parent_run": run.parent,
     }
 
 
-def record(
-    client: MlflowClient,
-    parent: str,
-    out_dir: Path,
-    table: pd.DataFrame,
-    trials: pd.DataFrame,
-    curves: pd.DataFrame,
-    summary: dict,
-    plan: Plan,
-    mlflow_errors: list[str],
-) -> None:
-    """The outputs: metrics and the per-cell table (an MLflow table, which the UI shows as one) on the parent run,
-    the three files (each written whole or not at all), the console."""
-    for name, value in summary.items():
+@dataclass(frozen=True)
+class SweepResult:
+    """A sweep's result record: what it found, as ``record`` writes it to MLflow, the files and the console."""
+
+    table: pd.DataFrame  # results/sweep.csv: a row a cell
+    trials: pd.DataFrame  # results/trials.csv: a row a trial
+    curves: pd.DataFrame  # results/curves.csv: each trial's validations
+    summary: dict  # results/sweep.json: the headline counts and costs
+    plan: Plan  # its contradictions and prediction misses
+    mlflow_errors: list[str]  # MLflow writes that failed (the files have every result)
+
+
+def record(run: SweepRun, result: SweepResult) -> None:
+    """The outputs: MLflow's parent run, the four files (each written whole or not at all), the console."""
+    to_mlflow(run, result)
+    to_files(run.out_dir, result)
+    to_console(run.parent, result)
+
+
+def to_mlflow(run: SweepRun, result: SweepResult) -> None:
+    """Metrics, the per-cell table (an MLflow table, which the UI shows as one), the reused runs with links and the
+    plan's notes, on the parent run."""
+    client, parent, trials = run.client, run.parent, result.trials
+    for name, value in result.summary.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             client.log_metric(parent, name, value)
-    client.log_table(parent, table.astype(object).where(table.notna(), None), TABLE)
+    client.log_table(parent, result.table.astype(object).where(result.table.notna(), None), TABLE)
     reused = trials[trials.reused_from.notna()]
     if len(reused):
         experiment = client.get_run(parent).info.experiment_id
@@ -179,32 +182,38 @@ def record(
             f"that trained it) with links; `{TABLE}` names every cell's run."
         )
         client.set_tag(parent, MLFLOW_RUN_NOTE, note)  # the run's description in the UI
-    contradictions, misses = plan.contradictions, plan.misses
-    if contradictions:
-        client.log_text(parent, "\n".join(contradictions) + "\n", "contradictions.txt")
-    if misses:
-        client.log_text(parent, "\n".join(misses) + "\n", "prediction_misses.txt")
-    write_atomic(out_dir / "trials.csv", trials.to_csv(index=False))
-    write_atomic(out_dir / "curves.csv", curves.to_csv(index=False))
-    write_atomic(out_dir / "sweep.csv", table.to_csv(index=False))
-    notes = {"contradiction_notes": contradictions, "prediction_miss_notes": misses}
-    write_atomic(out_dir / "sweep.json", json.dumps(summary | notes, indent=2) + "\n")
+    if result.plan.contradictions:
+        client.log_text(parent, "\n".join(result.plan.contradictions) + "\n", "contradictions.txt")
+    if result.plan.misses:
+        client.log_text(parent, "\n".join(result.plan.misses) + "\n", "prediction_misses.txt")
+
+
+def to_files(out_dir: Path, result: SweepResult) -> None:
+    write_atomic(out_dir / "trials.csv", result.trials.to_csv(index=False))
+    write_atomic(out_dir / "curves.csv", result.curves.to_csv(index=False))
+    write_atomic(out_dir / "sweep.csv", result.table.to_csv(index=False))
+    notes = {"contradiction_notes": result.plan.contradictions, "prediction_miss_notes": result.plan.misses}
+    write_atomic(out_dir / "sweep.json", json.dumps(result.summary | notes, indent=2) + "\n")
+
+
+def to_console(parent: str, result: SweepResult) -> None:
     shown = [*ORDER, "measured", "status", "lr", "final_accuracy", "paper_gflops"]
-    print(table[shown].to_string(index=False))
-    for note in contradictions:
+    print(result.table[shown].to_string(index=False))
+    for note in result.plan.contradictions:
         print(f"contradiction: {note}")
-    for note in misses:
+    for note in result.plan.misses:
         print(f"prediction missed: {note}")
-    print(json.dumps(summary))
-    if mlflow_errors:
-        first = "\n  ".join(mlflow_errors[:5])
+    print(json.dumps(result.summary))
+    if result.mlflow_errors:
+        first = "\n  ".join(result.mlflow_errors[:5])
         print(
-            f"warning: {len(mlflow_errors)} MLflow writes failed (the results files have every result):\n  {first}",
+            f"warning: {len(result.mlflow_errors)} MLflow writes failed (the results files have every result):\n"
+            f"  {first}",
             file=sys.stderr,
         )
-    if summary["failed"]:
+    if result.summary["failed"]:
         print(
-            f"warning: {summary['failed']} of {len(trials)} trials failed; they are in results/trials.csv "
-            f"with their errors, and under MLflow parent run {parent}",
+            f"warning: {result.summary['failed']} of {len(result.trials)} trials failed; they are in "
+            f"results/trials.csv with their errors, and under MLflow parent run {parent}",
             file=sys.stderr,
         )

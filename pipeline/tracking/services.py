@@ -17,6 +17,7 @@ import os
 import sqlite3
 import tempfile
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 
@@ -61,6 +62,14 @@ def check_server(uri: str, experiment: str | None) -> None:
                 "server` or unset MLFLOW_TRACKING_URI / cluster.mlflow_tracking_uri"
             ) from None
 
+    check_tracking_api(call, uri, creds)
+    if experiment is not None:
+        check_experiment_writable(call, uri, creds, experiment)
+
+
+def check_tracking_api(call: Callable, uri: str, creds) -> None:
+    """The server answers, serves MLflow's tracking API, takes these credentials and this Host header, and lets them
+    read experiments."""
     health = call("GET", "/health")
     if health.status_code != 200:
         raise ServiceError(f"MLflow server at {uri} answered /health with HTTP {health.status_code}")
@@ -86,8 +95,10 @@ def check_server(uri: str, experiment: str | None) -> None:
             f"MLflow server at {uri} serves no tracking API: searching experiments answered HTTP "
             f"{search.status_code} ({search.text.strip()[:300]})"
         )
-    if experiment is None:
-        return
+
+
+def check_experiment_writable(call: Callable, uri: str, creds, experiment: str) -> None:
+    """These credentials may write to ``experiment``, where it exists (whoever may log in may create one)."""
     found = call("GET", "/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": experiment})
     if found.status_code == 404:
         return  # no experiment yet: whoever may log in may create one, and owns it
