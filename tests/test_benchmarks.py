@@ -54,6 +54,7 @@ def test_model_benchmark_quick_path_runs_every_section(capsys, tmp_path):
                      ["training_peak_VmHWM"])
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_fused_benchmark_quick_times_both_sides_for_every_architecture(capsys, tmp_path):
     """bench_fused --quick: a row per architecture, K separate steps and the fused one each timed, their ratio, and
     what runs member by member said in the row."""
@@ -67,6 +68,7 @@ def test_fused_benchmark_quick_times_both_sides_for_every_architecture(capsys, t
     assert "nn.LSTM has no vmap batching rule" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_gpu_benchmark_quick_runs_every_architecture_on_this_device(capsys, tmp_path):
     """bench_gpu --quick on a CPU (a GPU run is the same code): a row per architecture with tokens/s, utilisation
     and the micro-batch, written with how it was measured; nothing fits in a budget below one sample."""
@@ -114,6 +116,7 @@ def pack_rows(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "bench_pack.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_pack_benchmark_quick_writes_its_rows_in_priority_order_and_the_forecasts_throughput(tmp_path, capsys):
     """bench_pack --quick on a CPU (the GPU run is the same code at the issue's shapes): a line a row, the first
     saying how it was measured; one trial alone and K fused measured eager, the graphed ones saying that graphs need
@@ -333,6 +336,7 @@ def test_pack_benchmarks_packing_part_times_the_sizes_in_turn_and_keeps_a_failed
     assert two["x_one"]["values"] == [pytest.approx(2 * 1.02 / 1.01)]  # round 1's: 10 x 1.01 beside 20 x 1.02
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_generator_benchmark_writes_its_figures(capsys, tmp_path):
     """The generator benchmark's kernel table at tiny settings (a few seconds): every lis size prints a row and is
     written with its figures; a second run of another task adds its section and keeps the first."""

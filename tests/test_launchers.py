@@ -374,6 +374,7 @@ def test_an_autoscaled_rayjob_counts_its_pods_at_most_and_says_what_the_sweep_ne
     assert check_rayjob(manifest()).slots_note(load_config(profile="paper")) is None  # fixed pods: nothing to say
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_the_rayjob_entrypoint_runs_dvc_on_its_profile_and_keeps_the_outputs(tmp_path):
     repo = checkout(tmp_path / "checkout")
     shared = tmp_path / "shared"
@@ -446,6 +447,7 @@ def test_kept_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch):
     assert (storage / "outputs" / "tiny-1" / "params.yaml").read_text() == "params.yaml"
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_outputs(tmp_path):
     """A head pod's deletion as the entrypoint sees it: the manifest's preStop hook, run for real, signals the pid
     ops/ray-job wrote and waits; the command's whole process group gets SIGINT (DVC passes no SIGTERM to its stage),
@@ -717,6 +719,7 @@ def test_the_sbatch_defaults_are_a_gpu_job_of_one_ray_node_per_slurm_node():
     assert check_slurm(load_config(profile="paper"), nodes, cpus, gpus) == nodes * min(cpus // 4, gpus)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_dvc_state_shares_the_cluster_cache_between_users_and_nodes(tmp_path, monkeypatch):
     """``python -m pipeline.launch dvc-state`` with a shared cache: DVC's own config of the checkout points at it,
     group-writable, linked instead of copied, its site cache on this node's disk; and, where the cache lies on a

@@ -40,6 +40,7 @@ def exp_refs(repo: Path) -> list[str]:
     return git(repo, "for-each-ref", "--format=%(refname)", "refs/exps").split()
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_a_remote_that_cannot_be_reached_is_named_before_anything_runs(tmp_path):
     """No git remote, one that does not answer, a DVC remote directory that does not exist (an NFS share not
     mounted), one given as a relative path in .dvc/config (DVC would push an experiment's outputs to the filesystem's

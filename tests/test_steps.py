@@ -133,6 +133,7 @@ def test_the_flop_count_and_the_training_loss_are_recorded_as_before(spec):
     assert [loss for _, loss, _ in curve.points] == [pytest.approx(last.losses[5]), pytest.approx(last.losses[10])]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_a_step_compiled_in_pieces_counts_its_graph_breaks_and_says_so(caplog):
     """Mamba's numba scan on the CPU is opaque to torch.compile: its forward compiles in pieces, counted and logged
     with the first reason; a transformer's compiles whole."""

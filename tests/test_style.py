@@ -25,7 +25,8 @@ BIN = Path(sys.executable).parent
 
 @pytest.mark.parametrize(
     "command",
-    [["ruff", "check", *LINTED], ["ruff", "format", "--check", *CODE, *EXAMPLES], ["mypy"]],
+    [["ruff", "check", *LINTED], ["ruff", "format", "--check", *CODE, *EXAMPLES],
+     pytest.param(["mypy"], marks=pytest.mark.slow)],  # mypy: a minute on 2 cores
     ids=["ruff-check", "ruff-format", "mypy"],
 )
 def test_the_code_is_clean(command):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 # files whose integration or cluster tests carry no `slow` mark of their own: the implication must add it
 UNMARKED = ["tests/test_halving.py", "tests/test_memory.py", "tests/test_train.py", "tests/test_jobs.py"]
@@ -50,6 +52,7 @@ def collected(*selections: tuple[str, ...]) -> list[set[str]]:
     return found
 
 
+@pytest.mark.slow  # over 10 s on 2 cores (two collections): the fast tier stays a developer's loop
 def test_integration_and_cluster_tests_are_slow_so_the_fast_tier_runs_none(request):
     """`integration` and `cluster` imply `slow` (tests/conftest.py): every such test of this run is slow, and `-m "not
     slow"` selects none of them from files that do not mark them slow themselves."""
