@@ -285,8 +285,8 @@ def autoscaler_config(groups: dict[str, dict], head_cpus: int, idle_timeout_s: f
 
 
 @contextlib.contextmanager
-def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_server: bool = False,
-                autoscaler: dict[str, dict] | None = None, idle_timeout_s: float = 60,
+def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, head_cpus: int | None = None,
+                job_server: bool = False, autoscaler: dict[str, dict] | None = None, idle_timeout_s: float = 60,
                 **ray_env: str) -> Iterator[RayCluster]:
     """A Ray head on 127.0.0.1 and ``nodes - 1`` more nodes on 127.0.0.2, 127.0.0.3, ..., all in a network
     namespace of their own, with token authentication as Ray ships it: RAY_AUTH_MODE=token and the token in a file
@@ -307,7 +307,8 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_serve
                          "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"} | ray_env
     dashboard = (["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={JOB_SERVER_PORT}"]
                  if job_server else ["--include-dashboard=false"])
-    common = [*NODE_OPTIONS, f"--num-cpus={cpus_per_node}", "--num-gpus=0"]
+    common = [*NODE_OPTIONS, "--num-gpus=0"]
+    head_cpus = cpus_per_node if head_cpus is None else head_cpus
     with contextlib.ExitStack() as stack:
         netns = stack.enter_context(network_namespace(tmp_dir / "netns.log"))
         procs: list[subprocess.Popen] = []
@@ -316,12 +317,12 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_serve
         scaling = []
         if autoscaler:
             config = tmp_dir / "autoscaler.json"
-            config.write_text(json.dumps(autoscaler_config(autoscaler, cpus_per_node, idle_timeout_s)))
+            config.write_text(json.dumps(autoscaler_config(autoscaler, head_cpus, idle_timeout_s)))
             scaling = [f"--autoscaling-config={config}"]
             env |= {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_TMPDIR": str(head_temp)}
         head = start([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1",
                       f"--port={AUTOSCALED_GCS_PORT if autoscaler else 0}", *dashboard, f"--temp-dir={head_temp}",
-                      *scaling, *common], env, head_log, netns)
+                      *scaling, f"--num-cpus={head_cpus}", *common], env, head_log, netns)
         stack.callback(stop, head)
         procs.append(head)
         address_file = head_temp / "ray_current_cluster"  # written by `ray start` once the head is up
@@ -331,7 +332,8 @@ def ray_cluster(tmp_dir: Path, nodes: int = 2, cpus_per_node: int = 1, job_serve
         for i in range(2, nodes + 1):
             ip, log = f"127.0.0.{i}", tmp_dir / f"ray-node{i}.log"
             node = start([str(BIN / "ray"), "start", f"--address={address}", f"--node-ip-address={ip}",
-                          f"--temp-dir={ray_temp_dir(tmp_dir, f'r{i}', stack)}", *common], env, log, netns)
+                          f"--temp-dir={ray_temp_dir(tmp_dir, f'r{i}', stack)}", f"--num-cpus={cpus_per_node}",
+                          *common], env, log, netns)
             stack.callback(stop, node)
             procs.append(node)
             ips.append(ip)
