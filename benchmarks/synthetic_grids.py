@@ -97,7 +97,7 @@ def grid(profile: str, seed: int = 0, gpu_tflops: float = 100.0, seeds: int | No
     flops: dict[tuple, float] = {}
     for task, sizes in (s.grid.datasets or cfg.generate.datasets).items():
         for arch in s.grid.architectures_for(task):
-            lrs = s.optim.learning_rates(arch)
+            lrs = s.search.learning_rates(arch)
             best = min(len(lrs) - 1, len(lrs) // 2 - 1 if len(lrs) > 2 else 0)
             depths = s.grid.depths_for(arch)
             for seed_ in s.grid.seeds if seeds is None else range(seeds):

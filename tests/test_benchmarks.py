@@ -404,7 +404,7 @@ def test_frontier_benchmark_writes_its_figures(tmp_path, monkeypatch):
     assert bench_frontier.main([]) == 0
     live = read_results(tmp_path / "docs" / "bench_frontier.json", "bench_frontier")["live"]
     assert live["settings"]["widths"] == bench_frontier.GRID["sweep"]["grid"]["widths"]
-    assert live["settings"]["lrs"] == bench_frontier.GRID["sweep"]["optim"]["lrs"]
+    assert live["settings"]["lrs"] == bench_frontier.GRID["sweep"]["search"]["lrs"]
     halving = live["figures"]["frontier+halving"]
     assert halving["trials"] == 40 and halving["same_table"] is True and halving["dropped"] == 6
     assert halving["grid_over_mode"]["median"] == pytest.approx(3.0)
@@ -504,7 +504,7 @@ PILOT = """profile: separations
 tasks: [eq_one]
 generate: {train_samples: 400, test_samples: 64, val_samples: 64, workers: 1, datasets: {eq_one: [10]}}
 sweep: {grid: {architectures: [transformer, lstm], widths: [8], depths: [1], arch_depths: {lstm: [1]}},
-        search: {strategy: grid}, optim: {lrs: [1.0e-3], epochs: 100, max_steps: 8, precision: 32-true},
+        search: {strategy: grid, lrs: [1.0e-3]}, optim: {epochs: 100, max_steps: 8, precision: 32-true},
         verdict: {max_budget_factor: 1, convergence_min_steps: 4}, evaluation: {val_every_steps: 4, val_samples: 64},
         resources: {gpus_per_trial: 0, cpus_per_trial: 1}}
 """

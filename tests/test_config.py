@@ -20,7 +20,7 @@ def test_every_profile_validates_and_builds_every_model_of_its_grid(profile):
         for arch in cfg.sweep.grid.architectures_for(task):  # the smallest width, to keep it fast at paper sizes
             models.build_model(arch, vocab_size=task_obj.vocab_size, width=min(cfg.sweep.grid.widths_for(arch)),
                                depth=min(cfg.sweep.grid.depths_for(arch)), heads=cfg.sweep.model.heads, max_len=64,
-                               **cfg.sweep.model.arch_options.get(arch, {}))
+                               **cfg.sweep.grid.arch_options.get(arch, {}))
 
 
 def test_params_yaml_gives_every_registered_task_a_generate_stage():
@@ -129,14 +129,14 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {grid: {arch_depths: {lstm: []}}}", "sweep.grid.arch_depths.lstm is empty"),
     ("sweep: {grid: {datasets: {lis: [99]}}}", "sweep.grid.datasets.lis: 99 is not allowed"),
     ("sweep: {learning_rate: 0.1}", "sweep.learning_rate: Extra inputs are not permitted"),
-    ("sweep: {model: {arch_options: {sparse: {window: 3}}}}", "sweep.model.arch_options.sparse: unknown option"),
+    ("sweep: {grid: {arch_options: {sparse: {window: 3}}}}", "sweep.grid.arch_options.sparse: unknown option"),
     ("tasks: [arithmetic, lis, sorting]", "tasks: 'sorting' is not allowed"),
-    ("sweep: {optim: {lr: .inf}}", "sweep.optim.lr: Input should be a finite number"),
+    ("sweep: {search: {lr: .inf}}", "sweep.search.lr: Input should be a finite number"),
     ("sweep: {optim: {max_steps: 0}}", "sweep.optim.max_steps: 0 trains nothing"),
     ("sweep: {optim: {grad_clip: -1}}", "sweep.optim.grad_clip: Input should be greater than 0"),
-    ("sweep: {optim: {lrs: []}}", "sweep.optim.lrs is empty"),
-    ("sweep: {optim: {lrs: [0.01, 0.01]}}", "sweep.optim.lrs: \\[0.01, 0.01\\] must be positive and distinct"),
-    ("sweep: {optim: {lr: 0.01, lrs: [0.1]}}", "sweep.optim.lr and sweep.optim.lrs are both set"),
+    ("sweep: {search: {lrs: []}}", "sweep.search.lrs is empty"),
+    ("sweep: {search: {lrs: [0.01, 0.01]}}", "sweep.search.lrs: \\[0.01, 0.01\\] must be positive and distinct"),
+    ("sweep: {search: {lr: 0.01, lrs: [0.1]}}", "sweep.search.lr and sweep.search.lrs are both set"),
     ("sweep: {verdict: {patience: 0}}", "sweep.verdict.patience: Input should be greater than 0"),
     ("sweep: {verdict: {max_budget_factor: 0}}",
      "sweep.verdict.max_budget_factor: Input should be greater than or equal to 1"),
@@ -157,7 +157,7 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: {grid: {widths: [8, 8, 16]}}", "sweep.grid.widths: \\[8, 8, 16\\] must be strictly increasing"),
     ("sweep: {grid: {arch_widths: {lstm: [32, 16]}}}",
      "sweep.grid.arch_widths.lstm: \\[32, 16\\] must be strictly increasing"),
-    ("sweep: {optim: {arch_lrs: {lstm: []}}}", "sweep.optim.arch_lrs.lstm is empty"),
+    ("sweep: {search: {arch_lrs: {lstm: []}}}", "sweep.search.arch_lrs.lstm is empty"),
     ("sweep: {grid: {task_architectures: {dyck: [lstm]}}}",
      "sweep.grid.task_architectures: 'dyck' is not allowed; allowed "
                                                     "values: arithmetic, lis"),
@@ -179,25 +179,25 @@ def test_params_overrides_win_over_the_profile(tmp_path):
     ("sweep: 5", "params.yaml: sweep: 5 is not allowed; allowed: a mapping of sweep keys \\(or null\\)"),
     ("cluster: [x]", "params.yaml: cluster: \\['x'\\] is not allowed; allowed: a mapping of cluster keys"),
     # architecture options, by the types and ranges each architecture declares
-    ("sweep: {model: {arch_options: {sparse: {block: 0}}}}",
-     "sweep.model.arch_options.sparse.block: 0 is not allowed for 'sparse'; "
+    ("sweep: {grid: {arch_options: {sparse: {block: 0}}}}",
+     "sweep.grid.arch_options.sparse.block: 0 is not allowed for 'sparse'; "
                                                     "allowed: int >= 1, or null \\(B from the sequence length\\)"),
-    ("sweep: {model: {arch_options: {sparse: {block: true}}}}",
-     "sweep.model.arch_options.sparse.block: True is not allowed"),
-    ("sweep: {model: {arch_options: {sparse: {k: null}}}}",
-     "sweep.model.arch_options.sparse.k: None is not allowed for 'sparse'; "
+    ("sweep: {grid: {arch_options: {sparse: {block: true}}}}",
+     "sweep.grid.arch_options.sparse.block: True is not allowed"),
+    ("sweep: {grid: {arch_options: {sparse: {k: null}}}}",
+     "sweep.grid.arch_options.sparse.k: None is not allowed for 'sparse'; "
                                                    "allowed: int >= 1$"),
-    ("sweep: {model: {arch_options: {linear: {chunk: -1}}}}",
-     "sweep.model.arch_options.linear.chunk: -1 is not allowed for "
+    ("sweep: {grid: {arch_options: {linear: {chunk: -1}}}}",
+     "sweep.grid.arch_options.linear.chunk: -1 is not allowed for "
                                                      "'linear'; allowed: int >= 1"),
-    ("sweep: {model: {arch_options: {sliding_window: {window: x}}}}",
-     "sweep.model.arch_options.sliding_window.window: 'x' is not "
+    ("sweep: {grid: {arch_options: {sliding_window: {window: x}}}}",
+     "sweep.grid.arch_options.sliding_window.window: 'x' is not "
                                                              "allowed for 'sliding_window'; allowed: int >= 1"),
-    ("sweep: {model: {arch_options: {mamba: {conv: 1}}}}",
-     "sweep.model.arch_options.mamba.conv: 1 is not allowed for 'mamba'; "
+    ("sweep: {grid: {arch_options: {mamba: {conv: 1}}}}",
+     "sweep.grid.arch_options.mamba.conv: 1 is not allowed for 'mamba'; "
                                                   "allowed: int >= 2"),
-    ("sweep: {model: {arch_options: {sinks: {sinks: 2.5}}}}",
-     "sweep.model.arch_options.sinks.sinks: 2.5 is not allowed for "
+    ("sweep: {grid: {arch_options: {sinks: {sinks: 2.5}}}}",
+     "sweep.grid.arch_options.sinks.sinks: 2.5 is not allowed for "
                                                      "'sinks'; allowed: int >= 0"),
     # memory: micro-batches of at least one sample, a positive budget
     ("sweep: {optim: {batch_size: 8}, resources: {micro_batches: 9}}",
@@ -337,11 +337,11 @@ def test_a_broken_profile_names_its_file(tmp_path, monkeypatch, text, message):
 
 def test_yaml_ints_still_validate_where_numbers_are_expected(tmp_path):
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {model: {dropout: 0}, "
-                     "resources: {gpus_per_trial: 0}, optim: {weight_decay: 1, lr: 1}, "
+                     "resources: {gpus_per_trial: 0}, optim: {weight_decay: 1}, search: {lr: 1}, "
                      "grid: {seeds: [0, 4294967295]}}\nnightly: {accuracy_drop: 1}\ngenerate: {seed: 0, workers: 64}\n")
     cfg = config.load_config(p)
     s = cfg.sweep
-    assert (s.model.dropout, s.optim.lr, cfg.nightly.accuracy_drop, cfg.generate.workers) == (0.0, 1.0, 1.0, 64)
+    assert (s.model.dropout, s.search.lr, cfg.nightly.accuracy_drop, cfg.generate.workers) == (0.0, 1.0, 1.0, 64)
 
 
 @pytest.mark.parametrize("resources, trial", [
@@ -398,7 +398,7 @@ def test_an_architecture_may_have_its_own_widths_and_learning_rates(tmp_path, ti
 
     p = write_params(tmp_path / "params.yaml", "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {grid: {architectures: "
                      "[transformer, lstm], widths: [64], depths: [1], arch_widths: {lstm: [64, 128, 256]}}, "
-                     "optim: {lrs: [0.001, 0.0003], arch_lrs: {lstm: [0.01]}}}\n")
+                     "search: {lrs: [0.001, 0.0003], arch_lrs: {lstm: [0.01]}}}\n")
     cells = build_cells(config.load_config(p), tiny_data)
     assert {c.width for c in cells if c.arch == "transformer"} == {64}
     assert {c.width for c in cells if c.arch == "lstm"} == {64, 128, 256}
@@ -445,10 +445,10 @@ def test_an_override_that_narrows_what_to_run_keeps_the_profiles_other_settings_
 
 def test_an_override_of_lr_replaces_the_profiles_lrs_and_back(tmp_path):
     p = write_params(tmp_path / "params.yaml",
-                     "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {optim: {lrs: [0.1, 0.01]}}\n")
-    assert config.load_config(p).sweep.optim.learning_rates() == [0.1, 0.01]
-    p.write_text("profile: tiny\ntasks: [arithmetic, lis]\nsweep: {optim: {lr: 0.05}}\n")
-    assert config.load_config(p).sweep.optim.learning_rates() == [0.05]
+                     "profile: tiny\ntasks: [arithmetic, lis]\nsweep: {search: {lrs: [0.1, 0.01]}}\n")
+    assert config.load_config(p).sweep.search.learning_rates() == [0.1, 0.01]
+    p.write_text("profile: tiny\ntasks: [arithmetic, lis]\nsweep: {search: {lr: 0.05}}\n")
+    assert config.load_config(p).sweep.search.learning_rates() == [0.05]
 
 
 def test_a_validation_file_smaller_than_a_validation_scores_is_named_before_any_trial(tiny_cfg, tiny_data):
@@ -485,17 +485,33 @@ def test_a_flat_sweep_key_is_an_error_that_says_where_it_moved(tmp_path, monkeyp
         config.load_config(write_params(tmp_path / "params.yaml", yaml.safe_dump(params)))
 
 
+@pytest.mark.parametrize("where", ["profile", "params"])
+@pytest.mark.parametrize("old, key", sorted(config.MOVED_BETWEEN))
+def test_a_key_that_moved_between_sections_is_an_error_that_says_where(tmp_path, monkeypatch, old, key, where):
+    """The learning rates left `optim` for `search` and the architecture options `model` for `grid` (what a trial
+    reads, apart from what the sweep alone reads): the old place, in a profile or params.yaml, fails by name."""
+    profile = yaml.safe_load((ROOT / "conf" / "tiny.yaml").read_text())
+    params = {"profile": "moved", "tasks": ["arithmetic", "lis"]}
+    (profile if where == "profile" else params).setdefault("sweep", {}).setdefault(old, {})[key] = (
+        {} if key.startswith("arch_") else 1e-3 if key == "lr" else [1e-3])
+    (tmp_path / "moved.yaml").write_text(yaml.safe_dump(profile))
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    to = config.MOVED_BETWEEN[old, key]
+    with pytest.raises(config.ConfigError, match=re.escape(f"sweep.{old}.{key} moved to sweep.{to}.{key}")):
+        config.load_config(write_params(tmp_path / "params.yaml", yaml.safe_dump(params)))
+
+
 def test_an_override_of_one_key_of_a_section_keeps_the_profiles_other_keys_of_it(tmp_path):
     """`dvc exp run -S '++sweep.optim.max_steps=100'` writes `sweep: {optim: {max_steps: 100}}` into params.yaml: it
     changes that key alone; the profile's other keys of the section (and of its mappings) stay."""
     laptop = config.load_config(profile="laptop").sweep
     p = write_params(tmp_path / "params.yaml", "profile: laptop\ntasks: [lis, index_lookup]\n"
-                     "sweep: {optim: {max_steps: 100, arch_lrs: {standard: [0.001]}}}\n")
-    optim = config.load_config(p).sweep.optim
-    assert optim.max_steps == 100 and optim.arch_lrs == {"lstm": [0.01], "standard": [0.001]}
-    changed = {"max_steps", "arch_lrs"}
-    assert optim.model_dump(exclude=changed) == laptop.optim.model_dump(exclude=changed)
-    assert optim.lr == 3e-3 and optim.batch_size == 128  # the profile's, not the defaults
+                     "sweep: {optim: {max_steps: 100}, search: {arch_lrs: {standard: [0.001]}}}\n")
+    sweep = config.load_config(p).sweep
+    assert sweep.optim.max_steps == 100 and sweep.search.arch_lrs == {"lstm": [0.01], "standard": [0.001]}
+    assert sweep.optim.model_dump(exclude={"max_steps"}) == laptop.optim.model_dump(exclude={"max_steps"})
+    assert sweep.search.model_dump(exclude={"arch_lrs"}) == laptop.search.model_dump(exclude={"arch_lrs"})
+    assert sweep.search.lr == 3e-3 and sweep.optim.batch_size == 128  # the profile's, not the defaults
 
 
 @pytest.mark.parametrize("override, message", [

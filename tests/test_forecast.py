@@ -53,9 +53,9 @@ def grid_flops(cfg: Config) -> float:
                     with torch.device("meta"):
                         model = models.build_model(arch, vocab_size=built.vocab_size, width=width, depth=depth,
                                                    heads=s.model.heads, max_len=built.max_length(),
-                                                   **s.model.arch_options.get(arch, {}))
+                                                   **s.grid.arch_options.get(arch, {}))
                     forward = model.exact_flops(built.max_length())
-                    runs = len(s.optim.learning_rates(arch)) * len(s.grid.seeds)
+                    runs = len(s.search.learning_rates(arch)) * len(s.grid.seeds)
                     total += 3 * forward * steps * s.optim.batch_size * runs
     return total
 

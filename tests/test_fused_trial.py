@@ -170,7 +170,7 @@ def test_the_tiny_sweep_gives_the_same_verdicts_with_fusion_on_and_off(tmp_path,
         return write_params(tmp_path / f"{fuse}-{stores}.yaml", f"""
 profile: tiny
 tasks: [arithmetic, lis]
-sweep: {{grid: {{widths: [8], datasets: {{lis: [3]}}}}, optim: {{lrs: [0.03, 0.003, 0.0003]}},
+sweep: {{grid: {{widths: [8], datasets: {{lis: [3]}}}}, search: {{lrs: [0.03, 0.003, 0.0003]}},
          resources: {{fuse: {fuse}}}}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)

@@ -148,8 +148,8 @@ def test_a_real_sweep_halves_learning_rates_one_mlflow_run_each(tmp_path, tiny_d
 profile: tiny
 tasks: [arithmetic, lis]
 sweep: {{grid: {{architectures: [standard], widths: [8], datasets: {{lis: [3]}}}},
-         optim: {{lrs: [0.03, 0.003, 0.0003]}},
-         search: {{lr_search: halving, halving_rungs: [4], halving_keep: 0.3, halving_unguided: rank}},
+         search: {{lrs: [0.03, 0.003, 0.0003], lr_search: halving, halving_rungs: [4], halving_keep: 0.3,
+                   halving_unguided: rank}},
          resources: {{fuse: {fuse}}}}}
 cluster: {{mlflow_tracking_uri: "sqlite:///{db}", storage_path: "{store}"}}
 """)

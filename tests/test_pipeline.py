@@ -54,7 +54,7 @@ def test_repro_writes_data_report_and_one_mlflow_child_per_cell(repo):
     assert len(table) == grid and table.measured.all() and table.cell_id.is_unique
     assert set(table.status) <= {"solved", "unsolved", "undecided"} and table.reason.str.len().gt(0).all()
     trials = pd.read_csv(repo / "results" / "trials.csv")
-    assert len(trials) == grid * len(cfg.sweep.optim.learning_rates()) and set(trials.status) == set(table.status)
+    assert len(trials) == grid * len(cfg.sweep.search.learning_rates()) and set(trials.status) == set(table.status)
     assert table.final_accuracy.between(0, 1).all() and (table.paper_gflops > 0).all()
     report = repo / "report"
     assert (report / "index.html").is_file() and (report / "min_gflops.md").is_file()

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import pytest
 
-from pipeline.common.config import SweepConfig
+from pipeline.common.config import ResourcesSection, load_config, profiles
 from pipeline.common.status import Status, best_run
 from pipeline.reporting.claims import ClaimStatus
-from pipeline.training.settings import TrainSettings
+from pipeline.training.settings import SECTION_OF, SECTIONS, TrainSettings
 from pipeline.training.train import TrialSpec
 from tests.helpers import make_cell
 
 CELL = make_cell()
 
 
-def test_training_settings_are_the_sweep_sections_a_trial_reads_with_their_defaults(tiny_cfg):
-    derived = {"threshold", "targets", "threads", "use_gpu", "gpu_share", "workers"}
+def test_training_settings_are_the_sections_a_trial_reads_with_their_defaults(tiny_cfg):
     default = TrainSettings()
-    for f in fields(TrainSettings):
-        if f.name not in derived:
-            section = SweepConfig.model_fields[f.name].annotation
-            assert isinstance(getattr(default, f.name), section) and getattr(default, f.name) == section()
+    for name, section in SECTIONS.items():
+        assert isinstance(getattr(default, name), section) and getattr(default, name) == section()
+    assert default.resources == ResourcesSection().in_trial()  # the trial's view, from the one set of defaults
     settings = TrainSettings.of(tiny_cfg)
     assert settings.optim is tiny_cfg.sweep.optim and settings.verdict is tiny_cfg.sweep.verdict
     assert settings.threshold == tiny_cfg.report.accuracy_threshold and settings.targets == {}
@@ -32,6 +28,21 @@ def test_training_settings_are_the_sweep_sections_a_trial_reads_with_their_defau
     assert TrainSettings.from_params(params).params() == params and params["batch_size"] == 32
     assert not {"lr", "lrs", "arch_lrs", "arch_options", "cpus_per_trial", "fuse"} & set(params)
     assert settings.replaced(max_steps=4).optim.max_steps == 4 and settings.optim.max_steps == 8
+    # one flat name, one section: no key of a trial's sections is in two of them
+    assert len(SECTION_OF) == sum(len(section.model_fields) for section in SECTIONS.values())
+
+
+@pytest.mark.parametrize("profile", profiles())
+def test_a_trial_rebuilds_every_setting_of_every_profile_as_the_profile_gives_it(profile):
+    """The record a trial rebuilds from what it receives holds the profile's every key, none at a default the
+    profile overrides: its sections are the config's, its resources the trial's view of them."""
+    cfg = load_config(profile=profile)
+    rebuilt = TrainSettings.from_params(TrainSettings.of(cfg).params())
+    for name in SECTIONS.keys() - {"resources"}:
+        assert getattr(rebuilt, name) == getattr(cfg.sweep, name), name
+    assert rebuilt.resources == cfg.sweep.resources.in_trial()
+    assert rebuilt.resources.threads == cfg.sweep.resources.cpus_per_trial
+    assert rebuilt.resources.use_gpu == (cfg.sweep.resources.gpus_per_trial > 0)
 
 
 def test_a_trial_spec_takes_its_cell_and_settings_and_refuses_an_unknown_setting(tiny_cfg):

@@ -15,14 +15,14 @@ from tests.helpers import write_params
 OVERRIDES = """profile: tiny
 tasks: [arithmetic, lis]
 sweep:
-  model:
+  grid:
     arch_options: {mamba: {d_state: 8}}
   search:
     lr_search: halving
     halving_rungs: [4]
     halving_keep: 0.4
-  optim:
     lrs: [1.0e-3, 3.0e-3]
+  optim:
     optimizer: adam
     weight_decay: 0.0
     grad_clip: 0.5

@@ -70,7 +70,7 @@ def resolves(name: str) -> bool:
 
 
 def setting_resolves(key: str) -> bool:
-    """A settings key (``sweep.optim.lr``) names a field of the config's sections, down to a leaf or a mapping (whose
+    """A settings key (``sweep.search.lr``) names a field of the config's sections, down to a leaf or a mapping (whose
     keys, a task or an architecture, are the profile's)."""
     from pipeline.common.config import Config
 

@@ -231,6 +231,11 @@ class GridSection(Section):
         description="architecture -> its own widths instead of sweep.grid.widths (a 1-layer Transformer at 64 "
         "beside an LSTM at 64..256)",
     )
+    arch_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="architecture -> its options (models.ARCHITECTURES: a sparse pattern's window, Mamba's state "
+        "size); a cell carries its architecture's",
+    )
     exclude: list[CellPattern] = Field(
         default_factory=list,
         description="cells left out of the grid: each entry matches the cells whose coordinates are all among its "
@@ -312,7 +317,6 @@ class ModelSection(Section):
 
     heads: PositiveInt = 4
     dropout: float = Field(0.1, ge=0, lt=1)
-    arch_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="architecture -> options")
 
 
 class SearchSection(Section):
@@ -320,6 +324,14 @@ class SearchSection(Section):
     smallest solved width; every learning rate to its verdict, or successive halving (pipeline.search)."""
 
     strategy: Literal["grid", "frontier"] = "grid"
+    lr: FiniteFloat = Field(1e-4, gt=0, description="the learning rate, when sweep.search.lrs is not set")
+    lrs: list[FiniteFloat] | None = Field(
+        None, description="learning rates tried per cell; a cell's result is its best run (by validation accuracy)"
+    )
+    arch_lrs: dict[str, list[FiniteFloat]] = Field(
+        default_factory=dict,
+        description="architecture -> its own learning rates instead of sweep.search.lr / sweep.search.lrs",
+    )
     predict: list[Literal["sizes", "seeds", "neighbours"]] = Field(
         default_factory=list,
         description="what the frontier search predicts a size's minimum width from, before training it "
@@ -349,6 +361,22 @@ class SearchSection(Section):
     )
 
     @model_validator(mode="after")
+    def one_lr_form(self) -> SearchSection:
+        """One file gives sweep.search.lr or sweep.search.lrs, not both."""
+        if {"lr", "lrs"} <= self.model_fields_set:
+            raise ConfigError(
+                "sweep.search.lr and sweep.search.lrs are both set in one file: give one learning rate as "
+                "sweep.search.lr or a list as sweep.search.lrs (an override of either in params.yaml replaces the "
+                "profile's)"
+            )
+        return self
+
+    def learning_rates(self, arch: str | None = None) -> list[float]:
+        if arch in self.arch_lrs:
+            return list(self.arch_lrs[arch])
+        return list(self.lrs) if self.lrs is not None else [self.lr]
+
+    @model_validator(mode="after")
     def predict_fits(self) -> SearchSection:
         """The sources a width is predicted from: for the frontier search only, each once."""
         if self.predict and self.strategy != "frontier":
@@ -372,14 +400,6 @@ class OptimSection(Section):
     batch_size: PositiveInt = 512
     epochs: PositiveInt = 100
     max_steps: int = Field(-1, description="step budget; -1: run all epochs")
-    lr: FiniteFloat = Field(1e-4, gt=0, description="the learning rate, when sweep.optim.lrs is not set")
-    lrs: list[FiniteFloat] | None = Field(
-        None, description="learning rates tried per cell; a cell's result is its best run (by validation accuracy)"
-    )
-    arch_lrs: dict[str, list[FiniteFloat]] = Field(
-        default_factory=dict,
-        description="architecture -> its own learning rates instead of sweep.optim.lr / sweep.optim.lrs",
-    )
     weight_decay: float = Field(0.01, ge=0)
     warmup_fraction: float = Field(
         0.05, ge=0, le=1, description="linear warm-up over this fraction of the first step budget, then constant"
@@ -396,22 +416,6 @@ class OptimSection(Section):
                 f"sweep.optim.max_steps: {steps} trains nothing; allowed: a positive step budget, or -1 for all epochs"
             )
         return steps
-
-    @model_validator(mode="after")
-    def one_lr_form(self) -> OptimSection:
-        """One file gives sweep.optim.lr or sweep.optim.lrs, not both."""
-        if {"lr", "lrs"} <= self.model_fields_set:
-            raise ConfigError(
-                "sweep.optim.lr and sweep.optim.lrs are both set in one file: give one learning rate as "
-                "sweep.optim.lr or a list as sweep.optim.lrs (an override of either in params.yaml replaces the "
-                "profile's)"
-            )
-        return self
-
-    def learning_rates(self, arch: str | None = None) -> list[float]:
-        if arch in self.arch_lrs:
-            return list(self.arch_lrs[arch])
-        return list(self.lrs) if self.lrs is not None else [self.lr]
 
 
 class VerdictSection(Section):
@@ -543,6 +547,16 @@ class ResourcesSection(Section):
         """Data-parallel workers per trial: gpus_per_trial above 1 means one per GPU."""
         return int(self.gpus_per_trial) if self.gpus_per_trial > 1 else self.workers_per_trial
 
+    def in_trial(self) -> TrialResources:
+        """The trial's view: its threads, GPU and workers as it runs them, and the settings it reads as they are."""
+        return TrialResources(
+            threads=self.cpus_per_trial,
+            use_gpu=self.gpus_per_trial > 0,
+            gpu_share=min(1.0, self.gpus_per_trial) or 1.0,
+            workers=self.workers(),
+            **self.model_dump(include=set(TrialResources.model_fields) & set(ResourcesSection.model_fields)),
+        )
+
     def trial_resources(self) -> dict[str, float]:
         """What one trial takes from one Ray node: every worker's CPUs and GPUs."""
         w = self.workers()
@@ -550,6 +564,27 @@ class ResourcesSection(Section):
             "cpu": self.cpus_per_trial * w,
             "gpu": self.gpus_per_trial if self.gpus_per_trial > 1 else self.gpus_per_trial * w,
         }
+
+
+def _resources(name: str) -> Any:
+    """A field of ResourcesSection that a trial keeps as it is: its type's bounds, default and description."""
+    return ResourcesSection.model_fields[name]
+
+
+class TrialResources(Section):
+    """A trial's resources as they are inside it (``ResourcesSection.in_trial``): what the sweep asks Ray for, in
+    the terms a worker runs by."""
+
+    threads: PositiveInt = Field(
+        _resources("cpus_per_trial").default, description="CPU threads of each worker (sweep.resources.cpus_per_trial)"
+    )
+    use_gpu: bool = Field(False, description="each worker on a GPU (sweep.resources.gpus_per_trial above 0)")
+    gpu_share: float = Field(1.0, gt=0, le=1, description="the share of one GPU each worker may fill")
+    workers: PositiveInt = Field(1, description="data-parallel processes sharing each global batch")
+    memory_gb_per_trial: PositiveFloat | None = _resources("memory_gb_per_trial")
+    micro_batches: PositiveInt | None = _resources("micro_batches")
+    loader_workers: NonNegativeInt = _resources("loader_workers")
+    step: StepMode = _resources("step")
 
 
 class RunsSection(Section):
@@ -609,6 +644,9 @@ class SweepConfig(Section):
         for key in data:
             if key in MOVED:
                 raise ConfigError(f"sweep.{key} moved to sweep.{MOVED[key]}.{key}")
+        for (section, key), to in MOVED_BETWEEN.items():
+            if isinstance(data.get(section), dict) and key in data[section]:
+                raise ConfigError(f"sweep.{section}.{key} moved to sweep.{to}.{key}")
         return data
 
     @model_validator(mode="after")
@@ -638,9 +676,9 @@ class SweepConfig(Section):
     @model_validator(mode="after")
     def learning_rates_valid(self) -> SweepConfig:
         """Every architecture has learning rates, positive and distinct."""
-        for arch in dict.fromkeys([*self.grid.architectures, *self.optim.arch_lrs]):
-            key = f"sweep.optim.arch_lrs.{arch}" if arch in self.optim.arch_lrs else "sweep.optim.lrs"
-            lrs = self.optim.learning_rates(arch)
+        for arch in dict.fromkeys([*self.grid.architectures, *self.search.arch_lrs]):
+            key = f"sweep.search.arch_lrs.{arch}" if arch in self.search.arch_lrs else "sweep.search.lrs"
+            lrs = self.search.learning_rates(arch)
             if not lrs:
                 raise ConfigError(f"{key} is empty: every cell needs at least one learning rate")
             if any(lr <= 0 for lr in lrs) or len(set(lrs)) != len(lrs):
@@ -718,6 +756,14 @@ class SweepConfig(Section):
             raise ConfigError("sweep.optim.precision: '16-mixed' needs GPUs; allowed on CPU: 32-true, bf16-mixed")
         return self
 
+
+# keys that moved from one section to another -> their section now: a trial's sections hold only what a trial reads
+MOVED_BETWEEN = {
+    ("optim", "lr"): "search",
+    ("optim", "lrs"): "search",
+    ("optim", "arch_lrs"): "search",
+    ("model", "arch_options"): "grid",
+}
 
 # every key of the sweep section before it was grouped -> the section it now lives in (sweep.search: <strategy>
 # aside, whose name is now its section's)
@@ -943,7 +989,7 @@ SECTIONS = [
     if isinstance(field.annotation, type) and issubclass(field.annotation, Section)
 ]
 # Keys that are two spellings of one setting: a layer that sets one replaces the other from the layers below.
-ALTERNATIVES = {"sweep.optim": [("lr", "lrs")]}
+ALTERNATIVES = {"sweep.search": [("lr", "lrs")]}
 # Mappings that say *what* to run are replaced whole by an override (params.yaml's
 # `generate.datasets: {index_lookup: [20, 50]}` narrows a profile to that); every other mapping (task_params,
 # per_task, arch_options, arch_depths, arch_widths, the sections) merges key by key.

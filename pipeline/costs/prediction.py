@@ -142,7 +142,7 @@ def configured_mode(s: SweepConfig) -> Mode:
     share = s.resources.gpus_per_trial
     fused = 1
     if s.resources.fuse == "learning_rates":
-        fused = max(len(s.optim.learning_rates(arch)) for arch in s.grid.architectures)
+        fused = max(len(s.search.learning_rates(arch)) for arch in s.grid.architectures)
     return Mode(models=fused, processes=round(1 / share) if 0 < share < 1 else 1, step=s.resources.step)
 
 
@@ -218,7 +218,7 @@ def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, c
         profile=cfg.profile,
         cells=len(cells),
         trials=sum(len(c.lrs) for c in cells.values()),
-        lrs={arch: s.optim.learning_rates(arch) for arch in dict.fromkeys(c.arch for c in cells)},
+        lrs={arch: s.search.learning_rates(arch) for arch in dict.fromkeys(c.arch for c in cells)},
         steps=sorted({budget_steps(c, s.optim) for c in cells.values()}),
         factor=factor,
         slots=slots,

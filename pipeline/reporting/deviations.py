@@ -29,8 +29,8 @@ class Deviation:
 
 def rates(cfg: Config) -> str:
     s = cfg.sweep
-    own = "; ".join(f"{arch} {', '.join(f'{lr:g}' for lr in lrs)}" for arch, lrs in s.optim.arch_lrs.items())
-    return ", ".join(f"{lr:g}" for lr in s.optim.learning_rates()) + (f" ({own})" if own else "")
+    own = "; ".join(f"{arch} {', '.join(f'{lr:g}' for lr in lrs)}" for arch, lrs in s.search.arch_lrs.items())
+    return ", ".join(f"{lr:g}" for lr in s.search.learning_rates()) + (f" ({own})" if own else "")
 
 
 def deviations(cfg: Config) -> list[Deviation]:

@@ -125,7 +125,7 @@ def reuse_settings(cfg: Config, train: dict) -> dict:
     the halving rungs, which decide which learning rates a sweep drops."""
     halving = Halving.of(cfg.sweep.search)
     rungs = {"halving": list(astuple(halving))} if halving.rungs else {}
-    return {k: v for k, v in train.items() if k != "threads"} | {"arch_options": cfg.sweep.model.arch_options} | rungs
+    return {k: v for k, v in train.items() if k != "threads"} | {"arch_options": cfg.sweep.grid.arch_options} | rungs
 
 
 def prepare_cells(cells: dict[Cell, CellSpec], key: str, heads: int, store: str) -> dict[str, str]:

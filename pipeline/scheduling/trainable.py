@@ -137,12 +137,12 @@ def run_cell(config: dict) -> None:
         TrialSpec.for_cell(cell, config["train"] | {"lr": m["lr"]}, pause_at=config.get("pause_at"))
         for m in members(config)
     ]
-    if specs[0].settings.use_gpu and not torch.cuda.is_available():
+    if specs[0].settings.resources.use_gpu and not torch.cuda.is_available():
         raise RuntimeError(
             f"the profile asks for GPUs (sweep.resources.gpus_per_trial > 0) but Ray node {node} has none"
         )
     where = {"node": node}
-    system = SystemSampler(specs[0].settings.use_gpu)
+    system = SystemSampler(specs[0].settings.resources.use_gpu)
     if "members" in config:
         run_members(config, specs, where, system)
         return

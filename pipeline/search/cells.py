@@ -31,7 +31,7 @@ def check_architectures(cfg: Config) -> None:
     for arch in cfg.sweep.grid.architectures:
         if arch not in models.ARCHITECTURES:
             raise one_of("sweep.grid.architectures", arch, models.ARCHITECTURES)
-    for key in ("grid.arch_depths", "grid.arch_widths", "optim.arch_lrs", "model.arch_options"):
+    for key in ("grid.arch_depths", "grid.arch_widths", "search.arch_lrs", "grid.arch_options"):
         section, name = key.split(".")
         for arch in getattr(getattr(cfg.sweep, section), name):
             if arch not in models.ARCHITECTURES:
@@ -40,9 +40,9 @@ def check_architectures(cfg: Config) -> None:
         for arch in pattern.architectures or ():
             if arch not in models.ARCHITECTURES:
                 raise one_of(f"sweep.grid.exclude[{i}].architectures", arch, models.ARCHITECTURES)
-    for arch, options in cfg.sweep.model.arch_options.items():
+    for arch, options in cfg.sweep.grid.arch_options.items():
         try:
-            models.ARCHITECTURES[arch].check_options(options, key=f"sweep.model.arch_options.{arch}")
+            models.ARCHITECTURES[arch].check_options(options, key=f"sweep.grid.arch_options.{arch}")
         except models.ArchitectureError as err:
             raise ConfigError(str(err)) from None
 
@@ -133,8 +133,8 @@ def grid_cells(cfg: Config, datasets: dict[tuple[str, int], dict[str, Any]]) -> 
             at = Cell(task, size, arch, width, depth, seed)
             cells[at] = CellSpec(
                 cell=at,
-                arch_options=s.model.arch_options.get(arch, {}),
-                lrs=tuple(s.optim.learning_rates(arch)),
+                arch_options=s.grid.arch_options.get(arch, {}),
+                lrs=tuple(s.search.learning_rates(arch)),
                 cell_id=cell_id(*at, data_hash=data["data_hash"]),
                 name=f"{task}{size}-{arch}-w{width}-d{depth}-s{seed}",
                 **data,

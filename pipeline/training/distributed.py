@@ -74,7 +74,7 @@ def other_ranks(spec, run_rank: RunRank, checkpoints):
     ctx = multiprocessing.get_context("spawn")  # the parent holds torch and Ray threads: never fork them
     procs = [
         ctx.Process(target=rank_main, args=(run_rank, spec, rank, port, checkpoints, os.getpid()), daemon=True)
-        for rank in range(1, spec.settings.workers)
+        for rank in range(1, spec.settings.resources.workers)
     ]
     for proc in procs:
         proc.start()

@@ -77,8 +77,8 @@ def check_members(specs: Sequence[TrialSpec]) -> None:
     lrs = [spec.lr for spec in specs]
     if len(set(lrs)) != len(lrs):
         raise FusionError(f"a fused trial's learning rates {lrs} repeat")
-    if first.settings.workers > 1:
-        raise FusionError(f"a fused trial trains in one process, not {first.settings.workers} data-parallel workers")
+    if (workers := first.settings.resources.workers) > 1:
+        raise FusionError(f"a fused trial trains in one process, not {workers} data-parallel workers")
 
 
 class Members(L.Callback):

@@ -226,7 +226,7 @@ class SequenceModel(L.LightningModule):
         if self.last_loss is not None:
             # the last training step's loss; data-parallel: the mean of the workers' weighted losses is the global
             # batch's loss
-            self.log("train_loss", self.last_loss, sync_dist=self.spec.settings.workers > 1)
+            self.log("train_loss", self.last_loss, sync_dist=self.spec.settings.resources.workers > 1)
         if self.val_data is not None:
             with self.trainer.precision_plugin.forward_context():  # scored under training's precision policy
                 accuracy = self.final_accuracy(
@@ -283,21 +283,21 @@ def run_trial(
     """Train until a verdict, then score the test set; returns the final metrics. Deterministic for a given spec
     on a given machine. ``checkpoints`` saves the whole state at every validation and resumes from a checkpoint,
     with the same result as a run never stopped (``pipeline/training/checkpoints.py``; by default none). With
-    ``spec.settings.workers`` > 1 this process is rank 0 of a data-parallel trial and starts the other ranks
+    ``spec.settings.resources.workers`` > 1 this process is rank 0 of a data-parallel trial and starts the other ranks
     (``pipeline/training/distributed.py``)."""
     checkpoints = checkpoints or Resumable()
-    if spec.settings.workers == 1:
+    if spec.settings.resources.workers == 1:
         return score(spec, *fit(spec, checkpoints, callbacks, log_every))
     with (
         distributed.other_ranks(spec, run_rank, checkpoints.for_rank()) as port,
-        distributed.ranks_env(0, spec.settings.workers, port),
+        distributed.ranks_env(0, spec.settings.resources.workers, port),
     ):
         return score(spec, *fit(spec, checkpoints, callbacks, log_every))
 
 
 def run_rank(spec: TrialSpec, rank: int, port: int, checkpoints: Resumable) -> None:
     """Rank ``rank`` > 0 of a data-parallel trial: trains beside rank 0 (and saves with it, a collective)."""
-    with distributed.ranks_env(rank, spec.settings.workers, port):
+    with distributed.ranks_env(rank, spec.settings.resources.workers, port):
         fit(spec, checkpoints, rank=rank)
 
 
@@ -342,14 +342,15 @@ def fit_module(
         spec.cell.seed,
         shuffle=True,
         rank=rank,
-        world=s.workers,
+        world=s.resources.workers,
         parts=parts,
         processes=s.resources.loader_workers,
         pad_to=longest,
     )
+    workers = s.resources.workers
     parallel = (
-        dict(devices=s.workers, strategy=distributed.strategy(s.use_gpu), use_distributed_sampler=False)
-        if s.workers > 1
+        dict(devices=workers, strategy=distributed.strategy(s.resources.use_gpu), use_distributed_sampler=False)
+        if workers > 1
         else dict(devices=1)
     )
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
@@ -385,14 +386,14 @@ def fit_module(
 def trial_device(settings: TrainSettings, rank: int = 0) -> torch.device:
     """The device of worker ``rank``, set up as a trial's: its CPU threads; on a GPU TF32 for float32 products and,
     on a share of one, the allocator capped to that share."""
-    torch.set_num_threads(settings.threads)
-    device = torch.device("cuda", rank) if settings.use_gpu else torch.device("cpu")
-    if settings.use_gpu:
+    torch.set_num_threads(settings.resources.threads)
+    device = torch.device("cuda", rank) if settings.resources.use_gpu else torch.device("cpu")
+    if settings.resources.use_gpu:
         torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls: Ampere and later, ~1e-3 relative
         # on a fractional GPU its allocator capped to the trial's share, less a context; else uncapped (set either
         # way: a process may train trials of other shares in turn, as bench_pack's packs do)
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(memory_cap(settings.gpu_share, total), device)
+        torch.cuda.set_per_process_memory_fraction(memory_cap(settings.resources.gpu_share, total), device)
     return device
 
 
@@ -400,7 +401,7 @@ def trial_trainer(settings: TrainSettings, parts: int, **options) -> L.Trainer:
     """A Lightning Trainer as every fit of a trial's model has it (``options``: what this fit adds): its device
     and precision, ``parts`` micro-batches a step, its step budget and gradient clip, nothing written."""
     return L.Trainer(
-        accelerator="gpu" if settings.use_gpu else "cpu",
+        accelerator="gpu" if settings.resources.use_gpu else "cpu",
         # the ranks this trial starts itself (LOCAL_RANK, distributed.py), never a SLURM or other scheduler's
         # environment that the Ray worker happens to inherit
         plugins=[LightningEnvironment()],
@@ -422,14 +423,14 @@ def micro_batches(settings: TrainSettings, model: torch.nn.Module, length: int, 
     numbers from the trial's generators."""
     if settings.resources.micro_batches is not None:
         return settings.resources.micro_batches
-    budget = budget_bytes(settings.resources.memory_gb_per_trial, settings.gpu_share, device)
+    budget = budget_bytes(settings.resources.memory_gb_per_trial, settings.resources.gpu_share, device)
     if budget is None:
         return 1
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         fit = fit_memory(
             model.to(device),
             length,
-            settings.optim.batch_size // settings.workers,
+            settings.optim.batch_size // settings.resources.workers,
             budget,
             device,
             functools.partial(autocast, settings, device),
@@ -486,7 +487,7 @@ def scored(
     FLOPs in ``train_seconds``: its verdict, its last validation's ``metrics`` and its score on ``test``."""
     status, reason = verdict.outcome_at(step)
     start = time.perf_counter()
-    device = torch.device("cuda") if spec.settings.use_gpu else torch.device("cpu")
+    device = torch.device("cuda") if spec.settings.resources.use_gpu else torch.device("cpu")
     module.to(device)
     # a diverged model's weights are not finite, a paused one is not done: neither is scored (NaN); the status
     # says why
