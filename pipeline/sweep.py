@@ -22,13 +22,35 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.common.config import RETRAIN_ENV, ROOT, ConfigError, load_config
+from pipeline.common.config import RETRAIN_ENV, ROOT, Config, ConfigError, load_config
 from pipeline.common.locks import SWEEP_LOCK, LockBusy, owned
 from pipeline.common.signals import STOP, Stopped
 from pipeline.data.datasets import DatasetError
 from pipeline.tracking.services import ServiceError
 
 RESULTS = ROOT / "results"
+
+
+def check_before_compute(cfg: Config) -> None:
+    """What ``load_config`` cannot check: the architectures and their options in the model registry, bf16 where the
+    trials run on this CPU, and a profile that decides a claim within the hours it states."""
+    # imported once the settings hold: the registry imports torch, the driver Ray, MLflow and Lightning (seconds),
+    # and a bad setting is named before them
+    from pipeline.search.cells import check_architectures, check_precision
+
+    check_architectures(cfg)
+    if cfg.cluster.ray() is None and not cfg.sweep.resources.gpus_per_trial:  # trials on this CPU
+        check_precision(cfg.sweep.grid.architectures, cfg.sweep.optim.precision)
+    if cfg.decides is not None and cfg.cluster.ray() is None:  # the time it states, on this machine
+        from pipeline.costs.prediction import check_decides
+
+        plan = check_decides(cfg)
+        print(
+            f"sweep: decides {cfg.decides.claim}: the forecast gives {plan.grid.wall_hours:.2f} h at the first "
+            f"budgets, at most {plan.extended.wall_hours:.2f} h every budget extended, within the profile's "
+            f"{cfg.decides.hours:g} h",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,23 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"sweep: {RETRAIN_ENV}=1: no finished run is reused, no checkpoint continued", flush=True)
                 runs = cfg.sweep.runs.model_copy(update={"reuse": False})
                 cfg = cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"runs": runs})})
-            # imported once the settings hold: the registry imports torch, the driver Ray, MLflow and Lightning
-            # (seconds), and a bad setting is named before them
-            from pipeline.search.cells import check_architectures, check_precision
-
-            check_architectures(cfg)
-            if cfg.cluster.ray() is None and not cfg.sweep.resources.gpus_per_trial:  # trials on this CPU
-                check_precision(cfg.sweep.grid.architectures, cfg.sweep.optim.precision)
-            if cfg.decides is not None and cfg.cluster.ray() is None:  # the time it states, on this machine
-                from pipeline.costs.prediction import check_decides
-
-                plan = check_decides(cfg)
-                print(
-                    f"sweep: decides {cfg.decides.claim}: the forecast gives {plan.grid.wall_hours:.2f} h at the "
-                    f"first budgets, at most {plan.extended.wall_hours:.2f} h every budget extended, within the "
-                    f"profile's {cfg.decides.hours:g} h",
-                    flush=True,
-                )
+            check_before_compute(cfg)
             from pipeline.scheduling.driver import sweep
 
             sweep(cfg, Path(args.data), out)

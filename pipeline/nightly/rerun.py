@@ -328,10 +328,6 @@ def nightly(
         prior = json.loads((before / "meta.json").read_text()) if before else {}
         libraries = library_versions()
         bumped = library_changes(prior.get("libraries"), libraries)
-        changed = [f"commit {prior['commit']} -> {night.commit}"] if prior and prior["commit"] != night.commit else []
-        changed += [f"{name} {a} -> {b}" for name, (a, b) in bumped.items()]
-        if prior and "libraries" not in prior:
-            changed.append("the training libraries (that night did not record them)")
         meta = {
             "date": night.date,
             "commit": night.commit,
@@ -361,19 +357,35 @@ def nightly(
         heading = f"{title}, against {before.name if before else 'nothing (first night)'}"
         print(publish(repo, nights_dir, night_dir, cfg, result, text, heading))
         why = " (--force: nothing reused)" if force else (" (the training libraries changed)" if bumped else "")
+        changed = changes_since(prior, night.commit, bumped)
         brief = summary(night, result, before, changed, sweep_line(night_dir, earlier, why))
         code = 1 if result["regressions"] else 0
         if push:
-            try:
-                pushed = experiments.push(repo, push, cfg.profile)
-                also = f", with {count(len(pushed) - 1, 'earlier night', 'earlier nights')} not pushed before"
-                brief += f"\nPushed as experiment {experiment}{also if len(pushed) > 1 else ''} to {remotes}.\n"
-            except experiments.RemoteError as err:
-                print(f"error: {err}", file=sys.stderr)
-                brief += f"\nNOT PUSHED (exit 2): {err}\n"
-                code = 2
+            pushed, ok = push_night(repo, push, cfg.profile, experiment, remotes)
+            brief, code = brief + pushed, code if ok else 2
         (night_dir / "summary.md").write_text(brief)
         return code, brief
+
+
+def changes_since(prior: dict, commit: str, bumped: dict[str, tuple]) -> list[str]:
+    """What changed since the night ``prior`` recorded: the commit, and the training libraries ``bumped``."""
+    changed = [f"commit {prior['commit']} -> {commit}"] if prior and prior["commit"] != commit else []
+    changed += [f"{name} {a} -> {b}" for name, (a, b) in bumped.items()]
+    if prior and "libraries" not in prior:
+        changed.append("the training libraries (that night did not record them)")
+    return changed
+
+
+def push_night(repo: Path, push: str, profile: str, experiment: str, remotes: str) -> tuple[str, bool]:
+    """Pushes the night's experiment (and the earlier ones not pushed yet); returns the summary's line and whether
+    it went."""
+    try:
+        pushed = experiments.push(repo, push, profile)
+    except experiments.RemoteError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return f"\nNOT PUSHED (exit 2): {err}\n", False
+    also = f", with {count(len(pushed) - 1, 'earlier night', 'earlier nights')} not pushed before"
+    return f"\nPushed as experiment {experiment}{also if len(pushed) > 1 else ''} to {remotes}.\n", True
 
 
 def pull_history(repo: Path, profile: str | None, wait: bool, git_remote: str, night: Night) -> tuple[int, str]:

@@ -311,36 +311,21 @@ def parent_run_html(summary: dict) -> str:
     return f"<a href='{html.escape(link)}'>{run}</a>" + (local if link.startswith("http://127.0.0.1") else "")
 
 
-def page(
-    cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict, sweep: dict
-) -> str:
-    parts = [
-        f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
-        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
-        "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px;max-width:100%}"
-        # a table wider than the page (all cells: ~30 columns) scrolls by itself, its rows one line each
-        "table{display:block;max-width:100%;overflow-x:auto}table:not(.claims) td{white-space:nowrap}"
-        ".with-legend{display:flex;gap:12px;align-items:flex-start}.with-legend .body{flex:1;min-width:0}"
-        ".legend{flex:0 0 240px;font-size:12px;background:#f7f7f7;padding:6px;border:1px solid #ddd}"
-        "figure{display:inline-block;margin:4px}figcaption{font-size:12px}.omitted{color:#666}</style>",
-        f"<h1>Capacity Atlas: profile <code>{cfg.profile}</code></h1>",
-        decided_html(checks),
-        compute_html(cfg, checks, sweep),
-        deviations_html(cfg),
-        "<h2>This run</h2>",
-        f"<p>{summary['cells']} cells ({summary['measured']} trained, {summary['inferred']} inferred by the "
-        f"width-frontier search), {summary['solved_cells']} solved; verdicts of the trained cells: "
-        f"{html.escape(summary['verdicts'])} ({summary['undecided']} undecided: out of steps while still improving, "
-        f"no verdict; {summary['borderline']} borderline: test accuracy within noise of the threshold; "
-        f"{summary['solved_below_threshold_on_test']} solved on validation but below the threshold on the test "
-        f"set, {tables.BELOW} in the tables). "
-        f"MLflow parent run {parent_run_html(summary)}. "
-        f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
-        NIGHTLY_MARKER,
-        "<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>",
-    ]
-    legend = html.escape(tables.note(cfg.report.accuracy_threshold))
-    threshold = cfg.report.accuracy_threshold
+STYLE = (
+    "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
+    "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px;max-width:100%}"
+    # a table wider than the page (all cells: ~30 columns) scrolls by itself, its rows one line each
+    "table{display:block;max-width:100%;overflow-x:auto}table:not(.claims) td{white-space:nowrap}"
+    ".with-legend{display:flex;gap:12px;align-items:flex-start}.with-legend .body{flex:1;min-width:0}"
+    ".legend{flex:0 0 240px;font-size:12px;background:#f7f7f7;padding:6px;border:1px solid #ddd}"
+    "figure{display:inline-block;margin:4px}figcaption{font-size:12px}.omitted{color:#666}</style>"
+)
+
+
+def min_cost_html(best: pd.DataFrame, threshold: float) -> str:
+    """The minimum cost at the threshold per depth, in each FLOP convention, and Table 2 of the DP paper beside it."""
+    legend = html.escape(tables.note(threshold))
+    parts = ["<h2>Minimum cost at the accuracy threshold (DP paper, Table 2)</h2>"]
     for depth in sorted(best.depth.unique()):
         conventions = "".join(
             f"<h4>{title}</h4>" + html_table(tables.convention_table(best, depth, column, threshold))
@@ -356,7 +341,30 @@ def page(
             "paper-convention GFLOPs taken to the paper's L.",
         ),
     ]
-    parts += [
+    return "\n".join(parts)
+
+
+def page(
+    cfg: Config, table: pd.DataFrame, figures: list, best: pd.DataFrame, checks: list[dict], summary: dict, sweep: dict
+) -> str:
+    parts = [
+        f"<!doctype html><meta charset='utf-8'><title>Capacity Atlas report: {cfg.profile}</title>",
+        STYLE,
+        f"<h1>Capacity Atlas: profile <code>{cfg.profile}</code></h1>",
+        decided_html(checks),
+        compute_html(cfg, checks, sweep),
+        deviations_html(cfg),
+        "<h2>This run</h2>",
+        f"<p>{summary['cells']} cells ({summary['measured']} trained, {summary['inferred']} inferred by the "
+        f"width-frontier search), {summary['solved_cells']} solved; verdicts of the trained cells: "
+        f"{html.escape(summary['verdicts'])} ({summary['undecided']} undecided: out of steps while still improving, "
+        f"no verdict; {summary['borderline']} borderline: test accuracy within noise of the threshold; "
+        f"{summary['solved_below_threshold_on_test']} solved on validation but below the threshold on the test "
+        f"set, {tables.BELOW} in the tables). "
+        f"MLflow parent run {parent_run_html(summary)}. "
+        f"Generated {time.strftime('%Y-%m-%d %H:%M')}.</p>",
+        NIGHTLY_MARKER,
+        min_cost_html(best, cfg.report.accuracy_threshold),
         "<h2>Figures</h2>",
         "<p>Heatmaps: test accuracy, mean over seeds (± the seeds' standard deviation); * = solved "
         "(validation at the threshold) by every seed; hatched = inferred by the frontier search, not trained; "

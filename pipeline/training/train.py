@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -33,9 +34,11 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.plugins.precision import MixedPrecision
+from torch.utils.data import DataLoader
 
 import models
 from pipeline.common.cell import CellSpec
+from pipeline.common.config import TrialResources
 from pipeline.common.locks import scratch_dir
 from pipeline.common.status import Status
 from pipeline.data.datasets import Dataset, read_dataset
@@ -316,6 +319,32 @@ def trial_verdict(spec: TrialSpec) -> Verdict:
     return Verdict(s.threshold, s.verdict, spec.pause_at, s.targets.get(spec.cell.task, s.threshold))
 
 
+def training_loader(spec: TrialSpec, train: Dataset, parts: int, device: torch.device, rank: int) -> DataLoader:
+    """The trial's training batches: in its cell's seed's order, this rank's share of each, in ``parts``
+    micro-batches, padded to the longest sequence where a graphed step needs one shape."""
+    s = spec.settings
+    return loader(
+        train,
+        s.optim.batch_size,
+        spec.cell.seed,
+        shuffle=True,
+        rank=rank,
+        world=s.resources.workers,
+        parts=parts,
+        processes=s.resources.loader_workers,
+        pad_to=pad_to(s.resources.step, device, int(train.lengths.max())),
+    )
+
+
+def parallelism(resources: TrialResources) -> dict[str, Any]:
+    """Lightning's devices for a trial's data-parallel workers, and their strategy."""
+    if resources.workers == 1:
+        return dict(devices=1)
+    return dict(
+        devices=resources.workers, strategy=distributed.strategy(resources.use_gpu), use_distributed_sampler=False
+    )
+
+
 def fit_module(
     spec: TrialSpec,
     build: Callable[[Dataset], SequenceModel],
@@ -335,31 +364,14 @@ def fit_module(
     val = read_dataset(Path(spec.cell.val_path)).head(s.evaluation.val_samples)
     module = build(val)
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
-    longest = pad_to(s.resources.step, device, int(train.lengths.max()))  # a graphed step's one shape
-    train_loader = loader(
-        train,
-        s.optim.batch_size,
-        spec.cell.seed,
-        shuffle=True,
-        rank=rank,
-        world=s.resources.workers,
-        parts=parts,
-        processes=s.resources.loader_workers,
-        pad_to=longest,
-    )
-    workers = s.resources.workers
-    parallel = (
-        dict(devices=workers, strategy=distributed.strategy(s.resources.use_gpu), use_distributed_sampler=False)
-        if workers > 1
-        else dict(devices=1)
-    )
+    train_loader = training_loader(spec, train, parts, device, rank)
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
         assert isinstance(train_loader.batch_sampler, LengthBuckets)  # loader's
         checkpoints.attach(train_loader.batch_sampler, scratch)
         trainer = trial_trainer(
             s,
             parts,
-            **parallel,
+            **parallelism(s.resources),
             max_epochs=s.optim.epochs,
             # in loader batches, which are micro-batches: every val_every_steps optimiser steps
             val_check_interval=s.evaluation.val_every_steps and s.evaluation.val_every_steps * parts,
