@@ -379,18 +379,19 @@ def healthy(uri: str) -> bool:
 
 @contextlib.contextmanager
 def mlflow_server(tmp_dir: Path, netns: Netns = Netns(), backend: str | None = None, auth: bool = False,
-                  options: tuple[str, ...] = ()) -> Iterator[MlflowServer]:
+                  options: tuple[str, ...] = (), port: int | None = None) -> Iterator[MlflowServer]:
     """``mlflow server`` on 127.0.0.1 (inside ``netns`` if given, e.g. a RayCluster's, so its drivers reach it) with
     its own SQLite store (or ``backend``: an existing store, to look at) and artifact root; artifacts go through the
     server, so clients need no access to the root. ``auth``: MLflow's basic-auth app (``--app-name basic-auth``),
     its users in an SQLite file of its own, new users reading every experiment, and an admin with a random password
     (MLflow ships none: it creates the admin from its config at the first start). ``options``: more
-    ``mlflow server`` options (``--allowed-hosts ...``)."""
+    ``mlflow server`` options (``--allowed-hosts ...``). ``port``: a free one unless given (a server restarted where
+    its clients look for it)."""
     tmp_dir = Path(tmp_dir)
     root = tmp_dir / "mlartifacts"
     root.mkdir(parents=True, exist_ok=True)
     backend = backend or f"sqlite:///{tmp_dir / 'mlflow.db'}"
-    port = netns.call(free_port)
+    port = port or netns.call(free_port)
     uri = f"http://127.0.0.1:{port}"
     log = tmp_dir / "mlflow-server.log"
     argv = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
