@@ -251,6 +251,34 @@ def test_eq_one_is_drawn_as_the_separations_paper_describes_it():
     assert (fixed.lengths == 20 + 2).all()
 
 
+def test_index_lookup_read_as_written_holds_n_symbols_and_asks_as_the_default_does():
+    """The paper's words, "sample a length k ... then sample N symbols ... a position between 1 and k": with
+    ``full_length`` every training string holds N symbols, the position still drawn from 1..k, so positions near N
+    stay as rare as in the default reading (k symbols); the test split is the same either way; the default's
+    parameters (and so its datasets) are as before."""
+    n, count = 40, 20000
+    full = tasks.get_task("index_lookup", n, full_length=True)
+    assert tasks.get_task("index_lookup", n).params == {"symbols": 64, "min_length": 10}
+    written = full.sample_batch(np.random.default_rng(0), "train", count)
+    default = tasks.get_task("index_lookup", n).sample_batch(np.random.default_rng(0), "train", count)
+    assert (written.prompt_len == n + 1).all() and (written.lengths == n + 2).all()  # N symbols, @p, the label
+    assert default.prompt_len.min() == 10 + 1 and default.prompt_len.max() == n + 1
+    asked = {name: np.array([int(full.decode([b.sample(i).tokens[b.prompt_len[i] - 1]])[0][1:]) for i in range(count)])
+             for name, b in (("written", written), ("default", default))}
+    for p in asked.values():  # p ~ sum over k >= max(p, 10) of 1 / (k (N - 9)): near N, about 1 in N ln(N / p)
+        assert abs(p.mean() - asked["default"].mean()) < 0.5 and (p > n - 5).mean() < 0.03
+    for i in range(500):
+        s = written.sample(i)
+        full.check(s.tokens, s.prompt_len, s.answer)
+    with pytest.raises(tasks.TaskError, match="input must be 40..40 symbols"):
+        s = default.sample(int(np.argmin(default.prompt_len)))
+        full.check(s.tokens, s.prompt_len, s.answer)
+    test = full.sample_batch(np.random.default_rng(1), "test", 100)
+    assert (test.prompt_len == n + 1).all()
+    with pytest.raises(tasks.TaskError, match="full_length must be true or false"):
+        tasks.get_task("index_lookup", n, full_length="yes")
+
+
 @pytest.mark.parametrize("name, size, params, match", [
     ("lis", 10, {"value_range": 20}, "value_range must be >= 2n \\+ 1 = 21"),
     ("lis", 2, {}, "lis size n must be >= 3"),
