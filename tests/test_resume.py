@@ -255,8 +255,8 @@ def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(genera
     as one fused trial. Its Ray worker then SIGKILLed: Tune retries it, each member going on from its directory of the
     retried trial's own last checkpoint (past the dead sweep's). Each member ends as the uninterrupted fused sweep
     did, one whole MLflow run each, no checkpoint left."""
-    fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]").replace(
-        "max_steps: 1600", "max_steps: 1600\n    lrs: [0.003, 0.001]") + "\n  resources: {fuse: learning_rates}"
+    fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]") + (
+        "\n  search: {lrs: [0.003, 0.001]}\n  resources: {fuse: learning_rates}")
     reference = copy_generated(generated, tmp_path / "whole", fused)
     assert run(["dvc", "repro"], reference).returncode == 0
     repo = copy_generated(generated, tmp_path / "killed", fused)
