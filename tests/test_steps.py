@@ -150,3 +150,31 @@ def test_a_step_compiled_in_pieces_counts_its_graph_breaks_and_says_so(caplog):
     assert counted["transformer"] == ("compiled", 0)
     assert counted["mamba"][0] == "compiled" and counted["mamba"][1] > 0
     assert f"compiled in pieces, {counted['mamba'][1]} graph breaks (the first: Skip calling" in caplog.text
+
+
+def test_a_step_past_the_recompile_limit_trains_eager_and_says_so(monkeypatch):
+    """torch.compile caches a forward's code once per model and shape, and past its recompile limit runs it eager
+    without a word: a step there falls back, named, instead of training eager under a compiled label."""
+    monkeypatch.setattr(steps, "RECOMPILE_LIMIT", 1)
+    torch._dynamo.reset()  # no earlier test's models in the cache
+    tokens = torch.randint(0, 12, (2, 9))
+    with torch._dynamo.config.patch(recompile_limit=1):
+        forwards = []
+        for width in (8, 16):
+            model = models.build_model("standard", vocab_size=12, width=width, depth=1, heads=2, max_len=20,
+                                       dropout=0.0)  # fmt: skip
+            forwards.append(StepForward(model, "compiled", CPU))
+            forwards[-1](tokens)
+    assert forwards[0].mode == "compiled" and forwards[0].why == ""
+    assert forwards[1].mode == "eager"
+    assert "compiled failed (FailOnRecompileLimitHit: this process has compiled this forward" in forwards[1].why
+
+
+def test_a_failure_without_a_message_names_where_it_was_raised():
+    def bare():
+        raise AssertionError  # what a bare assert in torch's CUDA-graph code raises
+
+    try:
+        bare()
+    except AssertionError as err:
+        assert steps.failure(err) == f"AssertionError: at {__file__}:{bare.__code__.co_firstlineno + 1}"

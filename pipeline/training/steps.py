@@ -18,6 +18,7 @@ model: its cached one-token steps are another program.
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,12 @@ import torch
 from pipeline.common.config import StepMode
 
 log = logging.getLogger(__name__)
+
+# torch.compile keeps one cache entry per shape and model on a forward's code object, shared by every model of a class,
+# and past its recompile limit (8) runs the frame eager without a word: a process that compiles more models than that
+# (bench_pack's rows; a Ray actor reused across trials) would train eager under a "graphed" label. So the limit is
+# raised, and hitting it raises, so that the step falls back eager and says so.
+RECOMPILE_LIMIT = 64
 
 
 def effective(step: StepMode, device: torch.device) -> tuple[StepMode, str]:
@@ -68,12 +75,12 @@ class StepForward:
         if self.compiled is None:
             return self.model(tokens)
         before = graph_breaks()
+        limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
         try:
-            out = self.compiled(tokens)
+            with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
+                out = self.compiled(tokens)
         except Exception as err:  # noqa: BLE001 (compilation raises many types); the model is unchanged by it
-            self.why = (
-                f"sweep.resources.step: {self.mode} failed ({type(err).__name__}: {str(err).strip()[:300]}); eager"
-            )
+            self.why = f"sweep.resources.step: {self.mode} failed ({failure(err)}); eager"
             log.warning(self.why)
             self.mode, self.compiled = "eager", None
             return self.model(tokens)
@@ -84,3 +91,16 @@ class StepForward:
             n = sum(new.values())
             log.warning("sweep.resources.step: %s in pieces, %d graph breaks (the first: %s)", self.mode, n, first)
         return out
+
+
+def failure(err: BaseException) -> str:
+    """What went wrong, and where where it says nothing (a bare ``assert`` deep in torch's CUDA-graph code): the type,
+    the message or the innermost frame, and the cause."""
+    text = str(err).strip()[:300]
+    if isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit):
+        text = "this process has compiled this forward for torch._dynamo.config.recompile_limit models or shapes"
+    elif not text:
+        frames = traceback.extract_tb(err.__traceback__)
+        text = f"at {frames[-1].filename}:{frames[-1].lineno}" if frames else "no message"
+    cause = err.__cause__
+    return f"{type(err).__name__}: {text}" + (f" (from {type(cause).__name__})" if cause is not None else "")
