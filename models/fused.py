@@ -20,7 +20,8 @@ What is not batched by vmap itself:
   the batch for Mamba, each model's rows decaying by their own A; the heads for the linear family, each with its
   own decay. One launch for K models;
 - softmax attention on the CPU: PyTorch has no batching rule for its CPU flash-attention kernel, and vmap runs it
-  member by member (its own per-member fallback; CUDA's flash and memory-efficient kernels have batching rules);
+  member by member (its own per-member fallback). On CUDA, K members' attention takes flash or the math form only
+  (``BATCHED_ATTENTION``: the other kernels' batching rules failed on an H200);
 - ``nn.LSTM`` has no batching rule at all (nor any fallback), so an architecture that says so
   (``LanguageModel.unbatched``) runs its members one after another, each with its slice of the stacked weights.
 ``notes`` says which of these applies on a device, and the first forward pass on a device logs it (a warning of the
@@ -42,11 +43,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.attention import SoftmaxAttention
 from models.backbone import LanguageModel
 
 log = logging.getLogger(__name__)
+
+# the attention kernels K members may run under vmap: on an H200 (torch 2.11, 4 December) the memory-efficient
+# kernel's batching rule failed, with a mask ("attn_bias: wrong shape (batch dimension)") and in backward ("LSE is not
+# correctly aligned"), and cuDNN's under torch.compile ("expected Tensor() for op"); flash (bf16, no mask) ran fused.
+# What flash cannot take (float32, a mask) runs the math form: plain ops, which vmap batches. On the CPU both are
+# the kernels SDPA has.
+BATCHED_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 # said by ``notes`` instead, once per model and device, not at every step
 warnings.filterwarnings(
@@ -119,7 +128,8 @@ class Fused(nn.Module):
         per_member = tokens.dim() == 3
         if self.unbatched is None:
             run = vmap(self.call, in_dims=(0, 0, 0 if per_member else None), randomness="different")
-            return run(params, buffers, tokens)
+            with sdpa_kernel(BATCHED_ATTENTION):
+                return run(params, buffers, tokens)
         return torch.stack(
             [
                 self.call(
