@@ -383,3 +383,15 @@ def test_processes_measured_together_are_one_packed_measurement_and_the_default_
     assert shapes_to_measure(cells, None, None, gpu=True) == [(64, 1), (512, 1), (256, 1), (64, 3), (512, 3)]
     assert shapes_to_measure(cells, None, None, gpu=False) == [(64, 1)]
     assert shapes_to_measure(cells, [64, 128], [2], gpu=True) == [(64, 2), (128, 2)]
+
+
+def test_the_h200s_measured_file_forecasts_every_way_it_measured(tmp_path):
+    """docs/benchmarks/throughput-separations-h200.json, bench_pack's part 5 on an H200 (docs/gpu.md): it loads, with
+    one trial alone, 7 fused (eager, graphed) and 8 packed a GPU, and the fused graphed grid costs less than alone."""
+    cfg = load(tmp_path, "separations", SMALL_GPU)
+    measured = Throughput.load(ROOT / "docs/benchmarks/throughput-separations-h200.json", ["transformer", "lstm"])
+    assert {str(m) for m in measured.modes()} >= {"one trial alone, eager", "7 fused a step, eager",
+                                                  "7 fused a step, graphed", "8 processes a GPU, eager"}  # fmt: skip
+    fc = forecast(cfg, costed(cfg), measured, Cluster(4, 8, "H200", None))
+    hours = {str(p.mode): p.row.device_hours for p in fc.modes}
+    assert hours["7 fused a step, graphed"] < hours["one trial alone, eager"]
