@@ -178,3 +178,29 @@ def test_a_failure_without_a_message_names_where_it_was_raised():
         bare()
     except AssertionError as err:
         assert steps.failure(err) == f"AssertionError: at {__file__}:{bare.__code__.co_firstlineno + 1}"
+
+
+@pytest.mark.slow
+def test_two_models_graphed_in_turn_in_one_process_train_as_eager(monkeypatch):
+    """reduce-overhead's step, each one marked as a new step for CUDA-graph trees, with two models taking turns (as
+    bench_pack's rounds run them): each trains as its eager twin. On a CPU inductor compiles without the graphs, so
+    this checks the marking and the alternation, not the graphs (tests/test_gpu.py does, on CUDA)."""
+    monkeypatch.setattr(steps, "effective", lambda step, device: (step, ""))
+    tokens = torch.randint(0, 12, (2, 9))
+    pairs = []
+    for width in (8, 16):
+        torch.manual_seed(width)
+        model = models.build_model("standard", vocab_size=12, width=width, depth=1, heads=2, max_len=20, dropout=0.0)
+        twin = models.build_model("standard", vocab_size=12, width=width, depth=1, heads=2, max_len=20, dropout=0.0)
+        twin.load_state_dict(model.state_dict())
+        pairs.append((StepForward(model, "graphed", CPU), twin))
+    for _ in range(2):
+        for graphed, twin in pairs:
+            for forward, module in ((graphed, graphed.model), (twin, twin)):
+                module.zero_grad()
+                forward(tokens).square().mean().backward()
+                with torch.no_grad():
+                    for p in module.parameters():
+                        p -= 0.1 * p.grad
+            assert graphed.mode == "graphed", graphed.why
+            torch.testing.assert_close(graphed.model(tokens), twin(tokens), rtol=1e-4, atol=1e-5)

@@ -76,6 +76,11 @@ class StepForward:
             return self.model(tokens)
         before = graph_breaks()
         limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+        if self.mode == "graphed":
+            # a new step: the graphs' memory from earlier steps may be reused (nothing reads their outputs again), as
+            # CUDA-graph trees need where more than one model is graphed in a process (bench_pack's rounds; a Ray
+            # actor reused across trials), lest they take one model's step for the continuation of another's
+            torch.compiler.cudagraph_mark_step_begin()
         try:
             with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
                 out = self.compiled(tokens)
