@@ -28,7 +28,7 @@ from pipeline.common.config import ConfigError, load_config
 from pipeline.common.signals import Stopped
 from pipeline.launch.allocation import AllocationError, LaunchError, check_slurm
 from pipeline.launch.job import keep
-from pipeline.launch.rayjob import KUBERAY_VERSION, SchemaError, check_rayjob, kuberay_versions
+from pipeline.launch.rayjob import KUBERAY_VERSION, SchemaError, check_rayjob, kuberay_versions, release_key
 from tests.helpers import ROOT, default_stop_signals, services
 from tests.helpers.repo import copy_repo, run
 from tests.helpers.upstream import copy_kernels, upstream_and_clone
@@ -279,7 +279,11 @@ SCHEMA_MISTAKES = {
 
 KUBERAY_MISTAKES = {
     "unknown": (lambda d: d["metadata"]["annotations"].update({KUBERAY_VERSION: "0.9.9"}),
-                "KubeRay '0.9.9' is not a release this checkout knows the RayJob schema of (ops/kuberay/crd/: 1.7.0)"),
+                "KubeRay '0.9.9' is not a release this checkout knows the RayJob schema of (ops/kuberay/crd/: 1.5.2, "
+                "1.6.2, 1.7.0): the manifest needs KubeRay 1.5 or later"),
+    "newer": (lambda d: d["metadata"]["annotations"].update({KUBERAY_VERSION: "1.8.0"}),
+              "KubeRay '1.8.0' is not a release this checkout knows the RayJob schema of (ops/kuberay/crd/: 1.5.2, "
+              "1.6.2, 1.7.0): vendor its CRD with ops/kuberay/vendor-crd"),
     "unsaid": (lambda d: d["metadata"].pop("annotations"), "no 'capacity-atlas/kuberay-version': name the KubeRay"),
     "no-deadline": (lambda d: d["spec"].pop("activeDeadlineSeconds"),
                     "spec.activeDeadlineSeconds is not set: without it a hung sweep holds its GPUs"),
@@ -314,8 +318,30 @@ def test_the_vendored_rayjob_schema_says_where_it_came_from_and_resolves_whole()
     spec = schema["properties"]["spec"]["properties"]
     assert {"activeDeadlineSeconds", "preRunningDeadlineSeconds", "shutdownAfterJobFinishes"} <= set(spec)
     assert "status" not in schema["properties"]  # the operator's, never a manifest's
-    assert kuberay_versions() == ["1.7.0"]
+    assert kuberay_versions() == ["1.5.2", "1.6.2", "1.7.0"]
     assert yaml.safe_load(MANIFEST.read_text())["metadata"]["annotations"][KUBERAY_VERSION] == "1.7.0"
+
+
+@pytest.mark.parametrize("release", ["1.5.0", "1.5.2", "1.6.1"])
+def test_a_rayjob_for_an_older_kuberay_is_checked_against_its_minors_schema_and_deadlines(release):
+    """KubeRay 1.5's schema has no preRunningDeadlineSeconds (1.6 added it): the shipped manifest less that field
+    passes for 1.5 and is refused for 1.6 (its start deadline unset); with it, 1.5's schema names the field and what
+    to do. A patch release not vendored is checked against the vendored one of its minor."""
+    old = release_key(release) < (1, 6)
+    data = manifest()
+    data["metadata"]["annotations"][KUBERAY_VERSION] = release
+    if old:
+        with pytest.raises(SchemaError, match=r"spec\.preRunningDeadlineSeconds: no such field in KubeRay 1\.5\.2's "
+                           r"RayJob \(KubeRay 1\.6 and later: leave it out"):  # fmt: skip
+            check_rayjob(data)
+    else:
+        assert check_rayjob(data).kuberay == "1.6.2"
+    data["spec"].pop("preRunningDeadlineSeconds")
+    if old:
+        assert check_rayjob(data).kuberay == "1.5.2"
+    else:
+        with pytest.raises(LaunchError, match="spec.preRunningDeadlineSeconds is not set"):
+            check_rayjob(data)
 
 
 def test_the_image_recipe_builds_this_checkout_from_the_locks_on_rays_cuda_image():

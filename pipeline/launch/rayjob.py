@@ -26,6 +26,7 @@ DRIVERS = (("dvc", "repro"), ("dvc", "exp", "run"))  # the pipeline's commands a
 PLACEHOLDER = "REPLACE-ME"  # in ops/kuberay/rayjob.yaml's image: the image a user builds goes there
 CRDS = ROOT / "ops" / "kuberay" / "crd"  # KubeRay's RayJob schema, one file per release (ops/kuberay/vendor-crd)
 KUBERAY_VERSION = "capacity-atlas/kuberay-version"  # the manifest's annotation: the KubeRay release it is for
+MIN_KUBERAY = "1.5"  # the first whose RayCluster takes authOptions (the token authentication the head is started with)
 SECRETS = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")  # never a literal value in a manifest
 
 
@@ -119,8 +120,22 @@ class RayJob:
 
 
 def kuberay_versions() -> list[str]:
-    """The KubeRay releases whose RayJob schema is vendored (``CRDS``)."""
-    return sorted(p.stem.removeprefix("rayjob-") for p in CRDS.glob("rayjob-*.json"))
+    """The KubeRay releases whose RayJob schema is vendored (``CRDS``), oldest first."""
+    return sorted((p.stem.removeprefix("rayjob-") for p in CRDS.glob("rayjob-*.json")), key=release_key)
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split(".") if part.isdigit())
+
+
+def vendored_for(release: str) -> str | None:
+    """The vendored schema that checks a manifest for ``release``: its own, else the newest patch release of its
+    minor (a RayJob's schema changes between minor releases), else None."""
+    known = kuberay_versions()
+    if release in known:
+        return release
+    same_minor = [v for v in known if release_key(v)[:2] == release_key(release)[:2]]
+    return same_minor[-1] if same_minor else None
 
 
 def strict(node: Any) -> Any:
@@ -145,6 +160,11 @@ def field_path(error: jsonschema.ValidationError) -> str:
     return path.lstrip(".") or "(the manifest)"
 
 
+# fields of ops/kuberay/rayjob.yaml that older releases lack, and what to do there
+LATER_FIELDS = {
+    "preRunningDeadlineSeconds": " (KubeRay 1.6 and later: leave it out; before 1.6 activeDeadlineSeconds, counted "
+    "from the job's start, also ends pods that never schedule)",
+}
 JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list", dict: "a map"}
 
 
@@ -156,7 +176,13 @@ def describe(error: jsonschema.ValidationError, release: str) -> str:
         unknown = [k for k in error.instance if k not in known]
         return "; ".join(
             f"{where + '.' if error.absolute_path else ''}{k}: no such field in KubeRay {release}'s RayJob"
-            + (f" (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, known, n=1)) else "")
+            + (
+                LATER_FIELDS[k]
+                if k in LATER_FIELDS
+                else f" (did you mean {close[0]}?)"
+                if (close := difflib.get_close_matches(k, known, n=1))
+                else ""
+            )
             for k in unknown
         )
     if error.validator == "type":
@@ -180,31 +206,38 @@ def check_schema(manifest: dict) -> str:
             f"deployment kuberay-operator -o jsonpath='{{..image}}'`), one of {', '.join(known)}, for the manifest "
             "to be checked against its RayJob schema"
         )
-    if str(release) not in known:
+    vendored = vendored_for(str(release))
+    if vendored is None:
+        older = release_key(str(release)) < release_key(known[0])
         raise LaunchError(
             f"metadata.annotations.{KUBERAY_VERSION}: KubeRay {release!r} is not a release this checkout knows the "
-            f"RayJob schema of (ops/kuberay/crd/: {', '.join(known)}): vendor its CRD with ops/kuberay/vendor-crd, or "
-            "name a known release"
-        )
-    schema = strict(json.loads((CRDS / f"rayjob-{release}.json").read_text())["schema"])
+            f"RayJob schema of (ops/kuberay/crd/: {', '.join(known)}): "
+            + (f"the manifest needs KubeRay {MIN_KUBERAY} or later (spec.rayClusterSpec.authOptions, Ray's token "
+               "authentication)" if older else "vendor its CRD with ops/kuberay/vendor-crd, or name a known release")
+        )  # fmt: skip
+    schema = strict(json.loads((CRDS / f"rayjob-{vendored}.json").read_text())["schema"])
     errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(manifest), key=lambda e: list(map(str, e.path)))
     if errors:
         more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
-        raise SchemaError("; ".join(describe(e, str(release)) for e in errors[:5]) + more)
-    return str(release)
+        raise SchemaError("; ".join(describe(e, vendored) for e in errors[:5]) + more)
+    return vendored
 
 
-def check_deadlines(spec: dict) -> None:
-    """A RayJob that holds its GPUs only as long as it works: both deadlines, and the cluster deleted at its end."""
+def check_deadlines(spec: dict, release: str) -> None:
+    """A RayJob that holds its GPUs only as long as it works: its deadlines (the start deadline where ``release``
+    has one: KubeRay 1.6 and later), and the cluster deleted at its end."""
     if spec.get("shutdownAfterJobFinishes") is not True:
         raise LaunchError(
             "spec.shutdownAfterJobFinishes is not true: KubeRay would keep the Ray cluster, and its GPUs, after the "
             "job ends"
         )
-    for field, why in (
-        ("preRunningDeadlineSeconds", "pods that never schedule or a job that never starts hold their nodes"),
-        ("activeDeadlineSeconds", "a hung sweep holds its GPUs with no end"),
-    ):
+    schema = json.loads((CRDS / f"rayjob-{release}.json").read_text())["schema"]
+    deadlines = [("activeDeadlineSeconds", "a hung sweep holds its GPUs with no end")]
+    if "preRunningDeadlineSeconds" in schema["properties"]["spec"]["properties"]:
+        deadlines.insert(
+            0, ("preRunningDeadlineSeconds", "pods that never schedule or a job that never starts hold their nodes")
+        )
+    for field, why in deadlines:
         if field not in spec:
             raise LaunchError(f"spec.{field} is not set: without it {why} (ops/kuberay/rayjob.yaml sets both)")
 
@@ -220,7 +253,7 @@ def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> R
         )
     release = check_schema(manifest)
     spec = manifest.get("spec") or {}
-    check_deadlines(spec)
+    check_deadlines(spec, release)
     words = shlex.split(str(spec.get("entrypoint") or ""))
     if not words or not words[0].endswith(ENTRYPOINT) or not any(tuple(words[1 : 1 + len(d)]) == d for d in DRIVERS):
         raise LaunchError(
