@@ -256,10 +256,11 @@ echo "$0 $*" >>"$HOME/called"
 """
 
 
-def test_the_test_tools_install_for_a_user_without_root_and_a_missing_browser_makes_its_tests_skip(monkeypatch):
+def test_the_test_tools_install_for_a_user_without_root_and_what_it_cannot_get_makes_its_tests_skip(monkeypatch):
     """ops/install-test-deps as a user who is not root and whose sudo asks a password (as `nobody` where the tests
-    run as root), where no browser can be downloaded: it never waits for a password nor calls apt-get, succeeds, and
-    says why the browser tests will skip; they then skip with that reason."""
+    run as root), offline (no browser to download, the npm registry unreachable): it never waits for a password nor
+    calls apt-get, succeeds at once, and says why the browser tests and those of `dvc plots show`'s page will skip;
+    they then skip with those reasons."""
     home = Path(tempfile.mkdtemp(prefix="user-", dir="/tmp"))
     try:
         home.chmod(0o777)
@@ -267,23 +268,31 @@ def test_the_test_tools_install_for_a_user_without_root_and_a_missing_browser_ma
         python = shutil.which("python3.11", path="/usr/bin:/usr/local/bin") or sys.executable
         tools = tool_path(home, sudo=SUDO_ASKING, **{"apt-get": RECORDED})
         (tools / "python3").symlink_to(python)
-        npm = home / ".cache" / "capacity-atlas" / "npm"  # the CDN's copies already there: this test is the browser's
-        shutil.copytree(browser.NPM_CACHE, npm)
         as_user = ["runuser", "-u", "nobody", "--"] if os.getuid() == 0 else []
         subprocess.run(["chown", "-R", "nobody", str(home)], check=True) if as_user else None
-        env = {"HOME": str(home), "PATH": str(tools), "CAPACITY_ATLAS_BROWSER_INDEX": (home / "none.json").as_uri()}
+        env = {"HOME": str(home), "PATH": str(tools), "CAPACITY_ATLAS_BROWSER_INDEX": (home / "none.json").as_uri(),
+               "npm_config_registry": "http://127.0.0.1:9/"}  # fmt: skip
         began = time.monotonic()
         done = subprocess.run([*as_user, "env", "-i", *(f"{k}={v}" for k, v in env.items()),
                                str(ROOT / "ops" / "install-test-deps")], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0 and time.monotonic() - began < 120, done.stdout + done.stderr
+        assert done.returncode == 0 and time.monotonic() - began < 60, done.stdout + done.stderr
         assert not (home / "called").exists()  # no apt-get without root
-        reason = (home / ".cache" / "capacity-atlas" / "browser-missing").read_text()
+        cache = home / ".cache" / "capacity-atlas"
+        reason = (cache / "browser-missing").read_text()
         assert reason.startswith("no headless Chromium: cannot download Chrome for Testing's chrome-headless-shell")
         assert "the browser tests will skip" in done.stderr
+        scripts = (cache / "npm-missing").read_text()
+        assert scripts.startswith("no copy of vega@5.20.2 vega-lite@5.2.0 vega-embed@6.18.2, the scripts of")
+        assert "the npm registry (http://127.0.0.1:9/) is unreachable" in scripts
+        assert not any((cache / "npm").glob("*/package.json"))  # not a half package either
         monkeypatch.setenv("PATH", str(tools))
-        monkeypatch.setattr(browser, "MISSING", home / ".cache" / "capacity-atlas" / "browser-missing")
+        monkeypatch.setattr(browser, "MISSING", cache / "browser-missing")
         monkeypatch.setattr(browser, "USER_BROWSER", home / "none")
         with pytest.raises(pytest.skip.Exception, match="no headless Chromium: cannot download"):
             browser.chromium()
+        monkeypatch.setattr(browser, "NPM_CACHE", cache / "npm")
+        monkeypatch.setattr(browser, "NPM_MISSING", cache / "npm-missing")
+        with pytest.raises(pytest.skip.Exception, match="no copy of vega@5.20.2 .* is unreachable"):
+            browser.cdn_file(f"{browser.CDN}vega@5.20.2")
     finally:
         shutil.rmtree(home, ignore_errors=True)
