@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 # the attention kernels K members may run under vmap: on an H200 (torch 2.11, 4 December) the memory-efficient
 # kernel's batching rule failed, with a mask ("attn_bias: wrong shape (batch dimension)") and in backward ("LSE is not
 # correctly aligned"), and cuDNN's under torch.compile ("expected Tensor() for op"); flash (bf16, no mask) ran fused.
-# What flash cannot take (float32, a mask) runs the math form: plain ops, which vmap batches. On the CPU both are
-# the kernels SDPA has.
+# What flash cannot take (float32, a mask) runs the math form: plain ops, which vmap batches. The CPU's choice is left
+# as it is (its flash kernel has no batching rule either way: vmap runs it member by member).
 BATCHED_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 # said by ``notes`` instead, once per model and device, not at every step
@@ -128,6 +128,8 @@ class Fused(nn.Module):
         per_member = tokens.dim() == 3
         if self.unbatched is None:
             run = vmap(self.call, in_dims=(0, 0, 0 if per_member else None), randomness="different")
+            if tokens.device.type != "cuda":
+                return run(params, buffers, tokens)
             with sdpa_kernel(BATCHED_ATTENTION):
                 return run(params, buffers, tokens)
         return torch.stack(

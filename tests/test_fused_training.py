@@ -214,18 +214,24 @@ def test_a_fused_step_for_an_architecture_and_shape():
 @pytest.mark.parametrize("arch", ["transformer", "mamba", "linear_nofm"])  # attention, the selective scan, the linear
 def test_a_fused_step_compiled_trains_as_the_eager_one(arch):
     """A fused trial's forward under torch.compile (``sweep.resources.step: compiled``; ``graphed`` is the same
-    compile with CUDA graphs, on a GPU), vmap over stacked weights included: it compiles, it does not fall back to
-    eager, and three steps give the eager step's losses, and the trained members the eager ones' logits, within
-    float32's rounding of another kernel order. Logits, not weights: a parameter with no gradient in exact arithmetic
+    compile with CUDA graphs, on a GPU), vmap over stacked weights included, and its optimizer's update over the flat
+    buffers (with a freeze, which changes what it writes): they compile, they do not fall back to eager, and the steps
+    give the eager step's losses, and the trained members the eager ones' logits, within float32's rounding of
+    another kernel order. Logits, not weights: a parameter with no gradient in exact arithmetic
     (the key bias, under softmax) moves by Adam's steps on rounding noise, which no two kernel orders share, and
     changes no output."""
     settings = TrainSettings().replaced(heads=2, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=1.0)
     compiled, eager = (fused_step(arch, LRS, settings, vocab_size=V, width=16, depth=1, max_len=T, step=step)
                        for step in ("compiled", "eager"))  # fmt: skip
-    *train, (held_out, _) = batches(4)
-    for inputs, targets in train:
+    *train, (held_out, _) = batches(5)
+    for i, (inputs, targets) in enumerate(train):
+        if i == 2:
+            for step in (compiled, eager):
+                step.optimizer.freeze([1])
         torch.testing.assert_close(compiled(inputs, targets), eager(inputs, targets), rtol=1e-4, atol=1e-6)
         assert compiled.forward is not None and (compiled.forward.mode, compiled.forward.why) == ("compiled", "")
+        assert (compiled.optimizer.update.mode, compiled.optimizer.update.why) == ("compiled", "")
+    assert eager.optimizer.update.mode == "eager"
     with torch.no_grad():
         torch.testing.assert_close(compiled.model(held_out), eager.model(held_out), rtol=1e-4, atol=1e-5)
 

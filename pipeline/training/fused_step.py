@@ -37,7 +37,7 @@ from models.fused import Fused
 from pipeline.common.config import StepMode
 from pipeline.training.batches import IGNORE
 from pipeline.training.settings import TrainSettings
-from pipeline.training.steps import StepForward
+from pipeline.training.steps import Compiled, StepForward, effective
 from pipeline.training.train import decay_groups, warmup_steps
 
 
@@ -130,6 +130,7 @@ class FusedAdam(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         decoupled: bool = True,
         warmup: int = 1,
+        step: StepMode = "eager",
     ):
         self.size = len(lrs)
         defaults = dict(lrs=lrs, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=decoupled, warmup=warmup)
@@ -149,6 +150,10 @@ class FusedAdam(torch.optim.Optimizer):
         device = self.param_groups[0]["params"][0].device
         self.share(torch.ones(self.size, dtype=torch.bool, device=device), torch.zeros(self.size, dtype=torch.float64,
                    device=device))  # fmt: skip
+        # the update over the flat buffers, where the trial's step is compiled or graphed: inductor fuses its dozen
+        # ops a buffer into a few kernels. Never CUDA graphs: it writes its inputs in place, which they would copy.
+        compiled = effective(step, device)[0] != "eager"
+        self.update = Compiled(self.step_flat, "compiled" if compiled else "eager", device)
 
     def share(self, active: torch.Tensor, steps: torch.Tensor) -> None:
         """Every group holds the one ``active`` and ``steps``: the members freeze and step as wholes. Whether all
@@ -277,7 +282,7 @@ class FusedAdam(torch.optim.Optimizer):
         flats = self.gather()
         self.gathered = False
         if flats:
-            self.step_flat(flats)
+            self.update(flats)
         return loss
 
     def step_flat(self, flats: list[Flat]) -> None:
@@ -388,13 +393,18 @@ class FusedStep:
         return losses.detach()
 
 
-def fused_optimizer(model: Fused, lrs: Sequence[float], settings: TrainSettings, total_steps: int) -> FusedAdam:
+def fused_optimizer(
+    model: Fused, lrs: Sequence[float], settings: TrainSettings, total_steps: int, step: StepMode | None = None
+) -> FusedAdam:
     """``SequenceModel.configure_optimizers_for`` for fused members: plain Adam (``optimizer: adam``, no weight
-    decay), else AdamW with weight decay on matrices only; warm-up over ``warmup_fraction`` of ``total_steps``."""
+    decay), else AdamW with weight decay on matrices only; warm-up over ``warmup_fraction`` of ``total_steps``; its
+    update compiled where ``step`` (default ``sweep.resources.step``) compiles the step."""
     warmup = warmup_steps(settings, total_steps)
+    step = step or settings.resources.step
     if settings.optim.optimizer == "adam":
-        return FusedAdam(model.parameters(), lrs, decoupled=False, warmup=warmup)
-    return FusedAdam(decay_groups(model.parameters(), settings.optim.weight_decay, matrix=3), lrs, warmup=warmup)
+        return FusedAdam(model.parameters(), lrs, decoupled=False, warmup=warmup, step=step)
+    groups = decay_groups(model.parameters(), settings.optim.weight_decay, matrix=3)
+    return FusedAdam(groups, lrs, warmup=warmup, step=step)
 
 
 def fused_step(
@@ -429,4 +439,5 @@ def fused_step(
     )
     fused = Fused([model] * len(lrs)).to(device)
     forward = StepForward(fused, step, torch.device(device)) if step != "eager" else None
-    return FusedStep(fused, fused_optimizer(fused, lrs, settings, total_steps), settings.optim.grad_clip, forward)
+    optimizer = fused_optimizer(fused, lrs, settings, total_steps, step)
+    return FusedStep(fused, optimizer, settings.optim.grad_clip, forward)

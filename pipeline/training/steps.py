@@ -54,26 +54,26 @@ def graph_breaks() -> dict[str, int]:
     return dict(counters["graph_break"])
 
 
-class StepForward:
-    """The model's training forward, (B, T) tokens -> (B, T, V) logits, as ``sweep.resources.step`` runs it; eager where
-    that mode cannot run (``mode`` says what ran last, ``why`` why it is not the mode asked for, ``graph_breaks`` how
-    many times compiling it broke the graph)."""
+class Compiled:
+    """``fn`` as ``sweep.resources.step`` runs it (``compiled``: under torch.compile; ``graphed``: its reduce-overhead
+    mode, CUDA graphs), eager where that mode cannot run: ``mode`` says what ran last, ``why`` why it is not the mode
+    asked for, ``graph_breaks`` how many times compiling it broke the graph."""
 
-    def __init__(self, model: torch.nn.Module, step: StepMode, device: torch.device):
-        self.model = model
+    def __init__(self, fn: Callable, step: StepMode, device: torch.device):
+        self.fn = fn
         self.mode, self.why = effective(step, device)
         self.graph_breaks = 0
-        self.compiled: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.compiled: Callable | None = None
         if self.why:
             log.warning(self.why)
         if self.mode != "eager":
             # dynamic=False: one graph (and one compilation) a shape, as CUDA graphs need
             mode = "reduce-overhead" if self.mode == "graphed" else None
-            self.compiled = torch.compile(model, dynamic=False, mode=mode)
+            self.compiled = torch.compile(fn, dynamic=False, mode=mode)
 
-    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *args):
         if self.compiled is None:
-            return self.model(tokens)
+            return self.fn(*args)
         before = graph_breaks()
         limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
         if self.mode == "graphed":
@@ -83,12 +83,12 @@ class StepForward:
             torch.compiler.cudagraph_mark_step_begin()
         try:
             with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
-                out = self.compiled(tokens)
-        except Exception as err:  # noqa: BLE001 (compilation raises many types); the model is unchanged by it
+                out = self.compiled(*args)
+        except Exception as err:  # noqa: BLE001 (compilation raises many types); what it runs is unchanged by it
             self.why = f"sweep.resources.step: {self.mode} failed ({failure(err)}); eager"
             log.warning(self.why)
             self.mode, self.compiled = "eager", None
-            return self.model(tokens)
+            return self.fn(*args)
         new = {reason: n - before.get(reason, 0) for reason, n in graph_breaks().items() if n > before.get(reason, 0)}
         if new:  # compiled just now, in pieces
             self.graph_breaks += sum(new.values())
@@ -96,6 +96,14 @@ class StepForward:
             n = sum(new.values())
             log.warning("sweep.resources.step: %s in pieces, %d graph breaks (the first: %s)", self.mode, n, first)
         return out
+
+
+class StepForward(Compiled):
+    """The model's training forward, (B, T) tokens -> (B, T, V) logits, as ``sweep.resources.step`` runs it."""
+
+    def __init__(self, model: torch.nn.Module, step: StepMode, device: torch.device):
+        super().__init__(model, step, device)
+        self.model = model
 
 
 def failure(err: BaseException) -> str:
