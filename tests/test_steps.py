@@ -152,6 +152,7 @@ def test_a_step_compiled_in_pieces_counts_its_graph_breaks_and_says_so(caplog):
     assert f"compiled in pieces, {counted['mamba'][1]} graph breaks (the first: Skip calling" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_step_past_the_recompile_limit_trains_eager_and_says_so(monkeypatch):
     """torch.compile caches a forward's code once per model and shape, and past its recompile limit runs it eager
     without a word: a step there falls back, named, instead of training eager under a compiled label."""
