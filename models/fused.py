@@ -34,6 +34,7 @@ module's state dict into member k's, as the member's own model names it, and K o
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import warnings
@@ -128,9 +129,8 @@ class Fused(nn.Module):
         per_member = tokens.dim() == 3
         if self.unbatched is None:
             run = vmap(self.call, in_dims=(0, 0, 0 if per_member else None), randomness="different")
-            if tokens.device.type != "cuda":
-                return run(params, buffers, tokens)
-            with sdpa_kernel(BATCHED_ATTENTION):
+            kernels = sdpa_kernel(BATCHED_ATTENTION) if tokens.device.type == "cuda" else contextlib.nullcontext()
+            with kernels:
                 return run(params, buffers, tokens)
         return torch.stack(
             [

@@ -6,6 +6,7 @@ hold one trial of the profile its head names.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.metadata
 import json
 import math
@@ -124,6 +125,12 @@ def kuberay_versions() -> list[str]:
     return sorted((p.stem.removeprefix("rayjob-") for p in CRDS.glob("rayjob-*.json")), key=release_key)
 
 
+@functools.cache
+def vendored_schema(release: str) -> dict:
+    """The RayJob schema vendored for ``release`` (one of ``kuberay_versions``), as the CRD gives it."""
+    return json.loads((CRDS / f"rayjob-{release}.json").read_text())["schema"]
+
+
 def release_key(release: str) -> tuple[int, ...]:
     return tuple(int(part) for part in release.split(".") if part.isdigit())
 
@@ -176,13 +183,7 @@ def describe(error: jsonschema.ValidationError, release: str) -> str:
         unknown = [k for k in error.instance if k not in known]
         return "; ".join(
             f"{where + '.' if error.absolute_path else ''}{k}: no such field in KubeRay {release}'s RayJob"
-            + (
-                LATER_FIELDS[k]
-                if k in LATER_FIELDS
-                else f" (did you mean {close[0]}?)"
-                if (close := difflib.get_close_matches(k, known, n=1))
-                else ""
-            )
+            + (LATER_FIELDS.get(k) or "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(k, known, 1)))
             for k in unknown
         )
     if error.validator == "type":
@@ -215,7 +216,7 @@ def check_schema(manifest: dict) -> str:
             + (f"the manifest needs KubeRay {MIN_KUBERAY} or later (spec.rayClusterSpec.authOptions, Ray's token "
                "authentication)" if older else "vendor its CRD with ops/kuberay/vendor-crd, or name a known release")
         )  # fmt: skip
-    schema = strict(json.loads((CRDS / f"rayjob-{vendored}.json").read_text())["schema"])
+    schema = strict(vendored_schema(vendored))
     errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(manifest), key=lambda e: list(map(str, e.path)))
     if errors:
         more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
@@ -231,9 +232,8 @@ def check_deadlines(spec: dict, release: str) -> None:
             "spec.shutdownAfterJobFinishes is not true: KubeRay would keep the Ray cluster, and its GPUs, after the "
             "job ends"
         )
-    schema = json.loads((CRDS / f"rayjob-{release}.json").read_text())["schema"]
     deadlines = [("activeDeadlineSeconds", "a hung sweep holds its GPUs with no end")]
-    if "preRunningDeadlineSeconds" in schema["properties"]["spec"]["properties"]:
+    if "preRunningDeadlineSeconds" in vendored_schema(release)["properties"]["spec"]["properties"]:
         deadlines.insert(
             0, ("preRunningDeadlineSeconds", "pods that never schedule or a job that never starts hold their nodes")
         )

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 # torch.compile keeps one cache entry per shape and model on a forward's code object, shared by every model of a class,
 # and past its recompile limit (8) runs the frame eager without a word: a process that compiles more models than that
 # (bench_pack's rows; a Ray actor reused across trials) would train eager under a "graphed" label. So the limit is
-# raised, and hitting it raises, so that the step falls back eager and says so.
+# raised, and hitting it raises, so that the step falls back eager and says so: set once for the process where a step
+# compiles (a config.patch around every call costs about 0.2 ms of host time a step).
 RECOMPILE_LIMIT = 64
 
 
@@ -70,20 +71,21 @@ class Compiled:
             # dynamic=False: one graph (and one compilation) a shape, as CUDA graphs need
             mode = "reduce-overhead" if self.mode == "graphed" else None
             self.compiled = torch.compile(fn, dynamic=False, mode=mode)
+            config = torch._dynamo.config
+            config.recompile_limit = max(RECOMPILE_LIMIT, config.recompile_limit)
+            config.fail_on_recompile_limit_hit = True
 
     def __call__(self, *args):
         if self.compiled is None:
             return self.fn(*args)
         before = graph_breaks()
-        limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
         if self.mode == "graphed":
             # a new step: the graphs' memory from earlier steps may be reused (nothing reads their outputs again), as
             # CUDA-graph trees need where more than one model is graphed in a process (bench_pack's rounds; a Ray
             # actor reused across trials), lest they take one model's step for the continuation of another's
             torch.compiler.cudagraph_mark_step_begin()
         try:
-            with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
-                out = self.compiled(*args)
+            out = self.compiled(*args)
         except Exception as err:  # noqa: BLE001 (compilation raises many types); what it runs is unchanged by it
             self.why = f"sweep.resources.step: {self.mode} failed ({failure(err)}); eager"
             log.warning(self.why)
