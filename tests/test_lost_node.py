@@ -61,13 +61,15 @@ def descendants(pid: int, name: str) -> list[psutil.Process]:
 
 
 def test_a_local_sweep_whose_raylet_dies_stops_naming_the_node_and_a_rerun_resumes(tiny_data, tmp_path):
-    repo = sweep_repo(tmp_path, tiny_data)
+    # long enough that the faster trial is still training when the slower one has a checkpoint: the stop must name both
+    repo = sweep_repo(tmp_path, tiny_data, steps=1200)
     env = services.clean_env() | {"PATH": f"{Path(sys.executable).parent}:{services.clean_env()['PATH']}"}
     sweep = subprocess.Popen([sys.executable, "-m", "pipeline.sweep"], cwd=repo, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: len(steps := checkpoint_steps(repo / "ray_results")) == 2 and min(steps.values()) >= 20,
-                 "a checkpoint of both trials", sweep)
+        wait_for(lambda: len(steps := checkpoint_steps(repo / "ray_results")) == 2
+                 and 20 <= min(steps.values()) and max(steps.values()) < 1200,
+                 "a checkpoint of both trials while both still train", sweep)
         raylet = wait_for(lambda: descendants(sweep.pid, "raylet/raylet"), "the local raylet", sweep)[0]
         agent = next(p for p in raylet.children() if "RuntimeEnvAgent" in " ".join(p.cmdline()))
         agent.kill()
