@@ -28,7 +28,14 @@ from pipeline.common.config import ConfigError, load_config
 from pipeline.common.signals import Stopped
 from pipeline.launch.allocation import AllocationError, LaunchError, check_slurm
 from pipeline.launch.job import keep
-from pipeline.launch.rayjob import KUBERAY_VERSION, SchemaError, check_rayjob, kuberay_versions, release_key
+from pipeline.launch.rayjob import (
+    KUBERAY_VERSION,
+    STOP_AFTER,
+    SchemaError,
+    check_rayjob,
+    kuberay_versions,
+    release_key,
+)
 from tests.helpers import ROOT, default_stop_signals, services
 from tests.helpers.repo import copy_repo, run
 from tests.helpers.upstream import copy_kernels, upstream_and_clone
@@ -288,6 +295,17 @@ KUBERAY_MISTAKES = {
     "no-deadline": (lambda d: d["spec"].pop("activeDeadlineSeconds"),
                     "spec.activeDeadlineSeconds is not set: without it a hung sweep holds its GPUs"),
     "no-start-deadline": (lambda d: d["spec"].pop("preRunningDeadlineSeconds"), "spec.preRunningDeadlineSeconds"),
+    "no-stop": (lambda d: d["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+                .remove(head_env(d)[STOP_AFTER]),
+                "the head's env sets no CAPACITY_ATLAS_STOP_AFTER_S: at activeDeadlineSeconds KubeRay marks the job "
+                "Failed without stopping it"),
+    "late-stop": (lambda d: head_env(d)[STOP_AFTER].update(value="604000"),
+                  "CAPACITY_ATLAS_STOP_AFTER_S 604000 is past what the deadline leaves: at most 602600 "
+                  "(activeDeadlineSeconds 604800 less preRunningDeadlineSeconds 1800, the stop's 90 s grace"),
+    "no-stop-time": (lambda d: head_env(d)[STOP_AFTER].update(value="a week"),
+                     "CAPACITY_ATLAS_STOP_AFTER_S 'a week' is not a positive number of seconds"),
+    "short-deadline": (lambda d: d["spec"].update(activeDeadlineSeconds=2000),
+                       "spec.activeDeadlineSeconds 2000 leaves the sweep no time"),
     "kept-cluster": (lambda d: d["spec"].update(shutdownAfterJobFinishes=False), "would keep the Ray cluster"),
     "password": (lambda d: head_env(d)["MLFLOW_TRACKING_PASSWORD"].update(value="hunter2", valueFrom=None) or
                  head_env(d)["MLFLOW_TRACKING_PASSWORD"].pop("valueFrom"),
@@ -474,10 +492,12 @@ def test_kept_outputs_appear_whole_or_not_at_all(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
-def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_outputs(tmp_path):
+@pytest.mark.parametrize("stopper", ["prestop", "its-time"])
+def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_outputs(tmp_path, stopper):
     """A head pod's deletion as the entrypoint sees it: the manifest's preStop hook, run for real, signals the pid
-    ops/ray-job wrote and waits; the command's whole process group gets SIGINT (DVC passes no SIGTERM to its stage),
-    and the outputs are kept. (`ray job stop` signals ops/ray-job the same way, with the rest of its tree.)"""
+    ops/ray-job wrote and waits; or the driver's own time up (``CAPACITY_ATLAS_STOP_AFTER_S``, before KubeRay's
+    deadline). The command's whole process group gets SIGINT (DVC passes no SIGTERM to its stage), and the outputs are
+    kept. (`ray job stop` signals ops/ray-job the same way, with the rest of its tree.)"""
     repo = checkout(tmp_path / "checkout")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     shared, state, pidfile = tmp_path / "shared", tmp_path / "state", tmp_path / "driver.pid"
@@ -490,15 +510,20 @@ def test_a_stopped_ray_job_stops_its_commands_whole_process_group_and_keeps_the_
     env = services.clean_env() | {"PATH": f"{BIN}:{os.environ['PATH']}", "CAPACITY_ATLAS_PROFILE": "separations",
                                   "MLFLOW_TRACKING_URI": "http://mlflow:5000", "CAPACITY_ATLAS_STORAGE": str(shared),
                                   "CAPACITY_ATLAS_DRIVER_PIDFILE": str(pidfile)}
+    if stopper == "its-time":
+        env["CAPACITY_ATLAS_STOP_AFTER_S"] = "4"
     job = subprocess.Popen([str(repo / "ops/ray-job"), sys.executable, str(tmp_path / "stoppable.py"), str(state)],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (state / "driver-running").exists() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert pidfile.read_text().strip() == str(job.pid)
-    stop = subprocess.Popen([*hook[:-1], hook[-1].replace(shipped, str(pidfile))])  # waits until the driver is gone
+    if stopper == "prestop":
+        stop = subprocess.Popen([*hook[:-1], hook[-1].replace(shipped, str(pidfile))])  # waits until the driver ends
     out, err = job.communicate(timeout=120)  # (and reaped: its parent, Ray's job supervisor in a pod, reaps it)
-    assert stop.wait(timeout=30) == 0 and job.returncode == 130, out + err  # the command's status: SIGINT
+    assert job.returncode == 130, out + err  # the command's status: SIGINT
+    assert stopper == "its-time" or stop.wait(timeout=30) == 0
+    assert (stopper == "its-time") == ("its 4 s (--stop-after) are up: stopping" in err), err
     assert (state / "driver").read_text() == (state / "stage").read_text() == "SIGINT"
     (kept,) = (shared / "outputs").iterdir()
     assert kept.name.startswith("separations-") and profile_of(kept / "params.yaml") == "separations"

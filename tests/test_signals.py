@@ -68,6 +68,26 @@ def test_a_stop_request_to_the_runner_reaches_its_whole_process_group_as_sigint(
     assert f"{signal.Signals(request_signal).name}: stopping" in err
 
 
+def test_a_command_whose_time_is_up_is_stopped_whole_as_on_a_request(tmp_path):
+    """``--stop-after``: a RayJob's driver stops itself before KubeRay's deadline, as a stop request stops it."""
+    script = tmp_path / "family.py"
+    script.write_text(FAMILY)
+    began = time.monotonic()
+    proc = runner(script, tmp_path, "--stop-after", "2")
+    wait_for(tmp_path / "child-ready")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert (tmp_path / "parent").read_text() == (tmp_path / "child").read_text() == "SIGINT"
+    assert "its 2 s (--stop-after) are up: stopping" in err and 2 <= time.monotonic() - began < 20
+
+
+def test_a_stop_after_that_is_no_time_is_refused_before_the_command_runs(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pipeline.common.signals", "--stop-after", "0", "--", "touch",
+                           str(tmp_path / "ran")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--stop-after: 0 is not a positive number of seconds" in done.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 def test_what_ignores_sigint_gets_sigterm_after_the_grace_and_the_runner_waits_for_the_whole_group(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(textwrap.dedent("""

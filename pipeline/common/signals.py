@@ -10,11 +10,13 @@ no clean-up):
   of its trials. A second signal, or ``timeout`` seconds, raises it wherever the sweep is, and ``timeout`` more end
   the process (``os._exit``), whatever it waits on. A sweep that DVC runs stops too when dvc dies (``with_parent``):
   DVC forwards no signal to its stage.
-- ``run_group`` (``python -m pipeline.common.signals [--grace S] -- COMMAND...``): COMMAND in a process group of its
-  own, which a stop request to the runner (SIGTERM, SIGINT, SIGUSR1) reaches whole: SIGINT to the group, as a
-  terminal's Ctrl-C, which DVC passes to its stage by waiting for it (it ignores SIGINT meanwhile) and Ray's own
-  processes ignore (they start with SIGINT blocked); SIGTERM to what is left after ``grace`` seconds, SIGKILL 10 s
-  later. What the launchers start `dvc repro` with (ops/slurm, ops/ray-job, ops/nightly through pipeline.nightly).
+- ``run_group`` (``python -m pipeline.common.signals [--grace S] [--stop-after S] -- COMMAND...``): COMMAND in a
+  process group of its own, which a stop request to the runner (SIGTERM, SIGINT, SIGUSR1), or its own time running
+  out (``--stop-after``: a RayJob's ``CAPACITY_ATLAS_STOP_AFTER_S``, before KubeRay's deadline), reaches whole:
+  SIGINT to the group, as a terminal's Ctrl-C, which DVC passes to its stage by waiting for it (it ignores SIGINT
+  meanwhile) and Ray's own processes ignore (they start with SIGINT blocked); SIGTERM to what is left after
+  ``grace`` seconds, SIGKILL 10 s later. What the launchers start `dvc repro` with (ops/slurm, ops/ray-job,
+  ops/nightly through pipeline.nightly).
 
 Standard library only: the launchers run it by module before anything else is imported.
 """
@@ -230,11 +232,12 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def run_group(cmd: list[str], grace: float, **popen) -> int:
+def run_group(cmd: list[str], grace: float, stop_after: float | None = None, **popen) -> int:
     """Runs ``cmd`` in a session (a process group) of its own and returns its exit status (128 + the signal's
-    number if it is stopped). A stop request to this process (SIGTERM, SIGINT, SIGUSR1) sends SIGINT to the group;
-    then, once ``grace`` seconds have passed with some of it left, SIGTERM; ``KILL_AFTER_S`` later SIGKILL. It returns
-    once the whole group is gone, not only ``cmd``'s process: a DVC stage outlives dvc."""
+    number if it is stopped). A stop request to this process (SIGTERM, SIGINT, SIGUSR1), or ``stop_after`` seconds
+    since ``cmd`` started, sends SIGINT to the group; then, once ``grace`` seconds have passed with some of it left,
+    SIGTERM; ``KILL_AFTER_S`` later SIGKILL. It returns once the whole group is gone, not only ``cmd``'s process: a DVC
+    stage outlives dvc."""
     asked: list[int] = []
 
     def request(signum: int, frame) -> None:
@@ -245,6 +248,7 @@ def run_group(cmd: list[str], grace: float, **popen) -> int:
         # the handlers above are reset to the default in the child at exec, so that SIGINT is not ignored there even
         # where this process was started ignoring it (a shell's background job)
         proc = subprocess.Popen(cmd, start_new_session=True, **popen)
+        began = time.monotonic()
         pgid, status = proc.pid, None
         interrupted = False
         term_at: float | None = None  # when what is left of the group gets SIGTERM
@@ -256,9 +260,11 @@ def run_group(cmd: list[str], grace: float, **popen) -> int:
             else:
                 time.sleep(0.2)
             now = time.monotonic()
-            if asked and not interrupted:
+            timed_out = stop_after is not None and status is None and now - began >= stop_after
+            if (asked or timed_out) and not interrupted:
+                why = name(asked[0]) if asked else f"its {stop_after:g} s (--stop-after) are up"
                 print(
-                    f"{PROG}: {name(asked[0])}: stopping `{' '.join(cmd)}` (SIGINT to its process group)",
+                    f"{PROG}: {why}: stopping `{' '.join(cmd)}` (SIGINT to its process group)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -288,17 +294,27 @@ PROG = "pipeline.common.signals"
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog=f"python -m {PROG}",
-        description="Runs COMMAND in a process group of its own; SIGTERM, SIGINT or SIGUSR1 to this process stop the "
-        "whole group (SIGINT, then SIGTERM after --grace seconds, then SIGKILL). Exits with COMMAND's status.",
+        description="Runs COMMAND in a process group of its own; SIGTERM, SIGINT or SIGUSR1 to this process, or "
+        "--stop-after seconds of COMMAND, stop the whole group (SIGINT, then SIGTERM after --grace seconds, then "
+        "SIGKILL). Exits with COMMAND's status.",
     )
     ap.add_argument("--grace", type=float, default=90.0, help="seconds from SIGINT to SIGTERM (default: %(default)s)")
+    ap.add_argument(
+        "--stop-after",
+        type=float,
+        metavar="S",
+        help="stop COMMAND as on a request once it has run S seconds (a scheduler's deadline, less the time a clean "
+        "stop takes)",
+    )
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no COMMAND given")
+    if args.stop_after is not None and not args.stop_after > 0:
+        ap.error(f"--stop-after: {args.stop_after:g} is not a positive number of seconds")
     try:
-        return run_group(command, args.grace)
+        return run_group(command, args.grace, args.stop_after)
     except OSError as err:  # not found, not executable
         print(f"{PROG}: error: cannot run {command[0]!r}: {err}", file=sys.stderr)
         return 127

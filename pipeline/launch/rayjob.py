@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pipeline.common import signals
 from pipeline.common.config import ROOT, Config, load_config
 from pipeline.launch.allocation import LaunchError, Nodes, amount, check_nodes
 
@@ -29,6 +30,9 @@ CRDS = ROOT / "ops" / "kuberay" / "crd"  # KubeRay's RayJob schema, one file per
 KUBERAY_VERSION = "capacity-atlas/kuberay-version"  # the manifest's annotation: the KubeRay release it is for
 MIN_KUBERAY = "1.5"  # the first whose RayCluster takes authOptions (the token authentication the head is started with)
 SECRETS = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")  # never a literal value in a manifest
+STOP_AFTER = "CAPACITY_ATLAS_STOP_AFTER_S"  # the head's env: seconds ops/ray-job's driver runs before it stops itself
+GRACE = ("CAPACITY_ATLAS_STOP_SECONDS", 90.0)  # ops/ray-job's: from its stop's SIGINT to SIGTERM (the env, its default)
+KEEP_S = 300.0  # after the stop: the outputs copied to storage, the job's end reported, with room to spare
 
 
 class SchemaError(LaunchError):
@@ -242,6 +246,40 @@ def check_deadlines(spec: dict, release: str) -> None:
             raise LaunchError(f"spec.{field} is not set: without it {why} (ops/kuberay/rayjob.yaml sets both)")
 
 
+def check_stop(spec: dict, env: dict[str, Any]) -> None:
+    """The sweep stops itself before KubeRay's deadline: at ``activeDeadlineSeconds`` KubeRay marks the RayJob Failed
+    without stopping its Ray job, and the sweep keeps its GPUs until the cluster goes ``ttlSecondsAfterFinished``
+    later. The deadline counts from the RayJob's start, again at each retry (KubeRay 1.5-1.7 reset its StartTime), and
+    the driver starts at most ``preRunningDeadlineSeconds`` after it; the driver's own time (``STOP_AFTER``) and its
+    clean stop must fit in what is left."""
+    active, pre = spec["activeDeadlineSeconds"], spec.get("preRunningDeadlineSeconds", 0)
+    grace = float(env.get(GRACE[0]) or GRACE[1])
+    most = math.floor(active - pre - grace - signals.KILL_AFTER_S - KEEP_S)
+    budget = (
+        f"activeDeadlineSeconds {active} less preRunningDeadlineSeconds {pre}, the stop's {grace:g} s grace "
+        f"({GRACE[0]}), {signals.KILL_AFTER_S:g} s to SIGKILL and {KEEP_S:g} s to keep the outputs"
+    )
+    if most <= 0:
+        raise LaunchError(f"spec.activeDeadlineSeconds {active} leaves the sweep no time: {budget} is {most} s")
+    value = env.get(STOP_AFTER)
+    if value is None:
+        raise LaunchError(
+            f"the head's env sets no {STOP_AFTER}: at activeDeadlineSeconds KubeRay marks the job Failed without "
+            "stopping it, and the sweep holds its GPUs until the cluster is deleted; set it to at most "
+            f"{most} ({budget}), so that the sweep stops itself cleanly and a retry continues it"
+        )
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise LaunchError(f"the head's env: {STOP_AFTER} {value!r} is not a positive number of seconds")
+    if seconds > most:
+        raise LaunchError(
+            f"the head's env: {STOP_AFTER} {value} is past what the deadline leaves: at most {most} ({budget})"
+        )
+
+
 def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> RayJob:
     """A KubeRay ``RayJob`` that runs this pipeline: its entrypoint, the profile its head names (with the overrides
     of ``params``), its Ray version and image, MLflow and storage; and its pods hold at least one trial
@@ -272,6 +310,7 @@ def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> R
     head = cluster.get("headGroupSpec") or {}
     where = "spec.rayClusterSpec.headGroupSpec"
     env = env_of(container(head, where))
+    check_stop(spec, env)
     profile = env.get("CAPACITY_ATLAS_PROFILE")
     if not profile:
         raise LaunchError(f"{where}: the Ray container's env sets no CAPACITY_ATLAS_PROFILE (the profile to run)")
