@@ -228,25 +228,29 @@ def test_a_closed_browser_page_leaves_no_process_and_no_profile(tmp_path):
         assert not group_running(page.proc.pid) and not page.home.exists()
 
 
-def test_a_cdn_script_is_served_from_its_local_copy_or_named_missing(tmp_path, monkeypatch):
-    """A page's script from the CDN (as `dvc plots show`'s page loads vega) comes from the copy ops/install-test-deps
-    made; without the copy, the error says to run it."""
+def test_a_cdn_script_is_served_from_its_vendored_copy_or_named_missing(tmp_path, monkeypatch):
+    """A page's script from the CDN (as `dvc plots show`'s page loads vega) comes from the copy vendored in
+    tests/vendor/cdn/, with no network; a version not vendored is named."""
     page_file = tmp_path / "page.html"
     page_file.write_text(f"<!doctype html><script src='{browser.CDN}vega@5.20.2'></script>")
     with Page(page_file.as_uri()) as page:
         assert page.evaluate("vega.version") == "5.20.2" and page.failed_loads() == []
-    monkeypatch.setattr(browser, "NPM_CACHE", tmp_path / "empty")
-    with pytest.raises(BrowserError, match=r"no copy of vega@5\.20\.2 in .*: run `ops/install-test-deps`"):
+    page_file.write_text(f"<!doctype html><script src='{browser.CDN}vega@5.21.0'></script>")
+    with pytest.raises(BrowserError, match=r"no vendored copy of vega@5\.21\.0 in .*tests/vendor/cdn: vendor it"):
         Page(page_file.as_uri())
 
 
-def test_the_cdn_copies_are_the_versions_dvc_loads():
-    """ops/install-test-deps fetches exactly the scripts the installed dvc-render's page asks the CDN for."""
+def test_the_vendored_cdn_copies_are_the_versions_dvc_loads_with_their_licences():
+    """tests/vendor/cdn/ holds exactly the scripts the installed dvc-render's page asks the CDN for, each with its
+    package's licence."""
     from dvc_render.vega import VegaRenderer
 
     asked = re.findall(re.escape(browser.CDN) + r"([^\"]+)", VegaRenderer.SCRIPTS)
-    installed = re.search(r"^CDN_PACKAGES=\((.*)\)$", (ROOT / "ops" / "install-test-deps").read_text(), re.M)
-    assert installed and asked == installed.group(1).split()
+    assert asked == list(browser.CDN_FILES)
+    assert sorted(p.name for p in browser.VENDORED.iterdir()) == sorted(asked)
+    for spec, file in browser.CDN_FILES.items():
+        assert (browser.VENDORED / spec / file).stat().st_size > 10_000
+        assert "Redistribution and use in source and binary forms" in (browser.VENDORED / spec / "LICENSE").read_text()
 
 
 def test_a_width_solved_on_validation_but_below_the_threshold_on_test_is_marked_and_counted_apart():

@@ -35,14 +35,19 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--remote-debugging-pipe")
 TIMEOUT = 60.0  # seconds for one protocol reply or the page's load; Chromium starts in ~1 s on 2 idle cores
-# The page of `dvc plots show` loads vega, vega-lite and vega-embed from this CDN, which this machine cannot reach:
-# every Page answers those requests from the npm packages ops/install-test-deps unpacks here (<name>@<version>/).
+# The page of `dvc plots show` loads vega, vega-lite and vega-embed from this CDN, which the tests must not need: every
+# Page answers those requests from the copies vendored in tests/vendor/cdn/<name>@<version>/ (tests/vendor/README.md).
 CDN = "https://cdn.jsdelivr.net/npm/"
+VENDORED = Path(__file__).resolve().parents[1] / "vendor" / "cdn"
+# what the CDN serves for a bare <name>@<version>: the package's file for browsers (its package.json's "jsdelivr")
+CDN_FILES = {
+    "vega@5.20.2": "build/vega.min.js",
+    "vega-lite@5.2.0": "build/vega-lite.min.js",
+    "vega-embed@6.18.2": "build/vega-embed.min.js",
+}
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "capacity-atlas"
-NPM_CACHE = CACHE / "npm"
 USER_BROWSER = CACHE / "browser" / "chrome-headless-shell-linux64" / "chrome-headless-shell"
 MISSING = CACHE / "browser-missing"  # why ops/install-test-deps could install no browser
-NPM_MISSING = CACHE / "npm-missing"  # why it could not copy the CDN's scripts
 
 # Every figure on the page, as the browser sees it: an <img> is loaded when complete with a natural width (a missing
 # or undecodable file leaves naturalWidth 0); an inline <svg> when it has a laid-out box.
@@ -73,20 +78,12 @@ def chromium() -> str:
 
 
 def cdn_file(url: str) -> Path:
-    """The local copy of what ``url`` (under ``CDN``) serves: ``<name>@<version>`` alone is the package's file for
-    browsers (its package.json's "jsdelivr", as the CDN picks it), ``<name>@<version>/<path>`` that file."""
+    """The vendored copy of what ``url`` (under ``CDN``) serves: ``<name>@<version>`` alone is ``CDN_FILES``' file,
+    ``<name>@<version>/<path>`` that file (which may not be there: the CDN's 404)."""
     spec, _, path = url.removeprefix(CDN).partition("?")[0].partition("/")
-    package = NPM_CACHE / spec
-    if not (package / "package.json").is_file():
-        if NPM_MISSING.is_file() and "pytest" in sys.modules:  # the install could not copy it: the test skips
-            import pytest
-
-            pytest.skip(f"{NPM_MISSING.read_text().strip()} (ops/install-test-deps)")
-        raise BrowserError(f"{url}: no copy of {spec} in {NPM_CACHE}: run `ops/install-test-deps`")
-    if not path:
-        meta = json.loads((package / "package.json").read_text())
-        path = meta.get("jsdelivr") or meta["main"]
-    return package / path
+    if spec not in CDN_FILES or not (VENDORED / spec).is_dir():
+        raise BrowserError(f"{url}: no vendored copy of {spec} in {VENDORED}: vendor it (tests/vendor/README.md)")
+    return VENDORED / spec / (path or CDN_FILES[spec])
 
 
 @dataclass
