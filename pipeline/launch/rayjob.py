@@ -292,12 +292,7 @@ def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> R
     release = check_schema(manifest)
     spec = manifest.get("spec") or {}
     check_deadlines(spec, release)
-    words = shlex.split(str(spec.get("entrypoint") or ""))
-    if not words or not words[0].endswith(ENTRYPOINT) or not any(tuple(words[1 : 1 + len(d)]) == d for d in DRIVERS):
-        raise LaunchError(
-            f"spec.entrypoint: {spec.get('entrypoint')!r} does not run the pipeline: use "
-            f"'<the image's checkout>/{ENTRYPOINT} dvc repro' (or dvc exp run ...)"
-        )
+    command = driver_command(spec)
     cluster = spec.get("rayClusterSpec") or {}
     if spec.get("clusterSelector"):
         raise LaunchError("spec.clusterSelector: an existing RayCluster is not checked; give spec.rayClusterSpec")
@@ -315,6 +310,30 @@ def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> R
     if not profile:
         raise LaunchError(f"{where}: the Ray container's env sets no CAPACITY_ATLAS_PROFILE (the profile to run)")
     cfg = load_config(params, profile=str(profile))
+    groups, containers = node_groups(cluster)
+    check_environment(env, containers)
+    check_image(containers)
+    hint = "raise a worker group's resources.limits (cpu, nvidia.com/gpu) or its replicas"
+    slots = check_nodes(cfg, groups, "the RayJob's pods", hint)
+    autoscaled = bool(cluster.get("enableInTreeAutoscaling"))
+    return RayJob(str(profile), command, groups, slots, autoscaled, release)
+
+
+def driver_command(spec: dict) -> list[str]:
+    """The pipeline's command the entrypoint runs (``ops/ray-job dvc repro``: ``["dvc", "repro"]``)."""
+    words = shlex.split(str(spec.get("entrypoint") or ""))
+    if not words or not words[0].endswith(ENTRYPOINT) or not any(tuple(words[1 : 1 + len(d)]) == d for d in DRIVERS):
+        raise LaunchError(
+            f"spec.entrypoint: {spec.get('entrypoint')!r} does not run the pipeline: use "
+            f"'<the image's checkout>/{ENTRYPOINT} dvc repro' (or dvc exp run ...)"
+        )
+    return words[1:]
+
+
+def node_groups(cluster: dict) -> tuple[list[Nodes], dict[str, dict]]:
+    """The head and each worker group as Ray counts them (an autoscaled group at its ``maxReplicas``), and the Ray
+    container of each that has pods, by where it is in the manifest."""
+    head, where = cluster.get("headGroupSpec") or {}, "spec.rayClusterSpec.headGroupSpec"
     containers = {where: container(head, where)}
     groups = [Nodes("the head", 1, *ray_resources(head, where))]
     for i, group in enumerate(cluster.get("workerGroupSpecs") or []):
@@ -323,7 +342,11 @@ def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> R
         groups.append(Nodes(f"worker group {group.get('groupName', i)!r}", count, *ray_resources(group, at)))
         if count:
             containers[at] = container(group, at)
-    check_environment(env, containers)
+    return groups, containers
+
+
+def check_image(containers: dict[str, dict]) -> None:
+    """One image in every Ray container (the same code), and not the shipped placeholder."""
     images = {c.get("image") for c in containers.values()}
     if len(images) != 1 or not all(isinstance(i, str) and i for i in images):
         raise LaunchError(f"the head's and the workers' Ray containers must run one image (the same code): {images}")
@@ -333,10 +356,6 @@ def check_rayjob(manifest: dict, params: Path | str = ROOT / "params.yaml") -> R
             f"image: {image!r} is the placeholder: build the image (docs/cluster.md) and put its name in every "
             "Ray container"
         )
-    hint = "raise a worker group's resources.limits (cpu, nvidia.com/gpu) or its replicas"
-    slots = check_nodes(cfg, groups, "the RayJob's pods", hint)
-    autoscaled = bool(cluster.get("enableInTreeAutoscaling"))
-    return RayJob(str(profile), words[1:], groups, slots, autoscaled, release)
 
 
 def check_environment(env: dict[str, Any], containers: dict[str, dict]) -> None:
