@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.backbone import BlockStack, Cache, Mixer, heads_view, merge_heads
+from models.backbone import BlockStack, Cache, Mixer, gather_positions, heads_view, merge_heads
 
 
 class Pattern:
@@ -130,6 +130,21 @@ class SoftmaxAttention(Mixer):
             state["pos"], state["k"], state["v"] = keys[keep], K[:, :, keep], V[:, :, keep]
         y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, dropout_p=p)
         return merge_heads(y)  # (B, T, D)
+
+    def at_positions(self, x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, R, D): queries at positions ``at`` (B, R) only, against every key their pattern allows;
+        keys and values of every position. (R T attention pairs instead of about T^2 / 2.)"""
+        B, T, D = x.shape
+        w, b = self.qkv.weight, self.qkv.bias
+        q = F.linear(gather_positions(x, at), w[:D], b[:D])  # (B, R, D)
+        k, v = F.linear(x, w[D:], b[D:]).split(D, dim=2)  # (B, T, D) each
+        q, k, v = (heads_view(t, self.heads) for t in (q, k, v))  # (B, H, R or T, hd)
+        if torch.is_autocast_enabled(x.device.type):  # as in forward: vmap keeps autocast from SDPA itself
+            dtype = torch.get_autocast_dtype(x.device.type)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        mask = self.pattern.allowed(at[:, None, :, None], torch.arange(T, device=x.device))  # (B, 1, R, T)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        return merge_heads(y)  # (B, R, D)
 
     def plan(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
         if (length, device) not in self.plans:

@@ -108,10 +108,13 @@ class Fused(nn.Module):
             {name: getattr(self, _attribute(name)) for name in self.buffer_names},
         )
 
-    def forward(self, tokens: torch.Tensor, members: Sequence[int] | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, members: Sequence[int] | None = None, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, T) tokens every member reads, or (M, B, T), the m-th member run reading tokens[m] -> (M, B, T, V)
         logits, of every member (M = K) or of ``members`` only (their weights gathered first: a validation's
-        saving, where frozen members need no score)."""
+        saving, where frozen members need no score); with ``at`` (B, R) positions, (M, B, R, V), the logits there
+        only (``LanguageModel``)."""
         if tokens.device not in self.told:
             self.told.add(tokens.device)
             for note in self.notes(tokens.device):
@@ -128,16 +131,17 @@ class Fused(nn.Module):
         size = next(iter(params.values())).shape[0]
         per_member = tokens.dim() == 3
         if self.unbatched is None:
-            run = vmap(self.call, in_dims=(0, 0, 0 if per_member else None), randomness="different")
+            run = vmap(self.call, in_dims=(0, 0, 0 if per_member else None, None), randomness="different")
             kernels = sdpa_kernel(BATCHED_ATTENTION) if tokens.device.type == "cuda" else contextlib.nullcontext()
             with kernels:
-                return run(params, buffers, tokens)
+                return run(params, buffers, tokens, at)
         return torch.stack(
             [
                 self.call(
                     {n: p[k] for n, p in params.items()},
                     {n: b[k] for n, b in buffers.items()},
                     tokens[k] if per_member else tokens,
+                    at,
                 )
                 for k in range(size)
             ]
@@ -174,9 +178,9 @@ class Fused(nn.Module):
         longest = max(a.shape[-1] for a in alone)
         return torch.stack([F.pad(a, (0, longest - a.shape[-1]), value=-1) for a in alone])
 
-    def call(self, params: dict, buffers: dict, tokens: torch.Tensor) -> torch.Tensor:
-        """One member's forward with the given weights: (B, T) -> (B, T, V)."""
-        return functional_call(self.template, (params, buffers), (tokens,))
+    def call(self, params: dict, buffers: dict, tokens: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        """One member's forward with the given weights: (B, T) -> (B, T, V), or (B, R, V) at positions ``at``."""
+        return functional_call(self.template, (params, buffers), (tokens, None, at))
 
     def notes(self, device: torch.device) -> list[str]:
         """What of these members does not run as one batched call on ``device``, in words (empty: all of it does)."""

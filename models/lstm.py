@@ -3,7 +3,7 @@
 import torch
 import torch.nn as nn
 
-from models.backbone import Cache, LanguageModel, init_weights
+from models.backbone import Cache, LanguageModel, gather_positions, init_weights
 from models.registry import register
 
 
@@ -19,14 +19,16 @@ class LSTMModel(LanguageModel):
         self.head = nn.Linear(width, vocab_size)
         self.apply(init_weights)
 
-    def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: Cache | None = None, at: torch.Tensor | None = None) -> torch.Tensor:
         T = tokens.shape[1]
-        self.check_length(cache, T)
+        self.check_length(cache, T, at)
         state = cache.layers[0].get("hc") if cache is not None else None  # ((depth, B, D), (depth, B, D))
         y, hc = self.lstm(self.drop(self.embed(tokens)), state)  # (B, T, D)
         if cache is not None:
             cache.layers[0]["hc"] = hc
             cache.pos += T
+        if at is not None:  # the recurrence reads every position; only the head is spared
+            y = gather_positions(y, at)  # (B, R, D)
         return self.head(self.drop(y))
 
     def state_size(self, length: int, bytes_per_value: int = 4) -> int:

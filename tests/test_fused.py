@@ -26,19 +26,23 @@ def close(a: torch.Tensor, b: torch.Tensor, dtype) -> bool:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fused_forward_and_gradients_equal_the_members_apart(arch, dtype):
     """Logits and every parameter's gradient under a random upstream gradient, member by member; the members train
-    (every parameter reached) and read one batch (B, T), then one batch each (K, B, T)."""
+    (every parameter reached) and read one batch (B, T), then one batch each (K, B, T), then one batch's logits at
+    two positions a row (``at``, a classification's answer)."""
     apart = members(arch, dtype)
     fused = Fused(copy.deepcopy(apart)).train()
     torch.manual_seed(10)
-    for tokens in (torch.randint(0, V, (B, T)), torch.randint(0, V, (K, B, T))):
-        upstream = torch.randn(K, B, T, V, dtype=dtype)
-        logits = fused(tokens)
-        assert logits.shape == (K, B, T, V) and logits.dtype == dtype
+    at = torch.tensor([[T - 2, T - 1], [3, 4]])  # (B, 2)
+    for tokens, where in ((torch.randint(0, V, (B, T)), None), (torch.randint(0, V, (K, B, T)), None),
+                          (torch.randint(0, V, (B, T)), at)):  # fmt: skip
+        R = T if where is None else where.shape[1]
+        upstream = torch.randn(K, B, R, V, dtype=dtype)
+        logits = fused(tokens, at=where)
+        assert logits.shape == (K, B, R, V) and logits.dtype == dtype
         (logits * upstream).sum().backward()
         params = dict(fused.stacked()[0])
         for k, model in enumerate(apart):
             model.train().zero_grad()
-            alone = model(tokens[k] if tokens.dim() == 3 else tokens)
+            alone = model(tokens[k] if tokens.dim() == 3 else tokens, at=where)
             assert close(logits[k].detach(), alone.detach(), dtype), (arch, k)
             (alone * upstream[k]).sum().backward()
             for name, p in model.named_parameters():

@@ -81,8 +81,12 @@ def test_members_scored_in_one_pass_score_as_their_separate_trials(specs, one_pa
     fused = run_fused(on_task, NAMES[: len(lrs)])
     separate = [run_trial(spec) for spec in on_task]
     for lr, a, b in zip(lrs, fused, separate):
-        differ = same(a, b, VERDICT if a["status"] == "diverged" else SAME)
+        differ = same(a, b, VERDICT)
         assert not differ, f"{task} lr {lr}: {differ} {[(a[k], b[k]) for k in differ]}"
+        # a member's float rounding is not its separate model's (batched matmuls): over 300 steps at 1e-2 it can
+        # flip a token of the tiny validation set (eq_ncp on an AMD EPYC with AVX-512: 25 of 48 tokens against 26)
+        for key in SAME[len(VERDICT) :] if a["status"] != "diverged" else ():
+            assert a[key] == pytest.approx(b[key], abs=0.05), f"{task} lr {lr}: {key} {a[key]} {b[key]}"
     assert fused[-1]["status"] == "diverged"  # frozen at step 1: every later validation scores a subset
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,25 @@ def test_cached_logits_equal_full_forward_at_every_position(arch):
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_at_a_few_positions_equal_the_full_forwards_there_with_their_gradients(arch):
+    """``at``: two positions a row, other in each row (padded classifications' answers): the logits and every
+    parameter's gradient equal those of the whole forward gathered there."""
+    model = tiny(arch).train()  # dropout 0: train mode changes nothing else
+    x = torch.randint(0, 23, (3, 40))
+    at = torch.tensor([[38, 39], [20, 21], [0, 5]])
+    part = model(x, at=at)
+    full = model(x).gather(1, at[..., None].expand(-1, -1, 23))
+    torch.testing.assert_close(part, full, rtol=1e-5, atol=1e-5)
+    upstream = torch.randn_like(full)
+    params = list(model.parameters())
+    for a, b in zip(torch.autograd.grad((part * upstream).sum(), params),
+                    torch.autograd.grad((full * upstream).sum(), params), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="without a decoding cache"):
+        model(x, model.new_cache(3), at=at)
+
+
 @pytest.mark.parametrize("arch, options, kept", [("sliding_window", {"window": 5}, 4),
                                                   ("sinks", {"window": 5, "sinks": 2}, 6),
                                                   ("sparse", {"block": 4}, 3 + 40 // 4 - 1)])
@@ -340,5 +359,7 @@ def test_blockwise_local_attention_equals_the_dense_masked_call(arch, options, m
         results.append((out, torch.autograd.grad(out.square().sum(), list(model.parameters()))))
     (out, grads), (dense, dense_grads) = results
     torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-5)
+    at = torch.tensor([[59, 60], [7, 33]])  # the pattern's mask at a few queries, beside the blockwise forward
+    torch.testing.assert_close(model(x, at=at), out.gather(1, at[..., None].expand(-1, -1, 23)), rtol=1e-5, atol=1e-5)
     for g, g_dense in zip(grads, dense_grads):
         torch.testing.assert_close(g, g_dense, rtol=1e-4, atol=1e-5)

@@ -29,8 +29,8 @@ def test_final_answer_is_the_token_before_the_first_eos():
 
 def test_collate_trains_only_after_the_prompt(tiny_data):
     data = read_dataset(dataset_path(tiny_data, "lis", 3, "train"))
-    inputs, targets, share, lengths = Collate(data)([0, 1])
-    assert share == 1  # one worker takes the whole batch
+    inputs, targets, share, lengths, at = Collate(data)([0, 1])
+    assert share == 1 and at is None  # one worker takes the whole batch; lis predicts a whole chain of thought
     assert lengths.tolist() == [len(data.sequence(i)) - 1 for i in (0, 1)] == (inputs != tasks.PAD_ID).sum(1).tolist()
     seq, p = data.sequence(0).astype(np.int64), int(data.prompt_len[0])
     assert torch.equal(inputs[0, :len(seq) - 1], torch.from_numpy(seq[:-1]))
@@ -174,6 +174,31 @@ def test_next_character_targets_follow_the_separator():
     got = ncp.targets(seq[:, :-1], seq[:, 1:])[0].bool().tolist()
     free, only = [False, False, True, True, True], lambda i: [j == i for j in range(5)]
     assert got == [free, free, only(3), only(4), only(1)]  # after 'a': any; after 'b': any (incl. [sep]); then copies
+
+
+@pytest.mark.parametrize("arch", ["transformer", "lstm"])
+def test_a_classification_trains_on_its_answers_logits_alone_with_the_whole_forwards_loss_and_gradients(
+    separations_data, arch
+):
+    """Index lookup's rows each predict their label and <eos>: the batch says where (``Batch.at``, rows of different
+    lengths), the forward computes those logits only, and the loss and every gradient are the whole forward's."""
+    cell = make_cell("index_lookup", 20, arch, 16, 1, 0, **dataset_fields(separations_data, "index_lookup", 20))
+    spec = TrialSpec(cell=cell, settings=TrainSettings().replaced(dropout=0.0, batch_size=16), lr=1e-3)
+    module = SequenceModel(spec)
+    data = read_dataset(Path(cell.train_path))
+    batch = next(iter(loader(data, 16, 0, shuffle=True)))
+    assert batch.at is not None and batch.at.shape == (16, 2) and len(set(batch.lengths)) > 1
+    assert (batch.targets.gather(1, batch.at) != IGNORE).all() and (batch.targets != IGNORE).sum() == 32
+    results = []
+    for b in (batch, batch._replace(at=None)):
+        module.zero_grad()
+        loss = module.training_loss(b)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in module.parameters()]))
+    (loss, grads), (whole, whole_grads) = results
+    torch.testing.assert_close(loss, whole)
+    for g, g_whole in zip(grads, whole_grads, strict=True):
+        torch.testing.assert_close(g, g_whole, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("task, size", [("index_lookup", 20), ("eq_ncp", 20)])  # classify, ncp

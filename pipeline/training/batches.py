@@ -1,12 +1,14 @@
 """Batches for training and validation: samples of similar length together, split among data-parallel workers and
 into micro-batches.
 
-A batch is ``Batch(inputs, targets, share, lengths)``: inputs = seq[:-1], targets = seq[1:] with the prompt and
+A batch is ``Batch(inputs, targets, share, lengths, at)``: inputs = seq[:-1], targets = seq[1:] with the prompt and
 padding ignored (``IGNORE``), padded to the batch's longest sequence, not the dataset's (but for a graphed step's
 one shape, ``pad_to``). ``share`` weighs one piece's
 mean loss so that DDP's average over workers, and Lightning's over accumulated micro-batches, is the global batch's
 mean loss (``Collate``). ``lengths`` (host memory) are the sequences' real lengths, for the FLOP count: read on the
-host, they cost the GPU no synchronisation.
+host, they cost the GPU no synchronisation. ``at`` (B, R): the positions of the predicted tokens where every row
+predicts the same few (R at most half the positions: a classification's answer and <eos>), so that the forward need
+compute only those logits (``models.backbone``); else None.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Batch(NamedTuple):
     targets: torch.Tensor  # (B, T)
     share: torch.Tensor  # ()
     lengths: np.ndarray  # (B,) real tokens of each input
+    at: torch.Tensor | None = None  # (B, R) where the predicted tokens are, when every row has R <= T / 2 of them
 
 
 class Piece(list):
@@ -115,8 +118,26 @@ class Collate:
         if self.world * self.parts > 1:
             assert isinstance(piece, Piece)  # the training loader's
             share = self.world * self.parts * self.predicted[mine].sum() / self.predicted[piece.batch].sum()
-        inputs, targets = (torch.from_numpy(a) for a in collate(self.data, mine, self.pad_to))
-        return Batch(inputs, targets, torch.tensor(float(share)), self.lengths[mine])
+        inputs, targets = collate(self.data, mine, self.pad_to)
+        at = predicted_positions(targets)
+        return Batch(
+            torch.from_numpy(inputs),
+            torch.from_numpy(targets),
+            torch.tensor(float(share)),
+            self.lengths[mine],
+            None if at is None else torch.from_numpy(at),
+        )
+
+
+def predicted_positions(targets: np.ndarray) -> np.ndarray | None:
+    """(B, T) targets -> (B, R) the positions of each row's predicted tokens, where every row has the same number R
+    of them and R is at most half of T (else None: the whole forward is needed anyway)."""
+    predicted = targets != IGNORE  # (B, T)
+    counts = predicted.sum(1)
+    R = int(counts[0]) if len(counts) else 0
+    if R == 0 or (counts != R).any() or 2 * R > targets.shape[1]:
+        return None
+    return np.nonzero(predicted)[1].reshape(len(targets), R)  # row-major: each row's positions in order
 
 
 def collate(data: Dataset, rows: np.ndarray, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -209,11 +209,12 @@ class FusedSequenceModel(SequenceModel):
 
     def training_step(self, batch: Batch, batch_idx):
         forward = self.step_forward or self.model
-        logits = forward(batch.inputs)  # (K, B, T, V)
+        at, targets = self.predicted(batch)
+        logits = forward(batch.inputs) if at is None else forward(batch.inputs, at=at)  # (K, B, T or R, V)
         flops = 3 * self.batch_flops(batch.lengths)
         for k in self.members.active:
             self.member_flops[k] += flops
-        losses = self.member_losses(logits, batch.inputs, batch.targets) * batch.share  # (K,)
+        losses = self.member_losses(logits, batch.inputs, targets) * batch.share  # (K,)
         self.last_losses = losses.detach()
         # each member's gradient is its own loss's (no gradient crosses members); a stopped member's is computed
         # and discarded: the optimizer keeps its weights as they are (``FusedAdam.freeze``)

@@ -75,9 +75,9 @@ class Compiled:
             config.recompile_limit = max(RECOMPILE_LIMIT, config.recompile_limit)
             config.fail_on_recompile_limit_hit = True
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         if self.compiled is None:
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
         before = graph_breaks()
         if self.mode == "graphed":
             # a new step: the graphs' memory from earlier steps may be reused (nothing reads their outputs again), as
@@ -85,12 +85,12 @@ class Compiled:
             # actor reused across trials), lest they take one model's step for the continuation of another's
             torch.compiler.cudagraph_mark_step_begin()
         try:
-            out = self.compiled(*args)
+            out = self.compiled(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 (compilation raises many types); what it runs is unchanged by it
             self.why = f"sweep.resources.step: {self.mode} failed ({failure(err)}); eager"
             log.warning(self.why)
             self.mode, self.compiled = "eager", None
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
         new = {reason: n - before.get(reason, 0) for reason, n in graph_breaks().items() if n > before.get(reason, 0)}
         if new:  # compiled just now, in pieces
             self.graph_breaks += sum(new.values())
@@ -101,7 +101,8 @@ class Compiled:
 
 
 class StepForward(Compiled):
-    """The model's training forward, (B, T) tokens -> (B, T, V) logits, as ``sweep.resources.step`` runs it."""
+    """The model's training forward, (B, T) tokens -> (B, T, V) logits (or (B, R, V) at positions ``at=``), as
+    ``sweep.resources.step`` runs it."""
 
     def __init__(self, model: torch.nn.Module, step: StepMode, device: torch.device):
         super().__init__(model, step, device)

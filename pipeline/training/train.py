@@ -151,11 +151,21 @@ class SequenceModel(L.LightningModule):
         self.synced_flops, self.unsynced_flops = checkpoint["train_flops"], 0
 
     def training_loss(self, batch: Batch) -> torch.Tensor:
-        """The family's loss after the prompt; also adds the batch to the training-compute count."""
+        """The family's loss after the prompt; also adds the batch to the training-compute count (the model's FLOPs
+        over every position, whatever the forward spares: ``predicted``)."""
         forward = self.step_forward or self.model  # the eager model outside a fit (tests, benchmarks)
-        logits = forward(batch.inputs)  # (B, T, V)
+        at, targets = self.predicted(batch)
+        logits = forward(batch.inputs) if at is None else forward(batch.inputs, at=at)  # (B, T or R, V)
         self.unsynced_flops += 3 * self.batch_flops(batch.lengths)
-        return self.loss(logits, batch.inputs, batch.targets) * batch.share
+        return self.loss(logits, batch.inputs, targets) * batch.share
+
+    def predicted(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Where the training forward computes logits (None: everywhere) and the targets there. Where each row
+        predicts a few tokens (``Batch.at``: a classification's answer and <eos>) only those, which the last block
+        computes alone: the same loss and gradients for a fraction of the FLOPs. ncp reads every position."""
+        if batch.at is None or self.ncp is not None:
+            return None, batch.targets
+        return batch.at, batch.targets.gather(1, batch.at)  # (B, R)
 
     def batch_flops(self, lengths: np.ndarray) -> int:
         """Exact forward FLOPs of sequences of ``lengths`` tokens: each distinct length's once, times its count (a
