@@ -116,17 +116,21 @@ def test_mamba_triton_kernel_on_cuda_matches_the_cpu_loop_forward_and_gradients(
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_architecture_on_cuda_agrees_with_the_cpu_and_under_bf16(arch):
-    """float32 on CUDA (TF32 off) against the CPU; bf16 autocast on CUDA within the CPU test's tolerance."""
+    """float32 on CUDA (TF32 off) against the CPU; bf16 autocast on CUDA within the CPU test's tolerance; the logits
+    at a few positions (``at``: a classification's answer) those of the whole forward there."""
     torch.manual_seed(0)
     model = models.build_model(arch, vocab_size=16, width=64, depth=2, heads=4, max_len=800, dropout=0.0).eval()
     tokens = torch.randint(0, 16, (2, 800))
+    at = torch.tensor([[798, 799], [100, 101]], device=CUDA)
     with torch.no_grad():
         cpu = model(tokens)
         model.to(CUDA)
         exact = model(tokens.to(CUDA)).float()
+        part = model(tokens.to(CUDA), at=at).float()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             low = model(tokens.to(CUDA)).float()
     torch.testing.assert_close(exact.cpu(), cpu, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(part, exact.gather(1, at[..., None].expand(-1, -1, 16)), rtol=1e-4, atol=1e-4)
     assert torch.isfinite(low).all()
     assert ((low - exact).norm() / exact.norm()).item() < 0.03
 
