@@ -89,8 +89,25 @@ class SoftmaxAttention(Mixer):
         self.plans: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor] | None] = {}
 
     def forward(self, x: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
+        return self.attend(x, cache, layer)
+
+    def at_positions(
+        self, x: torch.Tensor, at: torch.Tensor, cache: Cache | None = None, layer: int = 0
+    ) -> torch.Tensor:
+        """(B, T, D) -> (B, R, D): queries at positions ``at`` (B, R) of this chunk only, against every key their
+        pattern allows; keys and values of every position (into the cache too, where there is one). R T attention
+        pairs instead of about T^2 / 2: a classification's training step, a greedy decode's prefill."""
+        return self.attend(x, cache, layer, at)
+
+    def attend(self, x: torch.Tensor, cache: Cache | None, layer: int, at: torch.Tensor | None = None) -> torch.Tensor:
         B, T, D = x.shape
-        q, k, v = (heads_view(t, self.heads) for t in self.qkv(x).split(D, dim=2))  # (B, H, T, hd) each
+        if at is None:
+            q, k, v = self.qkv(x).split(D, dim=2)  # (B, T, D) each, one matmul
+        else:
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(gather_positions(x, at), w[:D], b[:D])  # (B, R, D)
+            k, v = F.linear(x, w[D:], b[D:]).split(D, dim=2)  # (B, T, D) each
+        q, k, v = (heads_view(t, self.heads) for t in (q, k, v))  # (B, H, T or R, hd)
         if torch.is_autocast_enabled(x.device.type):
             # what autocast does to SDPA's inputs, done here because under vmap (a fused trial, models.fused) autocast
             # reaches only the kernel SDPA dispatches to, not SDPA: the attention would run in float32
@@ -99,7 +116,7 @@ class SoftmaxAttention(Mixer):
         p = self.dropout if self.training else 0.0
         start = cache.pos if cache is not None else 0
         queries = torch.arange(start, start + T, device=x.device)
-        if cache is None:
+        if cache is None and at is None:
             plan = self.plan(T, x.device) if self.blockwise else None
             if self.pattern.causal_only:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
@@ -108,43 +125,37 @@ class SoftmaxAttention(Mixer):
             else:
                 y = blockwise_attention(q, k, v, *plan, p)
             return merge_heads(y)
-        state = cache.layers[layer]
+        keys, K, V = (queries, k, v) if cache is None else self.remember(cache, layer, k, v)
+        mask: torch.Tensor | None = None  # a one-token step of full causal attention reads every key
+        if at is not None:
+            mask = self.pattern.allowed((start + at)[:, None, :, None], keys)  # (B, 1, R, S)
+        elif T > 1 or not self.pattern.causal_only:
+            mask = self.pattern.mask(queries, keys)  # (T, S)
+        y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, dropout_p=p)
+        return merge_heads(y)  # (B, T or R, D)
+
+    def remember(
+        self, cache: Cache, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Adds this chunk's keys and values (B, H, T, hd) to the layer's cache; returns every key position its
+        queries may read (S,) and their keys and values (B, H, S, hd)."""
+        state, start, T = cache.layers[layer], cache.pos, k.shape[2]
         if self.pattern.causal_only:  # preallocated once for the whole decode: (B, H, max_len, hd)
             if not state:
-                state["k"] = q.new_empty(B, self.heads, cache.max_len, D // self.heads)
+                state["k"] = k.new_empty(*k.shape[:2], cache.max_len, k.shape[3])
                 state["v"] = torch.empty_like(state["k"])
             state["k"][:, :, start : start + T] = k
             state["v"][:, :, start : start + T] = v
-            keys, K, V = (
-                torch.arange(start + T, device=x.device),
-                state["k"][:, :, : start + T],
-                state["v"][:, :, : start + T],
-            )
-            mask = None if T == 1 else self.pattern.mask(queries, keys)
-        else:  # only the positions some future query may still attend
-            keys = torch.cat([state["pos"], queries]) if state else queries
-            K = torch.cat([state["k"], k], 2) if state else k
-            V = torch.cat([state["v"], v], 2) if state else v
-            mask = self.pattern.mask(queries, keys)
-            keep = self.pattern.allowed(torch.tensor(start + T, device=x.device), keys)
-            state["pos"], state["k"], state["v"] = keys[keep], K[:, :, keep], V[:, :, keep]
-        y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, dropout_p=p)
-        return merge_heads(y)  # (B, T, D)
-
-    def at_positions(self, x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, R, D): queries at positions ``at`` (B, R) only, against every key their pattern allows;
-        keys and values of every position. (R T attention pairs instead of about T^2 / 2.)"""
-        B, T, D = x.shape
-        w, b = self.qkv.weight, self.qkv.bias
-        q = F.linear(gather_positions(x, at), w[:D], b[:D])  # (B, R, D)
-        k, v = F.linear(x, w[D:], b[D:]).split(D, dim=2)  # (B, T, D) each
-        q, k, v = (heads_view(t, self.heads) for t in (q, k, v))  # (B, H, R or T, hd)
-        if torch.is_autocast_enabled(x.device.type):  # as in forward: vmap keeps autocast from SDPA itself
-            dtype = torch.get_autocast_dtype(x.device.type)
-            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        mask = self.pattern.allowed(at[:, None, :, None], torch.arange(T, device=x.device))  # (B, 1, R, T)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
-        return merge_heads(y)  # (B, R, D)
+            seen = start + T
+            return torch.arange(seen, device=k.device), state["k"][:, :, :seen], state["v"][:, :, :seen]
+        # only the positions some future query may still attend
+        queries = torch.arange(start, start + T, device=k.device)
+        keys = torch.cat([state["pos"], queries]) if state else queries
+        K = torch.cat([state["k"], k], 2) if state else k
+        V = torch.cat([state["v"], v], 2) if state else v
+        keep = self.pattern.allowed(torch.tensor(start + T, device=k.device), keys)
+        state["pos"], state["k"], state["v"] = keys[keep], K[:, :, keep], V[:, :, keep]
+        return keys, K, V
 
     def plan(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
         if (length, device) not in self.plans:

@@ -39,10 +39,12 @@ class Mixer(nn.Module):
     def forward(self, x: torch.Tensor, cache: Cache | None = None, layer: int = 0) -> torch.Tensor:
         raise NotImplementedError
 
-    def at_positions(self, x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, R, D): the output at positions ``at`` (B, R) only, every position still read. By default
-        all of it computed, then gathered: a recurrent mixer's scan needs every position anyway."""
-        return gather_positions(self(x), at)
+    def at_positions(
+        self, x: torch.Tensor, at: torch.Tensor, cache: Cache | None = None, layer: int = 0
+    ) -> torch.Tensor:
+        """(B, T, D) -> (B, R, D): the output at positions ``at`` (B, R) of this chunk only, every position still read
+        (and cached). By default all of it computed, then gathered: a recurrent mixer's scan needs every position."""
+        return gather_positions(self(x, cache, layer), at)
 
     def exact_flops(self, length: int) -> int:
         """FLOPs of the mixing itself, beyond its nn.Linear layers, over one sequence: 2 per multiply-add."""
@@ -55,7 +57,7 @@ class Mixer(nn.Module):
 
 class LanguageModel(nn.Module):
     """The interface of every architecture: (B, T) tokens -> (B, T, V) logits, or with ``at`` (B, R) positions the
-    (B, R, V) logits there only (no cache); cached decoding; accounting."""
+    (B, R, V) logits there only; cached decoding; accounting."""
 
     arch: str
     vocab_size: int
@@ -69,9 +71,7 @@ class LanguageModel(nn.Module):
     def new_cache(self, batch: int) -> Cache:
         return Cache(self.depth, batch, self.max_len)
 
-    def check_length(self, cache: Cache | None, T: int, at: torch.Tensor | None = None) -> int:
-        if at is not None and cache is not None:
-            raise ValueError("logits at positions (at) are for a forward without a decoding cache")
+    def check_length(self, cache: Cache | None, T: int) -> int:
         start = cache.pos if cache is not None else 0
         if start + T > self.max_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds max_len {self.max_len}")
@@ -125,7 +125,8 @@ class LanguageModel(nn.Module):
         recomputed), until every row has produced the token ``stop`` or the cache is full."""
         B, P = prompts.shape
         cache = self.new_cache(B)
-        logits = self(prompts, cache)[:, -1]  # (B, V)
+        last = torch.full((B, 1), P - 1, device=prompts.device)  # the prefill's one position read
+        logits = self(prompts, cache, at=last)[:, -1]  # (B, V)
         out, done = [prompts], torch.zeros(B, dtype=torch.bool, device=prompts.device)
         while True:
             nxt = logits.argmax(-1)  # (B,)
@@ -168,7 +169,7 @@ class Block(nn.Module):
         if at is None:
             x = x + self.drop(self.proj(self.mixer(self.ln1(x), cache, layer)))
         else:
-            x = gather_positions(x, at) + self.drop(self.proj(self.mixer.at_positions(self.ln1(x), at)))
+            x = gather_positions(x, at) + self.drop(self.proj(self.mixer.at_positions(self.ln1(x), at, cache, layer)))
         return x if self.ffn is None else x + self.drop(self.ffn(self.ln2(x)))
 
 
@@ -211,9 +212,9 @@ class BlockStack(LanguageModel):
 
     def forward(self, tokens: torch.Tensor, cache: Cache | None = None, at: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits; with a cache, continue after ``cache.pos`` tokens; with ``at`` (B, R)
-        positions, (B, R, V), the last block computing only those."""
+        positions of these tokens, (B, R, V), the last block computing only those."""
         T = tokens.shape[1]
-        start = self.check_length(cache, T, at)
+        start = self.check_length(cache, T)
         x = self.embed(tokens)  # (B, T, D)
         if self.pos is not None:
             x = x + self.pos[start : start + T]

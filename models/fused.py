@@ -161,7 +161,8 @@ class Fused(nn.Module):
         done = torch.zeros(out.shape[:2], dtype=torch.bool, device=prompts.device)  # (M, B)
         ends = torch.zeros(len(members), dtype=torch.long, device=prompts.device)  # (M,) where each stopped; 0: going
         for _ in range(batched):
-            nxt = self(out, members)[:, :, -1].argmax(-1)  # (M, B)
+            last = torch.full((out.shape[1], 1), out.shape[-1] - 1, device=out.device)  # (B, 1) the one read
+            nxt = self(out, members, at=last)[:, :, -1].argmax(-1)  # (M, B)
             out = torch.cat([out, nxt[..., None]], -1)
             done |= nxt == stop
             ends = torch.where((ends == 0) & done.all(1), out.shape[-1], ends)

@@ -21,7 +21,7 @@ class LSTMModel(LanguageModel):
 
     def forward(self, tokens: torch.Tensor, cache: Cache | None = None, at: torch.Tensor | None = None) -> torch.Tensor:
         T = tokens.shape[1]
-        self.check_length(cache, T, at)
+        self.check_length(cache, T)
         state = cache.layers[0].get("hc") if cache is not None else None  # ((depth, B, D), (depth, B, D))
         y, hc = self.lstm(self.drop(self.embed(tokens)), state)  # (B, T, D)
         if cache is not None:

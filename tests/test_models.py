@@ -83,8 +83,19 @@ def test_logits_at_a_few_positions_equal_the_full_forwards_there_with_their_grad
     for a, b in zip(torch.autograd.grad((part * upstream).sum(), params),
                     torch.autograd.grad((full * upstream).sum(), params), strict=True):  # fmt: skip
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    with pytest.raises(ValueError, match="without a decoding cache"):
-        model(x, model.new_cache(3), at=at)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_prefill_at_its_last_position_caches_every_position_and_decoding_goes_on_as_from_a_full_one(arch):
+    """Greedy decoding's prefill asks for the last prompt position's logits only (``at`` with a cache): they are the
+    whole forward's there, and the one-token steps after it are the whole forward's too."""
+    model = tiny(arch)
+    x = torch.randint(0, 23, (3, 20))
+    full = model(x)
+    cache = model.new_cache(3)
+    first = model(x[:, :9], cache, at=torch.full((3, 1), 8))
+    steps = [first] + [model(x[:, t:t + 1], cache) for t in range(9, 20)]
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 8:], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch, options, kept", [("sliding_window", {"window": 5}, 4),

@@ -73,14 +73,14 @@ class Oracle(models.LanguageModel):
     def new_cache(self, batch):
         return models.Cache(1, batch, self.max_len)
 
-    def forward(self, tokens, cache):
+    def forward(self, tokens, cache, at=None):
         if cache.pos == 0:
             cache.rows = [self.seqs[tuple(r.tolist())] for r in tokens]
         cache.pos += tokens.shape[1]
         logits = torch.zeros(len(tokens), tokens.shape[1], self.vocab)
         for r, seq in enumerate(cache.rows):
             logits[r, -1, seq[cache.pos]] = 1
-        return logits
+        return logits if at is None else logits.gather(1, at[..., None].expand(-1, -1, self.vocab))
 
 
 def test_greedy_accuracy_is_one_for_an_oracle_and_counts_wrong_answers(tiny_data):
