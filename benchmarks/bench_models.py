@@ -5,6 +5,8 @@ printed the same way:
 
 1. training tokens/s of every registered architecture, and its cost per token relative to standard
    (L=400, D=128, batch 32, depth 2, AdamW); local attention also at L=2048, blockwise against the dense masked call;
+   a classification's step and greedy prefill at index lookup's shapes, whole forward against the answer's logits
+   alone (``--answers-only``);
 2. greedy decoding: our cached decoding vs recomputing the whole prefix every token (what the DP paper's evaluation
    does), checked to produce the same tokens, and the per-token cost early vs late in the sequence;
 3. this CPU's peak (best torch.mm over several sizes) beside its theoretical figure, and training FLOP/s against it;
@@ -29,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 import models
-from benchmarks.repeats import ratios, spread
+from benchmarks.repeats import ratios, side_by_side, spread
 from benchmarks.results import RESULTS, Results, figure, out_option, out_path
 from models.attention import SoftmaxAttention
 
@@ -158,6 +161,67 @@ def bench_training(q: bool, res: Results) -> None:
         figures[name] = {"tokens_per_s": t.rate_figure(tokens, "tokens/s"), "cost_vs_standard": t.ratio_figure(base)}
         if dense:
             figures[name]["blockwise_speedup"] = dense.ratio_figure(t)
+
+
+def answers_step(model, opt, inputs: torch.Tensor, targets: torch.Tensor, at: torch.Tensor | None) -> None:
+    """A classification's step (Adam, as the separations paper): its loss at the answer positions, from the whole
+    forward's logits (``at`` None) or from those positions' alone (``model(inputs, at=at)``)."""
+    logits = model(inputs) if at is None else model(inputs, at=at)
+    wanted = targets if at is None else targets.gather(1, at)
+    loss = F.cross_entropy(logits.flatten(0, 1), wanted.flatten(), ignore_index=-100)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def answers_timings(length: int, batch: int, rounds: int, steps: int) -> dict[str, list[float]]:
+    """Seconds a step (whole forward, answers alone) and a greedy prefill (whole, last position alone) at one length,
+    each pair side by side."""
+    model = build("transformer", 64, 1, length + 2).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    inputs = torch.randint(2, VOCAB, (batch, length))
+    targets = torch.full((batch, length), -100)
+    targets[:, -2:] = torch.randint(2, VOCAB, (batch, 2))  # the label and <eos>
+    at = torch.tensor([[length - 2, length - 1]]).expand(batch, 2)
+
+    def timed(fn, *args) -> Callable[[], float]:
+        def run() -> float:
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn(*args)
+            return (time.perf_counter() - start) / steps
+
+        return run
+
+    @torch.no_grad()
+    def prefill(where: torch.Tensor | None) -> None:
+        model(inputs, model.new_cache(batch), at=where)
+
+    answers_step(model, opt, inputs, targets, None)  # warm-up
+    whole, part = side_by_side(timed(answers_step, model, opt, inputs, targets, None),
+                               timed(answers_step, model, opt, inputs, targets, at), rounds)
+    model.eval()
+    full, one = side_by_side(timed(prefill, None), timed(prefill, at[:, 1:]), rounds)
+    return {"whole": whole, "answers": part, "prefill_whole": full, "prefill_last": one}
+
+
+def bench_answers(q: bool, res: Results) -> None:
+    """Index lookup's shapes (the claim's 1-layer Transformer of width 64, batch 64): a training step from the whole
+    forward against one computing only the answer's logits, and greedy decoding's prefill likewise, side by side."""
+    lengths, batch, rounds, steps = ((32,), 4, 1, 1) if q else ((102, 202, 402), 64, 5, 3)
+    figures = res.section("answers", {"arch": "transformer", "D": 64, "depth": 1, "batch": batch,
+                                      "threads": torch.get_num_threads(), "rounds": rounds, "steps": steps})
+    print(f"\n== a classification's step, whole forward vs the answer's logits alone: 1-layer transformer D=64, "
+          f"batch {batch}, Adam, {torch.get_num_threads()} threads; median (min..max) of {rounds} rounds x {steps}")
+    print(f"{'L':>5} {'whole ms':>22} {'answers ms':>22} {'speed-up':>22} {'prefill speed-up':>22}")
+    for length in lengths:
+        t = answers_timings(length, batch, rounds, steps)
+        whole, part = [1e3 * x for x in t["whole"]], [1e3 * x for x in t["answers"]]
+        step, pre = ratios(t["whole"], t["answers"]), ratios(t["prefill_whole"], t["prefill_last"])
+        figures[f"L={length}"] = {"whole_ms": figure(whole, "ms"), "answers_ms": figure(part, "ms"),
+                                  "step_speedup": figure(step, "x"), "prefill_speedup": figure(pre, "x")}
+        print(f"{length:>5} {spread(whole, '.1f'):>22} {spread(part, '.1f'):>22} {spread(step, '.2f', 'x'):>22} "
+              f"{spread(pre, '.2f', 'x'):>22}")
 
 
 # ---- 2. decoding ---------------------------------------------------------------------------------------------
@@ -320,13 +384,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, measures nothing")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--training-only", action="store_true", help="only section 1 (about 3 minutes)")
+    ap.add_argument("--answers-only", action="store_true",
+                    help="only a classification's step and prefill, whole against answers alone (about a minute)")
     out_option(ap, "bench_models")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     q, out = args.quick, out_path(args, "bench_models")
     res = Results("bench_models", argv)
-    bench_training(q, res)
-    if not args.training_only:
+    if not args.answers_only:
+        bench_training(q, res)
+    bench_answers(q, res)
+    if not (args.training_only or args.answers_only):
         recurrent = ["linear", "retnet", "linear_nofm", "lstm", "dss", "mamba"]
         bench_decode(["standard", "sparse", "sliding_window", *recurrent], width=32 if q else 64, depth=2,
                      batch=8 if q else 64, tokens=40 if q else 500, recompute_for={"standard", "linear", "mamba"},
