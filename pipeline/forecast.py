@@ -342,6 +342,12 @@ def parser() -> argparse.ArgumentParser:
     )
     tp.add_argument("--measure-length", metavar="L", type=positive, help="tokens (default: the median dataset's L)")
     tp.add_argument(
+        "--measure-every-length",
+        action="store_true",
+        help="measure at every dataset's L, not the median one's (a profile that decides a claim is checked so: a "
+        "classification's step computes its answer's logits alone, and its cost grows with L slower than its FLOPs)",
+    )
+    tp.add_argument(
         "--measure-batch",
         metavar="N",
         type=positive,
@@ -385,6 +391,7 @@ def measured(
         step=args.step or cfg.sweep.resources.step,
         deadline=None if args.measure_budget_s is None else time.monotonic() + args.measure_budget_s,
         measured=args.save_throughput and (lambda so_far: so_far.dump(args.save_throughput)),
+        every_length=args.measure_every_length,
     )
     if not args.save_throughput:
         return throughput, "measured now"

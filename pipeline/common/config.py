@@ -896,24 +896,7 @@ class Config(Section):
         each validation file holds the samples a validation scores."""
         # each section checks its own keys; the sweep stage checks the architectures against the model registry
         # (search/cells.check_architectures): the other stages never import torch or the models
-        for task, sizes in self.generate.datasets.items():
-            if task not in self.tasks:
-                raise one_of("generate.datasets", task, self.tasks)
-            gen = self.generate.for_task(task)
-            for size in sizes:
-                try:
-                    built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
-                    if gen.unique:
-                        built.check_space(gen.test_samples, gen.train_samples, gen.val_samples)
-                except tasks.TaskError as err:
-                    raise ConfigError(f"generate.datasets.{task}: {err}") from None
-        # settings keyed by task or architecture need only name a registered one: an override that narrows what to
-        # run (generate.datasets, sweep.grid.datasets, sweep.grid.architectures) leaves the profile's settings of the
-        # rest unused
-        for key in ("task_params", "per_task"):
-            for task in getattr(self.generate, key):
-                if task not in self.tasks:
-                    raise one_of(f"generate.{key}", task, self.tasks)
+        self.check_generated()
         for task, sizes in (self.sweep.grid.datasets or {}).items():
             for size in sizes:
                 if size not in self.generate.datasets.get(task, []):
@@ -948,6 +931,28 @@ class Config(Section):
         if not self.sweep.grid.cells(self.sweep_datasets()):
             raise ConfigError("sweep.grid.exclude leaves no cell of the grid: nothing would train")
         return self
+
+    def check_generated(self) -> None:
+        """Each dataset's task is in tasks and allows its size (and, unique, that many distinct samples); each task
+        that generate's settings name is in tasks."""
+        for task, sizes in self.generate.datasets.items():
+            if task not in self.tasks:
+                raise one_of("generate.datasets", task, self.tasks)
+            gen = self.generate.for_task(task)
+            for size in sizes:
+                try:
+                    built = tasks.get_task(task, size, **gen.task_params.get(task, {}))
+                    if gen.unique:
+                        built.check_space(gen.test_samples, gen.train_samples, gen.val_samples)
+                except tasks.TaskError as err:
+                    raise ConfigError(f"generate.datasets.{task}: {err}") from None
+        # settings keyed by task or architecture need only name a registered one: an override that narrows what to
+        # run (generate.datasets, sweep.grid.datasets, sweep.grid.architectures) leaves the profile's settings of the
+        # rest unused
+        for key in ("task_params", "per_task"):
+            for task in getattr(self.generate, key):
+                if task not in self.tasks:
+                    raise one_of(f"generate.{key}", task, self.tasks)
 
     @model_validator(mode="after")
     def decides_whole(self) -> Config:

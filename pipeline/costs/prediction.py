@@ -236,8 +236,8 @@ def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, c
 
 def check_decides(cfg: Config) -> Forecast:
     """A profile that decides a claim (``decides``) fits the wall time it states: the forecast of its grid on this
-    machine, every trial at its extended budget (the most it trains), at the rate measured here now; a
-    ``ConfigError`` naming both times if not. Returns the forecast."""
+    machine, every trial at its extended budget (the most it trains), at the rate measured here now at every length
+    it trains; a ``ConfigError`` naming both times if not. Returns the forecast."""
     import os
 
     import torch
@@ -252,7 +252,7 @@ def check_decides(cfg: Config) -> Forecast:
     device = torch.device("cuda" if gpus else "cpu")
     throughput = measure_all(
         cfg, cells, widths=None, depths=None, length=None, batch=None, steps=3, warmup=1, device=device,
-        precision=s.optim.precision, step=s.resources.step,
+        precision=s.optim.precision, step=s.resources.step, every_length=True,
     )  # fmt: skip
     where = Cluster(1, torch.cuda.device_count() if gpus else 0, None, os.cpu_count() or 1)
     plan = forecast(cfg, cells, throughput, where)

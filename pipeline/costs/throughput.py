@@ -190,29 +190,33 @@ def measure_all(
     step: StepMode = "eager",
     deadline: float | None = None,
     measured: Callable[[Throughput], None] | None = None,
+    every_length: bool = False,
 ) -> Throughput:
     """Every architecture of the grid measured (``measure``) on the shape of one of its cells, at the widths and
     depths of ``shapes_to_measure`` (an H100 ran the paper grid's standard Transformer at 0.5% of its peak at width
     32 and 24% at 512: one width's rate cannot stand for the others), with the vocabulary and L (``length`` overrides
-    it) of the dataset of median L among those it trains on; ``batch`` default: the profile's. Round by round: every
-    architecture's first shape, then every one's second, and so on; past ``deadline`` (time.monotonic()) no new round
-    starts, once every architecture has one. ``measured`` hears the throughput so far after each measurement."""
+    it) of the dataset of median L among those it trains on, or of each of them (``every_length``: a classification's
+    step computes its answer's logits alone, so its cost grows with L more slowly than the model's FLOPs); ``batch``
+    default: the profile's. Round by round: every architecture's first shape, then every one's second, and so on;
+    past ``deadline`` (time.monotonic()) no new round starts, once every architecture has one. ``measured`` hears the
+    throughput so far after each measurement."""
     threads = min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1)
     name = device_name(device, threads)
     plans = {}
     for arch in dict.fromkeys(c.arch for c in cells):
         mine = [c for c in cells.values() if c.arch == arch]
-        datasets = sorted({(c.max_len, c.task, c.size): c for c in mine}.items())
-        base = datasets[(len(datasets) - 1) // 2][1]  # the dataset of median L
-        plans[arch] = (base, shapes_to_measure(mine, widths, depths, device.type == "cuda"))
+        datasets = [c for _, c in sorted({(c.max_len, c.task, c.size): c for c in mine}.items())]
+        bases = datasets if every_length else [datasets[(len(datasets) - 1) // 2]]  # else the dataset of median L
+        shapes = shapes_to_measure(mine, widths, depths, device.type == "cuda")
+        plans[arch] = [(base, shape) for shape in shapes for base in bases]
     done: list[Measurement] = []
-    for round_ in range(max(len(shapes) for _, shapes in plans.values())):
+    for round_ in range(max(len(plan) for plan in plans.values())):
         if round_ and deadline is not None and time.monotonic() > deadline:
             break
-        for base, shapes in plans.values():
-            if round_ >= len(shapes):
+        for plan in plans.values():
+            if round_ >= len(plan):
                 continue
-            width, depth = shapes[round_]
+            base, (width, depth) = plan[round_]
             cell = replace(base, cell=base.cell._replace(width=width, depth=depth))
             done.append(
                 measure(

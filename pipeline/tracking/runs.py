@@ -153,6 +153,30 @@ def driver_alive(tags: dict) -> bool:
         return False
 
 
+def watch_beats(client: MlflowClient, watched: dict[str, tuple[str, dict]]) -> dict[str, str]:
+    """Sweeps on other hosts whose heartbeat is young (run id -> its tag as first read, the heartbeat), watched until
+    each moves or ends (alive) or ``MISSED`` beats pass: the dead ones, run id -> why."""
+    dead: dict[str, str] = {}
+    if not watched:
+        return dead
+    longest = MISSED * max(h["every_s"] for _, h in watched.values())
+    print(
+        f"sweep: {len(watched)} running sweep(s) on other hosts: watching their heartbeats for up to {longest:g} s",
+        flush=True,
+    )
+    started = time.monotonic()
+    while watched:
+        for run_id, (tag, heartbeat) in list(watched.items()):
+            now = client.get_run(run_id)
+            if now.info.status != "RUNNING" or now.data.tags.get(HEARTBEAT) != tag:  # ended, or alive
+                del watched[run_id]
+            elif time.monotonic() - started > MISSED * heartbeat["every_s"]:
+                dead[run_id] = missed(now.data.tags, heartbeat)
+                del watched[run_id]
+        time.sleep(min(1.0, longest / 10))
+    return dead
+
+
 def close_orphans(client: MlflowClient, experiment_id: str) -> list[str]:
     """Sweeps whose driver died (kill -9, a lost node, a job or pod gone) leave their parent and children RUNNING
     forever: marks them KILLED, with why, so that a sweep on any host takes their trials over (``killed_runs``).
@@ -178,22 +202,7 @@ def close_orphans(client: MlflowClient, experiment_id: str) -> list[str]:
                 dead[run_id] = missed(tags, heartbeat)
             else:
                 watched[run_id] = (tags[HEARTBEAT], heartbeat)
-    if watched:
-        longest = MISSED * max(h["every_s"] for _, h in watched.values())
-        print(
-            f"sweep: {len(watched)} running sweep(s) on other hosts: watching their heartbeats for up to {longest:g} s",
-            flush=True,
-        )
-        started = time.monotonic()
-        while watched:
-            for run_id, (tag, heartbeat) in list(watched.items()):
-                now = client.get_run(run_id)
-                if now.info.status != "RUNNING" or now.data.tags.get(HEARTBEAT) != tag:  # ended, or alive
-                    del watched[run_id]
-                elif time.monotonic() - started > MISSED * heartbeat["every_s"]:
-                    dead[run_id] = missed(now.data.tags, heartbeat)
-                    del watched[run_id]
-            time.sleep(min(1.0, longest / 10))
+    dead |= watch_beats(client, watched)
     for run_id, why in dead.items():
         children = client.search_runs(
             [experiment_id],

@@ -420,10 +420,7 @@ def run_fused(
         for name, resume in zip(names, resumes):
             if resume is not None:
                 shutil.copytree(resume, store / name)
-        steps: dict[int | None, list[int]] = {}
-        for k, checkpoint in enumerate(saved):
-            steps.setdefault(None if checkpoint is None else checkpoint["global_step"], []).append(k)
-        pending = list(steps.values())
+        pending = fits_by_step(saved)
         if len(pending) > 1:
             log.warning("fused trial: its members stand at %d steps: trained as %d fits", len(pending), len(pending))
         while pending:
@@ -453,6 +450,14 @@ def run_fused(
             for k, result in zip(fit, made):
                 results[k] = result
     return results
+
+
+def fits_by_step(saved: Sequence[dict | None]) -> list[list[int]]:
+    """The members (by index) in one fit for each step their checkpoints stand at (None: not started), in order."""
+    steps: dict[int | None, list[int]] = {}
+    for k, checkpoint in enumerate(saved):
+        steps.setdefault(None if checkpoint is None else checkpoint["global_step"], []).append(k)
+    return list(steps.values())
 
 
 def fit_members(
