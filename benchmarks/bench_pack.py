@@ -549,7 +549,7 @@ def bare_measure(cfg: Config, cell: CellSpec, *, length, batch, steps, warmup, d
         spec = TrialSpec(cell=replace(cell, max_len=length), settings=settings, lr=cell.lrs[0])
         module = SequenceModel(spec).to(device)
         opt = module.configure_optimizers_for(warmup + steps)["optimizer"]
-        data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
+        data = random_sequences(batch * (warmup + steps), length, cell.vocab_size, cell.family)
         context = autocast(device) if precision != "32-true" else contextlib.nullcontext()
         start, flops = 0.0, 0
         for i, b in enumerate(loader(data, batch, cell.seed, shuffle=False)):

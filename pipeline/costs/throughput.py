@@ -61,13 +61,15 @@ class StepTimer(L.Callback):
         self.seconds, self.flops = self.now() - self.start, self.flops + module.train_flops
 
 
-def random_sequences(count: int, length: int, vocab_size: int) -> Dataset:
-    """``count`` sequences of ``length`` random tokens (then <eos>), every one after the first predicted."""
+def random_sequences(count: int, length: int, vocab_size: int, family: str = "cot") -> Dataset:
+    """``count`` sequences of ``length`` random tokens (then <eos>), every one after the first predicted; a
+    classification's (``family``) only its last two, its label and <eos>, so that its step computes those logits
+    alone, as a classification's training step does (``Batch.at``)."""
     tokens = np.random.default_rng(0).integers(EOS_ID + 1, vocab_size, (count, length + 1), dtype=np.uint16)
     tokens[:, -1] = EOS_ID
     offsets = np.arange(count + 1, dtype=np.int64) * (length + 1)
-    ones = np.ones(count, np.int32)
-    return Dataset(Path("random"), {}, tokens.ravel(), offsets, ones, ones)
+    prompt = np.full(count, length - 1 if family == "classify" else 1, np.int32)
+    return Dataset(Path("random"), {}, tokens.ravel(), offsets, prompt, np.ones(count, np.int32))
 
 
 def measured_settings(
@@ -146,7 +148,7 @@ def measure(
         parts = micro_batches(settings, module.model, length, device)
         timer = StepTimer(warmup * parts, device)
         trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, callbacks=[*callbacks, *fitted, timer])
-        data = random_sequences(batch * (warmup + steps), length, cell.vocab_size)
+        data = random_sequences(batch * (warmup + steps), length, cell.vocab_size, cell.family)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
             trainer.fit(module, loader(data, batch, cell.seed, shuffle=False, parts=parts))
