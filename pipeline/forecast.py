@@ -371,6 +371,14 @@ def measuring_on(args: argparse.Namespace, cfg: Config, archs: list[str]) -> tup
     return device, precision
 
 
+def side_by_side(args: argparse.Namespace, cfg: Config, device: torch.device) -> int:
+    """Trials measured at once: on a CPU, this machine's trial slots (they share its caches and memory bandwidth, and
+    a trial alone runs faster than one among them), unless a measuring budget is set; on a GPU one."""
+    if device.type != "cpu" or args.measure_budget_s is not None:
+        return 1
+    return max(1, (os.cpu_count() or 1) // cfg.sweep.resources.cpus_per_trial)
+
+
 def measured(
     args: argparse.Namespace, cfg: Config, cells: dict, device: torch.device, precision: Precision
 ) -> tuple[Throughput, str]:
@@ -392,6 +400,7 @@ def measured(
         deadline=None if args.measure_budget_s is None else time.monotonic() + args.measure_budget_s,
         measured=args.save_throughput and (lambda so_far: so_far.dump(args.save_throughput)),
         every_length=args.measure_every_length,
+        side_by_side=side_by_side(args, cfg, device),
     )
     if not args.save_throughput:
         return throughput, "measured now"

@@ -210,6 +210,23 @@ def test_measure_counts_the_model_flops_of_real_steps(tiny_cfg):
         3 * 3 * model.exact_flops(12) * 8 * 2)
 
 
+def test_cpu_trials_measured_side_by_side_count_the_same_flops_each_in_its_own_process(tiny_cfg):
+    """A CPU machine's trial slots measured at once (``measure_side_by_side``: two processes, started together at
+    each shape): one measurement a cell, of its shape, with the FLOPs of the steps as one trial counts them."""
+    from pipeline.costs.throughput import measure_side_by_side
+
+    cells = [c for c in costed(tiny_cfg).values() if c.arch in ("standard", "lstm") and c.seed == 0][:2]
+    settings = dict(length=12, batch=8, steps=2, warmup=1, device=torch.device("cpu"), precision="32-true",
+                    step="eager")  # fmt: skip
+    done = measure_side_by_side(tiny_cfg, cells, 2, settings)
+    assert [(m.arch, m.width, m.length) for m in done] == [(c.arch, c.width, 12) for c in cells]
+    for m, cell in zip(done, cells, strict=True):
+        with torch.device("meta"):
+            model = models.build_model(cell.arch, vocab_size=cell.vocab_size, width=cell.width, depth=cell.depth,
+                                       heads=tiny_cfg.sweep.model.heads, max_len=12)
+        assert m.flops_per_s * m.seconds == pytest.approx(3 * model.exact_flops(12) * 8 * 2)
+
+
 def test_the_command_runs_on_tiny_with_its_throughput_measured_on_this_cpu(tmp_path, capsys):
     saved = tmp_path / "cpu.json"
     assert pipeline.forecast.main(["--profile", "tiny", "--measure-steps", "1", "--save-throughput", str(saved)]) == 0

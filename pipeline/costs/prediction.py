@@ -237,7 +237,8 @@ def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, c
 def check_decides(cfg: Config) -> Forecast:
     """A profile that decides a claim (``decides``) fits the wall time it states: the forecast of its grid on this
     machine, every trial at its extended budget (the most it trains), at the rate measured here now at every length
-    it trains; a ``ConfigError`` naming both times if not. Returns the forecast."""
+    it trains (on a CPU with every trial slot busy); a ``ConfigError`` naming both times if not. Returns the
+    forecast."""
     import os
 
     import torch
@@ -250,11 +251,12 @@ def check_decides(cfg: Config) -> Forecast:
     cells = {at: replace(cell, **model_costs(cell, s.model.heads)) for at, cell in defined_cells(cfg).items()}
     gpus = s.resources.gpus_per_trial > 0
     device = torch.device("cuda" if gpus else "cpu")
+    where = Cluster(1, torch.cuda.device_count() if gpus else 0, None, os.cpu_count() or 1)
     throughput = measure_all(
         cfg, cells, widths=None, depths=None, length=None, batch=None, steps=3, warmup=1, device=device,
         precision=s.optim.precision, step=s.resources.step, every_length=True,
+        side_by_side=1 if gpus else where.slots(s.resources),
     )  # fmt: skip
-    where = Cluster(1, torch.cuda.device_count() if gpus else 0, None, os.cpu_count() or 1)
     plan = forecast(cfg, cells, throughput, where)
     if plan.extended.wall_hours > d.hours:
         raise ConfigError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing as mp
 import os
 import platform
 import time
@@ -30,13 +31,15 @@ from pipeline.training.train import SequenceModel, TrialSpec, micro_batches, tri
 from tasks import EOS_ID
 
 
-def device_name(device: torch.device, threads: int) -> str:
+def device_name(device: torch.device, threads: int, side_by_side: int = 1) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return f"cpu ({names[0] if names else platform.processor() or 'unknown'}, {threads} thread{'s' * (threads > 1)})"
+    name = names[0] if names else platform.processor() or "unknown"
+    beside = f", {side_by_side} trials side by side" if side_by_side > 1 else ""
+    return f"cpu ({name}, {threads} thread{'s' * (threads > 1)}{beside})"
 
 
 class StepTimer(L.Callback):
@@ -158,6 +161,39 @@ def measure(
     return Measurement(*shape, parts, precision, steps, timer.seconds, rate, models=models, step=ran)
 
 
+class StartTogether(L.Callback):
+    """Holds a measured fit before its first step until every process measuring beside it is there, so that their
+    steps overlap."""
+
+    def __init__(self, barrier) -> None:
+        self.barrier = barrier
+
+    def on_train_start(self, trainer, module) -> None:
+        self.barrier.wait()
+
+
+def measure_cells(cfg: Config, cells: list[CellSpec], settings: dict, barrier=None) -> list[Measurement]:
+    """``measure`` of each of ``cells`` in turn (its length ``settings["length"]`` or its own), each started with the
+    processes measuring beside this one at ``barrier`` (None: alone)."""
+    callbacks = [] if barrier is None else [StartTogether(barrier)]
+    return [
+        measure(cfg, cell, **{**settings, "length": settings["length"] or cell.max_len}, callbacks=callbacks)
+        for cell in cells
+    ]
+
+
+def measure_side_by_side(cfg: Config, cells: list[CellSpec], n: int, settings: dict) -> list[Measurement]:
+    """``measure_cells`` in ``n`` processes at once, as ``n`` CPU trials train side by side on one machine: their
+    cores share caches, memory bandwidth and, on some machines, execution units (two 1-thread steps of a
+    classification at L = 402 took 87 ms each side by side on a 2-core VM, 46 ms alone). Each cell's slowest
+    measurement."""
+    ctx = mp.get_context("spawn")  # a fresh interpreter each: no fork of this one's threads
+    with ctx.Manager() as manager, ctx.Pool(n) as pool:
+        barrier = manager.Barrier(n)
+        each = pool.starmap(measure_cells, [(cfg, cells, settings, barrier)] * n)
+    return [min(ms, key=lambda m: m.flops_per_s) for ms in zip(*each)]
+
+
 def shapes_to_measure(
     cells: list[CellSpec], widths: list[int] | None, depths: list[int] | None, gpu: bool
 ) -> list[tuple[int, int]]:
@@ -193,6 +229,7 @@ def measure_all(
     deadline: float | None = None,
     measured: Callable[[Throughput], None] | None = None,
     every_length: bool = False,
+    side_by_side: int = 1,
 ) -> Throughput:
     """Every architecture of the grid measured (``measure``) on the shape of one of its cells, at the widths and
     depths of ``shapes_to_measure`` (an H100 ran the paper grid's standard Transformer at 0.5% of its peak at width
@@ -201,9 +238,10 @@ def measure_all(
     step computes its answer's logits alone, so its cost grows with L more slowly than the model's FLOPs); ``batch``
     default: the profile's. Round by round: every architecture's first shape, then every one's second, and so on;
     past ``deadline`` (time.monotonic()) no new round starts, once every architecture has one. ``measured`` hears the
-    throughput so far after each measurement."""
+    throughput so far after each measurement. ``side_by_side`` trials measured at once (a CPU machine's trial slots:
+    ``measure_side_by_side``; every shape, then the throughput whole)."""
     threads = min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1)
-    name = device_name(device, threads)
+    name = device_name(device, threads, side_by_side)
     plans = {}
     for arch in dict.fromkeys(c.arch for c in cells):
         mine = [c for c in cells.values() if c.arch == arch]
@@ -211,28 +249,30 @@ def measure_all(
         bases = datasets if every_length else [datasets[(len(datasets) - 1) // 2]]  # else the dataset of median L
         shapes = shapes_to_measure(mine, widths, depths, device.type == "cuda")
         plans[arch] = [(base, shape) for shape in shapes for base in bases]
+    rounds = [
+        [
+            replace(base, cell=base.cell._replace(width=w, depth=d))
+            for base, (w, d) in (p[r] for p in plans.values() if r < len(p))
+        ]
+        for r in range(max(len(plan) for plan in plans.values()))
+    ]
+    settings = dict(length=length, batch=batch or cfg.sweep.optim.batch_size, steps=steps, warmup=warmup, device=device,
+                    precision=precision, step=step)  # fmt: skip
+    if side_by_side > 1:
+        if deadline is not None:
+            raise ValueError("a measuring budget (deadline) is for trials measured alone")
+        whole = Throughput.of_measured(
+            name, measure_side_by_side(cfg, [c for r in rounds for c in r], side_by_side, settings)
+        )
+        if measured:
+            measured(whole)
+        return whole
     done: list[Measurement] = []
-    for round_ in range(max(len(plan) for plan in plans.values())):
+    for round_, cells_ in enumerate(rounds):
         if round_ and deadline is not None and time.monotonic() > deadline:
             break
-        for plan in plans.values():
-            if round_ >= len(plan):
-                continue
-            base, (width, depth) = plan[round_]
-            cell = replace(base, cell=base.cell._replace(width=width, depth=depth))
-            done.append(
-                measure(
-                    cfg,
-                    cell,
-                    length=length or cell.max_len,
-                    batch=batch or cfg.sweep.optim.batch_size,
-                    steps=steps,
-                    warmup=warmup,
-                    device=device,
-                    precision=precision,
-                    step=step,
-                )
-            )
+        for cell in cells_:
+            done += measure_cells(cfg, [cell], settings)
             if measured:
                 measured(Throughput.of_measured(name, done))
     return Throughput.of_measured(name, done)
