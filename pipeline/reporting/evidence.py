@@ -145,6 +145,11 @@ class Evidence:
         self.table = confirmed(table, threshold)
         self.cells: dict[tuple[str, int], list[CellRecord]] = {}
         keys = ["task", "size", "arch", "width", "depth"]
+        # cells every seed of which held the threshold on validation, the test set not: stopped there, not converged
+        flipped = self.table[(table.status == Status.SOLVED) & (self.table.status == Status.UNSOLVED)]
+        self.unconfirmed: set[CellKey] = {
+            (r.task, int(r.size), r.arch, int(r.width), int(r.depth)) for r in flipped.itertuples()
+        }
         kept = self.table.get("lr", pd.Series(dtype=float)).dropna()
         rates = kept.groupby([self.table.loc[kept.index, k] for k in keys]).agg(
             lambda v: ", ".join(f"{x:g}" for x in sorted(set(v)))
@@ -262,6 +267,11 @@ class Look:
             self.consult(unsettled)
             return Reading.UNDECIDED
         return Reading.MISSED
+
+    def stopped_on_validation(self, task: str, size: int, models: Models) -> bool:
+        """Some missed cell of ``models`` at (task, size) had every seed hold the threshold on validation, where
+        its trials stopped: below it on test, not converged."""
+        return any((task, size, c.arch, c.width, c.depth) in self.ev.unconfirmed for c in self.of(task, size, models))
 
     def reaches(self, task: str, size: int, models: Models) -> bool:
         """Some cell of ``models`` reached the threshold; an unsettled one that might yet is noted when none did."""

@@ -159,7 +159,9 @@ class NearPerfect(Rule):
         text = f"{models} {size_name(self.task)}={size}: {look.accuracy(self.task, size, models)}"
         margin = look.top_accuracy(self.task, size, models) - look.threshold
         reading = look.reading(self.task, size, models)
-        if reading == Reading.MISSED:
+        if reading == Reading.MISSED and look.stopped_on_validation(self.task, size, models):
+            text += f", below {look.threshold:.0%} on test where every seed had held it on validation and stopped"
+        elif reading == Reading.MISSED:
             text += f", converged below {look.threshold:.0%}"
         return Decision(reading, text, margin)
 
