@@ -226,8 +226,9 @@ class SequenceModel(L.LightningModule):
         return self.flops_by_length[length]
 
     def validation_step(self, batch: Batch, batch_idx):
-        inputs, targets = batch.inputs, batch.targets
-        logits = self.model(inputs)
+        at, targets = self.predicted(batch)  # a classification's answer alone, as it trains
+        inputs = batch.inputs
+        logits = self.model(inputs) if at is None else self.model(inputs, at=at)
         mask = targets != IGNORE
         loss = self.loss(logits, inputs, targets)
         correct = (self.correct(logits, inputs, targets) & mask).sum()
