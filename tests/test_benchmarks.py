@@ -371,13 +371,17 @@ def test_the_benchmarks_that_generate_data_run_the_generate_stage_on_params_it_t
 
 
 def test_model_benchmark_writes_its_figures(tmp_path, monkeypatch):
-    """bench_models --quick --training-only with the timing replaced (so, seconds): both sections of section 1,
-    every architecture's throughput and cost against standard, the local patterns' blockwise speed-up."""
+    """bench_models --quick --training-only with the timing replaced (so, seconds): the sections of section 1, every
+    architecture's throughput and cost against standard, the local patterns' blockwise speed-up, and a
+    classification's step and prefill, whole against its answer alone (timed for real: a few tiny steps)."""
     monkeypatch.setattr(bench_models, "train_rates",
                         lambda variants, *args: {v: bench_models.Timing([0.010, 0.012, 0.011]) for v in variants})
     bench_models.main(["--quick", "--training-only", "--out", str(tmp_path / "models.json")])
     sections = read_results(tmp_path / "models.json", "bench_models")
-    assert set(sections) == {"training", "local_attention"}
+    assert set(sections) == {"training", "local_attention", "answers"}
+    answers = sections["answers"]["figures"]["L=32"]
+    assert set(answers) == {"whole_ms", "answers_ms", "step_speedup", "prefill_speedup"}
+    assert all(is_figure(f) for f in answers.values())
     training = sections["training"]["figures"]
     assert set(training) == set(bench_models.models.ARCHITECTURES)
     assert training["standard"]["cost_per_token_vs_standard"]["median"] == 1.0
