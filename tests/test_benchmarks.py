@@ -43,12 +43,12 @@ def test_model_benchmark_quick_path_runs_every_section(capsys, tmp_path):
     figures are written, the memory's beside the rest."""
     bench_models.main(["--quick", "--out", str(tmp_path / "models.json")])
     out = capsys.readouterr().out
-    for section in ("training tokens/s", "local attention at L=256", "greedy decoding",
+    for section in ("training tokens/s", "local attention at L=256", "a classification's step", "greedy decoding",
                     "CPU peak", "training utilisation", "memory"):
         assert section in out
     assert " NO " not in out  # "same tokens" column
     sections = read_results(tmp_path / "models.json", "bench_models")
-    assert set(sections) == {"training", "local_attention", "decoding", "peak", "utilisation"}
+    assert set(sections) == {"training", "local_attention", "answers", "decoding", "peak", "utilisation"}
     assert all(f["same_tokens"] for f in sections["decoding"]["figures"].values() if "same_tokens" in f)
     assert is_figure(read_results(tmp_path / "bench_memory.json", "bench_memory")["trial"]["figures"]
                      ["training_peak_VmHWM"])
