@@ -372,11 +372,11 @@ def measuring_on(args: argparse.Namespace, cfg: Config, archs: list[str]) -> tup
 
 
 def side_by_side(args: argparse.Namespace, cfg: Config, device: torch.device) -> int:
-    """Trials measured at once: on a CPU, this machine's trial slots (they share its caches and memory bandwidth, and
-    a trial alone runs faster than one among them), unless a measuring budget is set; on a GPU one."""
+    """Trials measured at once: on a CPU, this machine's trial slots (they share its caches and memory bandwidth),
+    unless a measuring budget is set; on a GPU one."""
     if device.type != "cpu" or args.measure_budget_s is not None:
         return 1
-    return max(1, (os.cpu_count() or 1) // cfg.sweep.resources.cpus_per_trial)
+    return max(1, (os.cpu_count() or 1) // cfg.sweep.resources.cpus_per_trial)  # a GPU profile measured on a CPU: 1
 
 
 def measured(

@@ -184,9 +184,8 @@ def measure_cells(cfg: Config, cells: list[CellSpec], settings: dict, barrier=No
 
 def measure_side_by_side(cfg: Config, cells: list[CellSpec], n: int, settings: dict) -> list[Measurement]:
     """``measure_cells`` in ``n`` processes at once, as ``n`` CPU trials train side by side on one machine: their
-    cores share caches, memory bandwidth and, on some machines, execution units (two 1-thread steps of a
-    classification at L = 402 took 87 ms each side by side on a 2-core VM, 46 ms alone). Each cell's slowest
-    measurement."""
+    cores share caches and memory bandwidth (a classification's 1-thread step at L = 402 took 50 ms side by side on a
+    2-core VM, 46 ms alone). Each cell's slowest measurement."""
     ctx = mp.get_context("spawn")  # a fresh interpreter each: no fork of this one's threads
     with ctx.Manager() as manager, ctx.Pool(n) as pool:
         barrier = manager.Barrier(n)
