@@ -231,11 +231,12 @@ class FusedSequenceModel(SequenceModel):
         return (bce * mask).sum((1, 2)) / mask.sum()
 
     def validation_step(self, batch: Batch, batch_idx):
-        inputs, targets = batch.inputs, batch.targets
+        inputs = batch.inputs
         active = self.members.active  # a frozen member's metrics stopped with it
         if not active:
             return
-        logits = self.fused(inputs, active)  # (M, B, T, V)
+        at, targets = self.predicted(batch)  # a classification's answer alone, as it trains
+        logits = self.fused(inputs, active) if at is None else self.fused(inputs, active, at=at)  # (M, B, T or R, V)
         mask = targets != IGNORE
         for m, k in enumerate(active):
             correct = (self.correct(logits[m], inputs, targets) & mask).sum()
