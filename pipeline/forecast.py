@@ -25,8 +25,8 @@ from typing import get_args
 
 import torch
 
-from pipeline.common.config import ROOT, Config, ConfigError, Precision, StepMode, load_config
-from pipeline.costs.prediction import REPLAY_COMMAND, Cluster, Forecast, Row, forecast
+from pipeline.common.config import ROOT, Config, ConfigError, EvaluationSection, Precision, StepMode, load_config
+from pipeline.costs.prediction import REPLAY_COMMAND, Cluster, Forecast, Priced, Row, forecast
 from pipeline.costs.rates import ALONE, EVERY_WIDTH, SOURCES, ForecastError, Throughput
 from pipeline.search.cells import check_architectures, check_precision, defined_cells, model_costs
 
@@ -70,6 +70,7 @@ def render(fc: Forecast, cfg: Config, params: str, throughput: Throughput, clust
         "  wall: the trials on the slots longest first, as the sweep hands them out (a list schedule). The extended",
         "  line is the most the grid trains: a trial stops once solved or converged, and how early is not forecast.",
         f"  rates: {sources(fc.configured.sources)}",
+        f"  validation: {validation(fc.configured, cfg.sweep.evaluation, fc.trials)}",
         "",
         *mode_lines(fc),
         *search_lines(fc),
@@ -139,7 +140,8 @@ def rate_lines(fc: Forecast, s, throughput: Throughput) -> list[str]:
     mine = [m for m in throughput.measured if m.arch in fc.lrs]
     lines = [
         f"  {m.arch:>14}  {flops(m.flops_per_s)}/s at width {m.width} (depth {m.depth}, L={m.length}, batch "
-        f"{m.batch} in {m.micro_batches}, {m.precision}; {m.steps} steps in {m.seconds:.3g} s)"
+        f"{m.batch} in {m.micro_batches}, {m.precision}; {m.steps} steps in {m.seconds:.3g} s"
+        + (f"; validated {m.validation_samples} in {m.validation_seconds:.3g} s)" if m.validation_samples else ")")
         + ("" if m.mode == ALONE else f" {m.mode}")
         for m in (mine if len(mine) <= LISTED else [])
     ]
@@ -182,6 +184,17 @@ def rate_lines(fc: Forecast, s, throughput: Throughput) -> list[str]:
                 continue
             lines.append(f"  {arch:>14}  {mode}: {how}")
     return lines
+
+
+def validation(p: Priced, e: EvaluationSection, trials: int) -> str:
+    """What the trials' validations add to their time, as measured (one evaluation batch of random sequences a shape,
+    as a trial validates: ``throughput.timed_validation``), and where nothing priced them."""
+    if p.unvalidated == trials:
+        return "NOT PRICED: no validation was measured (a throughput file from before they were): steps alone above"
+    when = f"every {e.val_every_steps:,} steps" if e.val_every_steps else "every epoch"
+    said = f"{when} on {e.val_samples:,} sequences, {p.validating:.0%} of the trials' time, measured"
+    missing = f"; NOT PRICED for {p.unvalidated:,} trials (none measured for their architecture)"
+    return said + missing * bool(p.unvalidated)
 
 
 def sources(counts: dict[str, int]) -> str:

@@ -200,6 +200,9 @@ def test_measure_counts_the_model_flops_of_real_steps(tiny_cfg):
     assert m.micro_batches == 1 and m.seconds > 0  # no memory budget on a CPU: the whole batch at once
     assert m.flops_per_s * m.seconds == pytest.approx(3 * model.exact_flops(12) * 8 * 2)
     assert m.mode == ALONE
+    # then one validation as the trial validates, of one evaluation batch at most
+    e = tiny_cfg.sweep.evaluation
+    assert m.validation_samples == min(e.val_samples, e.eval_batch_size) and m.validation_seconds > 0
     graphed = measure(tiny_cfg, cell, length=12, batch=8, steps=1, warmup=1, device=torch.device("cpu"),
                       precision="32-true", step="graphed")
     assert graphed.step == "eager"  # CUDA graphs need a GPU: the step ran eager, and the measurement says so
@@ -208,6 +211,10 @@ def test_measure_counts_the_model_flops_of_real_steps(tiny_cfg):
                     precision="32-true", models=3)
     assert fused.mode == Mode(models=3) and fused.flops_per_s * fused.seconds == pytest.approx(
         3 * 3 * model.exact_flops(12) * 8 * 2)
+    assert fused.validation_seconds > 0
+    unvalidated = measure(tiny_cfg, cell, length=12, batch=8, steps=1, warmup=1, device=torch.device("cpu"),
+                          precision="32-true", validate=False)
+    assert (unvalidated.validation_samples, unvalidated.validation_seconds) == (0, 0.0)
 
 
 def test_cpu_trials_measured_side_by_side_count_the_same_flops_each_in_its_own_process(tiny_cfg):
@@ -319,6 +326,34 @@ def test_the_grid_on_a_fit_costs_the_sum_of_its_trials_steps(tmp_path, capsys):
     assert "no rate measured that way, so none is" in out and f"`{pipeline.forecast.PACK_COMMAND}` measures" in out
 
 
+def test_a_trials_validations_are_priced_at_what_its_validation_measured(tmp_path, capsys):
+    """Every measured shape validated 100 sequences in R seconds a sequence for each second of its step: a trial
+    validating every 50 steps on 1,000 sequences costs its steps plus steps // 50 x 1,000 x R x its own step's
+    seconds (the nearest measured shape scaled by the two steps' ratio). Measured nowhere: unpriced, and said so."""
+    every = SMALL_GPU.replace("{strategy: grid}}", "{strategy: grid}, evaluation: {val_samples: 1000, "
+                              "val_every_steps: 50}}")
+    cfg = load(tmp_path, "separations", every)
+    cells, s = costed(cfg), cfg.sweep
+    ratio = 0.01
+    validated = [replace(m, validation_samples=100, validation_seconds=100 * ratio * m.step_seconds)
+                 for m in measured_by(FAST)]
+    fc = forecast(cfg, cells, Throughput.of_measured("H100", validated), Cluster(1, 8, "H100", None))
+    steps = s.optim.max_steps
+    train = sum(7 * steps * seconds(FAST, c.depth, step_flops(c, s)) for c in cells.values())
+    checks = sum(7 * (steps // 50) * 1000 * ratio * seconds(FAST, c.depth, step_flops(c, s)) for c in cells.values())
+    assert fc.grid.device_hours == pytest.approx((train + checks) / 3600)
+    assert fc.configured.validating == pytest.approx(checks / (train + checks)) and fc.configured.unvalidated == 0
+    unpriced = forecast(cfg, cells, Throughput.of_measured("H100", measured_by(FAST)), Cluster(1, 8, "H100", None))
+    assert unpriced.grid.device_hours == pytest.approx(train / 3600) and unpriced.configured.unvalidated == fc.trials
+    share = f"{checks / (train + checks):.0%}"
+    for throughput, says in ((validated, f"validation: every 50 steps on 1,000 sequences, {share} of the trials' time"),
+                             (measured_by(FAST), "validation: NOT PRICED: no")):
+        Throughput.of_measured("H100", throughput).dump(tmp_path / "t.json")
+        assert pipeline.forecast.main(["--params", str(tmp_path / "params.yaml"), "--throughput",
+                                       str(tmp_path / "t.json"), "--gpu", "H100"]) == 0
+        assert says in capsys.readouterr().out
+
+
 def test_packed_processes_are_charged_at_their_measured_rate_else_as_no_faster_than_alone(tmp_path, capsys):
     """gpus_per_trial 0.25: four processes a GPU. Measured packed (each process's step at SLOW's law), the GPU-hours
     are a quarter of the processes' hours; not measured, the trials are charged alone, each on a quarter of a GPU:
@@ -383,6 +418,7 @@ def test_old_throughput_files_still_load_as_one_trial_alone_and_bad_measurements
     for change, named in [({"models": 0}, "models 0 and processes 1 are at least 1"),
                           ({"step": "warp"}, "step 'warp' one of eager, compiled, graphed"),
                           ({"seconds": -1.0}, "must be positive and finite"),
+                          ({"validation_samples": 8}, "a validation measured has samples and seconds above 0"),
                           ({"shape": 3}, "not a throughput file")]:
         path = tmp_path / "bad.json"
         path.write_text(json.dumps({"device": "x", "flops_per_s": {"lstm": 1e12}, "measured": [good | change]}))

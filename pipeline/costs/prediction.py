@@ -111,6 +111,8 @@ class Priced:
     row: Row
     sources: dict[str, int]  # how a trial's rate was had (rates.SOURCES) -> trials
     alone: list[str]  # architectures the mode has no rate for: their trials priced alone, sharing their slot
+    validating: float  # the share of the trials' seconds spent validating
+    unvalidated: int  # trials whose validations were not priced (none measured for their architecture)
 
 
 @dataclass(frozen=True)
@@ -160,31 +162,48 @@ def priced(
     of a GPU; a trial on k workers is taken to train k times as fast as on one). An architecture ``mode`` has a rate
     for trains ``mode.models`` of a cell's learning rates in one job at that rate (the sharing of its GPU measured
     in it); any other trains alone at its rate alone times ``speed``: a share of a GPU no faster in all than one
-    trial alone. So does one the sweep cannot fuse (``unfusable``), whatever a fused step of it measured."""
+    trial alone. So does one the sweep cannot fuse (``unfusable``), whatever a fused step of it measured. Each job
+    also validates ``validations`` times, each of ``sweep.evaluation.val_samples`` sequences, at the cost its
+    architecture's validation measured (``Throughput.validation_seconds``)."""
     cannot = unfusable(cells, s.model.heads) if mode.models > 1 else {}
     jobs: list[Trial] = []
     sources: dict[str, int] = {}
     alone: list[str] = []
+    validating = unvalidated = 0.0
     for cell in cells.values():
         gflops = expected_cost(cell, s.optim)  # a trial run to its first budget, the order the searcher starts it in
         steps, lrs = budget_steps(cell, s.optim), len(cell.lrs)
         shape = (cell.width, cell.depth, cell.max_len, s.optim.batch_size)
         widths = s.grid.widths_for(cell.arch)
         if cell.arch not in cannot and throughput.basis(cell.arch, mode, widths) is not None:
-            price, members = throughput.price(cell.arch, mode, shape, steps, gflops * 1e9), mode.models
+            ran, members = mode, mode.models
+            price = throughput.price(cell.arch, mode, shape, steps, gflops * 1e9)
             price = price._replace(seconds=price.seconds / max(speed, 1))  # its share of a GPU is in its rate
         else:
-            price, members = throughput.price(cell.arch, ALONE, shape, steps, gflops * 1e9), 1
+            ran, members = ALONE, 1
+            price = throughput.price(cell.arch, ALONE, shape, steps, gflops * 1e9)
             price = price._replace(seconds=price.seconds / speed)
             if cell.arch not in alone and mode != ALONE:
                 alone.append(cell.arch)
         sources[price.source] = sources.get(price.source, 0) + lrs
+        per_sample = throughput.validation_seconds(cell.arch, ran, shape, price.seconds / steps)
+        validation = validations(cell, s, steps) * s.evaluation.val_samples * (per_sample or 0.0)
+        unvalidated += lrs * (per_sample is None)
         for first in range(0, lrs, members):  # a cell's learning rates, ``members`` a job
             k = min(members, lrs - first)
-            jobs.append(Trial(gflops * k, price.seconds, gflops * k / 1e6))
+            jobs.append(Trial(gflops * k, price.seconds + validation, gflops * k / 1e6))
+            validating += validation
     schedule = list_schedule(jobs, slots)
     row = Row(schedule.pflops, schedule.busy * per_slot / 3600, schedule.wall / 3600)
-    return Priced(mode, slots, per_slot, row, sources, alone)
+    share = validating / sum(job.seconds for job in jobs) if jobs else 0.0
+    return Priced(mode, slots, per_slot, row, sources, alone, share, int(unvalidated))
+
+
+def validations(cell: CellSpec, s: SweepConfig, steps: int) -> int:
+    """How often a trial of ``cell`` validates in ``steps`` steps: every ``sweep.evaluation.val_every_steps``, else
+    at the end of each pass over its training samples."""
+    every = s.evaluation.val_every_steps or -(-cell.train_samples // s.optim.batch_size)
+    return steps // every
 
 
 def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, cluster: Cluster) -> Forecast:

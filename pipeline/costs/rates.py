@@ -56,7 +56,8 @@ class Measurement:
     """One architecture's training throughput at one shape: model FLOP/s = 3 x exact forward FLOPs of every
     sequence x sequences per second, over ``steps`` real optimiser steps (after warm-up ones), of every trial the
     device trained at once: ``models`` fused in each step of each of ``processes`` processes (``seconds``: the wall
-    time of the ``steps`` steps, the processes timed together)."""
+    time of the ``steps`` steps, the processes timed together); and one validation as the trial validates, of
+    ``validation_samples`` sequences in ``validation_seconds`` (0: none measured)."""
 
     arch: str
     width: int
@@ -71,6 +72,8 @@ class Measurement:
     models: int = 1
     processes: int = 1
     step: str = "eager"
+    validation_samples: int = 0
+    validation_seconds: float = 0.0
 
     @property
     def mode(self) -> Mode:
@@ -231,6 +234,25 @@ class Throughput:
         source = "one rate" if EVERY_WIDTH in widths else "width measured" if width in widths else "interpolated"
         return TrialPrice(flops / self.rate(arch, width), source)
 
+    def validation_seconds(self, arch: str, mode: Mode, shape: tuple[int, int, int, int], step: float) -> float | None:
+        """Seconds a trial of ``shape`` (width, depth, L, batch) under ``mode``, whose step takes ``step`` seconds,
+        spends validating one sequence: measured at its own shape, else at the measured shape of ``arch`` nearest in
+        L, then width, scaled by the two steps' ratio (a validation is forward passes of the model a step trains);
+        None where no validation of ``arch`` under ``mode`` was measured (a throughput file from before they were)."""
+        mine = [m for m in self.of(arch, mode) if m.validation_samples]
+        if not mine:
+            return None
+        width, _, length, _ = shape
+        m = min(
+            mine,
+            key=lambda m: (
+                (m.width, m.depth, m.length, m.batch) != shape,
+                abs(math.log(m.length / length)),
+                abs(math.log(m.width / width)),
+            ),
+        )
+        return m.validation_seconds / m.validation_samples * step / m.step_seconds
+
     def dump(self, path: Path) -> None:
         """Written whole, then moved into place: a reader never sees half a file."""
         data = {
@@ -258,7 +280,8 @@ class Throughput:
         """A file written by ``dump`` or by hand: ``{"device": NAME, "flops_per_s": {ARCH: FLOP/s or {WIDTH:
         FLOP/s}}}`` (and, from ``dump``, how each rate was measured, ``measured``: a list of ``Measurement``'s
         fields; before modes a measurement had no ``models``, ``processes`` or ``step``, and is of trials alone,
-        eager). Every architecture in ``archs`` must have a rate of trials alone."""
+        eager; before validations were measured, none). Every architecture in ``archs`` must have a rate of trials
+        alone."""
         if not path.is_file():
             raise ForecastError(f"--throughput {path}: no such file")
         try:
@@ -285,6 +308,10 @@ class Throughput:
             where = f"--throughput {path}: measured[{i}] ({m.arch}, width {m.width})"
             if not (m.seconds > 0 and m.steps > 0 and 0 < m.flops_per_s < math.inf):
                 raise ForecastError(f"{where}: its seconds, steps and flops_per_s must be positive and finite")
+            if min(m.validation_samples, m.validation_seconds) < 0 or (m.validation_samples > 0) != (
+                m.validation_seconds > 0
+            ):
+                raise ForecastError(f"{where}: a validation measured has samples and seconds above 0, else neither")
             if m.models < 1 or m.processes < 1 or m.step not in STEP_MODES:
                 raise ForecastError(
                     f"{where}: models {m.models!r} and processes {m.processes!r} are at least 1, step {m.step!r} "

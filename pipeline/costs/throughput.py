@@ -124,6 +124,7 @@ def measure(
     share: float = 1.0,
     models: int = 1,
     callbacks: Sequence[L.Callback] = (),
+    validate: bool = True,
 ) -> Measurement:
     """``cell``'s model (architecture, width, depth, options, vocabulary) trained as a trial trains it: the sweep's
     Lightning module, optimiser, gradient clip, batches and the micro-batches that fit its memory, at the profile's
@@ -131,7 +132,9 @@ def measure(
     ``steps`` steps on ``device`` over random sequences of ``length`` tokens, ``batch`` a step, with the CPU threads a
     trial gets (at most this machine's), on ``share`` of a GPU (its memory capped so, as a packed trial's);
     ``models`` above 1: that many learning rates as one fused trial (``sweep.resources.fuse``), as the sweep trains
-    them, its FLOPs every member's; ``callbacks`` run before the timer's."""
+    them, its FLOPs every member's; ``callbacks`` run before the timer's. ``validate``: then one validation as the
+    trial validates (``timed_validation``), on one evaluation batch of random sequences (at most
+    ``sweep.evaluation.val_samples``)."""
     settings = measured_settings(
         cfg, batch=batch, steps=warmup + steps, device=device, precision=precision, step=step, share=share
     )
@@ -152,13 +155,34 @@ def measure(
         timer = StepTimer(warmup * parts, device)
         trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, callbacks=[*callbacks, *fitted, timer])
         data = random_sequences(batch * (warmup + steps), length, cell.vocab_size, cell.family)
+        validated = min(settings.evaluation.val_samples, settings.evaluation.eval_batch_size) if validate else 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
             trainer.fit(module, loader(data, batch, cell.seed, shuffle=False, parts=parts))
+            seconds = 0.0
+            if validated:
+                val = random_sequences(validated, length, cell.vocab_size, cell.family)
+                seconds = timed_validation(trainer, module, val, settings.evaluation.eval_batch_size, timer.now)
     ran = module.step_forward.mode if module.step_forward else step
     rate = timer.flops / timer.seconds
     shape = (cell.arch, cell.width, cell.depth, length, batch)
-    return Measurement(*shape, parts, precision, steps, timer.seconds, rate, models=models, step=ran)
+    return Measurement(
+        *shape, parts, precision, steps, timer.seconds, rate, models=models, step=ran, validation_samples=validated,
+        validation_seconds=seconds,
+    )  # fmt: skip
+
+
+def timed_validation(
+    trainer: L.Trainer, module: SequenceModel, data: Dataset, batch_size: int, now: Callable[[], float]
+) -> float:
+    """Seconds of one validation of ``data`` after ``module``'s fit, as a trial validates: the teacher-forced pass
+    over its batches, then its final answers (``SequenceModel.on_validation_epoch_end``; a chain of thought's decoded
+    from a one-token prompt to the end, as long as any real one's)."""
+    module.val_data = data
+    trainer.limit_val_batches = 1.0  # the measured fit validated nothing
+    start = now()
+    trainer.validate(module, loader(data, batch_size, 0, shuffle=False), verbose=False)
+    return now() - start
 
 
 class StartTogether(L.Callback):
