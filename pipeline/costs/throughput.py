@@ -132,9 +132,8 @@ def measure(
     ``steps`` steps on ``device`` over random sequences of ``length`` tokens, ``batch`` a step, with the CPU threads a
     trial gets (at most this machine's), on ``share`` of a GPU (its memory capped so, as a packed trial's);
     ``models`` above 1: that many learning rates as one fused trial (``sweep.resources.fuse``), as the sweep trains
-    them, its FLOPs every member's; ``callbacks`` run before the timer's. ``validate``: then one validation as the
-    trial validates (``timed_validation``), on one evaluation batch of random sequences (at most
-    ``sweep.evaluation.val_samples``)."""
+    them, its FLOPs every member's; ``callbacks`` run before the timer's; ``validate``: then one validation
+    (``timed_validation``)."""
     settings = measured_settings(
         cfg, batch=batch, steps=warmup + steps, device=device, precision=precision, step=step, share=share
     )
@@ -145,44 +144,43 @@ def measure(
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: ...", as a trial does
     with on_trial_device(settings) as device:
         torch.manual_seed(0)
-        fitted: list[L.Callback] = []
-        if models == 1:
-            module = SequenceModel(specs[0])
-        else:
-            members = Members([trial_verdict(spec) for spec in specs])
-            module, fitted = FusedSequenceModel(specs, members), [members]
+        module, fitted = measured_module(specs)
         parts = micro_batches(settings, module.model, length, device)
         timer = StepTimer(warmup * parts, device)
         trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, callbacks=[*callbacks, *fitted, timer])
         data = random_sequences(batch * (warmup + steps), length, cell.vocab_size, cell.family)
-        validated = min(settings.evaluation.val_samples, settings.evaluation.eval_batch_size) if validate else 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
             trainer.fit(module, loader(data, batch, cell.seed, shuffle=False, parts=parts))
-            seconds = 0.0
-            if validated:
-                val = random_sequences(validated, length, cell.vocab_size, cell.family)
-                seconds = timed_validation(trainer, module, val, settings.evaluation.eval_batch_size, timer.now)
+            validated = timed_validation(trainer, module, settings, timer.now) if validate else (0, 0.0)
     ran = module.step_forward.mode if module.step_forward else step
-    rate = timer.flops / timer.seconds
     shape = (cell.arch, cell.width, cell.depth, length, batch)
-    return Measurement(
-        *shape, parts, precision, steps, timer.seconds, rate, models=models, step=ran, validation_samples=validated,
-        validation_seconds=seconds,
-    )  # fmt: skip
+    return Measurement(*shape, parts, precision, steps, timer.seconds, timer.flops / timer.seconds, models, 1, ran,
+                       *validated)  # fmt: skip
+
+
+def measured_module(specs: list[TrialSpec]) -> tuple[SequenceModel, list[L.Callback]]:
+    """The Lightning module of one trial, or of several fused (``FusedSequenceModel``) with its members' callback."""
+    if len(specs) == 1:
+        return SequenceModel(specs[0]), []
+    members = Members([trial_verdict(spec) for spec in specs])
+    return FusedSequenceModel(specs, members), [members]
 
 
 def timed_validation(
-    trainer: L.Trainer, module: SequenceModel, data: Dataset, batch_size: int, now: Callable[[], float]
-) -> float:
-    """Seconds of one validation of ``data`` after ``module``'s fit, as a trial validates: the teacher-forced pass
-    over its batches, then its final answers (``SequenceModel.on_validation_epoch_end``; a chain of thought's decoded
-    from a one-token prompt to the end, as long as any real one's)."""
+    trainer: L.Trainer, module: SequenceModel, settings: TrainSettings, now: Callable[[], float]
+) -> tuple[int, float]:
+    """One validation after ``module``'s fit, as a trial validates: the teacher-forced pass over its batches, then
+    its final answers (``SequenceModel.on_validation_epoch_end``; a chain of thought's decoded from a one-token prompt
+    to the end, as long as any real one's), on one evaluation batch of random sequences of the fit's length (at most
+    ``val_samples``). Its sequences and seconds."""
+    e, cell = settings.evaluation, module.spec.cell
+    data = random_sequences(min(e.val_samples, e.eval_batch_size), cell.max_len, cell.vocab_size, cell.family)
     module.val_data = data
     trainer.limit_val_batches = 1.0  # the measured fit validated nothing
     start = now()
-    trainer.validate(module, loader(data, batch_size, 0, shuffle=False), verbose=False)
-    return now() - start
+    trainer.validate(module, loader(data, e.eval_batch_size, 0, shuffle=False), verbose=False)
+    return len(data), now() - start
 
 
 class StartTogether(L.Callback):
@@ -236,6 +234,26 @@ def shapes_to_measure(
     return list(dict.fromkeys([*shapes, (all_widths[0], all_depths[-1]), (all_widths[-1], all_depths[-1])]))
 
 
+def measuring_rounds(
+    cells: dict[Cell, CellSpec], widths: list[int] | None, depths: list[int] | None, gpu: bool, every_length: bool
+) -> list[list[CellSpec]]:
+    """The cells ``measure_all`` measures, round by round: each architecture's r-th shape (``shapes_to_measure``) in
+    round r, on its dataset of median L or on each of its datasets (``every_length``)."""
+    plans = {}
+    for arch in dict.fromkeys(c.arch for c in cells):
+        mine = [c for c in cells.values() if c.arch == arch]
+        datasets = [c for _, c in sorted({(c.max_len, c.task, c.size): c for c in mine}.items())]
+        bases = datasets if every_length else [datasets[(len(datasets) - 1) // 2]]  # else the dataset of median L
+        plans[arch] = [(base, shape) for shape in shapes_to_measure(mine, widths, depths, gpu) for base in bases]
+    return [
+        [
+            replace(base, cell=base.cell._replace(width=w, depth=d))
+            for base, (w, d) in (p[r] for p in plans.values() if r < len(p))
+        ]
+        for r in range(max(len(plan) for plan in plans.values()))
+    ]
+
+
 def measure_all(
     cfg: Config,
     cells: dict[Cell, CellSpec],
@@ -265,20 +283,7 @@ def measure_all(
     ``measure_side_by_side``; every shape, then the throughput whole)."""
     threads = min(cfg.sweep.resources.cpus_per_trial, os.cpu_count() or 1)
     name = device_name(device, threads, side_by_side)
-    plans = {}
-    for arch in dict.fromkeys(c.arch for c in cells):
-        mine = [c for c in cells.values() if c.arch == arch]
-        datasets = [c for _, c in sorted({(c.max_len, c.task, c.size): c for c in mine}.items())]
-        bases = datasets if every_length else [datasets[(len(datasets) - 1) // 2]]  # else the dataset of median L
-        shapes = shapes_to_measure(mine, widths, depths, device.type == "cuda")
-        plans[arch] = [(base, shape) for shape in shapes for base in bases]
-    rounds = [
-        [
-            replace(base, cell=base.cell._replace(width=w, depth=d))
-            for base, (w, d) in (p[r] for p in plans.values() if r < len(p))
-        ]
-        for r in range(max(len(plan) for plan in plans.values()))
-    ]
+    rounds = measuring_rounds(cells, widths, depths, device.type == "cuda", every_length)
     settings = dict(length=length, batch=batch or cfg.sweep.optim.batch_size, steps=steps, warmup=warmup, device=device,
                     precision=precision, step=step)  # fmt: skip
     if side_by_side > 1:
