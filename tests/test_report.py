@@ -143,6 +143,7 @@ def test_the_page_and_fidelity_md_lead_with_what_the_run_decided_and_gather_the_
             assert f" | {claim.needs} | " in pending, claim.id
     assert coverage in first
     assert "| optimiser and learning rate | DP: AdamW (0.9, 0.999), lr 1e-4" in deviations
+    assert re.search(r"verdicts decided on [\d,]+ validation samples drawn as the test set is", deviations)
     assert table2.count("| arithmetic") == 0 and table2.count("\n| ") == 2 + 12  # header, rule, 12 cells
     assert "| standard | 6 | 87 | 64 | 0.027 |  |  | not run (arithmetic 6 at depth 3) |" in table2
     assert report_problems(out) == []
