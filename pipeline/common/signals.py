@@ -263,21 +263,13 @@ def run_group(cmd: list[str], grace: float, stop_after: float | None = None, **p
             timed_out = stop_after is not None and status is None and now - began >= stop_after
             if (asked or timed_out) and not interrupted:
                 why = name(asked[0]) if asked else f"its {stop_after:g} s (--stop-after) are up"
-                print(
-                    f"{PROG}: {why}: stopping `{' '.join(cmd)}` (SIGINT to its process group)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                say(f"{why}: stopping `{' '.join(cmd)}` (SIGINT to its process group)")
                 signal_group(pgid, signal.SIGINT)
                 interrupted, term_at = True, now + grace
             if status is not None and term_at is None:  # COMMAND ended, some of its group did not: they get grace
                 term_at = now + grace
             if term_at is not None and kill_at is None and now > term_at:
-                print(
-                    f"{PROG}: `{' '.join(cmd)}`: its process group still runs after {grace:g} s: SIGTERM",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                say(f"`{' '.join(cmd)}`: its process group still runs after {grace:g} s: SIGTERM")
                 signal_group(pgid, signal.SIGTERM)
                 kill_at = now + KILL_AFTER_S
             if kill_at is not None and now > kill_at:
@@ -289,6 +281,10 @@ def run_group(cmd: list[str], grace: float, stop_after: float | None = None, **p
 
 
 PROG = "pipeline.common.signals"
+
+
+def say(text: str) -> None:
+    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_group(command, args.grace, args.stop_after)
     except OSError as err:  # not found, not executable
-        print(f"{PROG}: error: cannot run {command[0]!r}: {err}", file=sys.stderr)
+        say(f"error: cannot run {command[0]!r}: {err}")
         return 127
 
 
