@@ -328,21 +328,12 @@ def nightly(
         prior = json.loads((before / "meta.json").read_text()) if before else {}
         libraries = library_versions()
         bumped = library_changes(prior.get("libraries"), libraries)
-        meta = {
-            "date": night.date,
-            "commit": night.commit,
-            "profile": cfg.profile,
-            "libraries": libraries,
-            "forced": force,
-        }
+        meta = dict(date=night.date, commit=night.commit, profile=cfg.profile, libraries=libraries, forced=force)
         cmd = dvc_command(profile, force or bool(bumped), meta)
         print(f"nightly {night.date} commit {night.commit}: {shown(cmd)}", flush=True)
         if bumped and not force:
-            print(
-                f"nightly: training libraries changed since {before.name if before else ''}: "
-                f"{', '.join(f'{k} {a} -> {b}' for k, (a, b) in bumped.items())}; DVC forced, so the sweep "
-                "retrains under the new run key"
-            )
+            since = f"since {before.name if before else ''}: {', '.join(bumps(bumped))}"
+            print(f"nightly: training libraries changed {since}; DVC forced: the sweep retrains under the new run key")
         env = os.environ | ({RETRAIN_ENV: "1"} if force else {})
         code, tail = run_passing_on(cmd, repo, env)
         if code != 0:
@@ -367,10 +358,15 @@ def nightly(
         return code, brief
 
 
+def bumps(bumped: dict[str, tuple]) -> list[str]:
+    """Each library's change, as "name before -> after"."""
+    return [f"{name} {a} -> {b}" for name, (a, b) in bumped.items()]
+
+
 def changes_since(prior: dict, commit: str, bumped: dict[str, tuple]) -> list[str]:
     """What changed since the night ``prior`` recorded: the commit, and the training libraries ``bumped``."""
     changed = [f"commit {prior['commit']} -> {commit}"] if prior and prior["commit"] != commit else []
-    changed += [f"{name} {a} -> {b}" for name, (a, b) in bumped.items()]
+    changed += bumps(bumped)
     if prior and "libraries" not in prior:
         changed.append("the training libraries (that night did not record them)")
     return changed
