@@ -43,6 +43,20 @@ def test_missing_corrupt_and_foreign_files_are_named(tmp_path, tiny_data):
         read_dataset(foreign)
 
 
+def test_a_length_column_that_disagrees_with_the_tokens_is_named_with_its_rows(tmp_path, tiny_data):
+    import pyarrow as pa
+
+    good = dataset_path(tiny_data, "lis", 3, "test")
+    table = pq.read_table(good)
+    lengths = table.column("length").to_numpy().copy()
+    lengths[5] += 1  # row 5 says one token more than it holds
+    bad = tmp_path / "lis_3_test.parquet"
+    changed = table.set_column(3, "length", pa.array(lengths, pa.int32()))
+    pq.write_table(changed.replace_schema_metadata(pq.read_metadata(good).metadata), bad)
+    with pytest.raises(DatasetError, match=f"dataset file {bad}: the length column disagrees with the tokens in rows"):
+        read_dataset(bad)
+
+
 def test_an_interrupted_write_leaves_no_file_that_looks_complete(tmp_path):
     path = tmp_path / "t.parquet"
     sink = ParquetSink(path, {"task": "x"}, row_group_size=2)

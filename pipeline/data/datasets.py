@@ -232,6 +232,25 @@ def mapped_copy(path: Path) -> dict[str, np.ndarray]:
         raise DatasetError(f"the mapped copy {entry} of {path} is corrupt ({err}): delete it to rebuild it") from None
 
 
+def write_values(parquet: pq.ParquetFile, offsets: np.ndarray, out: Path, path: Path) -> None:
+    """Every row's tokens of ``parquet`` (the file ``path``), end to end, as one .npy array at ``out``, a row group at
+    a time; each row's length checked against ``offsets`` (the length column's)."""
+    with open(out, "wb") as f:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint16)), "fortran_order": False}
+        np.lib.format.write_array_header_1_0(f, header | {"shape": (int(offsets[-1]),)})
+        first = 0
+        for g in range(parquet.num_row_groups):
+            for tokens in parquet.read_row_group(g, columns=["tokens"]).column("tokens").chunks:
+                rows = len(tokens)
+                if not np.array_equal(np.diff(tokens.offsets.to_numpy()), np.diff(offsets[first : first + rows + 1])):
+                    raise DatasetError(
+                        f"dataset file {path}: the length column disagrees with the tokens in rows "
+                        f"{first}..{first + rows - 1}"
+                    )
+                f.write(tokens.flatten().to_numpy())  # the values of these rows, zero-copy
+                first += rows
+
+
 def build_mapped_copy(path: Path, entry: Path) -> None:
     """Write the arrays into a private temporary directory, one row group at a time (the memory of one row group,
     whatever the file's size), then rename it into place: readers on any node see a complete copy or none.
@@ -249,28 +268,7 @@ def build_mapped_copy(path: Path, entry: Path) -> None:
         np.save(tmp / "offsets.npy", offsets)
         for name in ("prompt_len", "answer"):
             np.save(tmp / f"{name}.npy", columns.column(name).to_numpy())
-        with open(tmp / "values.npy", "wb") as f:
-            np.lib.format.write_array_header_1_0(
-                f,
-                {
-                    "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint16)),
-                    "fortran_order": False,
-                    "shape": (int(offsets[-1]),),
-                },
-            )
-            first = 0
-            for g in range(parquet.num_row_groups):
-                for tokens in parquet.read_row_group(g, columns=["tokens"]).column("tokens").chunks:
-                    rows = len(tokens)
-                    if not np.array_equal(
-                        np.diff(tokens.offsets.to_numpy()), np.diff(offsets[first : first + rows + 1])
-                    ):
-                        raise DatasetError(
-                            f"dataset file {path}: the length column disagrees with the tokens in "
-                            f"rows {first}..{first + rows - 1}"
-                        )
-                    f.write(tokens.flatten().to_numpy())  # the values of these rows, zero-copy
-                    first += rows
+        write_values(parquet, offsets, tmp / "values.npy", path)
         try:
             tmp.rename(entry)
         except OSError:
