@@ -426,17 +426,11 @@ def run_fused(
             log.warning("fused trial: its members stand at %d steps: trained as %d fits", len(pending), len(pending))
         while pending:
             fit = pending.pop(0)
+            carried = [n for j, n in enumerate(names) if j not in fit]  # the other members' checkpoints, kept
+            making = functools.partial(checkpoints, store=store, carried=carried)
             try:
-                made = fit_members(
-                    [specs[k] for k in fit],
-                    [names[k] for k in fit],
-                    [saved[k] for k in fit],
-                    functools.partial(
-                        checkpoints, store=store, carried=[n for j, n in enumerate(names) if j not in fit]
-                    ),
-                    callbacks,
-                    log_every,
-                )
+                made = fit_members([specs[k] for k in fit], [names[k] for k in fit], [saved[k] for k in fit], making,
+                                   callbacks, log_every)  # fmt: skip
             except DoesNotFit as err:
                 if len(fit) == 1:
                     results[fit[0]] = err.record()
