@@ -3,12 +3,14 @@
     python -m pipeline.forecast --profile paper --nodes 4 --gpus-per-node 8 --gpu H100
     python -m pipeline.forecast --profile paper --save-throughput h100.json        # on a GPU node: measure, keep
     python -m pipeline.forecast --profile paper --throughput h100.json --nodes 4   # anywhere: plan from that file
+    python -m pipeline.forecast --profile cpu-claims --against results/trials.csv  # and against a run, trial by trial
 
 For the profile (params.yaml's, or --profile, with params.yaml's overrides) it prints the grid's cells, learning rates
 and trials, their training FLOPs at the first and the extended step budget, and their GPU-hours and wall time on the
 cluster described, from a training throughput measured now on this machine's device or read from a --throughput
 file (one trial a GPU, or many: fused, packed, compiled or graphed), each trial handed to the cluster's slots as the
-sweep's searcher hands them out. What a search would save is modelled from the replay benchmark, and said so. How
+sweep's searcher hands them out; with --against, each trial a run trained priced at the steps it trained, beside
+the seconds it took. What a search would save is modelled from the replay benchmark, and said so. How
 each rate is measured or modelled: docs/profiles.md, "What a profile costs before launch". Exit status 0; 2 for
 input that cannot give a forecast, named before any compute.
 """
@@ -16,6 +18,7 @@ input that cannot give a forecast, named before any compute.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 import time
@@ -26,7 +29,7 @@ from typing import get_args
 import torch
 
 from pipeline.common.config import ROOT, Config, ConfigError, EvaluationSection, Precision, StepMode, load_config
-from pipeline.costs.prediction import REPLAY_COMMAND, Cluster, Forecast, Priced, Row, forecast
+from pipeline.costs.prediction import REPLAY_COMMAND, Cluster, Forecast, Hindsight, Priced, Row, forecast, hindsight
 from pipeline.costs.rates import ALONE, EVERY_WIDTH, SOURCES, ForecastError, Throughput
 from pipeline.search.cells import check_architectures, check_precision, defined_cells, model_costs
 
@@ -284,6 +287,44 @@ def search_lines(fc: Forecast) -> list[str]:
     return lines + last
 
 
+TRIAL_COLUMNS = ("task", "size", "arch", "width", "depth", "seed", "lr", "train_steps", "train_seconds", "reused_from")
+
+
+def read_trials(path: Path) -> list[dict]:
+    """The rows of a sweep's results/trials.csv, checked to have what ``hindsight`` reads."""
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in TRIAL_COLUMNS if c not in (reader.fieldnames or [])]
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise ForecastError(f"--against {path}: cannot be read ({err})") from None
+    if missing:
+        raise ForecastError(f"--against {path}: not a sweep's results/trials.csv (no {', '.join(missing)} column)")
+    return rows
+
+
+def against_lines(path: Path, seen: list[Hindsight]) -> list[str]:
+    """Each trial's forecast beside its time, then the sums and the spread of their ratio."""
+    lines = ["", f"against {path}: each trial it trained, priced at the steps it trained"]
+    if not seen:
+        return [*lines, "  no trial trained there (every one reused, or none ran a step)"]
+    width = max(len(h.trial) for h in seen)
+    lines.append(f"  {'trial':<{width}} {'steps':>8} {'forecast':>10} {'took':>10}  forecast/took")
+    for h in sorted(seen, key=lambda h: -h.took):
+        lines.append(f"  {h.trial:<{width}} {h.steps:>8,} {minutes(h.forecast):>10} {minutes(h.took):>10}  "
+                     f"{h.forecast / h.took:.2f}")  # fmt: skip
+    ratios = sorted(h.forecast / h.took for h in seen)
+    forecast, took = sum(h.forecast for h in seen), sum(h.took for h in seen)
+    lines.append(f"  in all: {len(seen)} trials, forecast {minutes(forecast)}, took {minutes(took)} "
+                 f"({forecast / took:.2f}); trial by trial {ratios[0]:.2f} to {ratios[-1]:.2f}")  # fmt: skip
+    return lines
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -368,6 +409,13 @@ def parser() -> argparse.ArgumentParser:
     )
     tp.add_argument("--measure-steps", metavar="N", type=positive, default=3, help="timed steps (default: 3)")
     tp.add_argument("--warmup-steps", metavar="N", type=positive, default=1, help="untimed steps first (default: 1)")
+    ap.add_argument(
+        "--against",
+        metavar="TRIALS_CSV",
+        type=Path,
+        help="a sweep's results/trials.csv of this profile: each trial it trained priced at the steps it trained, "
+        "beside the seconds it took (how far the forecast is from that run, trial by trial)",
+    )
     return ap
 
 
@@ -431,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         cpus = args.cpus_per_node or (None if s.resources.gpus_per_trial else os.cpu_count() or 1)
         where = Cluster(args.nodes, args.gpus_per_node, args.gpu, cpus)
         where.slots(s.resources)  # a node that holds no trial: named now, not after the measurements
+        trials = read_trials(args.against) if args.against else []  # named before any measurement
         if given is None:
             device, precision = measuring_on(args, cfg, archs)  # named before any model is built
         cells = {at: replace(cell, **model_costs(cell, s.model.heads)) for at, cell in defined_cells(cfg).items()}
@@ -441,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         params = Path(args.params)
         shown = params.name if params.resolve() == ROOT / "params.yaml" else str(params)
         print(render(forecast(cfg, cells, throughput, where), cfg, shown, throughput, where, source))
+        if args.against:
+            print("\n".join(against_lines(args.against, hindsight(cfg, cells, throughput, trials))))
     except (ConfigError, ForecastError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import asdict, replace
 
+import pandas as pd
 import pytest
 import torch
 
@@ -119,6 +120,42 @@ def test_a_throughput_file_gives_the_wall_time_it_implies(tmp_path, capsys):
     done = run_without("pipeline.forecast", "--params", str(params), "--throughput", str(path), "--cpus-per-node", "2",
                        blocked="lightning,ray,mlflow,dvc", timeout=120)
     assert done.returncode == 0 and done.stdout == out, done.stderr[-2000:]
+
+
+def test_a_run_is_priced_trial_by_trial_at_the_steps_each_trained(tmp_path, capsys):
+    """--against a run's trials.csv: each trial it trained priced at its own steps (here at one made-up rate for
+    every architecture, so a trial of S steps costs S x its step's FLOPs / the rate), beside its seconds; reused
+    trials and those that trained no step left out; a file that is not a trials table, or a trial of another grid,
+    named before any compute."""
+    cfg = load(tmp_path, "tiny", FOUR)
+    cells, s = costed(cfg), cfg.sweep
+    rate = 1e9
+    path = tmp_path / "throughput.json"
+    path.write_text(json.dumps({"device": "made-up", "flops_per_s": {a: rate for a in ("standard", "lstm")}}))
+    rows = []
+    for k, (at, cell) in enumerate(sorted(cells.items())):
+        steps = 4 * (k + 1)
+        took = 2 * 3 * cell.exact_gflops * 1e9 * steps * s.optim.batch_size / rate  # twice the forecast's
+        rows.append(at._asdict() | {"lr": 3e-3, "train_steps": steps, "train_seconds": took, "reused_from": ""})
+    rows.append(rows[0] | {"reused_from": "abc"})  # reused: not trained by this run
+    rows.append(rows[0] | {"train_steps": 0})  # failed before its first step
+    trials = tmp_path / "trials.csv"
+    pd.DataFrame(rows).to_csv(trials, index=False)
+    params = str(tmp_path / "params.yaml")
+    assert pipeline.forecast.main(["--params", params, "--throughput", str(path), "--against", str(trials)]) == 0
+    out = capsys.readouterr().out.split(f"against {trials}: each trial it trained, priced at the steps it trained\n")[1]
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 + len(cells) + 1 and all(line.endswith("  0.50") for line in lines[1:-1])
+    assert lines[-1].startswith(f"  in all: {len(cells)} trials, forecast ") and lines[-1].endswith("(0.50); trial by "
+                                                                                                  "trial 0.50 to 0.50")
+    pd.DataFrame(rows).drop(columns="train_seconds").to_csv(trials, index=False)
+    other = pd.DataFrame([rows[0] | {"width": 999}])
+    for table, named in ((None, "not a sweep's results/trials.csv (no train_seconds column)"),
+                         (other, "is not a cell of profile tiny with these overrides")):
+        if table is not None:
+            table.to_csv(trials, index=False)
+        assert pipeline.forecast.main(["--params", params, "--throughput", str(path), "--against", str(trials)]) == 2
+        assert named in capsys.readouterr().err
 
 
 def test_a_width_between_two_measured_takes_their_log_log_interpolation():

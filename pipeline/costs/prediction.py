@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from pipeline.common.cell import Cell, CellSpec
 from pipeline.common.config import Config, ConfigError, ResourcesSection, SweepConfig
@@ -172,31 +173,45 @@ def priced(
     validating = unvalidated = 0.0
     for cell in cells.values():
         gflops = expected_cost(cell, s.optim)  # a trial run to its first budget, the order the searcher starts it in
-        steps, lrs = budget_steps(cell, s.optim), len(cell.lrs)
-        shape = (cell.width, cell.depth, cell.max_len, s.optim.batch_size)
-        widths = s.grid.widths_for(cell.arch)
-        if cell.arch not in cannot and throughput.basis(cell.arch, mode, widths) is not None:
-            ran, members = mode, mode.models
-            price = throughput.price(cell.arch, mode, shape, steps, gflops * 1e9)
-            price = price._replace(seconds=price.seconds / max(speed, 1))  # its share of a GPU is in its rate
-        else:
-            ran, members = ALONE, 1
-            price = throughput.price(cell.arch, ALONE, shape, steps, gflops * 1e9)
-            price = price._replace(seconds=price.seconds / speed)
-            if cell.arch not in alone and mode != ALONE:
-                alone.append(cell.arch)
-        sources[price.source] = sources.get(price.source, 0) + lrs
-        per_sample = throughput.validation_seconds(cell.arch, ran, shape, price.seconds / steps)
-        validation = validations(cell, s, steps) * s.evaluation.val_samples * (per_sample or 0.0)
-        unvalidated += lrs * (per_sample is None)
-        for first in range(0, lrs, members):  # a cell's learning rates, ``members`` a job
-            k = min(members, lrs - first)
-            jobs.append(Trial(gflops * k, price.seconds + validation, gflops * k / 1e6))
-            validating += validation
+        job, lrs = job_price(s, cell, throughput, mode, speed, cannot, budget_steps(cell, s.optim)), len(cell.lrs)
+        if job.mode != mode and cell.arch not in alone:
+            alone.append(cell.arch)
+        sources[job.source] = sources.get(job.source, 0) + lrs
+        unvalidated += lrs * (job.validation is None)
+        for first in range(0, lrs, job.mode.models):  # a cell's learning rates, ``job.mode.models`` a job
+            k = min(job.mode.models, lrs - first)
+            jobs.append(Trial(gflops * k, job.seconds, gflops * k / 1e6))
+            validating += job.validation or 0.0
     schedule = list_schedule(jobs, slots)
     row = Row(schedule.pflops, schedule.busy * per_slot / 3600, schedule.wall / 3600)
     share = validating / sum(job.seconds for job in jobs) if jobs else 0.0
     return Priced(mode, slots, per_slot, row, sources, alone, share, int(unvalidated))
+
+
+class JobPrice(NamedTuple):
+    """What one job of a cell (``mode.models`` of its learning rates, fused; one trial where it trains alone)
+    costs: ``seconds`` in all, ``validation`` of them validating (None: unpriced, none measured), its rate's
+    ``source`` (rates.SOURCES), and the ``mode`` it is priced in."""
+
+    seconds: float
+    validation: float | None
+    source: str
+    mode: Mode
+
+
+def job_price(
+    s: SweepConfig, cell: CellSpec, throughput: Throughput, mode: Mode, speed: float, cannot: dict, steps: int
+) -> JobPrice:
+    """A job of ``cell`` trained ``steps`` steps under ``mode`` (``priced``'s rules: alone where ``mode`` has no
+    rate for its architecture or the sweep ``cannot`` fuse it), validating as the sweep's evaluation says."""
+    flops = 3 * (cell.exact_gflops or 0.0) * 1e9 * steps * s.optim.batch_size
+    shape = (cell.width, cell.depth, cell.max_len, s.optim.batch_size)
+    ran = mode if cell.arch not in cannot and throughput.basis(cell.arch, mode, s.grid.widths_for(cell.arch)) else ALONE
+    price = throughput.price(cell.arch, ran, shape, steps, flops)
+    seconds = price.seconds / (max(speed, 1) if ran == mode else speed)  # a share of a GPU: in a mode's rate
+    per_sample = throughput.validation_seconds(cell.arch, ran, shape, seconds / steps)
+    validation = None if per_sample is None else validations(cell, s, steps) * s.evaluation.val_samples * per_sample
+    return JobPrice(seconds + (validation or 0.0), validation, price.source, ran)
 
 
 def validations(cell: CellSpec, s: SweepConfig, steps: int) -> int:
@@ -285,3 +300,35 @@ def check_decides(cfg: Config) -> Forecast:
             "(sweep.optim.max_steps, sweep.verdict.max_budget_factor) or state a longer time"
         )
     return plan
+
+
+class Hindsight(NamedTuple):
+    """One trial a sweep trained, beside what the forecast gives for it."""
+
+    trial: str  # its cell and learning rate
+    steps: int  # the steps it trained
+    forecast: float  # seconds, priced as the forecast prices a trial, at those steps
+    took: float  # seconds it trained (its train_seconds)
+
+
+def hindsight(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, rows: list[dict]) -> list[Hindsight]:
+    """Each trial of a sweep's ``rows`` (its results/trials.csv; those reused from earlier sweeps and those that
+    trained no step left out) priced at ``throughput`` as the forecast prices it (``job_price``, the profile's own
+    way), at the steps it trained, beside the seconds it took: how far the forecast is from a run, trial by trial,
+    where the forecast itself cannot know how early a trial stops."""
+    s = cfg.sweep
+    need = s.resources.trial_resources()
+    mode = configured_mode(s) if need["gpu"] else ALONE
+    cannot = unfusable(cells, s.model.heads) if mode.models > 1 else {}
+    seen = []
+    for row in rows:
+        steps = int(float(row["train_steps"] or 0))
+        if row.get("reused_from") or steps < 1:
+            continue
+        at = Cell(row["task"], int(row["size"]), row["arch"], int(row["width"]), int(row["depth"]), int(row["seed"]))
+        if at not in cells:
+            raise ForecastError(f"--against: trial {at} is not a cell of profile {cfg.profile} with these overrides")
+        job = job_price(s, cells[at], throughput, mode, need["gpu"] or s.resources.workers(), cannot, steps)
+        label = f"{at.task} {at.size} {at.arch} D={at.width} depth {at.depth} seed {at.seed} lr {float(row['lr']):g}"
+        seen.append(Hindsight(label, steps, job.seconds / job.mode.models, float(row["train_seconds"])))
+    return seen
