@@ -184,6 +184,11 @@ def test_near_perfect_needs_the_named_width_and_99_percent_on_test():
                         "sep_index_lookup_one_layer")  # held 99% on validation, stopped there; 98.5% on test
     assert unconfirmed["status"] == "fails" and ("N=20: 98.5%, below 99% on test where every "
                                                  "seed had held it on validation and stopped") in unconfirmed["detail"]
+    # a miss that one decimal would round onto the line is shown to two, and so is its margin: 98.95%, -0.05 pt
+    edge = check([r | {"final_accuracy": 0.9895} for r in tf("index_lookup", 1, {20: 64})],
+                 "sep_index_lookup_one_layer")
+    assert edge["status"] == "fails" and "N=20: 98.95%, below 99% on test" in edge["detail"]
+    assert edge["margin"] == "-0.05 pt"
     stopped = check(low, "sep_index_lookup_one_layer")  # stopped at 95% still improving: 99% undecided, not dropped
     assert stopped["status"] == "undecided" and (
         "at 99%: validation held 95.0% when the trial stopped, not converged" in stopped["detail"]

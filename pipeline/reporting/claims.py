@@ -746,4 +746,8 @@ def margin_text(margins: Sequence[float]) -> str:
     if not margins:
         return ""
     low, high = min(margins) * 100, max(margins) * 100
-    return f"{low:+.1f} pt" if abs(high - low) < 0.05 else f"{low:+.1f} to {high:+.1f} pt"
+
+    def points(v: float) -> str:  # two decimals where one would read as no margin: -0.05 is not -0.0
+        return f"{v:+.2f}" if 0 < abs(v) < 0.05 else f"{v:+.1f}"
+
+    return f"{points(low)} pt" if points(low) == points(high) else f"{points(low)} to {points(high)} pt"

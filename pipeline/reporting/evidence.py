@@ -15,6 +15,7 @@ the unsettled cells its answer depends on; the rule returns its ``Decision``, an
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -125,14 +126,21 @@ class Models:
         )
 
 
-def accuracy_text(cells: list[CellRecord]) -> str:
-    """The best cell's mean test accuracy, with its seeds' range where two or more were measured ("n/a": none)."""
+def accuracy_text(cells: list[CellRecord], line: float) -> str:
+    """The best cell's mean test accuracy, with its seeds' range where two or more were measured ("n/a": none); to
+    two decimals where one would round it onto ``line`` (the threshold): 98.95% is not 99.0%."""
     scored = [c for c in cells if not math.isnan(c.accuracy)]
     if not scored:
         return "n/a"
     best = max(scored, key=lambda c: c.accuracy)
-    spread = f" ({best.measured} seeds: {best.accuracy_min:.1%}-{best.accuracy_max:.1%})" if best.measured >= 2 else ""
-    return f"{best.accuracy:.1%}{spread}" + (f" at lr {best.lrs}" if best.lrs else "")
+    shown = functools.partial(percent, line=line)
+    spread = f" ({best.measured} seeds: {shown(best.accuracy_min)}-{shown(best.accuracy_max)})" * (best.measured >= 2)
+    return f"{shown(best.accuracy)}{spread}" + (f" at lr {best.lrs}" if best.lrs else "")
+
+
+def percent(x: float, line: float) -> str:
+    """``x`` as a percentage to one decimal, or to two where one would hide which side of ``line`` it lies on."""
+    return f"{x:.2%}" if x != line and f"{x:.1%}" == f"{line:.1%}" else f"{x:.1%}"
 
 
 class Evidence:
@@ -222,7 +230,7 @@ class Evidence:
 
     def accuracy(self, task: str, size: int, models: Models) -> str:
         """The best cell's test accuracy as text, its seeds' spread included."""
-        return accuracy_text(self.of(task, size, models))
+        return accuracy_text(self.of(task, size, models), self.threshold)
 
     def learned(self, task: str, size: int) -> bool:
         """Some model of any architecture reached the threshold on (task, size): the recipe learns it here."""
@@ -288,7 +296,7 @@ class Look:
         return self.ev.top_accuracy(task, size, models)
 
     def accuracy(self, task: str, size: int, models: Models) -> str:
-        return accuracy_text(self.of(task, size, models))
+        return accuracy_text(self.of(task, size, models), self.ev.threshold)
 
     def by_width(self, task: str, size: int, models: Models) -> list[tuple[int, float]]:
         """(width, best mean test accuracy) of ``models``' measured cells, narrowest first; depends on every
