@@ -14,12 +14,10 @@ import pytest
 
 from pipeline.common.config import PROJECT, STORES_LOCK
 from pipeline.common.locks import owned
-from tests.helpers.repo import copy_repo, mlflow_runs, pipeline_env, run
+from tests.helpers.repo import NARROW, copy_repo, mlflow_runs, pipeline_env, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-# one cell per architecture (lis 3, width 8), two architectures at most
-NARROW = "sweep: {grid: {architectures: [standard], widths: [8], datasets: {lis: [3]}}, runs: {max_failures: 0}}"
 WAITING = "sweep: waiting for the sweep training against this project's stores"
 
 

@@ -37,7 +37,7 @@ from pipeline.launch.rayjob import (
     release_key,
 )
 from tests.helpers import ROOT, default_stop_signals, services
-from tests.helpers.repo import copy_repo, run
+from tests.helpers.repo import NARROW, copy_repo, mlflow_runs, run
 from tests.helpers.upstream import copy_kernels, upstream_and_clone
 
 SBATCH = Path("ops/slurm/capacity-atlas.sbatch")
@@ -618,8 +618,9 @@ def test_the_sbatch_script_stops_before_starting_anything_on_bad_input(tmp_path)
     script = str(repo / SBATCH)
 
     def sbatch(**extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", script], cwd=repo, env=slurm_env(fake, repo, **extra), capture_output=True,
-                              text=True, timeout=120)
+        identity = {f"GIT_{who}_{key}": "t" for who in ("AUTHOR", "COMMITTER") for key in ("NAME", "EMAIL")}
+        return subprocess.run(["bash", script], cwd=repo, env=slurm_env(fake, repo, **identity | extra),
+                              capture_output=True, text=True, timeout=120)
 
     # a GPU profile on an allocation without GPUs (no SLURM_GPUS_ON_NODE, no SLURM_GPUS_PER_NODE)
     done = sbatch(CAPACITY_ATLAS_PROFILE="paper")
@@ -636,6 +637,12 @@ def test_the_sbatch_script_stops_before_starting_anything_on_bad_input(tmp_path)
     assert done.returncode == 2 and "SLURM_JOB_NODELIST is not set" in done.stderr
     done = sbatch(SLURM_SUBMIT_DIR=str(tmp_path))
     assert done.returncode == 2 and "is not a checkout of the pipeline" in done.stderr
+    # the default command's experiment is a commit: no git identity is named before anything starts
+    home = tmp_path / "home"
+    home.mkdir()
+    done = sbatch(HOME=str(home), GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="", GIT_AUTHOR_EMAIL="")
+    assert done.returncode == 2, done.stderr
+    assert "git has no user.name here, and a job's experiment is a commit (dvc exp run)" in done.stderr
     assert not (fake / "srun.log").exists()  # no step ever started
     assert profile_of(repo / "params.yaml") == profile_of(ROOT / "params.yaml")  # nor was the profile set
 
@@ -719,7 +726,9 @@ def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_dri
         assert driver["env"] == {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token",
                                  "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "CAPACITY_ATLAS_STORAGE": str(shared)}
         assert driver["token"] and Path(driver["cwd"]) == repo
-        assert profile_of(repo / "params.yaml") == "paper"
+        # the profile sized the allocation's check; a COMMAND of one's own runs as given, the checkout untouched
+        assert profile_of(repo / "params.yaml") == profile_of(ROOT / "params.yaml")
+        assert "CAPACITY_ATLAS_PROFILE=paper sized the allocation's check; `" in done.stderr
         assert "capacity-atlas.sbatch: job 42, start 1," in done.stderr  # each start says so in the appended log
         steps = (fake / "first-srun.log").read_text().splitlines()
         assert [re.search(r"--nodelist=(\S+)", s)[1] for s in steps] == ["127.0.0.1", "127.0.0.2"]
@@ -743,6 +752,59 @@ def test_the_sbatch_script_starts_a_token_authenticated_ray_cluster_runs_the_dri
         for proc in ray_processes(fake):  # only if the script failed to stop them
             proc.kill()
         shutil.rmtree(fake, ignore_errors=True)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.skipif(NO_NAMESPACES is not None, reason=f"needs network namespaces: {NO_NAMESPACES}")
+def test_two_jobs_of_two_profiles_from_one_checkout_each_end_with_their_own_table(tmp_path):
+    """Two Slurm jobs submitted at once from one checkout, each with its profile (tiny; a tiny with two seeds) on a
+    two-node Ray of its own: each runs its default command, its own DVC experiment in a temporary copy, and ends
+    with its own table (1 cell, 2 cells) in its experiment and its own MLflow run, the sweeps one after the other
+    (the project's stores); neither writes a file of the checkout."""
+    repo = copy_repo(tmp_path / "repo", NARROW, tasks=["lis"])
+    conf = repo / "conf"
+    (conf / "tiny-seeds.yaml").write_text((conf / "tiny.yaml").read_text().replace("seeds: [0]", "seeds: [0, 1]"))
+    for cmd in (["git", "config", "user.name", "t"], ["git", "config", "user.email", "t@t"], ["git", "add", "-A"],
+                ["git", "commit", "-qm", "a second profile"]):  # experiments are commits
+        subprocess.run(cmd, cwd=repo, check=True)
+    made = run(["dvc", "repro", "generate"], repo)  # the datasets once: both experiments take them from DVC's cache
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    before = {name: (repo / name).read_bytes() for name in ("params.yaml", "dvc.lock")}
+    jobs, fakes = {}, []
+    try:
+        with services.network_namespace(tmp_path / "netns.log") as netns:
+            for job, profile in (("41", "tiny"), ("42", "tiny-seeds")):
+                fake = Path(tempfile.mkdtemp(prefix=f"sb{job}-", dir="/tmp"))  # short: Ray's socket paths
+                fakes.append(fake)
+                env = slurm_env(fake, repo, SLURM_JOB_ID=job, CAPACITY_ATLAS_PROFILE=profile,
+                                CAPACITY_ATLAS_WAIT_SECONDS="120",
+                                CAPACITY_ATLAS_RAY_ARGS="--object-store-memory=100000000")  # fmt: skip
+                jobs[profile] = subprocess.Popen(netns.command(["bash", str(repo / SBATCH)]), cwd=repo, env=env,
+                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            ended = {profile: (job.communicate(timeout=600), job.returncode) for profile, job in jobs.items()}
+    finally:
+        for job in jobs.values():
+            if job.poll() is None:
+                job.kill()
+        for fake in fakes:
+            for proc in ray_processes(fake):
+                proc.kill()
+            shutil.rmtree(fake, ignore_errors=True)
+    for profile, ((out, err), code) in ended.items():
+        assert code == 0, f"{profile}:\n{out[-3000:]}\n{err[-5000:]}"
+    names = {"tiny": "tiny-41-1", "tiny-seeds": "tiny-seeds-42-1"}
+    for profile, name in names.items():
+        assert f"running `dvc exp run --temp --name {name} -S profile={profile}`" in ended[profile][0][1]
+    assert {name: (repo / name).read_bytes() for name in before} == before  # the checkout's files untouched
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], repo).stdout)
+    tables = {rev["name"]: rev["data"]["metrics"]["results/sweep.json"]["data"]["cells"]
+              for commit in shown for exp in commit.get("experiments") or [] for rev in exp["revs"]}
+    assert tables == {"tiny-41-1": 1, "tiny-seeds-42-1": 2}
+    _, parents, _ = mlflow_runs(repo)
+    assert sorted(p.data.tags["dvc_experiment"] for p in parents) == sorted(names.values())
+    assert all(p.info.status == "FINISHED" for p in parents)
 
 
 def test_the_sbatch_script_requeues_itself_at_its_time_limit_and_says_how_to_keep_its_nodes_to_itself():

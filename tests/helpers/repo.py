@@ -30,6 +30,10 @@ def pipeline_env(**env) -> dict[str, str]:
     return full_env | env
 
 
+# a sweep of one cell (standard, width 8, lis 3), no retries: what a test of the machinery around a sweep trains
+NARROW = "sweep: {grid: {architectures: [standard], widths: [8], datasets: {lis: [3]}}, runs: {max_failures: 0}}"
+
+
 def run(cmd: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=pipeline_env(**env), capture_output=True, text=True, timeout=900)
 
