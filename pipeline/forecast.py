@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 import time
@@ -29,7 +30,17 @@ from typing import get_args
 import torch
 
 from pipeline.common.config import ROOT, Config, ConfigError, EvaluationSection, Precision, StepMode, load_config
-from pipeline.costs.prediction import REPLAY_COMMAND, Cluster, Forecast, Hindsight, Priced, Row, forecast, hindsight
+from pipeline.costs.prediction import (
+    REPLAY_COMMAND,
+    Cluster,
+    Forecast,
+    Hindsight,
+    Priced,
+    Row,
+    forecast,
+    hindsight,
+    hindsight_wall,
+)
 from pipeline.costs.rates import ALONE, EVERY_WIDTH, SOURCES, ForecastError, Throughput
 from pipeline.search.cells import check_architectures, check_precision, defined_cells, model_costs
 
@@ -304,8 +315,9 @@ def read_trials(path: Path) -> list[dict]:
     return rows
 
 
-def against_lines(path: Path, seen: list[Hindsight]) -> list[str]:
-    """Each trial's forecast beside its time, then the sums and the spread of their ratio."""
+def against_lines(path: Path, seen: list[Hindsight], slots: int) -> list[str]:
+    """Each trial's forecast beside its time, then the sums and the spread of their ratio, and the wall those
+    trials take on ``slots`` slots at their forecast times."""
     lines = ["", f"against {path}: each trial it trained, priced at the steps it trained"]
     if not seen:
         return [*lines, "  no trial trained there (every one reused, or none ran a step)"]
@@ -318,7 +330,16 @@ def against_lines(path: Path, seen: list[Hindsight]) -> list[str]:
     forecast, took = sum(h.forecast for h in seen), sum(h.took for h in seen)
     lines.append(f"  in all: {len(seen)} trials, forecast {minutes(forecast)}, took {minutes(took)} "
                  f"({forecast / took:.2f}); trial by trial {ratios[0]:.2f} to {ratios[-1]:.2f}")  # fmt: skip
-    return lines
+    wall = f"  on {slots} slots, handed out as the sweep hands them out: {minutes(hindsight_wall(seen, slots))}"
+    return [*lines, wall + run_wall(path.parent / "sweep.json")]
+
+
+def run_wall(summary: Path) -> str:
+    """The run's own wall time, from the sweep's summary beside its trials.csv, where it has one."""
+    try:
+        return f" (the sweep took {minutes(float(json.loads(summary.read_text())['wall_seconds']))}: {summary})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def minutes(seconds: float) -> str:
@@ -491,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = params.name if params.resolve() == ROOT / "params.yaml" else str(params)
         print(render(forecast(cfg, cells, throughput, where), cfg, shown, throughput, where, source))
         if args.against:
-            print("\n".join(against_lines(args.against, hindsight(cfg, cells, throughput, trials))))
+            seen = hindsight(cfg, cells, throughput, trials)
+            print("\n".join(against_lines(args.against, seen, where.slots(s.resources))))
     except (ConfigError, ForecastError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import models
 import pipeline.costs.throughput
 import pipeline.forecast
 import tasks
+from pipeline.common.cell import Cell
 from pipeline.common.config import Config, load_config
 from pipeline.costs.prediction import REPLAYED, REPLAYED_CELLS, Cluster, forecast
 from pipeline.costs.rates import ALONE, Affine, ForecastError, Measurement, Mode, Throughput, packed
@@ -142,19 +143,29 @@ def test_a_run_is_priced_trial_by_trial_at_the_steps_each_trained(tmp_path, caps
     trials = tmp_path / "trials.csv"
     pd.DataFrame(rows).to_csv(trials, index=False)
     params = str(tmp_path / "params.yaml")
-    assert pipeline.forecast.main(["--params", params, "--throughput", str(path), "--against", str(trials)]) == 0
+    argv = ["--params", params, "--throughput", str(path), "--against", str(trials), "--cpus-per-node", "2"]
+    assert pipeline.forecast.main(argv) == 0
     out = capsys.readouterr().out.split(f"against {trials}: each trial it trained, priced at the steps it trained\n")[1]
     lines = out.strip().splitlines()
-    assert len(lines) == 1 + len(cells) + 1 and all(line.endswith("  0.50") for line in lines[1:-1])
-    assert lines[-1].startswith(f"  in all: {len(cells)} trials, forecast ") and lines[-1].endswith("(0.50); trial by "
+    assert len(lines) == 1 + len(cells) + 2 and all(line.endswith("  0.50") for line in lines[1:-2])
+    assert lines[-2].startswith(f"  in all: {len(cells)} trials, forecast ") and lines[-2].endswith("(0.50); trial by "
                                                                                                   "trial 0.50 to 0.50")
+    # on 2 slots, the trials in the searcher's order (the largest expected cost first), each on the slot free first
+    slots = [0.0, 0.0]
+    for row in sorted(rows[: len(cells)], key=lambda r: -cells[Cell(*(r[k] for k in Cell._fields))].exact_gflops):
+        slots[slots.index(min(slots))] += row["train_seconds"] / 2
+    assert lines[-1] == f"  on 2 slots, handed out as the sweep hands them out: {max(slots):.1f} s"
+    (tmp_path / "sweep.json").write_text(json.dumps({"wall_seconds": 600.0}))  # the run's summary beside it
+    assert pipeline.forecast.main(argv) == 0
+    said = f"{max(slots):.1f} s (the sweep took 10.0 min: {tmp_path / 'sweep.json'})"
+    assert capsys.readouterr().out.rstrip().endswith(said)
     pd.DataFrame(rows).drop(columns="train_seconds").to_csv(trials, index=False)
     other = pd.DataFrame([rows[0] | {"width": 999}])
     for table, named in ((None, "not a sweep's results/trials.csv (no train_seconds column)"),
                          (other, "is not a cell of profile tiny with these overrides")):
         if table is not None:
             table.to_csv(trials, index=False)
-        assert pipeline.forecast.main(["--params", params, "--throughput", str(path), "--against", str(trials)]) == 2
+        assert pipeline.forecast.main(argv) == 2
         assert named in capsys.readouterr().err
 
 

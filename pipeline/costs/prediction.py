@@ -309,6 +309,7 @@ class Hindsight(NamedTuple):
     steps: int  # the steps it trained
     forecast: float  # seconds, priced as the forecast prices a trial, at those steps
     took: float  # seconds it trained (its train_seconds)
+    cost: float  # its cell's expected cost: the order the sweep's searcher started it in
 
 
 def hindsight(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, rows: list[dict]) -> list[Hindsight]:
@@ -330,5 +331,12 @@ def hindsight(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, 
             raise ForecastError(f"--against: trial {at} is not a cell of profile {cfg.profile} with these overrides")
         job = job_price(s, cells[at], throughput, mode, need["gpu"] or s.resources.workers(), cannot, steps)
         label = f"{at.task} {at.size} {at.arch} D={at.width} depth {at.depth} seed {at.seed} lr {float(row['lr']):g}"
-        seen.append(Hindsight(label, steps, job.seconds / job.mode.models, float(row["train_seconds"])))
+        took, cost = float(row["train_seconds"]), expected_cost(cells[at], s.optim)
+        seen.append(Hindsight(label, steps, job.seconds / job.mode.models, took, cost))
     return seen
+
+
+def hindsight_wall(seen: list[Hindsight], slots: int) -> float:
+    """The wall seconds of ``seen`` at their forecast seconds on ``slots`` slots, handed out as the sweep hands
+    trials out (``list_schedule``): the run's wall as the forecast prices it, once it is known how long each trained."""
+    return list_schedule([Trial(h.cost, h.forecast, 0.0) for h in seen], slots).wall
