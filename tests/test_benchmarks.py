@@ -359,6 +359,7 @@ def test_generator_benchmark_writes_its_figures(capsys, tmp_path):
     assert "| 250 / ratio |" in capsys.readouterr().out  # the Markdown the docs quote
 
 
+@pytest.mark.slow  # 9 s: the generate stage of each benchmark's params
 def test_the_benchmarks_that_generate_data_run_the_generate_stage_on_params_it_takes(tmp_path):
     """bench_generators' stage timing and bench_memory's dataset each write a params file of their own for the
     generate stage's command: run for real at a few hundred samples (about 3 s)."""

@@ -529,6 +529,7 @@ def test_a_profile_that_decides_a_claim_refuses_another_length_or_width_when_it_
         config.load_config(p)
 
 
+@pytest.mark.slow  # 8 s: the forecast measures every length, trials side by side
 def test_a_profile_that_decides_a_claim_refuses_a_budget_the_forecast_says_will_not_fit_before_training(tmp_path):
     """The sweep stage measures the grid's rate here (a few steps) and refuses, naming both times, a budget whose
     every extension would not fit the hours the profile states; nothing is trained or written."""
