@@ -221,15 +221,21 @@ def validations(cell: CellSpec, s: SweepConfig, steps: int) -> int:
     return steps // every
 
 
+def own_way(s: SweepConfig) -> tuple[Mode, float]:
+    """How the profile trains its trials: their mode (``configured_mode`` on a GPU profile; one trial alone on a CPU
+    one), and how many times as fast as one trial alone each is taken to train (a trial on k devices, k times)."""
+    gpus = s.resources.trial_resources()["gpu"]
+    return (configured_mode(s) if gpus else ALONE), gpus or s.resources.workers()
+
+
 def forecast(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, cluster: Cluster) -> Forecast:
     """The forecast of ``cells`` (with their model costs) on ``cluster`` at ``throughput``: as the profile trains
     them, and on a GPU profile under every way of training many trials a GPU that ``throughput`` measured."""
     s = cfg.sweep
     need = s.resources.trial_resources()
-    per_trial = need["gpu"] or s.resources.workers()  # a trial on k devices is taken to train k times as fast as on one
+    mine, per_trial = own_way(s)
     unit, per_hour = ("GPU", need["gpu"]) if need["gpu"] else ("CPU core", need["cpu"])
     slots = cluster.slots(s.resources)
-    mine = configured_mode(s) if unit == "GPU" else ALONE
     configured = priced(s, cells, throughput, mine, slots, per_hour, per_trial)
     modes = []
     if unit == "GPU":
@@ -318,8 +324,7 @@ def hindsight(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, 
     way), at the steps it trained, beside the seconds it took: how far the forecast is from a run, trial by trial,
     where the forecast itself cannot know how early a trial stops."""
     s = cfg.sweep
-    need = s.resources.trial_resources()
-    mode = configured_mode(s) if need["gpu"] else ALONE
+    mode, speed = own_way(s)
     cannot = unfusable(cells, s.model.heads) if mode.models > 1 else {}
     seen = []
     for row in rows:
@@ -329,7 +334,7 @@ def hindsight(cfg: Config, cells: dict[Cell, CellSpec], throughput: Throughput, 
         at = Cell(row["task"], int(row["size"]), row["arch"], int(row["width"]), int(row["depth"]), int(row["seed"]))
         if at not in cells:
             raise ForecastError(f"--against: trial {at} is not a cell of profile {cfg.profile} with these overrides")
-        job = job_price(s, cells[at], throughput, mode, need["gpu"] or s.resources.workers(), cannot, steps)
+        job = job_price(s, cells[at], throughput, mode, speed, cannot, steps)
         label = f"{at.task} {at.size} {at.arch} D={at.width} depth {at.depth} seed {at.seed} lr {float(row['lr']):g}"
         took, cost = float(row["train_seconds"]), expected_cost(cells[at], s.optim)
         seen.append(Hindsight(label, steps, job.seconds / job.mode.models, took, cost))
