@@ -33,14 +33,20 @@ RESULTS = ROOT / "results"
 
 def check_before_compute(cfg: Config) -> None:
     """What ``load_config`` cannot check: the architectures and their options in the model registry, bf16 where the
-    trials run on this CPU, and a profile that decides a claim within the hours it states."""
+    trials run on this CPU, this machine's torch and driver where they run on its GPUs, and a profile that decides a
+    claim within the hours it states."""
     # imported once the settings hold: the registry imports torch, the driver Ray, MLflow and Lightning (seconds),
     # and a bad setting is named before them
+    from pipeline.common.cuda import cuda_problem, listed_gpus
     from pipeline.search.cells import check_architectures, check_precision
 
     check_architectures(cfg)
     if cfg.cluster.ray() is None and not cfg.sweep.resources.gpus_per_trial:  # trials on this CPU
         check_precision(cfg.sweep.grid.architectures, cfg.sweep.optim.precision)
+    # trials on this machine's GPUs (a cluster's nodes are probed when the sweep joins it); without a GPU listed, the
+    # sweep's resource check names the missing GPU
+    if cfg.cluster.ray() is None and cfg.sweep.resources.gpus_per_trial and listed_gpus() and (why := cuda_problem()):
+        raise ConfigError(f"sweep.resources.gpus_per_trial: this machine's {why.removeprefix('its ')}")
     if cfg.decides is not None and cfg.cluster.ray() is None:  # the time it states, on this machine
         from pipeline.costs.prediction import check_decides
 

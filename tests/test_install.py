@@ -246,6 +246,47 @@ def test_a_cuda_build_that_cannot_see_the_gpu_names_the_driver_it_needs(tmp_path
     assert done.returncode == 0 and "torch 2.13.0+cpu, CUDA available: False" in done.stdout, done.stderr
 
 
+def test_the_sweep_names_a_machines_torch_that_cannot_use_its_gpus_before_training(tmp_path, monkeypatch):
+    """``pipeline.common.cuda``, which the sweep asks of its own machine before trials on GPUs (and its probe of every
+    node): a CUDA build whose driver is too old is named with both and the driver it needs, as ops/install names it
+    (the same table); the CPU build where nvidia-smi lists a GPU is named too; none listed, or a torch that sees its
+    GPU, is no problem to it (without a GPU, the sweep's resource check names the missing one)."""
+    import torch
+
+    from pipeline.common import cuda
+    from pipeline.common.config import ConfigError, load_config
+    from pipeline.sweep import check_before_compute
+
+    table = re.search(r"declare -A DRIVER_FOR=\(([^)]*)\)", (ROOT / "ops" / "install").read_text())
+    assert table and dict(re.findall(r"\[([\d.]+)\]=([\d.]+)", table[1])) == cuda.DRIVER_FOR
+
+    tools = tool_path(tmp_path, **{"nvidia-smi": SMI})
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cu130")
+    assert cuda.listed_gpus() == (1, "535.104.05")
+    too_old = ("torch 2.13.0+cu130 (CUDA 13.0) cannot use the 1 GPU(s) nvidia-smi lists: it needs an NVIDIA driver "
+               "for CUDA 13.0 (580.65.06 or later), and this one's is 535.104.05: update the driver")
+    assert cuda.cuda_problem() == f"its {too_old}"
+    gpus = load_config(profile="tiny").model_copy(deep=True)
+    gpus.sweep.resources.gpus_per_trial = 1
+    with pytest.raises(ConfigError, match=re.escape(f"sweep.resources.gpus_per_trial: this machine's {too_old}")):
+        check_before_compute(gpus)
+    check_before_compute(load_config(profile="tiny"))  # trials on the CPU: the CUDA build may be what it is for
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    assert cuda.cuda_problem() == ("its torch 2.13.0+cpu is the CPU build, though nvidia-smi lists 1 GPU(s): "
+                                   "ops/install --torch cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cuda.cuda_problem() == ""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tools / "nvidia-smi").unlink()
+    assert cuda.listed_gpus() is None and cuda.cuda_problem() == "nvidia-smi lists no GPU"
+    check_before_compute(gpus)  # no GPU listed: Ray sees none either, and the resource check names it
+
+
 SUDO_ASKING = """#!/bin/sh
 # sudo as for a user whose sudo asks a password: -n says so and fails, anything else waits for the password
 [ "$1" = -n ] && { echo "sudo: a password is required" >&2; exit 1; }

@@ -54,3 +54,17 @@ def test_the_node_probe_names_an_architecture_its_cpu_cannot_train_in_bf16(parqu
     assert probe(location, ("pipeline.training.train",), ("standard", "mamba")) == ""
     assert probe(location, ("pipeline.training.train",), ("standard", "lstm")).endswith(
         ": lstm cannot train in bf16 on this CPU")
+
+
+def test_the_node_probe_names_a_torch_that_cannot_use_the_nodes_gpus_for_trials_on_gpus(parquet, tmp_path,
+                                                                                        monkeypatch):
+    from pipeline.common import cuda
+
+    location = publish(parquet, str(tmp_path))
+    monkeypatch.setattr(cuda, "listed_gpus", lambda: (8, "550.54.14"))
+    monkeypatch.setattr(cuda, "cuda_problem", lambda: "its torch 2.13.0+cu130 (CUDA 13.0) cannot use the 8 GPU(s)")
+    assert probe(location, ("pipeline.training.train",), ()) == ""  # trials on CPUs: its GPUs are not asked for
+    assert probe(location, ("pipeline.training.train",), (), gpus=True).endswith(
+        ": its torch 2.13.0+cu130 (CUDA 13.0) cannot use the 8 GPU(s)")
+    monkeypatch.setattr(cuda, "listed_gpus", lambda: None)  # none listed: Ray sees none there, and sends no trial
+    assert probe(location, ("pipeline.training.train",), (), gpus=True) == ""

@@ -17,8 +17,9 @@
 - ``LostNode``: the error of a sweep that lost nodes until none could run a trial
   (``pipeline.scheduling.tuning.NodeWatch``).
 - ``probe_nodes``: one zero-CPU task per node imports the package and opens a dataset through the storage path (and,
-  for bf16 trials on CPUs, trains each architecture in bf16 there), so a node that cannot is named before the first
-  trial, not found by a failed trial later.
+  for bf16 trials on CPUs, trains each architecture in bf16 there; for trials on GPUs, checks that its torch can use
+  the GPUs its driver lists), so a node that cannot is named before the first trial, not found by a failed trial
+  later.
 """
 
 from __future__ import annotations
@@ -237,9 +238,11 @@ def trial_slots(cpu: float, gpu: float, wanted: int | None, local: bool) -> int:
     return max(1, now)
 
 
-def probe(location: str, modules: tuple[str, ...], bf16: tuple[str, ...]) -> str:
-    """Runs on one node: '' if it can import ``modules``, read the dataset at ``location`` and train the
-    architectures ``bf16`` in bf16 on its CPU, else why not."""
+def probe(location: str, modules: tuple[str, ...], bf16: tuple[str, ...], gpus: bool = False) -> str:
+    """Runs on one node: '' if it can import ``modules``, read the dataset at ``location``, train the
+    architectures ``bf16`` in bf16 on its CPU and, if ``gpus``, use the GPUs nvidia-smi lists there with its torch
+    (``pipeline.common.cuda``), else why not. A node whose nvidia-smi lists none runs no trial that asks for one:
+    Ray sees no GPU there either."""
     node = ray.util.get_node_ip_address()
     try:
         for name in modules:
@@ -255,8 +258,11 @@ def probe(location: str, modules: tuple[str, ...], bf16: tuple[str, ...]) -> str
     except DatasetError as err:
         return str(err)
     import models
+    from pipeline.common.cuda import cuda_problem, listed_gpus
 
     problems = [problem for arch in bf16 if (problem := models.bf16_on_cpu(arch))]
+    if gpus and listed_gpus() is not None and (problem := cuda_problem()):
+        problems.append(problem)
     return f"Ray node {node}: {'; '.join(problems)}" if problems else ""
 
 
@@ -264,12 +270,13 @@ def probe_nodes(
     location: str,
     modules: tuple[str, ...] = ("pipeline.training.train", "pipeline.training.checkpoints"),
     bf16: tuple[str, ...] = (),
+    gpus: bool = False,
 ) -> None:
     task = ray.remote(num_cpus=0)(probe)
     nodes = alive_nodes()
     answers = [
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            location, modules, bf16
+            location, modules, bf16, gpus
         )
         for n in nodes
     ]  # every node at once

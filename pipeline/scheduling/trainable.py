@@ -21,10 +21,10 @@ from pathlib import Path
 
 import lightning as L
 import ray
-import torch
 from ray import tune
 
 from pipeline.common.cell import CellSpec
+from pipeline.common.cuda import cuda_problem
 from pipeline.data.storage import fetch
 from pipeline.training.checkpoints import FILE, Resumable, write_meta
 from pipeline.training.fused_trial import FusedSequenceModel, MemberCheckpoints, run_fused
@@ -137,9 +137,9 @@ def run_cell(config: dict) -> None:
         TrialSpec.for_cell(cell, config["train"] | {"lr": m["lr"]}, pause_at=config.get("pause_at"))
         for m in members(config)
     ]
-    if specs[0].settings.resources.use_gpu and not torch.cuda.is_available():
+    if specs[0].settings.resources.use_gpu and (why := cuda_problem()):
         raise RuntimeError(
-            f"the profile asks for GPUs (sweep.resources.gpus_per_trial > 0) but Ray node {node} has none"
+            f"the profile asks for GPUs (sweep.resources.gpus_per_trial > 0), but on Ray node {node} {why}"
         )
     where = {"node": node}
     system = SystemSampler(specs[0].settings.resources.use_gpu)

@@ -180,8 +180,9 @@ def train_trials(
     wait = 0 if local else cfg.cluster.node_wait_s  # no node joins a local Ray
     cluster.check_resources(**s.resources.trial_resources(), wait=wait)
     if not local:  # a local Ray runs this process's code on files it has read: nothing to probe
-        on_cpu = s.optim.precision == "bf16-mixed" and not s.resources.gpus_per_trial
-        cluster.probe_nodes(next(iter(published.values())), bf16=tuple(s.grid.architectures) if on_cpu else ())
+        on_gpus = bool(s.resources.gpus_per_trial)
+        bf16 = tuple(s.grid.architectures) if s.optim.precision == "bf16-mixed" and not on_gpus else ()
+        cluster.probe_nodes(next(iter(published.values())), bf16=bf16, gpus=on_gpus)
     # Tune starts one trial at a time from a searcher unless told how many may run: say it, or the next trial
     # waits for the last one's worker to come up
     slots = cluster.trial_slots(**s.resources.trial_resources(), wanted=s.resources.max_concurrent_trials, local=local)
