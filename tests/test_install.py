@@ -41,7 +41,7 @@ def bare_path(tmp_path):
     """A PATH with the tools the script calls but no nvidia-smi; a made-up nvidia-smi is added where a test asks."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("bash", "grep", "dirname", "python3"):
+    for tool in ("bash", "grep", "dirname", "head", "sort", "python3"):
         found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
         (bin_dir / tool).symlink_to(found)
     return bin_dir
@@ -63,7 +63,7 @@ def test_install_picks_the_local_wheel_then_cuda_then_pytorchs_cpu_index(tmp_pat
     assert "torch==2.13.0+cpu" in cpu.stdout
 
     smi = bare_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    smi.write_text(smi_of("580.82.07"))
     smi.chmod(0o755)
     cuda = install(path=str(bare_path), wheels=empty)
     assert "cuda build: uv pip install -c requirements-cuda.lock -e . torch==2.13.0" in cuda.stdout
@@ -106,6 +106,62 @@ def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachab
         assert subprocess.run([python, "-c", check], cwd=repo).returncode == 0
     finally:
         shutil.rmtree(repo / ".venv", ignore_errors=True)  # 2.5 GB
+
+
+def smi_of(driver: str) -> str:
+    """An nvidia-smi listing one GPU whose driver is ``driver``."""
+    return f"""#!/bin/sh
+case "$*" in
+    -L) echo 'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-0)' ;;
+    *driver_version*) echo {driver} ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("driver", "build", "command"), [
+    ("590.48.01", "CUDA 13.0 (580.65.06 or later)", "cuda build: uv pip install -c requirements-cuda.lock -e . "
+                                                     "torch==2.13.0"),
+    ("580.65.06", "CUDA 13.0 (580.65.06 or later)", "cuda build: uv pip install -c requirements-cuda.lock"),
+    ("575.57.08", "CUDA 12.8 (570.26 or later)", "cu128 build: uv pip install -c requirements.lock --torch-backend "
+                                                 "cu128 -e . torch==2.13.0"),
+    ("565.57.01", "CUDA 12.6 (560.28.03 or later)", "cu126 build: uv pip install -c requirements.lock --torch-backend "
+                                                    "cu126 -e . torch==2.13.0"),
+])
+def test_install_picks_the_cuda_build_the_drivers_version_runs_before_downloading(tmp_path, bare_path, driver, build,
+                                                                                   command):
+    (bare_path / "nvidia-smi").write_text(smi_of(driver))
+    (bare_path / "nvidia-smi").chmod(0o755)
+    empty = tmp_path / "none"
+    empty.mkdir()
+    picked = install(path=str(bare_path), wheels=empty)
+    assert picked.returncode == 0, picked.stderr
+    assert f"nvidia-smi lists a GPU, driver {driver}: the newest CUDA build it runs is {build}" in picked.stdout
+    assert command in picked.stdout
+
+
+def test_a_driver_too_old_for_a_cuda_build_is_named_before_anything_is_downloaded(tmp_path, bare_path):
+    """Chosen by the machine or forced by --torch: a CUDA build the listed GPU's driver cannot run stops the install
+    at once, naming the driver, the one the build needs and the build it can run; with no GPU listed (a login node
+    preparing a venv for GPU nodes) any build may be forced."""
+    empty = tmp_path / "none"
+    empty.mkdir()
+    smi = bare_path / "nvidia-smi"
+    smi.write_text(smi_of("550.54.15"))
+    smi.chmod(0o755)
+    old = install(path=str(bare_path), wheels=empty)
+    assert old.returncode == 2 and "uv pip install" not in old.stdout
+    assert ("this node's NVIDIA driver 550.54.15 is older than any CUDA build of torch 2.13.0 needs (CUDA 12.6: "
+            "560.28.03 or later): update the driver, or install the CPU build (--torch cpu)") in old.stderr
+    smi.write_text(smi_of("575.57.08"))
+    forced = install("--torch", "cuda", path=str(bare_path), wheels=empty)
+    assert forced.returncode == 2 and "uv pip install" not in forced.stdout
+    assert ("--torch cuda: its CUDA 13.0 needs an NVIDIA driver 580.65.06 or later, and this node's is 575.57.08: "
+            "choose --torch cu128, or update the driver") in forced.stderr
+    assert "cu126 build: uv pip install" in install("--torch", "cu126", path=str(bare_path), wheels=empty).stdout
+    smi.unlink()
+    assert "cuda build: uv pip install" in install("--torch", "cuda", path=str(bare_path), wheels=empty).stdout
+    bad = install("--torch", "cu118", path=str(bare_path), wheels=empty)
+    assert bad.returncode == 2 and "--torch 'cu118': choose local, cuda, cu128, cu126 or cpu" in bad.stderr
 
 
 def test_install_names_what_cannot_be_installed(tmp_path):

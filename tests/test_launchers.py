@@ -372,7 +372,7 @@ def test_the_image_recipe_builds_this_checkout_from_the_locks_on_rays_cuda_image
     assert entrypoint == "/srv/capacity-atlas/ops/ray-job"
     assert "COPY --chown=ray:users . /srv/capacity-atlas" in dockerfile
     assert not re.search(r"(?m)^RUN .*chown -R", dockerfile)  # a layer that would store the tree a second time
-    assert "RUN ops/install --torch cuda --cluster" in dockerfile
+    assert "ARG TORCH=cuda\nRUN ops/install --torch ${TORCH} --cluster" in dockerfile  # cu128, cu126 by --build-arg
     assert "ENV PATH=/srv/capacity-atlas/.venv/bin:$PATH" in dockerfile  # KubeRay's `ray start` is the venv's
     lines = (ROOT / "ops/kuberay/Dockerfile.dockerignore").read_text().splitlines()
     ignored = [line for line in lines if line and not line.startswith("#")]
