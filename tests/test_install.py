@@ -122,10 +122,12 @@ esac
     ("590.48.01", "CUDA 13.0 (580.65.06 or later)", "cuda build: uv pip install -c requirements-cuda.lock -e . "
                                                      "torch==2.13.0"),
     ("580.65.06", "CUDA 13.0 (580.65.06 or later)", "cuda build: uv pip install -c requirements-cuda.lock"),
-    ("575.57.08", "CUDA 12.8 (570.26 or later)", "cu128 build: uv pip install -c requirements.lock --torch-backend "
-                                                 "cu128 -e . torch==2.13.0"),
-    ("565.57.01", "CUDA 12.6 (560.28.03 or later)", "cu126 build: uv pip install -c requirements.lock --torch-backend "
-                                                    "cu126 -e . torch==2.13.0"),
+    ("575.57.08", "CUDA 12.8 (570.26 or later)", "cu128 build: uv pip install -c requirements.lock --extra-index-url "
+                                                 "https://download.pytorch.org/whl/cu128 --index-strategy "
+                                                 "unsafe-best-match -e . torch==2.13.0+cu128"),
+    ("565.57.01", "CUDA 12.6 (560.28.03 or later)", "cu126 build: uv pip install -c requirements.lock --extra-index-url "
+                                                    "https://download.pytorch.org/whl/cu126 --index-strategy "
+                                                    "unsafe-best-match -e . torch==2.13.0+cu126"),
 ])
 def test_install_picks_the_cuda_build_the_drivers_version_runs_before_downloading(tmp_path, bare_path, driver, build,
                                                                                    command):
@@ -157,7 +159,8 @@ def test_a_driver_too_old_for_a_cuda_build_is_named_before_anything_is_downloade
     assert forced.returncode == 2 and "uv pip install" not in forced.stdout
     assert ("--torch cuda: its CUDA 13.0 needs an NVIDIA driver 580.65.06 or later, and this node's is 575.57.08: "
             "choose --torch cu128, or update the driver") in forced.stderr
-    assert "cu126 build: uv pip install" in install("--torch", "cu126", path=str(bare_path), wheels=empty).stdout
+    mirrored = install("--torch", "cu126", path=str(bare_path), wheels=empty, CAPACITY_ATLAS_TORCH_INDEX="https://m/cu")
+    assert "cu126 build: uv pip install -c requirements.lock --extra-index-url https://m/cu " in mirrored.stdout
     smi.unlink()
     assert "cuda build: uv pip install" in install("--torch", "cuda", path=str(bare_path), wheels=empty).stdout
     bad = install("--torch", "cu118", path=str(bare_path), wheels=empty)
