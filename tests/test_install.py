@@ -77,7 +77,9 @@ def test_install_picks_the_local_wheel_then_cuda_then_pytorchs_cpu_index(tmp_pat
 def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachable_one_is_named(tmp_path):
     """The ``cpu`` choice run for real, as on a machine with neither the wheel folder nor a GPU (this one has no
     nvidia-smi): against a PEP 503 index that serves the wheel PyTorch's CPU index serves, everything else from PyPI;
-    with a python3 of another version first on the PATH, which the install passes over for python3.11."""
+    with a python3 of another version first on the PATH, which the install passes over for python3.11. Then the
+    ``cu128`` choice, where nvidia-smi lists a GPU whose driver runs CUDA 12.8 and not 13.0, against an index that
+    serves a stand-in of PyTorch's CUDA 12.8 wheel."""
     wheel = Path(os.environ.get("CAPACITY_ATLAS_WHEELS", "/opt/wheels")) / WHEEL
     if not wheel.exists():
         pytest.skip(f"no {wheel} to serve")
@@ -104,8 +106,47 @@ def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachab
         assert subprocess.run([python, "-c", "import sys; assert sys.version_info[:2] == (3, 11)"]).returncode == 0
         check = "import dvc, lightning, mlflow, ray; import pipeline.common.config as c; c.load_config(profile='tiny')"
         assert subprocess.run([python, "-c", check], cwd=repo).returncode == 0
+
+        # a GPU whose driver runs CUDA 12.8, not 13.0: the cu128 build, from its index (a stand-in torch: this
+        # machine reaches no CUDA 12 wheel), in place of the CPU build
+        stand_in = stand_in_wheel(tmp_path / "cu128", "2.13.0+cu128", "12.8")
+        (tmp_path / "cu128" / "torch").mkdir()
+        (tmp_path / "cu128" / "torch" / stand_in.name).symlink_to(stand_in)
+        (tmp_path / "cu128" / "torch" / "index.html").write_text(f'<a href="{stand_in.name}">{stand_in.name}</a>')
+        tools = tool_path(tmp_path, **{"nvidia-smi": smi_of("575.57.08")})
+        cu128 = install(root=repo, dry=False, wheels=tmp_path / "empty", path=f"{tools}:{os.environ['PATH']}",
+                        CAPACITY_ATLAS_TORCH_INDEX=(tmp_path / "cu128").as_uri())
+        assert cu128.returncode == 0, cu128.stdout + cu128.stderr
+        assert "the newest CUDA build it runs is CUDA 12.8 (570.26 or later)" in cu128.stdout
+        assert "torch 2.13.0+cu128, CUDA available: True" in cu128.stdout
     finally:
         shutil.rmtree(repo / ".venv", ignore_errors=True)  # 2.5 GB
+
+
+def stand_in_wheel(folder: Path, version: str, cuda: str) -> Path:
+    """A wheel of a made-up torch ``version`` whose CUDA ``cuda`` sees a GPU: what ops/install's check reads of it."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"torch-{version}.dist-info"
+    files = {
+        "torch/__init__.py": f"__version__ = {version!r}\nclass version:\n    cuda = {cuda!r}\nclass cuda:\n"
+                             "    @staticmethod\n    def is_available():\n        return True\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n"
+                         "Tag: cp311-cp311-manylinux_2_28_x86_64\n",
+    }
+
+    def digest(text: str) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    record = "".join(f"{name},sha256={digest(text)},{len(text.encode())}\n" for name, text in files.items())
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"torch-{version}-cp311-cp311-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in {**files, f"{info}/RECORD": record + f"{info}/RECORD,,\n"}.items():
+            z.writestr(name, text)
+    return wheel
 
 
 def smi_of(driver: str) -> str:
@@ -125,9 +166,9 @@ esac
     ("575.57.08", "CUDA 12.8 (570.26 or later)", "cu128 build: uv pip install -c requirements.lock --extra-index-url "
                                                  "https://download.pytorch.org/whl/cu128 --index-strategy "
                                                  "unsafe-best-match -e . torch==2.13.0+cu128"),
-    ("565.57.01", "CUDA 12.6 (560.28.03 or later)", "cu126 build: uv pip install -c requirements.lock --extra-index-url "
-                                                    "https://download.pytorch.org/whl/cu126 --index-strategy "
-                                                    "unsafe-best-match -e . torch==2.13.0+cu126"),
+    ("565.57.01", "CUDA 12.6 (560.28.03 or later)", "cu126 build: uv pip install -c requirements.lock "
+                                                    "--extra-index-url https://download.pytorch.org/whl/cu126 "
+                                                    "--index-strategy unsafe-best-match -e . torch==2.13.0+cu126"),
 ])
 def test_install_picks_the_cuda_build_the_drivers_version_runs_before_downloading(tmp_path, bare_path, driver, build,
                                                                                    command):
