@@ -357,8 +357,14 @@ def test_the_sweep_names_a_machines_torch_that_cannot_use_its_gpus_before_traini
     from pipeline.common.config import ConfigError, load_config
     from pipeline.sweep import check_before_compute
 
-    table = re.search(r"declare -A DRIVER_FOR=\(([^)]*)\)", (ROOT / "ops" / "install").read_text())
+    script = (ROOT / "ops" / "install").read_text()
+    table = re.search(r"declare -A DRIVER_FOR=\(([^)]*)\)", script)
     assert table and dict(re.findall(r"\[([\d.]+)\]=([\d.]+)", table[1])) == cuda.DRIVER_FOR
+    builds, order = re.search(r"declare -A CUDA_OF=\(([^)]*)\)", script), re.search(r"CUDA_BUILDS=\(([^)]*)\)", script)
+    assert builds and dict(re.findall(r"\[(\w+)\]=([\d.]+)", builds[1])) == cuda.BUILDS
+    assert order and order[1].split() == list(cuda.BUILDS)  # newest first, in both
+    assert [cuda.newest_build(d) for d in ("590.1", "580.65.06", "575.57.08", "560.28.03", "555.42")] == \
+        ["cuda", "cuda", "cu128", "cu126", None]
 
     tools = tool_path(tmp_path, **{"nvidia-smi": SMI})
     monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
@@ -368,6 +374,10 @@ def test_the_sweep_names_a_machines_torch_that_cannot_use_its_gpus_before_traini
     assert cuda.listed_gpus() == (1, "535.104.05")
     too_old = ("torch 2.13.0+cu130 (CUDA 13.0) cannot use the 1 GPU(s) nvidia-smi lists: it needs an NVIDIA driver "
                "for CUDA 13.0 (580.65.06 or later), and this one's is 535.104.05: update the driver")
+    (tools / "nvidia-smi").write_text(smi_of("575.57.08"))  # one a CUDA 12 build runs: named
+    assert cuda.cuda_problem().endswith("this one's is 575.57.08: update the driver, or install the build it runs "
+                                        "(ops/install --torch cu128)")
+    (tools / "nvidia-smi").write_text(SMI)
     assert cuda.cuda_problem() == f"its {too_old}"
     gpus = load_config(profile="tiny").model_copy(deep=True)
     gpus.sweep.resources.gpus_per_trial = 1

@@ -4,8 +4,9 @@ sweep that trains on GPUs starts (``pipeline.sweep.check_before_compute``) and o
 driver it needs, instead of every trial on that node failing.
 
 ``DRIVER_FOR``: NVIDIA's minimum driver for each CUDA version of torch's builds (the CUDA toolkit's release notes,
-table 3). ops/install, which runs before any Python environment exists, keeps the same table
-(tests/test_install.py holds the two equal).
+table 3); ``BUILDS``: the CUDA builds ops/install installs (its ``--torch``), newest first, and their CUDA versions.
+ops/install, which runs before any Python environment exists, keeps the same tables (tests/test_install.py holds
+them equal).
 """
 
 from __future__ import annotations
@@ -13,6 +14,16 @@ from __future__ import annotations
 import subprocess
 
 DRIVER_FOR = {"13.0": "580.65.06", "12.9": "575.51.03", "12.8": "570.26", "12.6": "560.28.03", "12.4": "550.54.14"}
+BUILDS = {"cuda": "13.0", "cu128": "12.8", "cu126": "12.6"}
+
+
+def newest_build(driver: str) -> str | None:
+    """The newest of ``BUILDS`` a driver of version ``driver`` runs, or None."""
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+    return next((b for b, cuda in BUILDS.items() if version(driver) >= version(DRIVER_FOR[cuda])), None)
 
 
 def listed_gpus() -> tuple[int, str] | None:
@@ -44,8 +55,9 @@ def cuda_problem() -> str:
     build, version = torch.version.cuda, torch.__version__
     if build is None:
         return f"its torch {version} is the CPU build, though nvidia-smi lists {gpus} GPU(s): ops/install --torch cuda"
-    need = DRIVER_FOR.get(build)
+    need, runs = DRIVER_FOR.get(build), newest_build(driver)
     return (
         f"its torch {version} (CUDA {build}) cannot use the {gpus} GPU(s) nvidia-smi lists: it needs an NVIDIA "
-        f"driver for CUDA {build}{f' ({need} or later)' if need else ''}, and this one's is {driver}: update the driver"
+        f"driver for CUDA {build}{f' ({need} or later)' if need else ''}, and this one's is {driver}: update the "
+        f"driver{f', or install the build it runs (ops/install --torch {runs})' if runs else ''}"
     )
