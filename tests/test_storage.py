@@ -41,9 +41,9 @@ def test_a_node_that_cannot_read_the_storage_is_named(parquet, tmp_path):
 
 def test_the_node_probe_names_a_package_it_cannot_import_and_data_it_cannot_read(parquet, tmp_path):
     location = publish(parquet, str(tmp_path))
-    assert probe(location, ("pipeline.training.train",), ()) == ""
-    assert "cannot import the package (ModuleNotFoundError" in probe(location, ("pipeline_renamed",), ())
-    assert "cannot read dataset" in probe(str(tmp_path / "missing.parquet"), ("pipeline.training.train",), ())
+    assert probe(location, ("pipeline.training.train",), (), False) == ""
+    assert "cannot import the package (ModuleNotFoundError" in probe(location, ("pipeline_renamed",), (), False)
+    assert "cannot read dataset" in probe(str(tmp_path / "missing.parquet"), ("pipeline.training.train",), (), False)
 
 
 def test_the_node_probe_names_an_architecture_its_cpu_cannot_train_in_bf16(parquet, tmp_path, monkeypatch):
@@ -51,8 +51,8 @@ def test_the_node_probe_names_an_architecture_its_cpu_cannot_train_in_bf16(parqu
 
     location = publish(parquet, str(tmp_path))
     monkeypatch.setattr(models, "bf16_on_cpu", lambda arch: "lstm cannot train in bf16 on this CPU" * (arch == "lstm"))
-    assert probe(location, ("pipeline.training.train",), ("standard", "mamba")) == ""
-    assert probe(location, ("pipeline.training.train",), ("standard", "lstm")).endswith(
+    assert probe(location, ("pipeline.training.train",), ("standard", "mamba"), False) == ""
+    assert probe(location, ("pipeline.training.train",), ("standard", "lstm"), False).endswith(
         ": lstm cannot train in bf16 on this CPU")
 
 
@@ -63,8 +63,8 @@ def test_the_node_probe_names_a_torch_that_cannot_use_the_nodes_gpus_for_trials_
     location = publish(parquet, str(tmp_path))
     monkeypatch.setattr(cuda, "listed_gpus", lambda: (8, "550.54.14"))
     monkeypatch.setattr(cuda, "cuda_problem", lambda: "its torch 2.13.0+cu130 (CUDA 13.0) cannot use the 8 GPU(s)")
-    assert probe(location, ("pipeline.training.train",), ()) == ""  # trials on CPUs: its GPUs are not asked for
-    assert probe(location, ("pipeline.training.train",), (), gpus=True).endswith(
+    assert probe(location, ("pipeline.training.train",), (), False) == ""  # trials on CPUs: its GPUs are not asked for
+    assert probe(location, ("pipeline.training.train",), (), True).endswith(
         ": its torch 2.13.0+cu130 (CUDA 13.0) cannot use the 8 GPU(s)")
     monkeypatch.setattr(cuda, "listed_gpus", lambda: None)  # none listed: Ray sees none there, and sends no trial
-    assert probe(location, ("pipeline.training.train",), (), gpus=True) == ""
+    assert probe(location, ("pipeline.training.train",), (), True) == ""

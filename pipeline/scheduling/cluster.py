@@ -238,7 +238,7 @@ def trial_slots(cpu: float, gpu: float, wanted: int | None, local: bool) -> int:
     return max(1, now)
 
 
-def probe(location: str, modules: tuple[str, ...], bf16: tuple[str, ...], gpus: bool = False) -> str:
+def probe(location: str, modules: tuple[str, ...], bf16: tuple[str, ...], gpus: bool) -> str:
     """Runs on one node: '' if it can import ``modules``, read the dataset at ``location``, train the
     architectures ``bf16`` in bf16 on its CPU and, if ``gpus``, use the GPUs nvidia-smi lists there with its torch
     (``pipeline.common.cuda``), else why not. A node whose nvidia-smi lists none runs no trial that asks for one:
