@@ -1,10 +1,14 @@
-"""Shared fixtures only (the helpers are in tests/helpers/): tiny datasets generated once per session from the `tiny`
-profile (in this process, and by `dvc repro generate` in a copy of the repo), a tiny trial's spec, and an
-uninterrupted `dvc repro` of KILLABLE_SWEEP; and the tiers (`integration` and `cluster` imply `slow`)."""
+"""Shared fixtures only (the helpers are in tests/helpers/): tiny datasets generated from the `tiny` profile (in this
+process, once per session, and by `dvc repro generate` in a copy of the repo, once per run whatever the number of
+xdist workers: ``once``), a tiny trial's spec, and an uninterrupted `dvc repro` of KILLABLE_SWEEP (once per run); and
+the tiers (`integration` and `cluster` imply `slow`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +36,7 @@ def _interpreted_triton() -> None:
 _interpreted_triton()
 
 from pipeline.common.config import Config, load_config  # noqa: E402
+from pipeline.common.locks import owned  # noqa: E402
 from pipeline.generate import generate_task  # noqa: E402
 from tests.helpers import KILLABLE_SWEEP  # noqa: E402
 
@@ -100,30 +105,52 @@ def spec(tiny_cfg, tiny_data):
     return TrialSpec(cell=cell, settings=settings, lr=3e-3)
 
 
+def once(tmp_path_factory, name: str, make: Callable[[Path], str]) -> tuple[Path, str]:
+    """Directory ``name`` made by ``make`` once per test run, however many xdist workers ask (each would make a session
+    fixture of its own: tens of seconds of `dvc repro` on 2 cores): the first makes it where every worker's temporary
+    directories lie, the others wait on its lock and take it as made. Returns the directory and what ``make`` said.
+    What is made there is only read (copied) by the tests, as a session fixture's is."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's own directory, above each worker's
+    directory, made = shared / name, shared / f"{name}.made"
+    with owned(shared / f"{name}.lock", busy="", wait=True):
+        if not made.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            made.write_text(make(directory))
+    return directory, made.read_text()
+
+
 @pytest.fixture(scope="session")
 def generated(tmp_path_factory) -> Path:
-    """A tiny-profile copy of the repo after `dvc repro generate`, once per session: the datasets of every `dvc repro`
+    """A tiny-profile copy of the repo after `dvc repro generate`, once per run: the datasets of every `dvc repro`
     of a sweep on the tiny profile, which ``tests.helpers.repo.copy_generated`` copies instead of generating again."""
     from tests.helpers.repo import copy_repo, run
 
-    repo = copy_repo(tmp_path_factory.mktemp("generated"))
-    result = run(["dvc", "repro", "generate"], repo)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return repo
+    def make(repo: Path) -> str:
+        copy_repo(repo)
+        result = run(["dvc", "repro", "generate"], repo)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return ""
+
+    return once(tmp_path_factory, "generated", make)[0]
 
 
 @pytest.fixture(scope="session")
 def uninterrupted(generated, tmp_path_factory) -> tuple[Path, float]:
-    """A tiny-profile copy of the repo after `dvc repro` of KILLABLE_SWEEP (keeping the trials' checkpoints), with
-    a local Ray and SQLite MLflow, and the wall time of that `dvc repro` (its data generated before, ``generated``)."""
-    import time
-
+    """A tiny-profile copy of the repo after `dvc repro sweep` of KILLABLE_SWEEP (keeping the trials' checkpoints),
+    with a local Ray and SQLite MLflow, and the wall time of that `dvc repro sweep` (its data generated before,
+    ``generated``), once per run."""
     from tests.helpers.repo import copy_generated, run
 
-    # keep_checkpoints changes what stays in storage, not a result (tests/test_resume.py checks both ways)
-    repo = copy_generated(generated, tmp_path_factory.mktemp("whole"),
-                          KILLABLE_SWEEP + "\n  runs: {keep_checkpoints: true}")
-    began = time.time()
-    result = run(["dvc", "repro"], repo)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return repo, time.time() - began
+    def make(repo: Path) -> str:
+        # keep_checkpoints changes what stays in storage, not a result (tests/test_resume.py checks both ways)
+        copy_generated(generated, repo, KILLABLE_SWEEP + "\n  runs: {keep_checkpoints: true}")
+        began = time.time()
+        result = run(["dvc", "repro", "sweep"], repo)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return str(time.time() - began)
+
+    repo, seconds = once(tmp_path_factory, "whole", make)
+    return repo, float(seconds)

@@ -2,7 +2,9 @@
 (a) run through, (b) killed with SIGKILL, driver and all, mid-sweep and rerun, (c) left running while one Ray
 worker is SIGKILLed (a separate trial's, and a fused trial's), (d) stopped by SIGTERM to dvc, then by SIGTERM to
 the runner the launchers start it with, and rerun, (e) killed on one host (a UTS namespace named node-a) and rerun
-on another. (b) to (e) must end exactly as (a), with one MLflow run per trial holding the whole curve."""
+on another. (b) to (e) must end exactly as (a), with one MLflow run per trial holding the whole curve. A run that
+goes to its end is `dvc repro sweep`: the report stage after it reads the tables compared here, and its own tests are
+in tests/test_pipeline.py."""
 
 from __future__ import annotations
 
@@ -113,7 +115,7 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
     assert checkpoints(repo)
     assert max(checkpoint_counts(repo)) <= 3  # sweep.runs.checkpoints_to_keep, and one still being copied
 
-    result = run(["dvc", "repro"], repo)
+    result = run(["dvc", "repro", "sweep"], repo)
     total = time.time() - began
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(f"\nkill-and-resume: {total:.1f} s in all, against {whole_seconds:.1f} s uninterrupted")
@@ -130,7 +132,7 @@ def test_killed_dvc_repro_resumes_its_trials_and_closes_its_runs(uninterrupted, 
 def test_a_killed_ray_worker_is_retried_from_its_checkpoint(uninterrupted, generated, tmp_path):
     reference, _ = uninterrupted
     repo = copy_generated(generated, tmp_path, KILLABLE_SWEEP)
-    sweep = start(["dvc", "repro"], repo)
+    sweep = start(["dvc", "repro", "sweep"], repo)
     # whichever trial the killed worker runs has a checkpoint at step 60 or later, so Tune has taken one at step 40
     # or later (a trial starting a second after the other had none yet when the first reached step 40)
     wait_for(lambda: len(newest := newest_steps(repo)) == 2 and min(newest.values()) >= 60,
@@ -203,7 +205,7 @@ def test_a_stopped_dvc_repro_closes_its_runs_as_killed_and_a_rerun_resumes(unint
     assert sorted(p.info.status for p in parents) == ["KILLED", "KILLED"]
     assert not [r for r in parents + children if r.info.status == "RUNNING"]
 
-    result = run(["dvc", "repro"], repo)
+    result = run(["dvc", "repro", "sweep"], repo)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     got, want = trials(repo), trials(reference)
     assert (got.resumed_step >= 20).all()  # continued, not restarted
@@ -232,7 +234,7 @@ def test_a_sweep_killed_on_one_host_is_resumed_on_another(uninterrupted, generat
     _, parents, _ = mlflow_runs(repo)
     assert [(p.info.status, p.data.tags["driver_host"]) for p in parents] == [("RUNNING", "node-a")]
 
-    result = run(["dvc", "repro"], repo)
+    result = run(["dvc", "repro", "sweep"], repo)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "(pid" in result.stdout and "on node-a) missed 3 heartbeats (every 1 s" in result.stdout
     got, want = trials(repo), trials(reference)
@@ -258,7 +260,7 @@ def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(genera
     fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]") + (
         "\n  search: {lrs: [0.003, 0.001]}\n  resources: {fuse: learning_rates}")
     reference = copy_generated(generated, tmp_path / "whole", fused)
-    assert run(["dvc", "repro"], reference).returncode == 0
+    assert run(["dvc", "repro", "sweep"], reference).returncode == 0
     repo = copy_generated(generated, tmp_path / "killed", fused)
     first = start(["dvc", "repro"], repo)
     wait_for(lambda: len({m["trial_key"] for m in checkpoints(repo) if m["step"] >= 20}) == 2,
@@ -268,7 +270,7 @@ def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(genera
     first.wait()
     wait_for(lambda: all(ended(p) for p in tree), "the dead sweep's Ray processes to end")
     dead_sweeps = max(m["step"] for m in checkpoints(repo))  # the newest checkpoint any of them wrote
-    rerun = start(["dvc", "repro"], repo)
+    rerun = start(["dvc", "repro", "sweep"], repo)
     wait_for(lambda: len({m["trial_key"] for m in checkpoints(repo) if m["step"] >= dead_sweeps + 40}) == 2,
              "both members' checkpoints 40 steps past the dead sweep's")
     wait_for(lambda: trial_workers(rerun), "the fused trial's Ray worker")[0].kill()

@@ -31,7 +31,8 @@ What lives where:
 - ``tests.helpers.papers``: ``PAPERS`` (where the papers' text lies), ``TEXTS``, ``normalized`` (the text as the PDF's
   extraction writes it), for the tests that check quotes against the papers.
 - ``tests.helpers.webhook``: ``webhook``, a chat webhook: a real HTTP server on loopback that records the POSTs.
-- tests/conftest.py: the fixtures only (``tiny_cfg``, ``tiny_data``, ``spec``, ``uninterrupted``).
+- tests/conftest.py: the fixtures only (``tiny_cfg``, ``tiny_data``, ``spec``, ``generated``, ``uninterrupted``) and
+  ``once``, which makes the last two once per run for every xdist worker.
 """
 
 from __future__ import annotations
