@@ -37,15 +37,14 @@ def check_before_compute(cfg: Config) -> None:
     claim within the hours it states."""
     # imported once the settings hold: the registry imports torch, the driver Ray, MLflow and Lightning (seconds),
     # and a bad setting is named before them
-    from pipeline.common.cuda import cuda_problem, listed_gpus
+    from pipeline.common.cuda import unusable_gpus
     from pipeline.search.cells import check_architectures, check_precision
 
     check_architectures(cfg)
     if cfg.cluster.ray() is None and not cfg.sweep.resources.gpus_per_trial:  # trials on this CPU
         check_precision(cfg.sweep.grid.architectures, cfg.sweep.optim.precision)
-    # trials on this machine's GPUs (a cluster's nodes are probed when the sweep joins it); without a GPU listed, the
-    # sweep's resource check names the missing GPU
-    if cfg.cluster.ray() is None and cfg.sweep.resources.gpus_per_trial and listed_gpus() and (why := cuda_problem()):
+    # trials on this machine's GPUs (a cluster's nodes are probed when the sweep joins it)
+    if cfg.cluster.ray() is None and cfg.sweep.resources.gpus_per_trial and (why := unusable_gpus()):
         raise ConfigError(f"sweep.resources.gpus_per_trial: this machine's {why.removeprefix('its ')}")
     if cfg.decides is not None and cfg.cluster.ray() is None:  # the time it states, on this machine
         from pipeline.costs.prediction import check_decides

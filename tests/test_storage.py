@@ -61,10 +61,9 @@ def test_the_node_probe_names_a_torch_that_cannot_use_the_nodes_gpus_for_trials_
     from pipeline.common import cuda
 
     location = publish(parquet, str(tmp_path))
-    monkeypatch.setattr(cuda, "listed_gpus", lambda: (8, "550.54.14"))
-    monkeypatch.setattr(cuda, "cuda_problem", lambda: "its torch 2.13.0+cu130 (CUDA 13.0) cannot use the 8 GPU(s)")
+    monkeypatch.setattr(cuda, "unusable_gpus", lambda: "its torch 2.13.0+cu130 (CUDA 13.0) cannot use the 8 GPU(s)")
     assert probe(location, ("pipeline.training.train",), (), False) == ""  # trials on CPUs: its GPUs are not asked for
     assert probe(location, ("pipeline.training.train",), (), True).endswith(
         ": its torch 2.13.0+cu130 (CUDA 13.0) cannot use the 8 GPU(s)")
-    monkeypatch.setattr(cuda, "listed_gpus", lambda: None)  # none listed: Ray sees none there, and sends no trial
+    monkeypatch.setattr(cuda, "unusable_gpus", lambda: "")  # none listed (Ray sees none there), or usable
     assert probe(location, ("pipeline.training.train",), (), True) == ""

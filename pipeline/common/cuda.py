@@ -42,15 +42,22 @@ def listed_gpus() -> tuple[int, str] | None:
 
 
 def cuda_problem() -> str:
-    """'' where this machine's torch can use a GPU, else why not: no GPU listed, the CPU build of torch, or a CUDA
-    build the driver is too old for (naming both, and the driver the build needs)."""
+    """'' where this machine's torch can use a GPU, else why not: no GPU listed, or ``unusable_gpus``'s reason."""
     import torch
 
-    if torch.cuda.is_available():
-        return ""
-    listed = listed_gpus()
+    return "" if torch.cuda.is_available() else unusable_gpus() or "nvidia-smi lists no GPU"
+
+
+def unusable_gpus() -> str:
+    """'' where nvidia-smi lists no GPU or this machine's torch can use one, else why its torch cannot use those it
+    lists: the CPU build of torch, or a CUDA build the driver is too old for (naming both, the driver the build needs
+    and the build the driver runs). What a sweep asks before trials on GPUs: where none is listed, Ray sees none
+    either, and its resource check names the missing GPU."""
+    import torch
+
+    listed = None if torch.cuda.is_available() else listed_gpus()
     if listed is None:
-        return "nvidia-smi lists no GPU"
+        return ""
     gpus, driver = listed
     build, version = torch.version.cuda, torch.__version__
     if build is None:

@@ -258,10 +258,10 @@ def probe(location: str, modules: tuple[str, ...], bf16: tuple[str, ...], gpus: 
     except DatasetError as err:
         return str(err)
     import models
-    from pipeline.common.cuda import cuda_problem, listed_gpus
+    from pipeline.common.cuda import unusable_gpus
 
     problems = [problem for arch in bf16 if (problem := models.bf16_on_cpu(arch))]
-    if gpus and listed_gpus() is not None and (problem := cuda_problem()):
+    if gpus and (problem := unusable_gpus()):
         problems.append(problem)
     return f"Ray node {node}: {'; '.join(problems)}" if problems else ""
 
