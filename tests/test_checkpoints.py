@@ -1,7 +1,8 @@
 """A trial resumed from any of its checkpoints ends exactly as the trial that never stopped."""
 
 
-from pipeline.training.checkpoints import FILE, drop_trial, latest, write_meta
+from pipeline.training.checkpoint_store import drop_trial, latest, write_meta
+from pipeline.training.checkpoints import FILE
 from pipeline.training.train import run_trial
 from tests.helpers.training import Copies, Curve, with_settings
 

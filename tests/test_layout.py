@@ -186,3 +186,13 @@ def test_training_and_tracking_import_no_ray():
     script = f"import sys\nfor m in {rayless!r}: __import__(m)\nprint(sorted(m for m in sys.modules if m == 'ray'))"
     loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_the_sweep_driver_loads_no_lightning():
+    """The driver hands Tune the trainable by name (``tuning.run_cell``) and reads checkpoints and metric names from
+    modules without the training loop: Lightning (with torchmetrics and SciPy) is imported in the trials' workers
+    only, not once more in each sweep's driver."""
+    heavy = ("lightning", "torchmetrics")
+    script = f"import sys, pipeline.scheduling.driver\nprint([m for m in {heavy} if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

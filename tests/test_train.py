@@ -11,8 +11,9 @@ import tasks
 from pipeline.data.datasets import META_KEY, dataset_path, read_dataset
 from pipeline.training.batches import IGNORE, Collate, LengthBuckets, collate, collate_reference, loader
 from pipeline.training.evaluation import final_answers, greedy_accuracies, greedy_accuracy
+from pipeline.training.metrics import CELL_METRICS, TRIAL_METRICS
 from pipeline.training.settings import TrainSettings
-from pipeline.training.train import CELL_METRICS, TRIAL_METRICS, SequenceModel, TrialSpec, run_trial
+from pipeline.training.train import SequenceModel, TrialSpec, run_trial
 from tests.helpers import dataset_fields, make_cell, write_params
 from tests.helpers.training import with_settings
 

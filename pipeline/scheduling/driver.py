@@ -42,7 +42,7 @@ from pipeline.tracking.runs import (
     reused_run,
 )
 from pipeline.tracking.services import check_job_paths, check_mlflow, ui_link
-from pipeline.training import checkpoints
+from pipeline.training import checkpoint_store
 from pipeline.training.settings import TrainSettings
 from tasks.registry import training_targets
 
@@ -158,7 +158,7 @@ def prepare_searcher(
     experiment = client.get_run(parent).info.experiment_id
     close_orphans(client, experiment)  # runs of sweeps whose driver died: KILLED
     # trial key -> the newest checkpoint a dead or stopped sweep left (sweep.runs.reuse: false trains everything anew)
-    unfinished = checkpoints.latest(cfg.cluster.storage(), key) if s.runs.reuse else {}
+    unfinished = checkpoint_store.latest(cfg.cluster.storage(), key) if s.runs.reuse else {}
     children = TuneChildRuns(client, experiment, parent, cfg.profile, killed_runs(client, experiment, key))
     finished = children.finished(key) if s.runs.reuse else {}
 
@@ -169,7 +169,7 @@ def prepare_searcher(
     def dropped(run: dict) -> None:
         children.drop(run)
         if not s.runs.keep_checkpoints:
-            checkpoints.drop_trial(run["checkpoint"])
+            checkpoint_store.drop_trial(run["checkpoint"])
 
     single = unfusable(cells, s.model.heads) if s.resources.fuse != "off" else {}
     for arch, why in single.items():

@@ -26,7 +26,8 @@ from ray import tune
 from pipeline.common.cell import CellSpec
 from pipeline.common.cuda import cuda_problem
 from pipeline.data.storage import fetch
-from pipeline.training.checkpoints import FILE, Resumable, write_meta
+from pipeline.training.checkpoint_store import write_meta
+from pipeline.training.checkpoints import FILE, Resumable
 from pipeline.training.fused_trial import FusedSequenceModel, MemberCheckpoints, run_fused
 from pipeline.training.members import members
 from pipeline.training.memory import DoesNotFit

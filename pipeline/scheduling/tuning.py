@@ -20,11 +20,10 @@ from pipeline.data.storage import location_of
 from pipeline.scheduling import cluster
 from pipeline.scheduling.cluster import LostNode, alive_nodes, fits, let_go, shortfall, trial_bundle
 from pipeline.scheduling.console import SweepProgress, reporter, trial_name
-from pipeline.scheduling.trainable import run_cell
 from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.parent import SweepRun
 from pipeline.tracking.runs import ChildRuns
-from pipeline.training.checkpoints import checkpoint_dirs, drop_checkpoints, drop_member, drop_trial
+from pipeline.training.checkpoint_store import checkpoint_dirs, drop_checkpoints, drop_member, drop_trial
 from pipeline.training.members import member_results, members
 
 RESUME = (
@@ -166,6 +165,14 @@ class StopOnSignal(tune.Callback):
 
     def on_step_begin(self, iteration, trials, **info):
         STOP.check()
+
+
+def run_cell(config: dict) -> None:
+    """The trainable Tune runs in its workers, ``pipeline.scheduling.trainable.run_cell``, imported there only: the
+    driver never loads Lightning (about 2.5 CPU-seconds a sweep)."""
+    from pipeline.scheduling.trainable import run_cell as run
+
+    run(config)
 
 
 def train_trials(

@@ -33,7 +33,7 @@ from pipeline.search.searcher import CellSearcher
 from pipeline.tracking.parent import SweepRun
 from pipeline.tracking.runs import ChildRuns
 from pipeline.tracking.services import ui_link
-from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
+from pipeline.training.metrics import CELL_METRICS, TRIAL_METRICS
 
 TRIAL_KEYS = ("node", *TRIAL_METRICS)  # trials.csv only
 CELL_KEYS = ("cell_id", "task", "size", "max_len", "arch", "width", "depth", "seed", "data_hash")

@@ -42,8 +42,8 @@ from pipeline.common.status import Status
 from pipeline.tracking.services import EXPERIMENT_KIND, MODEL_TRAINING, ServiceError
 from pipeline.tracking.writer import RunWriter
 from pipeline.training.members import member_results, members
+from pipeline.training.metrics import CELL_METRICS, TRIAL_METRICS
 from pipeline.training.system import SYSTEM
-from pipeline.training.train import CELL_METRICS, TRIAL_METRICS
 
 
 def start_parent(uri: str, experiment: str, run_name: str, params: dict, tags: dict) -> tuple[MlflowClient, str]:

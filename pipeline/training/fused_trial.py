@@ -48,7 +48,8 @@ from models.fused import Fused, FusionError, member_state, stacked_state
 from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training.batches import IGNORE, Batch
-from pipeline.training.checkpoints import FILE, Resumable, write_meta
+from pipeline.training.checkpoint_store import write_meta
+from pipeline.training.checkpoints import FILE, Resumable
 from pipeline.training.fused_step import FusedAdam, fused_optimizer, member_losses
 from pipeline.training.fused_step import member_state as optimizer_state
 from pipeline.training.memory import DoesNotFit
@@ -348,7 +349,7 @@ def join(members: Sequence[dict]) -> dict:
 class MemberCheckpoints(Resumable):
     """A fused fit's checkpoints: each save is split into one directory per member, ``<directory>/<name>/``, a
     separate trial's checkpoint of that member (``member_checkpoint``; with ``run_key``, its ``meta.json`` under the
-    member's name as trial key, for ``checkpoints.latest``). ``store`` keeps every member's newest, this fit's
+    member's name as trial key, for ``checkpoint_store.latest``). ``store`` keeps every member's newest, this fit's
     ``names`` and the trial's other members (``carried``, trained in another fit), and each save holds all of them
     (hard links): a member that stopped keeps the one it saved when it last trained. ``resume``: the fit's
     checkpoint to continue from (``join``)."""

@@ -468,17 +468,6 @@ def autocast(settings: TrainSettings, device: torch.device):
     return MixedPrecision(settings.optim.precision, device.type).forward_context()
 
 
-# What ``score`` returns besides status and reason: the metrics a cell's row shows (results/sweep.csv), then those
-# only its learning-rate runs keep (results/trials.csv); MLflow records both.
-CELL_METRICS = (
-    "final_accuracy", "val_accuracy", "token_accuracy", "params", "paper_gflops", "exact_gflops", "train_pflops",
-    "solve_step", "solve_pflops", "state_bytes", "train_steps", "budget_steps", "train_seconds", "eval_seconds",
-    "eval_samples", "target", "sustained_accuracy", "converged",
-)  # fmt: skip
-# fused_members: the models its trial trained as one (1: a trial of its own; pipeline.training.fused_trial)
-TRIAL_METRICS = ("resumed_step", "checkpoints", "checkpoint_seconds", "checkpoint_bytes", "fused_members")
-
-
 def score(spec: TrialSpec, trainer: L.Trainer, module: SequenceModel, resumable: Resumable, verdict: Verdict) -> dict:
     """The verdict and the test set's score of a fitted trial (rank 0 only), with its costs."""
     test = read_dataset(Path(spec.cell.test_path)).head(spec.settings.evaluation.eval_samples)
@@ -506,8 +495,9 @@ def scored(
     train_seconds: float,
     test: Dataset,
 ) -> dict:
-    """``CELL_METRICS``, status and reason of ``model``, trained by ``module``'s fit to ``step`` with ``train_flops``
-    FLOPs in ``train_seconds``: its verdict, its last validation's ``metrics`` and its score on ``test``."""
+    """``metrics.CELL_METRICS``, status and reason of ``model``, trained by ``module``'s fit to ``step`` with
+    ``train_flops`` FLOPs in ``train_seconds``: its verdict, its last validation's ``metrics`` and its score on
+    ``test``."""
     status, reason = verdict.outcome_at(step)
     start = time.perf_counter()
     device = torch.device("cuda") if spec.settings.resources.use_gpu else torch.device("cpu")
