@@ -100,14 +100,15 @@ def load(work: Path, grid: dict, mode: dict) -> Config:
     return load_config(path)
 
 
-def run_modes(grid: dict, work: Path) -> dict[str, dict]:
-    """Every mode of ``MODES`` on the same data: (cell, rate) runs trained, their training PFLOPs, wall seconds,
-    runs dropped, the min-width table, and where the sweep's outputs are (the grid's are replayed after)."""
+def run_modes(grid: dict, work: Path, names: tuple[str, ...] = tuple(MODES)) -> dict[str, dict]:
+    """The modes ``names`` of ``MODES`` (the grid first, the reference) on the same data: (cell, rate) runs trained,
+    their training PFLOPs, wall seconds, runs dropped, the min-width table, and where the sweep's outputs are (the
+    grid's are replayed after)."""
     cfg = load(work, grid, {})
     generate_task(cfg, "lis", work / "data", check=False)
     out = {}
-    for name, mode in MODES.items():
-        cfg = load(work, grid, mode)
+    for name in names:
+        cfg = load(work, grid, MODES[name])
         out_dir = work / name.replace("+", "_")
         start = time.perf_counter()
         table = sweep(cfg, work / "data", out_dir)

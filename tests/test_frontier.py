@@ -185,19 +185,20 @@ def test_plans_keep_every_slot_busy_while_chains_are_open():
 @pytest.mark.slow
 @pytest.mark.integration
 def test_the_real_frontier_sweeps_give_the_grids_table_for_less(tmp_path):
-    """bench_frontier's quick grid through Ray Tune, Lightning and MLflow, in every mode: each (cell, learning rate)
-    run a frontier mode trained to its verdict ends as its grid twin did (training is deterministic, and a run
-    continued past a rung follows the steps of one never paused), so the min-width table is the grid's, for less."""
+    """bench_frontier's quick grid through Ray Tune, Lightning and MLflow, the frontier alone and with every other
+    saving at once (halving without prediction: tests/test_halving.py): each (cell, learning rate) run a frontier mode
+    trained to its verdict ends as its grid twin did (training is deterministic, and a run continued past a rung
+    follows the steps of one never paused), so the min-width table is the grid's, for less."""
     import pandas as pd
 
     from benchmarks.bench_frontier import QUICK, run_modes
 
-    modes = run_modes(QUICK, tmp_path)
+    modes = run_modes(QUICK, tmp_path, ("grid", "frontier", "frontier+predict+halving"))
     keys = ["task", "size", "arch", "width", "depth", "seed", "lr"]
     grid = pd.read_csv(modes["grid"]["out"] / "trials.csv")
     solved = grid.groupby(["size", "width"]).status.apply(lambda s: (s == "solved").any())
     assert solved.any() and not solved.all()  # a real frontier: something solved, something not
-    for name in ("frontier", "frontier+halving", "frontier+predict+halving"):
+    for name in ("frontier", "frontier+predict+halving"):
         trials = pd.read_csv(modes[name]["out"] / "trials.csv")
         ended = trials[trials.status != "dropped"]
         twins = ended.merge(grid, on=keys, suffixes=("", "_grid"))
