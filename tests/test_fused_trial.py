@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import time
 from pathlib import Path
 
 import lightning as L
@@ -48,6 +49,57 @@ def test_each_member_ends_as_its_separate_trial_ends(specs):
         assert a["fused_members"] == len(LRS) and b["fused_members"] == 1
     assert math.isnan(fused[3]["val_accuracy"]) and separate[3]["val_accuracy"] == 0.0
 
+
+
+class FitSizes(L.Callback):
+    """The members of each fit, as it starts."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_fit_start(self, trainer, module):
+        self.seen.append(len(module.specs))
+
+
+def test_frozen_members_leave_the_stack_and_the_one_still_training_ends_as_it_would_in_it(specs, tmp_path):
+    """Restacked as soon as at most half the stack trains (``restack`` 0: whatever it costs): at step 10, two members
+    solved and one diverged, the undecided one goes on alone from its checkpoint there. Every member's record is the
+    whole stack's, its checkpoints of both fits counted; nothing is reported twice; each later save holds every
+    member's checkpoint, the frozen ones' as they last trained."""
+    fits, told = FitSizes(), []
+    whole = run_fused(specs, NAMES, checkpoints=functools.partial(MemberCopies, folder=tmp_path / "whole"),
+                      callbacks=[fits], restack=None)
+    assert fits.seen == [4]
+    restacked = run_fused(specs, NAMES, callbacks=[fits], restack=0.0,
+                          checkpoints=functools.partial(MemberCopies, folder=tmp_path / "restacked", told=told))
+    assert fits.seen == [4, 4, 1] and told == []
+    keys = (*SAME, "checkpoints", "fused_members", "resumed_step")
+    for lr, a, b in zip(LRS, restacked, whole):
+        assert not same(a, b, keys), f"lr {lr}: {same(a, b, keys)}"
+    assert restacked[2]["checkpoints"] == 8 and "continues" not in restacked[2]
+    for step in (15, 40):
+        assert sorted(p.name for p in (tmp_path / "restacked" / f"step-{step}").iterdir()) == NAMES
+
+
+def test_a_restack_pays_when_the_frozen_members_steps_left_cost_more_than_a_start():
+    """``Members.pays_to_restack``: at most half the stack training, and the frozen members' share of the steps left
+    (at the measured time a step) over ``restack`` times the fit's start."""
+    from types import SimpleNamespace
+
+    from pipeline.training.fused_trial import Members
+
+    def members(limits, stopped, restack=2.0):
+        m = Members([SimpleNamespace(limit=limit) for limit in limits], restack)
+        m.stopped = stopped
+        now = time.perf_counter()
+        m.created, m.first_step = now - 11.0, (1, now - 10.0)  # started in 1 s; 100 steps in 10 s since
+        return m
+
+    assert members([1000] * 4, [10, 10, 10, None]).pays_to_restack(101)  # 899 steps x 0.1 s x 3/4 > 2 x 1 s
+    assert not members([120] * 4, [10, 10, 10, None]).pays_to_restack(101)  # 19 steps: 1.4 s < 2 s
+    assert not members([1000] * 4, [10, 10, None, None], restack=None).pays_to_restack(101)  # never asked
+    assert not members([1000] * 3, [10, None, None]).pays_to_restack(101)  # two of three still train
+    assert members([1000] * 2, [10, None]).pays_to_restack(101)
 
 
 @pytest.fixture(scope="module")

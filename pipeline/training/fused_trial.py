@@ -9,7 +9,9 @@ clipped on its own (``pipeline.training.fused_step``). Each member's loss, FLOPs
 member's training loss and validations as Lightning feeds a separate trial's, and a member that stops (solved,
 converged, diverged, or at the end of its budget or rung) is frozen (``FusedAdam.freeze``: its parameters and
 moments unchanged from then on) while the others go on. The fit trains to the furthest budget a member still
-training has, and ends when none is. A validation scores the members still training only, in one batched pass where
+training has, and ends when none is, or, where dropping its frozen members pays (``Members.pays_to_restack``), at a
+validation, after which the members still training go on as a fit of their own from that validation's checkpoints
+(``run_fused``). A validation scores the members still training only, in one batched pass where
 the family's answer is a forward or a short continuation (``member_accuracies``).
 
 What leaves it is per member, what a separate trial of it writes (``pipeline.training.train.score``'s keys, with
@@ -60,6 +62,8 @@ log = logging.getLogger(__name__)
 
 # a member's checkpoint holds these of its own; the rest (the loops, the epoch and step) is the fit's
 OWN = ("state_dict", "optimizer_states", "lr_schedulers", "callbacks", "train_flops")
+# a fit drops its frozen members once the steps left would cost more than this many times what starting it took
+RESTACK = 2.0
 
 
 def check_members(specs: Sequence[TrialSpec]) -> None:
@@ -86,14 +90,18 @@ class Members(L.Callback):
     """The members of a fused fit, each apart: its ``Verdict`` (fed its own training loss and validations), the step
     it stopped at (from then on it is frozen), its share of the training time (the fit's, split among the members
     still training), its last validation's metrics. Sets the fit's step budget to the furthest a member still
-    training has, and stops the fit when none is."""
+    training has, and stops the fit when none is. With ``restack``, ends the fit at a validation where dropping its
+    frozen members pays (``pays_to_restack``), its members still training left to go on as a fit of their own
+    (``restacked``)."""
 
-    def __init__(self, verdicts: list[Verdict]):
-        self.verdicts = verdicts
+    def __init__(self, verdicts: list[Verdict], restack: float | None = None):
+        self.verdicts, self.restack = verdicts, restack
         self.stopped: list[int | None] = [None] * len(verdicts)
         self.seconds = [0.0] * len(verdicts)
         self.metrics: list[dict[str, float]] = [{} for _ in verdicts]
-        self.clock = time.perf_counter()
+        self.clock = self.created = time.perf_counter()
+        self.first_step: tuple[int, float] | None = None  # the fit's first step and when it ended
+        self.restacked = False
         self.trainer: L.Trainer | None = None
         self.divergence = Divergence(len(verdicts))  # each member's training loss, watched on the device
 
@@ -134,6 +142,8 @@ class Members(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         step = trainer.global_step
+        if self.first_step is None:
+            self.first_step = (step, time.perf_counter())
         self.divergence.watch(module.last_losses, step)  # nothing read back: read at the next validation
         for k in self.active:
             self.verdicts[k].extend(step)
@@ -159,6 +169,30 @@ class Members(L.Callback):
             if self.verdicts[k].validated(step, loss, accuracy, module.member_flops[k] / 1e15):
                 self.stop(trainer, k, step)
         self.apply(trainer)
+        if self.pays_to_restack(step):  # ends after this validation, once its checkpoints are saved
+            for k in self.active:  # at the end of their budget: stopped where the next step's start would stop them
+                if step >= self.verdicts[k].limit:
+                    self.stop(trainer, k, step)
+            self.restacked = True
+            trainer.fit_loop.epoch_loop.max_steps = step
+
+    def pays_to_restack(self, step: int) -> bool:
+        """At most half the stack still trains, and its steps left, at this fit's measured time a step, would cost
+        for the frozen members more than ``restack`` times what this fit took to start (reading, building, loading,
+        its first step: what the next fit pays again). The arithmetic of a compute-bound step, whose time is in
+        proportion to the members it stacks; a launch-bound GPU step costs about as much for fewer, so there a
+        restack saves less than this says, and at worst costs one start."""
+        going = [k for k in self.active if self.verdicts[k].limit > step]  # the others stop before the next step
+        active, stacked = len(going), len(self.verdicts)
+        if self.restack is None or not active or 2 * active > stacked or self.first_step is None:
+            return False
+        first, ended = self.first_step
+        if step <= first:
+            return False
+        now = time.perf_counter()
+        per_step = (now - ended) / (step - first)  # (s): validations included, as the steps left will have them
+        left = max(self.verdicts[k].limit for k in going) - step
+        return left * per_step * (stacked - active) / stacked > self.restack * (ended - self.created)
 
     def on_train_end(self, trainer, module):
         self.diverged(trainer)
@@ -405,19 +439,24 @@ def run_fused(
     checkpoints: Checkpoints = MemberCheckpoints,
     callbacks: Sequence[L.Callback] = (),
     log_every: int = 50,
+    restack: float | None = RESTACK,
 ) -> list[dict]:
     """Trains the members ``specs`` (named ``names``: their checkpoints' directories) fused, each to its verdict;
     returns each one's record as ``run_trial`` returns a separate trial's, with ``fused_members``. ``resumes``: each
     member's checkpoint directory to continue from, or None. Members at different steps train as fits one after
     another, each of the members at one step; a fit whose members do not fit the memory together (``DoesNotFit``,
     measured before it trains) is halved, and said so; a member that does not fit alone is recorded as failed with
-    how much it needs, as a separate trial is. ``checkpoints`` makes each fit's (``MemberCheckpoints``' arguments)."""
+    how much it needs, as a separate trial is. ``checkpoints`` makes each fit's (``MemberCheckpoints``' arguments).
+    A fit that drops its frozen members (``Members.pays_to_restack`` with ``restack``; None: never) is followed at
+    once by a fit of those still training, from the checkpoints it saved at its last validation: their records
+    count the checkpoints of both fits and keep the first one's ``resumed_step`` and ``fused_members``."""
     check_members(specs)
     if len(names) != len(specs) or len(set(names)) != len(names):
         raise FusionError(f"a fused trial's {len(specs)} members need as many distinct names, not {list(names)}")
     resumes = list(resumes) or [None] * len(specs)
     saved = [None if r is None else torch.load(r / FILE, weights_only=True) for r in resumes]
     results: list[dict] = [{} for _ in specs]
+    continued: set[int] = set()  # members whose next fit goes on from a restacked one
     with scratch_dir() as store:
         for name, resume in zip(names, resumes):
             if resume is not None:
@@ -431,7 +470,7 @@ def run_fused(
             making = functools.partial(checkpoints, store=store, carried=carried)
             try:
                 made = fit_members([specs[k] for k in fit], [names[k] for k in fit], [saved[k] for k in fit], making,
-                                   callbacks, log_every)  # fmt: skip
+                                   callbacks, log_every, restack, continued=fit[0] in continued)  # fmt: skip
             except DoesNotFit as err:
                 if len(fit) == 1:
                     results[fit[0]] = err.record()
@@ -444,8 +483,26 @@ def run_fused(
                 pending[:0] = [fit[:half], fit[half:]]
                 continue
             for k, result in zip(fit, made):
-                results[k] = result
+                results[k] = accrued(results[k], result)
+            going_on = [k for k, result in zip(fit, made) if result.get("continues")]
+            if going_on:
+                log.info("fused trial: %d of %d members still training go on as a fit of their own",
+                         len(going_on), len(fit))  # fmt: skip
+                for k in going_on:
+                    saved[k] = torch.load(store / names[k] / FILE, weights_only=True)
+                continued.update(going_on)
+                pending.insert(0, going_on)
     return results
+
+
+def accrued(earlier: dict, later: dict) -> dict:
+    """A member's record after one more fit: ``later``'s, with the checkpoints of every fit it trained in and the
+    first fit's resumed step and fellow members (``earlier``: the record so far, if a restacked fit made one)."""
+    if not earlier.get("continues"):
+        return later
+    kept = {k: earlier[k] for k in ("resumed_step", "fused_members")}
+    summed = {k: earlier[k] + later[k] for k in ("checkpoints", "checkpoint_seconds")}
+    return later | kept | summed
 
 
 def fits_by_step(saved: Sequence[dict | None]) -> list[list[int]]:
@@ -463,15 +520,21 @@ def fit_members(
     checkpoints: Callable[..., MemberCheckpoints],
     callbacks: Sequence[L.Callback],
     log_every: int,
+    restack: float | None = None,
+    continued: bool = False,
 ) -> list[dict]:
-    """One fused fit of members at one step (``saved``: their checkpoints, all or none), scored member by member."""
-    members = Members([trial_verdict(spec) for spec in specs])
+    """One fused fit of members at one step (``saved``: their checkpoints, all or none), scored member by member; a
+    member still training when the fit restacked is not scored: its record says it ``continues``. ``continued``: the
+    fit goes on from a restacked one, whose validations were reported when they were saved."""
     with scratch_dir() as scratch:
         resume = None
         if saved[0] is not None:
             resume = scratch / "joined.ckpt"
             torch.save(join([s for s in saved if s is not None]), resume)
         saver = checkpoints(names=names, resume=resume)
+        saver.heard = continued  # nothing to report again
+        # a fit that saves nothing (outside Tune) leaves no checkpoint for the members still training to go on from
+        members = Members([trial_verdict(spec) for spec in specs], restack if saver.saving else None)
         build = functools.partial(FusedSequenceModel, specs, members)
         trainer, module = fit_module(specs[0], build, members, saver, callbacks, log_every)
     assert isinstance(module, FusedSequenceModel)  # what build makes
@@ -480,16 +543,19 @@ def fit_members(
     for k, spec in enumerate(specs):
         stopped = members.stopped[k]
         step = trainer.global_step if stopped is None else stopped
+        own = {
+            "resumed_step": math.nan if saver.resumed_step is None else saver.resumed_step,
+            "checkpoints": saver.member_saves[k],
+            "checkpoint_seconds": saver.save_seconds / len(specs),
+            "checkpoint_bytes": saver.member_bytes[k],
+            "fused_members": len(specs),
+        }
+        if members.restacked and stopped is None:
+            results.append(own | {"continues": True})
+            continue
         model = module.fused.member(k)
         metrics, seconds, flops = members.metrics[k], members.seconds[k], module.member_flops[k]
         results.append(
-            scored(spec, trainer, module, model, members.verdicts[k], step, flops, metrics, seconds, test)
-            | {
-                "resumed_step": math.nan if saver.resumed_step is None else saver.resumed_step,
-                "checkpoints": saver.member_saves[k],
-                "checkpoint_seconds": saver.save_seconds / len(specs),
-                "checkpoint_bytes": saver.member_bytes[k],
-                "fused_members": len(specs),
-            }
+            scored(spec, trainer, module, model, members.verdicts[k], step, flops, metrics, seconds, test) | own
         )
     return results

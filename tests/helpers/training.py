@@ -44,14 +44,18 @@ class Copies(Resumable):
 
 class MemberCopies(MemberCheckpoints):
     """A fused trial's checkpoints (``run_fused``'s ``checkpoints``, with ``folder`` bound): each save, a directory
-    per member, copied to ``folder``/step-N."""
+    per member, copied to ``folder``/step-N. ``told``: each step a resumed checkpoint reported again, if given."""
 
-    def __init__(self, *args, folder, **kwargs):
+    def __init__(self, *args, folder, told=None, **kwargs):
         super().__init__(*args, saving=True, **kwargs)
-        self.folder = folder
+        self.folder, self.told = folder, told
 
     def keep(self, trainer, module, directory):
         shutil.copytree(directory, self.folder / f"step-{trainer.global_step}")
+
+    def resumed(self, trainer, module, metrics):
+        if self.told is not None:
+            self.told.append(trainer.global_step)
 
 
 def with_settings(spec, **settings):
