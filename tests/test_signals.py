@@ -221,6 +221,35 @@ def test_a_signal_held_back_is_raised_when_the_block_ends():
     assert seen == ["block ended"] and stopped.value.code == 143
 
 
+def test_a_stop_that_lands_in_a_weakref_callback_stops_the_process_with_no_traceback(tmp_path):
+    """A signal handled while Python runs a weakref callback (importlib runs one as each import ends: a launcher
+    stopped while it imports), where the ``Stopped`` it raises cannot unwind and Python would print it as ignored and
+    go on: delivered again, it stops the process as a signal anywhere else does."""
+    script = tmp_path / "callback.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, weakref
+        from pipeline.common.signals import exit_on_signals
+
+        class Held: pass
+
+        def callback(ref):
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the next instruction, here inside the callback
+            sum(range(1000))
+
+        with exit_on_signals():
+            held = Held()
+            ref = weakref.ref(held, callback)
+            del held
+            print("went on after the callback", flush=True)
+            sum(range(10**8))
+            print("not stopped", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 128 + signal.SIGTERM and "not stopped" not in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "ignored" not in done.stderr, done.stderr
+
+
 # ---- the report: whole or not at all
 
 

@@ -59,17 +59,32 @@ class Stopped(SystemExit):
 @contextlib.contextmanager
 def exit_on_signals() -> Iterator[None]:
     """SIGTERM and SIGINT unwind like an error (``Stopped``), so that clean-ups run at once. A signal the caller
-    ignores stays ignored (a shell starts background jobs ignoring SIGINT)."""
+    ignores stays ignored (a shell starts background jobs ignoring SIGINT). A ``Stopped`` raised where Python cannot
+    unwind it (in a weakref callback or a ``__del__``: importlib runs one as an import ends), which Python would print
+    as ignored and go on, is delivered again, to land where it can."""
 
     def unwind(signum: int, frame) -> None:
         for sig in SIGNALS:  # a second signal must not interrupt the clean-up
             signal.signal(sig, signal.SIG_IGN)
         raise Stopped(signum)
 
+    def again(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, Stopped):
+            hook(unraisable)
+            return
+        for sig in previous:
+            signal.signal(sig, unwind)
+        # sent from another thread a moment later: sent from here, it would be handled in this hook, unraisable again
+        later = threading.Timer(0.01, os.kill, (os.getpid(), unraisable.exc_value.signum))
+        later.daemon = True
+        later.start()
+
     previous = {sig: signal.signal(sig, unwind) for sig in SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
+    hook, sys.unraisablehook = sys.unraisablehook, again
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
