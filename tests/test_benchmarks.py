@@ -68,6 +68,17 @@ def test_fused_benchmark_quick_times_both_sides_for_every_architecture(capsys, t
     assert "nn.LSTM has no vmap batching rule" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # about 10 s on 2 cores
+def test_restack_benchmark_quick_drops_the_frozen_members_and_keeps_every_record(tmp_path):
+    """bench_restack --quick: restacked whatever it costs, the fused trial takes two fits where it kept its frozen
+    members in one, every member's record the same both ways (the benchmark stops otherwise), both sides timed."""
+    from benchmarks import bench_restack
+
+    assert bench_restack.main(["--quick", "--out", str(tmp_path / "restack.json")]) == 0
+    row = read_results(tmp_path / "restack.json", "bench_restack")["cpu"]["figures"]["trial"]
+    assert row["fits_dropped"] == [2] and all(is_figure(row[k]) for k in ("dropped_s", "kept_s", "ratio"))
+
+
 @pytest.mark.slow  # over 10 s on 2 cores: the fast tier stays a developer's loop
 def test_gpu_benchmark_quick_runs_every_architecture_on_this_device(capsys, tmp_path):
     """bench_gpu --quick on a CPU (a GPU run is the same code): a row per architecture with tokens/s, utilisation
