@@ -35,7 +35,7 @@ def check_before_compute(cfg: Config) -> None:
     """What ``load_config`` cannot check: the architectures and their options in the model registry, bf16 where the
     trials run on this CPU, this machine's torch and driver where they run on its GPUs, and a profile that decides a
     claim within the hours it states."""
-    # imported once the settings hold: the registry imports torch, the driver Ray, MLflow and Lightning (seconds),
+    # imported once the settings hold: the registry imports torch, the driver Ray and MLflow (seconds),
     # and a bad setting is named before them
     from pipeline.common.cuda import unusable_gpus
     from pipeline.search.cells import check_architectures, check_precision

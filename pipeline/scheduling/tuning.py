@@ -169,7 +169,7 @@ class StopOnSignal(tune.Callback):
 
 def run_cell(config: dict) -> None:
     """The trainable Tune runs in its workers, ``pipeline.scheduling.trainable.run_cell``, imported there only: the
-    driver never loads Lightning (about 2.5 CPU-seconds a sweep)."""
+    driver never loads Lightning (about a CPU-second a sweep)."""
     from pipeline.scheduling.trainable import run_cell as run
 
     run(config)

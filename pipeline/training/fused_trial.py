@@ -170,11 +170,16 @@ class Members(L.Callback):
                 self.stop(trainer, k, step)
         self.apply(trainer)
         if self.pays_to_restack(step):  # ends after this validation, once its checkpoints are saved
+            going = self.going(step)
             for k in self.active:  # at the end of their budget: stopped where the next step's start would stop them
-                if step >= self.verdicts[k].limit:
+                if k not in going:
                     self.stop(trainer, k, step)
             self.restacked = True
             trainer.fit_loop.epoch_loop.max_steps = step
+
+    def going(self, step: int) -> list[int]:
+        """The members that train past ``step``: the others are stopped at the next step's start, or were."""
+        return [k for k in self.active if self.verdicts[k].limit > step]
 
     def pays_to_restack(self, step: int) -> bool:
         """At most half the stack still trains, and its steps left, at this fit's measured time a step, would cost
@@ -182,7 +187,7 @@ class Members(L.Callback):
         its first step: what the next fit pays again). The arithmetic of a compute-bound step, whose time is in
         proportion to the members it stacks; a launch-bound GPU step costs about as much for fewer, so there a
         restack saves less than this says, and at worst costs one start."""
-        going = [k for k in self.active if self.verdicts[k].limit > step]  # the others stop before the next step
+        going = self.going(step)
         active, stacked = len(going), len(self.verdicts)
         if self.restack is None or not active or 2 * active > stacked or self.first_step is None:
             return False
