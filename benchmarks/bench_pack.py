@@ -11,7 +11,8 @@ long row, a graph's compile, cannot take a later part's time):
    128, depth 1, L = 102, batch 64), then at depth 6, L = 402, for transformer, mamba, lstm, linear_nofm, dss and
    retnet; one trial alone graphed too. A bare step (forward, loss, backward, Adam), bf16 on a
    GPU, both sides the same model under ``RECIPE`` (the separations recipe: no dropout), graphed as a trial runs it
-   (its forward, and so its backward, under reduce-overhead: ``StepForward``; the optimizer eager); trial-steps/s = K x
+   (alone: its forward, and so its backward, under reduce-overhead, ``StepForward``, the optimizer eager; K fused: the
+   whole step, optimizer included, one CUDA graph, ``GraphedStep``); trial-steps/s = K x
    steps/s; each variant timed round by round beside one trial alone (the order turned every round), the ratio per
    round.
 2. ``packing``: 1, 2, 4, 8 and 14 processes on one GPU, each a trial's real Lightning steps (the sweep's module,
@@ -76,7 +77,7 @@ from pipeline.training import fused_step as stacked
 from pipeline.training.batches import loader
 from pipeline.training.memory import GB
 from pipeline.training.settings import TrainSettings
-from pipeline.training.steps import StepForward
+from pipeline.training.steps import GraphedStep, StepForward
 from pipeline.training.train import SequenceModel, TrialSpec
 
 ARCHS = ("transformer", "mamba", "lstm", "linear_nofm", "dss", "retnet")
@@ -223,10 +224,11 @@ def step_model(arch: str, shape: Shape) -> models.LanguageModel:
 
 
 class Step(NamedTuple):
-    """A variant's step, and the forward it runs (a graphed one that fell back to eager is not measured as graphed)."""
+    """A variant's step, and what it runs compiled or graphed, its forward or its whole step (a graphed one that fell
+    back to eager is not measured as graphed)."""
 
     run: Callable[[], None]
-    forward: StepForward | None
+    forward: StepForward | GraphedStep | None
 
 
 def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Step:
@@ -253,8 +255,7 @@ def alone_step(arch: str, shape: Shape, device: torch.device, step: str) -> Step
 def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: bool) -> Step:
     """K trials of ``arch`` at ``shape`` in one step, with stacked weights (``pipeline.training.fused_step``): forward,
     each member's loss, backward, Adam at each member's rate (the paper's, in turn), no clip, as ``alone_step``;
-    graphed as a fused trial runs it, and as ``alone_step`` does: the forward (and so its backward) under
-    torch.compile's reduce-overhead mode (CUDA graphs), the optimizer eager."""
+    graphed as a fused trial runs it: the whole step, optimizer included, as one CUDA graph (``GraphedStep``)."""
     if graphed and device.type != "cuda":
         raise NotImplementedError("graphed needs a GPU: CUDA graphs")
     lrs = [PAPER_LRS[i % len(PAPER_LRS)] for i in range(k)]
@@ -267,7 +268,7 @@ def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: b
         with autocast(device):
             step(tokens[:, :-1], tokens[:, 1:])
 
-    return Step(run, step.forward)
+    return Step(run, step.whole or step.forward)
 
 
 def calibrated(run: Callable[[], None], device: torch.device, round_s: float) -> int:

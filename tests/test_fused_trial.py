@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from models.fused import FusionError
+from pipeline.training import fused_trial
 from pipeline.training.checkpoints import FILE
 from pipeline.training.fused_trial import run_fused
 from pipeline.training.train import run_trial
@@ -160,6 +161,33 @@ class Watch(L.Callback):
             + [bits(s[m][k]).clone() for s in state for m in ("exp_avg", "exp_avg_sq")]
             for k in range(len(LRS))
         ]
+
+
+class Books(L.Callback):
+    """The whole step's books at the fit's end."""
+
+    def on_train_end(self, trainer, module):
+        self.whole = module.whole
+
+
+def test_the_whole_step_as_one_program_trains_every_member_bit_for_bit_as_lightnings_step(specs, monkeypatch):
+    """A graphed fused trial runs its step whole (``GraphedStep``: forward, backward, each member's clip and the
+    update as one program, under Lightning's manual optimization; on a GPU one CUDA graph a shape). Its CPU twin runs
+    that program eagerly with the same books: every member's weights and moments after every step, and every record,
+    are the automatic step's bit for bit, through each member's stop (a freeze: a new program, recorded anew)."""
+    automatic, whole, books = Watch(), Watch(), Books()
+    expected = run_fused(specs, NAMES, callbacks=[automatic])
+    monkeypatch.setattr(fused_trial, "graphs_whole", lambda settings, parts, device: True)
+    got = run_fused(specs, NAMES, callbacks=[whole, books])
+    for lr, a, b in zip(LRS, got, expected):
+        assert not same(a, b), f"lr {lr}: {same(a, b)}"
+    assert automatic.steps.keys() == whole.steps.keys()
+    for step, members in automatic.steps.items():
+        assert all(torch.equal(a, b) for k in range(len(LRS)) for a, b in zip(members[k], whole.steps[step][k])), step
+    run = books.whole
+    assert (run.eager, run.replays, run.mode) == (40, 0, "eager") and "needs a GPU" in run.why
+    stops = {r["train_steps"] for r in got} - {40}  # each stop before the last step froze a member: a new program
+    assert len({program for _, program in run.warmed}) == 1 + len(stops), (run.warmed, stops)
 
 
 def test_a_member_that_stopped_stays_bit_identical_while_the_others_train(specs):

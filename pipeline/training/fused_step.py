@@ -26,7 +26,7 @@ learning rates share the initialisation, as a cell's do).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +37,7 @@ from models.fused import Fused
 from pipeline.common.config import StepMode
 from pipeline.training.batches import IGNORE
 from pipeline.training.settings import TrainSettings
-from pipeline.training.steps import Compiled, StepForward, effective
+from pipeline.training.steps import Compiled, GraphedStep, StepForward, effective
 from pipeline.training.train import decay_groups, warmup_steps
 
 
@@ -106,6 +106,13 @@ class Flat:
         return self.grad
 
 
+@dataclass
+class Stepped:
+    """What a closure returns that has run the optimizer's update itself (inside its graph): the members' losses."""
+
+    losses: torch.Tensor
+
+
 class FusedAdam(torch.optim.Optimizer):
     """Adam or AdamW over stacked parameters (K, ...), member k at ``lrs[k]``; see the module's docstring.
 
@@ -136,6 +143,8 @@ class FusedAdam(torch.optim.Optimizer):
         defaults = dict(lrs=lrs, betas=betas, eps=eps, weight_decay=weight_decay, decoupled=decoupled, warmup=warmup)
         super().__init__(params, defaults)
         self.flats: dict[torch.dtype, Flat] | None = None  # built at the first step
+        # what the host decides of a step (the frozen members, the buffers): a graph of the step holds one program
+        self.program = 0
         self.gathered = False  # this step's gradients are in the flat buffers (a clip gathered them)
         for group in self.param_groups:
             for p in group["params"]:
@@ -151,7 +160,8 @@ class FusedAdam(torch.optim.Optimizer):
         self.share(torch.ones(self.size, dtype=torch.bool, device=device), torch.zeros(self.size, dtype=torch.float64,
                    device=device))  # fmt: skip
         # the update over the flat buffers, where the trial's step is compiled or graphed: inductor fuses its dozen
-        # ops a buffer into a few kernels. Never CUDA graphs: it writes its inputs in place, which they would copy.
+        # ops a buffer into a few kernels. Not under reduce-overhead's graphs (it writes its inputs in place, which
+        # they would copy): a graphed trial records it inside its whole step's graph (``GraphedStep``).
         compiled = effective(step, device)[0] != "eager"
         self.update = Compiled(self.step_flat, "compiled" if compiled else "eager", device)
 
@@ -163,11 +173,13 @@ class FusedAdam(torch.optim.Optimizer):
             group["active"], group["steps"] = active, steps
         self.all_active = bool(active.all())
         self.keep: dict[torch.dtype, torch.Tensor] = {}  # each flat buffer's elements of the active members
+        self.program += 1
 
     def freeze(self, members: Iterable[int]) -> None:
         """From now on these members' parameters, moments and step counts stay as they are."""
         self.active[list(members)] = False
         self.all_active, self.keep = False, {}
+        self.program += 1
 
     @property
     def active(self) -> torch.Tensor:
@@ -236,6 +248,10 @@ class FusedAdam(torch.optim.Optimizer):
             self.flats = {
                 dtype: Flat(params, groups, self.state, self.size) for dtype, (params, groups) in by_dtype.items()
             }
+            decays = [g["weight_decay"] for g in self.param_groups]  # (G,), on the device once: none copied a step
+            device = group["lrs"].device
+            self.decays = torch.tensor(decays, dtype=torch.float64, device=device) if any(decays) else None
+            self.program += 1
         return self.flats
 
     def gather(self) -> list[Flat]:
@@ -275,10 +291,14 @@ class FusedAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """torch's step; a closure that ran this update itself, inside its graph (the trial's whole step graphed,
+        ``FusedSequenceModel.graphed_step``), says so by returning ``Stepped``: nothing is stepped twice."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+            if isinstance(loss, Stepped):
+                return loss.losses
         flats = self.gather()
         self.gathered = False
         if flats:
@@ -301,15 +321,14 @@ class FusedAdam(torch.optim.Optimizer):
         lr = lrs if group["warmup"] == 1 else lrs * torch.clamp((steps + 1) / group["warmup"], max=1.0)  # (K,)
         steps.add_(1 if self.all_active else active)
         factors = torch.stack([lr / (beta1**steps - 1), (1 - beta2**steps).sqrt()])  # (2, K): -step size, root
-        decays = [g["weight_decay"] for g in self.param_groups]
-        if any(decays):
-            wd = torch.tensor(decays, dtype=torch.float64, device=lr.device)  # (G,)
+        wd = self.decays  # (G,), or None without weight decay
+        if wd is not None:
             decay = (1 - lr * wd[:, None]) if group["decoupled"] else wd[:, None].expand(-1, self.size)  # (G, K)
         for flat in flats:
             dtype = flat.param.dtype
             param, grad, m, v = flat.param, flat.grad, flat.exp_avg, flat.exp_avg_sq
             step_size, root = factors.to(dtype)[:, flat.member]  # (P,) each
-            shrink = decay.to(dtype).flatten()[flat.slot] if any(decays) else None  # AdamW's shrink, or Adam's wd
+            shrink = decay.to(dtype).flatten()[flat.slot] if wd is not None else None  # AdamW's shrink, or Adam's wd
             if shrink is not None and not group["decoupled"]:
                 grad = grad.addcmul(shrink, param)
             if self.all_active:  # in place: nothing to keep
@@ -373,24 +392,41 @@ def member_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return each.view(K, -1).sum(1) / predicted.flatten(1).sum(1)
 
 
+def train_members(optimizer: FusedAdam, losses: Callable[[], torch.Tensor], grad_clip: float | None) -> torch.Tensor:
+    """One training step of fused members: ``losses()`` (the forward and each member's loss, (K,)), backward, each
+    member's gradient clip, ``FusedAdam``'s step; the losses before the step. Tensors only, nothing read back (a graph
+    holds it: ``GraphedStep``); after the forward out of autocast, as Lightning's automatic step runs them."""
+    optimizer.zero_grad(set_to_none=True)
+    out = losses()  # (K,)
+    with torch.autocast(out.device.type, enabled=False):
+        out.sum().backward()  # each member's gradient is its own loss's: no gradient crosses members
+        if grad_clip:
+            optimizer.clip_per_member(grad_clip)
+        optimizer.step()
+    return out.detach()
+
+
 @dataclass
 class FusedStep:
-    """One training step of K fused members: forward, each member's loss, backward, each member's gradient clip,
-    ``FusedAdam``'s step. Returns the members' losses (K,) before the step."""
+    """One training step of K fused members (``train_members``), as a fused trial runs it: its forward eager or
+    compiled (``forward``), or the whole step graphed (``whole``). Returns the members' losses (K,) before the
+    step."""
 
     model: Fused
     optimizer: FusedAdam
     grad_clip: float | None = None
     forward: StepForward | None = None  # the training forward as sweep.resources.step runs it; None: the eager model
+    whole: GraphedStep | None = None  # the whole step as CUDA graphs (sweep.resources.step: graphed, on a GPU)
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
-        losses = member_losses((self.forward or self.model)(inputs), targets)
-        losses.sum().backward()  # each member's gradient is its own loss's: no gradient crosses members
-        if self.grad_clip is not None:
-            self.optimizer.clip_per_member(self.grad_clip)
-        self.optimizer.step()
-        return losses.detach()
+        if self.whole is not None:
+            self.optimizer.flat()  # its buffers built before the step's program is read: a graph holds them
+            return self.whole(inputs, targets)
+        return self.step(inputs, targets)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        forward = self.forward or self.model
+        return train_members(self.optimizer, lambda: member_losses(forward(inputs), targets), self.grad_clip)
 
 
 def fused_optimizer(
@@ -424,8 +460,9 @@ def fused_step(
 ) -> FusedStep:
     """One member per learning rate in ``lrs``, each initialised as a trial of the cell seeded ``seed`` is (so all
     alike), fused on ``device`` with its optimizer under ``settings`` (heads, dropout, optimizer, weight decay,
-    warm-up over ``total_steps``, gradient clip), its forward run ``step`` as a fused trial runs it (``StepForward``:
-    compiled or graphed, the optimizer eager): call the result with (inputs, targets) to train one step."""
+    warm-up over ``total_steps``, gradient clip), its step run ``step`` as a fused trial runs it (its forward compiled,
+    ``StepForward``; graphed, on a GPU: the whole step, ``GraphedStep``): call the result with (inputs, targets) to
+    train one step."""
     torch.manual_seed(seed)
     model = models.build_model(
         arch,
@@ -438,6 +475,11 @@ def fused_step(
         **(options or {}),
     )
     fused = Fused([model] * len(lrs)).to(device)
-    forward = StepForward(fused, step, torch.device(device)) if step != "eager" else None
+    device = torch.device(device)
     optimizer = fused_optimizer(fused, lrs, settings, total_steps, step)
+    if effective(step, device)[0] == "graphed":  # the whole step, as a graphed fused trial's
+        made = FusedStep(fused, optimizer, settings.optim.grad_clip)
+        made.whole = GraphedStep(made.step, device, lambda: optimizer.program)
+        return made
+    forward = StepForward(fused, step, device) if step != "eager" else None
     return FusedStep(fused, optimizer, settings.optim.grad_clip, forward)

@@ -45,6 +45,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.core.optimizer import LightningOptimizer
 
 from models.fused import Fused, FusionError, member_state, stacked_state
 from pipeline.common.locks import scratch_dir
@@ -52,9 +53,11 @@ from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training.batches import IGNORE, Batch
 from pipeline.training.checkpoint_store import write_meta
 from pipeline.training.checkpoints import FILE, Resumable
-from pipeline.training.fused_step import FusedAdam, fused_optimizer, member_losses
+from pipeline.training.fused_step import FusedAdam, Stepped, fused_optimizer, member_losses, train_members
 from pipeline.training.fused_step import member_state as optimizer_state
 from pipeline.training.memory import DoesNotFit
+from pipeline.training.settings import TrainSettings
+from pipeline.training.steps import GraphedStep, effective
 from pipeline.training.train import SequenceModel, TrialSpec, fit_module, scored, trial_verdict
 from pipeline.training.verdict import LOSS, MONITOR, Divergence, Verdict
 
@@ -241,24 +244,59 @@ class FusedSequenceModel(SequenceModel):
         self.members = members
         self.member_flops = [0] * len(self.specs)  # 3 x exact forward FLOPs of what each member trained on
         self.last_losses: torch.Tensor | None = None  # (K,): the last training step's
+        self.whole: GraphedStep | None = None  # the whole step graphed (``whole_step``), made at the first step
 
     @property
     def train_flops(self) -> int:
         """Every member's training FLOPs: what the fused fit computed."""
         return sum(self.member_flops)
 
+    def whole_step(self, parts: int, device: torch.device) -> bool:
+        """Whether this fit's step is graphed whole (``graphs_whole``): then Lightning's optimization is manual, and
+        the step's clip is its own."""
+        self.automatic_optimization = not graphs_whole(self.spec.settings, parts, device)
+        return not self.automatic_optimization
+
     def training_step(self, batch: Batch, batch_idx):
-        forward = self.step_forward or self.model
-        at, targets = self.predicted(batch)
-        logits = forward(batch.inputs) if at is None else forward(batch.inputs, at=at)  # (K, B, T or R, V)
         flops = 3 * self.batch_flops(batch.lengths)
         for k in self.members.active:
             self.member_flops[k] += flops
+        at, targets = self.predicted(batch)
+        if not self.automatic_optimization:
+            self.last_losses = self.graphed_step(batch.inputs, targets, at)
+            return None
+        forward = self.step_forward or self.model
+        logits = forward(batch.inputs) if at is None else forward(batch.inputs, at=at)  # (K, B, T or R, V)
         losses = self.member_losses(logits, batch.inputs, targets) * batch.share  # (K,)
         self.last_losses = losses.detach()
         # each member's gradient is its own loss's (no gradient crosses members); a stopped member's is computed
         # and discarded: the optimizer keeps its weights as they are (``FusedAdam.freeze``)
         return losses.sum()
+
+    def graphed_step(self, inputs: torch.Tensor, targets: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+        """The members' losses (K,) of one step run whole (``train_step`` as ``GraphedStep`` runs it), as Lightning's
+        optimizer step, which counts it; the closure steps the members (``Stepped``)."""
+        optimizer = self.optimizers()
+        assert isinstance(optimizer, LightningOptimizer)  # one: configure_optimizers'
+        fused = optimizer.optimizer
+        assert isinstance(fused, FusedAdam)  # configure_optimizers'
+        fused.flat()  # its buffers (a resumed fit's, loaded) before the step's program is read: a graph holds them
+        if self.whole is None:
+            self.whole = GraphedStep(self.train_step, self.device, lambda: fused.program)
+            log.info("fused fit: %s", self.whole.why or "its whole step graphed (forward, backward, clip, optimizer)")
+        whole = self.whole
+        return optimizer.step(closure=lambda: Stepped(whole(inputs, targets, at)))
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
+        """One step of every member (``train_members``): forward, each member's loss, backward, clip, update."""
+        optimizer = self.trainer.optimizers[0]
+        assert isinstance(optimizer, FusedAdam)  # configure_optimizers'
+
+        def losses() -> torch.Tensor:
+            logits = self.model(inputs) if at is None else self.model(inputs, at=at)  # (K, B, T or R, V)
+            return self.member_losses(logits, inputs, targets)
+
+        return train_members(optimizer, losses, self.spec.settings.optim.grad_clip)
 
     def member_losses(self, logits: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """(K, B, T, V) -> (K,): each member's ``SequenceModel.loss``, for all of them at once."""
@@ -325,6 +363,14 @@ class FusedSequenceModel(SequenceModel):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.member_flops = list(checkpoint["train_flops"])
+
+
+def graphs_whole(settings: TrainSettings, parts: int, device: torch.device) -> bool:
+    """Whether a fused fit runs its whole step graphed (``GraphedStep``): where ``sweep.resources.step`` is graphed
+    and runs so on ``device``, in one part a step (a graph holds no gradient accumulated across batches) on one worker
+    (nor a collective)."""
+    graphed = effective(settings.resources.step, device)[0] == "graphed"
+    return graphed and parts == 1 and settings.resources.workers == 1
 
 
 def member_checkpoint(fit: dict, k: int) -> dict:

@@ -13,13 +13,20 @@ why (``StepForward``). A model that compiles in pieces (a graph break: an op tor
 Mamba's numba scan on the CPU) is counted (``graph_breaks``) and its log says so, with the first reason: "compiled"
 then means its pieces, not one graph. Decoding (validation's greedy answers, the test set) always runs the eager
 model: its cached one-token steps are another program.
+
+A fused trial's step graphed is graphed whole (``GraphedStep``): forward, backward, each member's clip and
+``FusedAdam``'s update, recorded as one CUDA graph per input shape (torch's "whole-network capture"), a step one replay
+and the copies of its batch in. Its optimizer keeps every factor on the device (no host sync, a member's rate and
+warm-up as tensors), so a graph holds it; what the host decides (which members are frozen, the flat buffers) is the
+optimizer's ``program``, and a new one is recorded anew.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 import torch
 
@@ -33,6 +40,11 @@ log = logging.getLogger(__name__)
 # raised, and hitting it raises, so that the step falls back eager and says so: set once for the process where a step
 # compiles (a config.patch around every call costs about 0.2 ms of host time a step).
 RECOMPILE_LIMIT = 64
+# A whole step is run eagerly this many times a shape before it is recorded: the lazy work of a first step (cuBLAS's
+# handles, the autograd engine's device threads, the optimizer's flat buffers) may not happen inside a capture, and
+# torch's recipe warms up on a side stream. At most GRAPHS shapes are recorded (each holds its activations).
+WARMUP = 3
+GRAPHS = 4
 
 
 def effective(step: StepMode, device: torch.device) -> tuple[StepMode, str]:
@@ -120,3 +132,97 @@ def failure(err: BaseException) -> str:
         text = f"at {frames[-1].filename}:{frames[-1].lineno}" if frames else "no message"
     cause = err.__cause__
     return f"{type(err).__name__}: {text}" + (f" (from {type(cause).__name__})" if cause is not None else "")
+
+
+# a recorded step's: its inputs' shapes and dtypes (None for an input that is None), and the host's program
+Key = tuple[tuple, Hashable]
+
+
+@dataclass
+class Recorded:
+    """One recorded step: its graph, the static inputs it reads (a call copies its tensors into them) and its
+    output (overwritten by each replay)."""
+
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor | None, ...]
+    output: torch.Tensor
+
+
+class GraphedStep:
+    """``fn``, a whole training step of tensors only (forward, backward, clip, optimizer update; no host sync), run
+    on a GPU as CUDA graphs: ``WARMUP`` eager steps of a shape (on a side stream), then that shape recorded and every
+    later step of it one replay. A step is one step either way: the one that records also replays.
+
+    A graph is of one shape and of the host's decisions at its recording: ``program()`` names them (a fused
+    optimizer's frozen members, its buffers), and a step under a new program warms up and records anew, the old
+    graphs dropped. Where graphs cannot run (no GPU: the CPU twin, which runs ``fn`` eagerly and keeps the same
+    books; a recording that failed) the step runs eagerly and ``why`` says so; so do shapes past ``GRAPHS``, logged.
+    ``replays`` and ``eager`` count the steps run each way, ``warmed`` the eager ones of each (shapes, program)."""
+
+    graph_breaks = 0  # recorded whole: of a replayed step, only the copies of its inputs run outside its graph
+
+    def __init__(self, fn: Callable[..., torch.Tensor], device: torch.device, program: Callable[[], Hashable]):
+        self.fn, self.device, self.program = fn, device, program
+        self.graphs: dict[Key, Recorded] = {}
+        self.warmed: dict[Key, int] = {}
+        # one memory pool for all its graphs
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        self.why = "" if device.type == "cuda" else f"a whole step graphed needs a GPU; on {device.type} it runs eager"
+        self.replays, self.eager = 0, 0
+
+    @property
+    def mode(self) -> StepMode:
+        return "eager" if self.why else "graphed"
+
+    def __call__(self, *inputs: torch.Tensor | None) -> torch.Tensor:
+        key: Key = (tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs), self.program())
+        recorded = self.graphs.get(key)
+        if recorded is not None:
+            for static, t in zip(recorded.inputs, inputs):
+                if static is not None and t is not None:
+                    static.copy_(t)
+            recorded.graph.replay()
+            self.replays += 1
+            return recorded.output
+        self.eager += 1
+        self.warmed[key] = warmed = self.warmed.get(key, 0) + 1
+        if self.why:
+            return self.fn(*inputs)
+        if warmed <= WARMUP:
+            return self.on_side_stream(*inputs)
+        if len({shape for shape, _ in self.graphs}) >= GRAPHS:  # its shapes past the first GRAPHS run eager
+            if warmed == WARMUP + 1:
+                log.warning("sweep.resources.step: graphed whole: %s eager, past %d shapes recorded", key[0], GRAPHS)
+            return self.fn(*inputs)
+        return self.record(key, inputs)
+
+    def on_side_stream(self, *inputs: torch.Tensor | None) -> torch.Tensor:
+        """One eager step on a side stream, as torch's recipe warms up before a capture."""
+        stream, current = torch.cuda.Stream(self.device), torch.cuda.current_stream(self.device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            out = self.fn(*inputs)
+        current.wait_stream(stream)
+        return out
+
+    def record(self, key: Key, inputs: tuple[torch.Tensor | None, ...]) -> torch.Tensor:
+        """Records the step of this shape and program (running nothing), then replays it once: this step."""
+        self.graphs = {k: g for k, g in self.graphs.items() if k[1] == key[1]}  # an old program's are never replayed
+        static = tuple(None if t is None else t.clone() for t in inputs)
+        graph = torch.cuda.CUDAGraph()
+        cache = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)  # casts cached across a capture would be freed under it
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                output = self.fn(*static)
+        except Exception as err:  # noqa: BLE001 (a capture raises many types); the step then runs eager as it was
+            self.why = f"a whole step graphed failed ({failure(err)}); eager"
+            log.warning("sweep.resources.step: %s", self.why)
+            return self.fn(*inputs)
+        finally:
+            torch.set_autocast_cache_enabled(cache)
+        self.graphs[key] = Recorded(graph, static, output)
+        log.info("sweep.resources.step: graphed whole (forward, backward, clip, optimizer): recorded for %s", key[0])
+        graph.replay()
+        self.replays += 1
+        return output

@@ -213,6 +213,11 @@ class SequenceModel(L.LightningModule):
             right = right + ok.all(-1).sum(-1)
         return right.reshape(-1).double() / len(data)
 
+    def whole_step(self, parts: int, device: torch.device) -> bool:
+        """Whether this fit's step runs whole as one program, its clip inside (a fused trial's, graphed); a trial's is
+        Lightning's automatic step, its forward as ``sweep.resources.step`` runs it."""
+        return False
+
     def training_step(self, batch: Batch, batch_idx):
         loss = self.training_loss(batch)
         # logged at the next validation, where it is read (the runs' curves, the checkpoints): self.log at every step
@@ -375,6 +380,7 @@ def fit_module(
     val = read_dataset(Path(spec.cell.val_path)).head(s.evaluation.val_samples)
     module = build(val)
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
+    clip = None if module.whole_step(parts, device) else s.optim.grad_clip  # a whole step clips its own gradients
     train_loader = training_loader(spec, train, parts, device, rank)
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
         assert isinstance(train_loader.batch_sampler, LengthBuckets)  # loader's
@@ -383,6 +389,7 @@ def fit_module(
             s,
             parts,
             **parallelism(s.resources),
+            gradient_clip_val=clip,
             max_epochs=s.optim.epochs,
             # in loader batches, which are micro-batches: every val_every_steps optimiser steps
             val_check_interval=s.evaluation.val_every_steps and s.evaluation.val_every_steps * parts,
@@ -421,22 +428,24 @@ def trial_device(settings: TrainSettings, rank: int = 0) -> torch.device:
 
 
 def trial_trainer(settings: TrainSettings, parts: int, **options) -> L.Trainer:
-    """A Lightning Trainer as every fit of a trial's model has it (``options``: what this fit adds): its device
-    and precision, ``parts`` micro-batches a step, its step budget and gradient clip, nothing written."""
+    """A Lightning Trainer as every fit of a trial's model has it (``options``: what this fit adds or changes): its
+    device and precision, ``parts`` micro-batches a step, its step budget and gradient clip, nothing written."""
     return L.Trainer(
-        accelerator="gpu" if settings.resources.use_gpu else "cpu",
-        # the ranks this trial starts itself (LOCAL_RANK, distributed.py), never a SLURM or other scheduler's
-        # environment that the Ray worker happens to inherit
-        plugins=[LightningEnvironment()],
-        precision=settings.optim.precision,
-        max_steps=settings.optim.max_steps,
-        accumulate_grad_batches=parts,
-        gradient_clip_val=settings.optim.grad_clip,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **options,
+        **dict(
+            accelerator="gpu" if settings.resources.use_gpu else "cpu",
+            # the ranks this trial starts itself (LOCAL_RANK, distributed.py), never a SLURM or other scheduler's
+            # environment that the Ray worker happens to inherit
+            plugins=[LightningEnvironment()],
+            precision=settings.optim.precision,
+            max_steps=settings.optim.max_steps,
+            accumulate_grad_batches=parts,
+            gradient_clip_val=settings.optim.grad_clip,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        | options
     )
 
 
