@@ -190,6 +190,26 @@ def test_the_whole_step_as_one_program_trains_every_member_bit_for_bit_as_lightn
     assert len({program for _, program in run.warmed}) == 1 + len(stops), (run.warmed, stops)
 
 
+def test_a_whole_steps_checkpoints_resume_as_automatic_ones_and_automatic_ones_in_it(specs, tmp_path, monkeypatch):
+    """A fit whose step runs whole counts its steps as Lightning's manual optimization does: its members' checkpoints
+    still resume, alone as separate trials or fused with the whole step again, at their step and to the same end;
+    and a separate trial's checkpoint (automatic optimization's) resumes in a whole step's fit."""
+    specs, names = specs[1:3], NAMES[1:3]  # solved at 10, undecided at 40
+    automatic = run_fused(specs, names)
+    alone = run_trial(specs[1], checkpoints=Copies(folder=tmp_path / "alone"))
+    monkeypatch.setattr(fused_trial, "graphs_whole", lambda settings, parts, device: True)
+    whole = run_fused(specs, names, checkpoints=functools.partial(MemberCopies, folder=tmp_path / "whole"))
+    assert all(not same(a, b) for a, b in zip(whole, automatic))
+    saved = tmp_path / "whole" / "step-20" / names[1]
+    again = run_fused(specs[1:], names[1:], resumes=[saved])
+    assert again[0]["resumed_step"] == 20 and not same(again[0], automatic[1])
+    again = run_fused(specs[1:], names[1:], resumes=[tmp_path / "alone" / "step-5"])
+    assert again[0]["resumed_step"] == 5 and not same(again[0], automatic[1])
+    monkeypatch.undo()
+    alone = run_trial(specs[1], checkpoints=Copies(saved / FILE))
+    assert alone["resumed_step"] == 20 and not same(alone, automatic[1])
+
+
 def test_a_member_that_stopped_stays_bit_identical_while_the_others_train(specs):
     watch = Watch()
     fused = run_fused(specs, NAMES, callbacks=[watch])

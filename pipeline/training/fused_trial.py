@@ -360,9 +360,22 @@ class FusedSequenceModel(SequenceModel):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["train_flops"] = list(self.member_flops)
+        both_counts(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.member_flops = list(checkpoint["train_flops"])
+        both_counts(checkpoint)  # before Lightning restores its loops from it
+
+
+def both_counts(checkpoint: dict) -> None:
+    """The fit's optimizer steps under both of Lightning's counters, automatic optimization's and manual's (a whole
+    step's fit is manual), so that its checkpoint, or a member's, resumes at its step in a fit of either kind."""
+    loop = checkpoint["loops"]["fit_loop"]
+    automatic = loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
+    manual = loop["epoch_loop.manual_optimization.optim_step_progress"]
+    counted = max(automatic, manual, key=lambda progress: progress["total"]["completed"])
+    loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"] = copy.deepcopy(counted)
+    loop["epoch_loop.manual_optimization.optim_step_progress"] = copy.deepcopy(counted)
 
 
 def graphs_whole(settings: TrainSettings, parts: int, device: torch.device) -> bool:
