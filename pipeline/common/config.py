@@ -495,9 +495,10 @@ class ResourcesSection(Section):
     step: StepMode = Field(
         "eager",
         description="how a training step runs: eager (PyTorch's own, the fallback of the others); compiled "
-        "(torch.compile of the model: fused kernels); graphed (on a GPU, torch.compile's reduce-overhead mode: the "
-        "step's kernels replayed as CUDA graphs, each batch padded to the dataset's longest sequence so that every "
-        "step has one shape; on a CPU it trains eager and says so). A narrow model's GPU step is bound by kernel "
+        "(torch.compile of the model: fused kernels); graphed (on a GPU, CUDA graphs: a trial's forward under "
+        "torch.compile's reduce-overhead mode, a fused trial's whole step, optimizer included, as one graph; each "
+        "batch padded to the dataset's longest sequence so that every step has one shape; on a CPU it trains eager "
+        "and says so). A narrow model's GPU step is bound by kernel "
         "launches, which graphs remove (pipeline.training.steps, docs/gpu.md)",
     )
     fuse: Literal["off", "learning_rates"] = Field(

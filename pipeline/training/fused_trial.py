@@ -254,7 +254,11 @@ class FusedSequenceModel(SequenceModel):
     def whole_step(self, parts: int, device: torch.device) -> bool:
         """Whether this fit's step is graphed whole (``graphs_whole``): then Lightning's optimization is manual, and
         the step's clip is its own."""
-        self.automatic_optimization = not graphs_whole(self.spec.settings, parts, device)
+        s = self.spec.settings
+        self.automatic_optimization = not graphs_whole(s, parts, device)
+        if self.automatic_optimization and effective(s.resources.step, device)[0] == "graphed":
+            log.warning("fused fit: its forward graphed, not its whole step (%d parts a step, %d workers; a whole step "
+                        "is graphed in one part on one worker)", parts, s.resources.workers)  # fmt: skip
         return not self.automatic_optimization
 
     def training_step(self, batch: Batch, batch_idx):
