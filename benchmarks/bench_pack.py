@@ -77,7 +77,7 @@ from pipeline.training import fused_step as stacked
 from pipeline.training.batches import loader
 from pipeline.training.memory import GB
 from pipeline.training.settings import TrainSettings
-from pipeline.training.steps import GraphedStep, StepForward
+from pipeline.training.steps import WARMUP, GraphedStep, StepForward
 from pipeline.training.train import SequenceModel, TrialSpec
 
 ARCHS = ("transformer", "mamba", "lstm", "linear_nofm", "dss", "retnet")
@@ -272,8 +272,9 @@ def fused_step(arch: str, shape: Shape, k: int, device: torch.device, graphed: b
 
 
 def calibrated(run: Callable[[], None], device: torch.device, round_s: float) -> int:
-    """Steps that take about ``round_s``, after warm-up steps (compilation and graph recording happen there)."""
-    for _ in range(3):
+    """Steps that take about ``round_s``, after warm-up steps (compilation and graph recording happen there: a whole
+    step graphed records at its shape's ``WARMUP`` + 1st step)."""
+    for _ in range(WARMUP + 2):
         run()
     synchronize(device)
     start = time.perf_counter()

@@ -27,6 +27,7 @@ from pipeline.data.datasets import Dataset
 from pipeline.training.batches import loader
 from pipeline.training.fused_trial import FusedSequenceModel, Members
 from pipeline.training.settings import TrainSettings
+from pipeline.training.steps import WARMUP, effective
 from pipeline.training.train import SequenceModel, TrialSpec, micro_batches, trial_device, trial_trainer, trial_verdict
 from tasks import EOS_ID
 
@@ -134,6 +135,8 @@ def measure(
     ``models`` above 1: that many learning rates as one fused trial (``sweep.resources.fuse``), as the sweep trains
     them, its FLOPs every member's; ``callbacks`` run before the timer's; ``validate``: then one validation
     (``timed_validation``)."""
+    if models > 1 and effective(step, device)[0] == "graphed":  # the whole step records at its WARMUP + 1st: untimed
+        warmup = max(warmup, WARMUP + 2)
     settings = measured_settings(
         cfg, batch=batch, steps=warmup + steps, device=device, precision=precision, step=step, share=share
     )
@@ -146,14 +149,16 @@ def measure(
         torch.manual_seed(0)
         module, fitted = measured_module(specs)
         parts = micro_batches(settings, module.model, length, device)
+        clip = None if module.whole_step(parts, device) else settings.optim.grad_clip  # as fit_module
         timer = StepTimer(warmup * parts, device)
-        trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, callbacks=[*callbacks, *fitted, timer])
+        trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, gradient_clip_val=clip,
+                                callbacks=[*callbacks, *fitted, timer])  # fmt: skip
         data = random_sequences(batch * (warmup + steps), length, cell.vocab_size, cell.family)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Lightning's advice on loaders and logging intervals
             trainer.fit(module, loader(data, batch, cell.seed, shuffle=False, parts=parts))
             validated = timed_validation(trainer, module, settings, timer.now) if validate else (0, 0.0)
-    ran = module.step_forward.mode if module.step_forward else step
+    ran = module.step_mode or step
     shape = (cell.arch, cell.width, cell.depth, length, batch)
     return Measurement(*shape, parts, precision, steps, timer.seconds, timer.flops / timer.seconds, models, 1, ran,
                        *validated)  # fmt: skip

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from lightning.pytorch.core.optimizer import LightningOptimizer
 
 from models.fused import Fused, FusionError, member_state, stacked_state
+from pipeline.common.config import StepMode
 from pipeline.common.locks import scratch_dir
 from pipeline.data.datasets import Dataset, read_dataset
 from pipeline.training.batches import IGNORE, Batch
@@ -250,6 +251,10 @@ class FusedSequenceModel(SequenceModel):
     def train_flops(self) -> int:
         """Every member's training FLOPs: what the fused fit computed."""
         return sum(self.member_flops)
+
+    @property
+    def step_mode(self) -> StepMode | None:
+        return self.whole.mode if self.whole is not None else super().step_mode
 
     def whole_step(self, parts: int, device: torch.device) -> bool:
         """Whether this fit's step is graphed whole (``graphs_whole``): then Lightning's optimization is manual, and

@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader
 
 import models
 from pipeline.common.cell import CellSpec
-from pipeline.common.config import TrialResources
+from pipeline.common.config import StepMode, TrialResources
 from pipeline.common.locks import scratch_dir
 from pipeline.common.status import Status
 from pipeline.data.datasets import Dataset, read_dataset
@@ -123,6 +123,12 @@ class SequenceModel(L.LightningModule):
     @property
     def step_forward(self) -> StepForward | None:
         return self.__dict__["_step_forward"]
+
+    @property
+    def step_mode(self) -> StepMode | None:
+        """How its training step ran (``sweep.resources.step``, or eager where that could not run); None before a
+        fit."""
+        return self.step_forward.mode if self.step_forward else None
 
     def setup(self, stage: str) -> None:
         device = self.trainer.strategy.root_device  # where the model will train (it is moved there after setup)
