@@ -19,9 +19,11 @@ torch.optim.Adam(W) state dict and its LambdaLR's), and K of those load back int
 ``FusedAdam.clip_per_member`` is the trial's gradient clip (``sweep.optim.grad_clip``: Lightning's
 ``gradient_clip_val``, torch's ``clip_grad_norm_`` over all of one model's parameters) for each member apart.
 
-``fused_step`` builds what one fused training step needs, for an architecture and shape, and ``FusedStep`` runs
-it (its forward eager, compiled or graphed, as a fused trial's): what a benchmark times against one trial alone (its
-learning rates share the initialisation, as a cell's do).
+``train_members`` is one training step of the members (forward, each member's loss, backward, clip, update: tensors
+only, so that a graph holds it), ``fused_step`` builds what it needs for an architecture and shape, and ``FusedStep``
+runs it as a fused trial does (its forward eager or compiled; graphed, on a GPU, the whole step as CUDA graphs,
+``GraphedStep``): what a benchmark times against one trial alone (its learning rates share the initialisation, as a
+cell's do).
 """
 
 from __future__ import annotations
