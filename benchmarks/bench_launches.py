@@ -1,7 +1,7 @@
 """Kernel launches and host syncs per optimizer step of a trial's real step, alone and K fused, counted on a CPU.
 
     python -m benchmarks.bench_launches [--archs A ...] [--depths 1 6] [--k 7] [--precisions 32-true bf16-mixed]
-                                        [--tasks index_lookup eq_ncp] [--out FILE]
+                                        [--tasks index_lookup eq_ncp] [--graphed] [--out FILE]
 
 A narrow model's step on a GPU costs its kernel launches and its host syncs, not its FLOPs (4-11 ms an H100 step at
 the separations paper's shapes, whatever the width): a fused trial of K learning rates pays off as far as it
@@ -22,6 +22,12 @@ small (width 16, L = 24, batch 8): the counts do not depend on them. The cells a
 the separations paper's headline task) and eq_ncp's (next-character prediction: its own loss and targets). The test
 (tests/test_benchmarks.py) holds the targets: K x alone / fused at least 4 for every architecture at depths 1 and 6,
 and no host sync in a step. The table: docs/benchmarks.md, "Kernel launches a step".
+
+``--graphed`` adds the fused trial graphed whole (``sweep.resources.step: graphed``: forward, backward, clip and
+update as one CUDA graph, ``pipeline.training.steps.GraphedStep``) as a GPU would launch it: the ops of its eager twin
+outside the graph (Lightning's loop, the batch, the verdicts' checks) counted as above, the graph as one replay and
+a copy of each of its inputs. An estimate of the GPU's launches from the CPU's program: that the graph records and
+replays is the GPU tests' to show.
 
 ``--validation`` counts instead what scoring a fused trial's K members costs at a validation, as a classification
 decodes (its answer and <eos>, 2 tokens: here each row runs to the cache's end 2 tokens after its prompt, as a
@@ -46,7 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import models
 from benchmarks.results import Results, figure, out_option, out_path
 from models.fused import Fused
-from pipeline.common.config import Precision, VerdictSection, load_config
+from pipeline.common.config import Precision, StepMode, VerdictSection, load_config
 from pipeline.costs.throughput import measure
 from pipeline.search.cells import defined_cells
 from pipeline.training.verdict import Verdict
@@ -80,8 +86,11 @@ class Launches(TorchDispatchMode):
         self.ops: Counter[str] = Counter()
         self.saved = {}
         self.host: set[int] = set()  # tensors a GPU keeps on the host (torch's Adam step counts): no sync to read
+        self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.paused:  # inside a graph: one replay on a GPU, counted by its caller
+            return func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         indices = args[1] if name in ("index", "index_put_", "index_put") and len(args) > 1 else ()
         bool_index = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
@@ -125,10 +134,29 @@ class CountSteps(L.Callback):
         if trainer.global_step == self.warmup:
             states = trainer.optimizers[0].state.values()
             self.mode.host = {id(s["step"]) for s in states if isinstance(s.get("step"), torch.Tensor)}
+            whole = getattr(module, "whole", None)
+            if whole is not None:  # a whole step graphed (its CPU twin): what runs inside it is one replay
+                whole.fn = self.replayed(whole.fn)
             self.mode.__enter__()
             self.counting = True
         elif trainer.global_step == self.warmup + self.steps:
             self.stop()
+
+    def replayed(self, fn):
+        """``fn``, a graphed whole step's program, counted as a GPU launches it once recorded: one replay, and a copy
+        of each input into the graph's own."""
+
+        def run(*inputs):
+            if self.counting:
+                self.mode.kernels += 1 + sum(t is not None for t in inputs)
+                self.mode.ops["graph replay and its inputs' copies"] += 1 + sum(t is not None for t in inputs)
+            self.mode.paused = True
+            try:
+                return fn(*inputs)
+            finally:
+                self.mode.paused = False
+
+        return run
 
     def on_train_end(self, trainer, module) -> None:
         self.stop()
@@ -155,9 +183,12 @@ def as_on_cuda():
         adam._default_to_fused_or_foreach = chosen
 
 
-def count(arch: str, depth: int, k: int, precision: Precision, task: str = "index_lookup") -> dict:
+def count(
+    arch: str, depth: int, k: int, precision: Precision, task: str = "index_lookup", step: StepMode = "eager"
+) -> dict:
     """Per optimizer step of ``arch`` at ``depth`` on ``task``: kernel-like ops and host syncs, one trial alone
-    (``k`` 1) or ``k`` fused."""
+    (``k`` 1) or ``k`` fused; ``step`` graphed: the fused trial's whole step as one graph, its eager twin's ops
+    outside it counted, and it as a GPU replays it (``CountSteps.replayed``)."""
     cfg = load_config(profile=PROFILE)
     base = next(c for c in defined_cells(cfg).values() if c.task == task)  # as the profile runs it, arch replaced
     cell = replace(base, cell=base.cell._replace(arch=arch, width=WIDTH, depth=depth), max_len=LENGTH, arch_options={})
@@ -166,15 +197,22 @@ def count(arch: str, depth: int, k: int, precision: Precision, task: str = "inde
     checks = [] if k > 1 else [Verdict(cfg.report.accuracy_threshold, replace_rules(cfg))]
     with sdpa_kernel(SDPBackend.MATH), as_on_cuda():
         measure(cfg, cell, length=LENGTH, batch=BATCH, steps=STEPS + 1, warmup=WARMUP, device=torch.device("cpu"),
-                precision=precision, models=k, callbacks=[counter, *checks])  # fmt: skip
+                precision=precision, models=k, callbacks=[counter, *checks], step=step)  # fmt: skip
     mode = counter.mode
     return {"kernels": mode.kernels / STEPS, "syncs": mode.syncs / STEPS,
             "top": dict(mode.ops.most_common(8))}  # fmt: skip
 
 
 def table(
-    archs: list[str], depths: list[int], k: int, precisions: list[Precision], task: str = "index_lookup"
+    archs: list[str],
+    depths: list[int],
+    k: int,
+    precisions: list[Precision],
+    task: str = "index_lookup",
+    graphed: bool = False,
 ) -> list[dict]:
+    """A row per (precision, depth, architecture): one trial alone against ``k`` fused; ``graphed``: also the fused
+    trial graphed whole, as a GPU would launch it."""
     rows = []
     for precision in precisions:
         for depth in depths:
@@ -185,10 +223,17 @@ def table(
                        "ratio": k * alone["kernels"] / fused["kernels"],
                        "alone_syncs": alone["syncs"], "fused_syncs": fused["syncs"],
                        "fused_top_ops": fused["top"]}  # fmt: skip
+                line = (f"{task:12} {arch:15} d{depth} {precision:10} alone {row['alone_kernels']:6.0f}  {k} fused "
+                        f"{row['fused_kernels']:6.0f}  {k} x alone / fused {row['ratio']:5.2f}  syncs "
+                        f"{row['alone_syncs']:.0f} / {row['fused_syncs']:.0f}")  # fmt: skip
+                if graphed:
+                    whole = count(arch, depth, k, precision, task, step="graphed")
+                    row |= {"graphed_kernels": whole["kernels"],
+                            "graphed_ratio": k * alone["kernels"] / whole["kernels"],
+                            "graphed_syncs": whole["syncs"], "graphed_top_ops": whole["top"]}  # fmt: skip
+                    line += f"  graphed whole {whole['kernels']:4.0f} ({row['graphed_ratio']:5.1f}x)"
                 rows.append(row)
-                print(f"{task:12} {arch:15} d{depth} {precision:10} alone {row['alone_kernels']:6.0f}  {k} fused "
-                      f"{row['fused_kernels']:6.0f}  {k} x alone / fused {row['ratio']:5.2f}  syncs "
-                      f"{row['alone_syncs']:.0f} / {row['fused_syncs']:.0f}", flush=True)  # fmt: skip
+                print(line, flush=True)
     return rows
 
 
@@ -230,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                     choices=["index_lookup", "eq_ncp", "validation"],
                     help="the cells' tasks, a training step's (index_lookup eq_ncp: a classification and the ncp "
                          "loss), and validation: scoring the members (fp32; default: all three)")
+    ap.add_argument("--graphed", action="store_true",
+                    help="also the fused trial graphed whole (sweep.resources.step: graphed), as a GPU launches it: "
+                         "its eager twin's ops outside its graph, one replay and its inputs' copies")  # fmt: skip
     out_option(ap, "bench_launches", quick_note=False)
     args = ap.parse_args(argv)
     archs = args.archs or fusable()
@@ -244,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = {"k": args.k, "width": WIDTH, "prompt": LENGTH - 1, "decoded": 2, "batch": BATCH}
             rows = [validation(arch, depth, args.k) for depth in args.depths for arch in archs]
         else:
-            rows = table(archs, args.depths, args.k, args.precisions, task)
+            rows = table(archs, args.depths, args.k, args.precisions, task, graphed=args.graphed)
         per = "ops a validation batch" if task == "validation" else "ops a step"
         figures = results.section(task, settings)
         for row in rows:
@@ -256,7 +304,11 @@ def main(argv: list[str] | None = None) -> int:
                     (f"{args.k} x alone / fused", "ratio", "x"),
                     ("alone syncs", "alone_syncs", per.removeprefix("ops ")),
                     ("fused syncs", "fused_syncs", per.removeprefix("ops ")),
+                    (f"{args.k} fused graphed whole, launches", "graphed_kernels", per),
+                    (f"{args.k} x alone / graphed whole", "graphed_ratio", "x"),
+                    ("graphed whole syncs", "graphed_syncs", per.removeprefix("ops ")),
                 )
+                if key in row
             }
     results.write(out_path(args, "bench_launches"))
     return 0

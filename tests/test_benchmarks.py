@@ -589,6 +589,19 @@ def test_a_fused_step_launches_at_most_a_quarter_of_k_trials_kernels_and_no_step
     assert not syncs, f"host syncs in a step: {syncs}"
 
 
+@pytest.mark.slow
+def test_a_fused_trial_graphed_whole_launches_a_handful_of_kernels_outside_its_graph():
+    """benchmarks.bench_launches --graphed: a fused trial of 7 graphed whole (its CPU twin, counted as a GPU would
+    launch it once recorded: what runs outside the graph, one replay, its inputs' copies) launches a handful of
+    kernels a step, at least 20 times fewer than 7 trials alone, and reads nothing back to the host."""
+    from benchmarks import bench_launches
+
+    rows = bench_launches.table(["transformer", "mamba", "linear_nofm"], [1], 7, ["32-true"], graphed=True)
+    launches = {r["arch"]: r["graphed_kernels"] for r in rows}
+    assert max(launches.values()) <= 16, launches
+    assert min(r["graphed_ratio"] for r in rows) >= 20 and not any(r["graphed_syncs"] for r in rows), rows
+
+
 def test_a_classifications_members_are_scored_in_a_quarter_of_their_launches_one_by_one():
     """benchmarks.bench_launches --tasks validation (seconds, fast tier): a validation of 7 members of a
     classification, batched (``Fused.greedy``), launches at most a quarter of the kernels of the members decoded one

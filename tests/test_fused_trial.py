@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from models.fused import FusionError
-from pipeline.training import fused_trial
 from pipeline.training.checkpoints import FILE
 from pipeline.training.fused_trial import run_fused
 from pipeline.training.train import run_trial
@@ -170,15 +169,21 @@ class Books(L.Callback):
         self.whole = module.whole
 
 
-def test_the_whole_step_as_one_program_trains_every_member_bit_for_bit_as_lightnings_step(specs, monkeypatch):
+def graphed(specs: list) -> list:
+    return [with_settings(spec, step="graphed") for spec in specs]
+
+
+def test_the_whole_step_as_one_program_trains_every_member_bit_for_bit_as_lightnings_step(specs, caplog):
     """A graphed fused trial runs its step whole (``GraphedStep``: forward, backward, each member's clip and the
-    update as one program, under Lightning's manual optimization; on a GPU one CUDA graph a shape). Its CPU twin runs
-    that program eagerly with the same books: every member's weights and moments after every step, and every record,
-    are the automatic step's bit for bit, through each member's stop (a freeze: a new program, recorded anew)."""
+    update as one program, under Lightning's manual optimization; on a GPU one CUDA graph a shape). On a CPU its twin
+    runs that program eagerly with the same books, and says so: every member's weights and moments after every step,
+    and every record, are the automatic step's bit for bit, through each member's stop (a freeze: a new program,
+    recorded anew)."""
     automatic, whole, books = Watch(), Watch(), Books()
     expected = run_fused(specs, NAMES, callbacks=[automatic])
-    monkeypatch.setattr(fused_trial, "graphs_whole", lambda settings, parts, device: True)
-    got = run_fused(specs, NAMES, callbacks=[whole, books])
+    with caplog.at_level("INFO", logger="pipeline.training.fused_trial"):
+        got = run_fused(graphed(specs), NAMES, callbacks=[whole, books])
+    assert "fused fit: a whole step graphed needs a GPU; on cpu it runs eager" in caplog.text
     for lr, a, b in zip(LRS, got, expected):
         assert not same(a, b), f"lr {lr}: {same(a, b)}"
     assert automatic.steps.keys() == whole.steps.keys()
@@ -190,22 +195,20 @@ def test_the_whole_step_as_one_program_trains_every_member_bit_for_bit_as_lightn
     assert len({program for _, program in run.warmed}) == 1 + len(stops), (run.warmed, stops)
 
 
-def test_a_whole_steps_checkpoints_resume_as_automatic_ones_and_automatic_ones_in_it(specs, tmp_path, monkeypatch):
+def test_a_whole_steps_checkpoints_resume_as_automatic_ones_and_automatic_ones_in_it(specs, tmp_path):
     """A fit whose step runs whole counts its steps as Lightning's manual optimization does: its members' checkpoints
     still resume, alone as separate trials or fused with the whole step again, at their step and to the same end;
     and a separate trial's checkpoint (automatic optimization's) resumes in a whole step's fit."""
     specs, names = specs[1:3], NAMES[1:3]  # solved at 10, undecided at 40
     automatic = run_fused(specs, names)
-    alone = run_trial(specs[1], checkpoints=Copies(folder=tmp_path / "alone"))
-    monkeypatch.setattr(fused_trial, "graphs_whole", lambda settings, parts, device: True)
-    whole = run_fused(specs, names, checkpoints=functools.partial(MemberCopies, folder=tmp_path / "whole"))
+    run_trial(specs[1], checkpoints=Copies(folder=tmp_path / "alone"))
+    whole = run_fused(graphed(specs), names, checkpoints=functools.partial(MemberCopies, folder=tmp_path / "whole"))
     assert all(not same(a, b) for a, b in zip(whole, automatic))
     saved = tmp_path / "whole" / "step-20" / names[1]
-    again = run_fused(specs[1:], names[1:], resumes=[saved])
+    again = run_fused(graphed(specs[1:]), names[1:], resumes=[saved])
     assert again[0]["resumed_step"] == 20 and not same(again[0], automatic[1])
-    again = run_fused(specs[1:], names[1:], resumes=[tmp_path / "alone" / "step-5"])
+    again = run_fused(graphed(specs[1:]), names[1:], resumes=[tmp_path / "alone" / "step-5"])
     assert again[0]["resumed_step"] == 5 and not same(again[0], automatic[1])
-    monkeypatch.undo()
     alone = run_trial(specs[1], checkpoints=Copies(saved / FILE))
     assert alone["resumed_step"] == 20 and not same(alone, automatic[1])
 

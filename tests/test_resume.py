@@ -182,7 +182,9 @@ def test_a_stopped_dvc_repro_closes_its_runs_as_killed_and_a_rerun_resumes(unint
     repo = copy_generated(generated, tmp_path, KILLABLE_SWEEP)
     first = start(["dvc", "repro"], repo)
     stage = sweep_process(first)
-    wait_for(lambda: any(m["step"] >= 20 for m in checkpoints(repo)), "a checkpoint at step 20")
+    # both trials: each must continue at the end (a trial whose worker started later may not have saved yet)
+    wait_for(lambda: len({m["trial_key"] for m in checkpoints(repo) if m["step"] >= 20}) == 2,
+             "a checkpoint at step 20 of each trial")  # fmt: skip
     first.send_signal(signal.SIGTERM)
     began = time.monotonic()
     out, _ = first.communicate(timeout=90)  # to its end: the sweep writes to the same pipe as dvc

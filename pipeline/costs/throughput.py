@@ -149,7 +149,7 @@ def measure(
         torch.manual_seed(0)
         module, fitted = measured_module(specs)
         parts = micro_batches(settings, module.model, length, device)
-        clip = None if module.whole_step(parts, device) else settings.optim.grad_clip  # as fit_module
+        clip = None if module.whole_step(parts) else settings.optim.grad_clip  # as fit_module
         timer = StepTimer(warmup * parts, device)
         trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, gradient_clip_val=clip,
                                 callbacks=[*callbacks, *fitted, timer])  # fmt: skip

@@ -479,7 +479,7 @@ def fused_step(
     fused = Fused([model] * len(lrs)).to(device)
     device = torch.device(device)
     optimizer = fused_optimizer(fused, lrs, settings, total_steps, step)
-    if effective(step, device)[0] == "graphed":  # the whole step, as a graphed fused trial's
+    if step == "graphed":  # the whole step, as a graphed fused trial's (on a CPU its eager twin)
         made = FusedStep(fused, optimizer, settings.optim.grad_clip)
         made.whole = GraphedStep(made.step, device, lambda: optimizer.program)
         return made

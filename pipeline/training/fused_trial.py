@@ -58,7 +58,7 @@ from pipeline.training.fused_step import FusedAdam, Stepped, fused_optimizer, me
 from pipeline.training.fused_step import member_state as optimizer_state
 from pipeline.training.memory import DoesNotFit
 from pipeline.training.settings import TrainSettings
-from pipeline.training.steps import GraphedStep, effective
+from pipeline.training.steps import GraphedStep
 from pipeline.training.train import SequenceModel, TrialSpec, fit_module, scored, trial_verdict
 from pipeline.training.verdict import LOSS, MONITOR, Divergence, Verdict
 
@@ -256,12 +256,16 @@ class FusedSequenceModel(SequenceModel):
     def step_mode(self) -> StepMode | None:
         return self.whole.mode if self.whole is not None else super().step_mode
 
-    def whole_step(self, parts: int, device: torch.device) -> bool:
-        """Whether this fit's step is graphed whole (``graphs_whole``): then Lightning's optimization is manual, and
-        the step's clip is its own."""
+    def setup(self, stage: str) -> None:
+        if self.automatic_optimization:  # a whole step runs the model eager inside its own program
+            super().setup(stage)
+
+    def whole_step(self, parts: int) -> bool:
+        """Whether this fit's step runs whole (``graphs_whole``): then Lightning's optimization is manual, and the
+        step's clip is its own."""
         s = self.spec.settings
-        self.automatic_optimization = not graphs_whole(s, parts, device)
-        if self.automatic_optimization and effective(s.resources.step, device)[0] == "graphed":
+        self.automatic_optimization = not graphs_whole(s, parts)
+        if self.automatic_optimization and s.resources.step == "graphed":
             log.warning("fused fit: its forward graphed, not its whole step (%d parts a step, %d workers; a whole step "
                         "is graphed in one part on one worker)", parts, s.resources.workers)  # fmt: skip
         return not self.automatic_optimization
@@ -387,12 +391,11 @@ def both_counts(checkpoint: dict) -> None:
     loop["epoch_loop.manual_optimization.optim_step_progress"] = copy.deepcopy(counted)
 
 
-def graphs_whole(settings: TrainSettings, parts: int, device: torch.device) -> bool:
-    """Whether a fused fit runs its whole step graphed (``GraphedStep``): where ``sweep.resources.step`` is graphed
-    and runs so on ``device``, in one part a step (a graph holds no gradient accumulated across batches) on one worker
-    (nor a collective)."""
-    graphed = effective(settings.resources.step, device)[0] == "graphed"
-    return graphed and parts == 1 and settings.resources.workers == 1
+def graphs_whole(settings: TrainSettings, parts: int) -> bool:
+    """Whether a fused fit runs its whole step as one program (``GraphedStep``: CUDA graphs on a GPU, elsewhere its
+    eager twin, which says so): where ``sweep.resources.step`` is graphed, in one part a step (a graph holds no
+    gradient accumulated across batches) on one worker (nor a collective)."""
+    return settings.resources.step == "graphed" and parts == 1 and settings.resources.workers == 1
 
 
 def member_checkpoint(fit: dict, k: int) -> dict:

@@ -219,7 +219,7 @@ class SequenceModel(L.LightningModule):
             right = right + ok.all(-1).sum(-1)
         return right.reshape(-1).double() / len(data)
 
-    def whole_step(self, parts: int, device: torch.device) -> bool:
+    def whole_step(self, parts: int) -> bool:
         """Whether this fit's step runs whole as one program, its clip inside (a fused trial's, graphed); a trial's is
         Lightning's automatic step, its forward as ``sweep.resources.step`` runs it."""
         return False
@@ -386,7 +386,7 @@ def fit_module(
     val = read_dataset(Path(spec.cell.val_path)).head(s.evaluation.val_samples)
     module = build(val)
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
-    clip = None if module.whole_step(parts, device) else s.optim.grad_clip  # a whole step clips its own gradients
+    clip = None if module.whole_step(parts) else s.optim.grad_clip  # a whole step clips its own gradients
     train_loader = training_loader(spec, train, parts, device, rank)
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
         assert isinstance(train_loader.batch_sampler, LengthBuckets)  # loader's
