@@ -41,6 +41,62 @@ def exact_float32():
     torch.backends.cudnn.allow_tf32 = before[1]
 
 
+# The whole step graphed first: the proof's time limit (ops/gpu-proof) cuts the file's tail, and these are the newest.
+@pytest.mark.parametrize("arch", ["transformer", "mamba", "linear_nofm"])
+def test_a_fused_step_graphed_whole_trains_as_the_eager_one(arch):
+    """A fused trial's step graphed: the whole step (the forward, vmap over stacked weights and the Triton kernels'
+    vmap rules inside, backward, each member's clip, ``FusedAdam``'s update) as one CUDA graph (``GraphedStep``), as
+    the sweep and bench_pack's graphed fused rows run it: recorded after its warm-up and replayed, recorded anew after
+    a member freezes (a new program), and 12 steps give the eager step's losses, and the trained members the eager
+    ones' logits, within float32's rounding (the CPU twin: tests/test_fused_trial.py's whole-step test)."""
+    from pipeline.training.fused_step import fused_step
+    from pipeline.training.settings import TrainSettings
+
+    settings = TrainSettings().replaced(heads=4, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=1.0)
+    graphed, eager = (fused_step(arch, (1e-2, 3e-3, 1e-3), settings, vocab_size=16, width=64, depth=2, max_len=65,
+                                 device=CUDA, step=step) for step in ("graphed", "eager"))  # fmt: skip
+    tokens = torch.randint(0, 16, (13, 8, 65), device=CUDA)
+    for i, batch in enumerate(tokens[:12]):
+        if i == 6:
+            for step in (graphed, eager):
+                step.optimizer.freeze([1])
+        torch.testing.assert_close(graphed(batch[:, :-1], batch[:, 1:]), eager(batch[:, :-1], batch[:, 1:]),
+                                   rtol=1e-3, atol=1e-5)  # fmt: skip
+    whole = graphed.whole
+    assert whole is not None and whole.mode == "graphed", whole and whole.why
+    assert (whole.eager, whole.replays) == (6, 6)  # 3 warm-ups, recorded, 2 replays; again after the freeze
+    with torch.no_grad():
+        torch.testing.assert_close(graphed.model(tokens[12, :, :-1]), eager.model(tokens[12, :, :-1]), rtol=1e-3,
+                                   atol=1e-4)  # fmt: skip
+
+
+class WholeBooks(L.Callback):
+    """A fused fit's whole step, as it ended."""
+
+    def on_train_end(self, trainer, module):
+        self.whole = module.whole
+
+
+def test_a_fused_trial_graphed_whole_on_cuda_ends_each_member_as_its_eager_fit(spec):
+    """The sweep's fused trial graphed on a GPU runs its whole step as CUDA graphs (Lightning's manual optimization,
+    the clip inside): its members, one diverging, two solving and one going on to the budget, end as the eager fit's
+    do (status and steps; the update is compiled in the graph, so a reason's figures may round apart), most steps
+    replayed."""
+    from pipeline.training.fused_trial import run_fused
+
+    books = WholeBooks()
+    runs = {}
+    for step in ("graphed", "eager"):
+        base = with_settings(spec, dropout=0.0, threshold=0.4, patience=1, targets={"lis": 0.4}, use_gpu=True,
+                             step=step)  # fmt: skip
+        specs = [dataclasses.replace(base, lr=lr) for lr in (3e-2, 3e-3, 1e-5, 1e6)]
+        runs[step] = run_fused(specs, [f"m{k}" for k in range(4)], callbacks=[books] if step == "graphed" else [])
+    for a, b in zip(runs["graphed"], runs["eager"]):
+        assert (a["status"], a["train_steps"]) == (b["status"], b["train_steps"]), (a["reason"], b["reason"])
+    whole = books.whole
+    assert whole.mode == "graphed" and whole.replays > whole.eager, (whole.why, whole.replays, whole.eager)
+
+
 def test_chunked_scan_on_cuda_matches_the_cpu_recurrence():
     """The torch form: float64 never runs the Triton kernel (``kernels.triton_ready``)."""
     torch.manual_seed(0)
@@ -244,60 +300,6 @@ def test_a_graphed_step_trains_as_the_eager_one(arch):
         assert step.mode == "graphed", step.why
         for a, b in zip(graphed, eager):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
-
-
-@pytest.mark.parametrize("arch", ["transformer", "mamba", "linear_nofm"])
-def test_a_fused_step_graphed_whole_trains_as_the_eager_one(arch):
-    """A fused trial's step graphed: the whole step (the forward, vmap over stacked weights and the Triton kernels'
-    vmap rules inside, backward, each member's clip, ``FusedAdam``'s update) as one CUDA graph (``GraphedStep``), as
-    the sweep and bench_pack's graphed fused rows run it: recorded after its warm-up and replayed, recorded anew after
-    a member freezes (a new program), and 12 steps give the eager step's losses, and the trained members the eager
-    ones' logits, within float32's rounding (the CPU twin: tests/test_fused_trial.py's whole-step test)."""
-    from pipeline.training.fused_step import fused_step
-    from pipeline.training.settings import TrainSettings
-
-    settings = TrainSettings().replaced(heads=4, dropout=0.0, optimizer="adam", warmup_fraction=0.0, grad_clip=1.0)
-    graphed, eager = (fused_step(arch, (1e-2, 3e-3, 1e-3), settings, vocab_size=16, width=64, depth=2, max_len=65,
-                                 device=CUDA, step=step) for step in ("graphed", "eager"))  # fmt: skip
-    tokens = torch.randint(0, 16, (13, 8, 65), device=CUDA)
-    for i, batch in enumerate(tokens[:12]):
-        if i == 6:
-            for step in (graphed, eager):
-                step.optimizer.freeze([1])
-        torch.testing.assert_close(graphed(batch[:, :-1], batch[:, 1:]), eager(batch[:, :-1], batch[:, 1:]),
-                                   rtol=1e-3, atol=1e-5)  # fmt: skip
-    whole = graphed.whole
-    assert whole is not None and whole.mode == "graphed", whole and whole.why
-    assert (whole.eager, whole.replays) == (6, 6)  # 3 warm-ups, recorded, 2 replays; again after the freeze
-    with torch.no_grad():
-        torch.testing.assert_close(graphed.model(tokens[12, :, :-1]), eager.model(tokens[12, :, :-1]), rtol=1e-3,
-                                   atol=1e-4)  # fmt: skip
-
-
-class WholeBooks(L.Callback):
-    """A fused fit's whole step, as it ended."""
-
-    def on_train_end(self, trainer, module):
-        self.whole = module.whole
-
-
-def test_a_fused_trial_graphed_whole_on_cuda_ends_each_member_as_its_eager_fit(spec):
-    """The sweep's fused trial graphed on a GPU runs its whole step as CUDA graphs (Lightning's manual optimization,
-    the clip inside): its members, one diverging, two solving and one going on to the budget, end as the eager fit's
-    do (status, reason, steps), most steps replayed."""
-    from pipeline.training.fused_trial import run_fused
-
-    books = WholeBooks()
-    runs = {}
-    for step in ("graphed", "eager"):
-        base = with_settings(spec, dropout=0.0, threshold=0.4, patience=1, targets={"lis": 0.4}, use_gpu=True,
-                             step=step)  # fmt: skip
-        specs = [dataclasses.replace(base, lr=lr) for lr in (3e-2, 3e-3, 1e-5, 1e6)]
-        runs[step] = run_fused(specs, [f"m{k}" for k in range(4)], callbacks=[books] if step == "graphed" else [])
-    for a, b in zip(runs["graphed"], runs["eager"]):
-        assert (a["status"], a["reason"], a["train_steps"]) == (b["status"], b["reason"], b["train_steps"])
-    whole = books.whole
-    assert whole.mode == "graphed" and whole.replays > whole.eager, (whole.why, whole.replays, whole.eager)
 
 
 def test_a_graphed_bf16_trial_trains_and_scores_on_cuda(tiny_cfg, tiny_data):
