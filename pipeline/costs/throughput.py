@@ -149,9 +149,9 @@ def measure(
         torch.manual_seed(0)
         module, fitted = measured_module(specs)
         parts = micro_batches(settings, module.model, length, device)
-        clip = None if module.whole_step(parts) else settings.optim.grad_clip  # as fit_module
         timer = StepTimer(warmup * parts, device)
-        trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0, gradient_clip_val=clip,
+        trainer = trial_trainer(settings, parts, devices=1, limit_val_batches=0,
+                                gradient_clip_val=module.lightning_clip(parts),
                                 callbacks=[*callbacks, *fitted, timer])  # fmt: skip
         data = random_sequences(batch * (warmup + steps), length, cell.vocab_size, cell.family)
         with warnings.catch_warnings():

@@ -245,7 +245,7 @@ class FusedSequenceModel(SequenceModel):
         self.members = members
         self.member_flops = [0] * len(self.specs)  # 3 x exact forward FLOPs of what each member trained on
         self.last_losses: torch.Tensor | None = None  # (K,): the last training step's
-        self.whole: GraphedStep | None = None  # the whole step graphed (``whole_step``), made at the first step
+        self.whole: GraphedStep | None = None  # the whole step graphed (``graphs_whole``), made at the first step
 
     @property
     def train_flops(self) -> int:
@@ -260,15 +260,15 @@ class FusedSequenceModel(SequenceModel):
         if self.automatic_optimization:  # a whole step runs the model eager inside its own program
             super().setup(stage)
 
-    def whole_step(self, parts: int) -> bool:
-        """Whether this fit's step runs whole (``graphs_whole``): then Lightning's optimization is manual, and the
-        step's clip is its own."""
+    def lightning_clip(self, parts: int) -> float | None:
+        """Where the step runs whole (``graphs_whole``), Lightning's optimization is manual and the step clips its own
+        gradients (None); else as a trial's."""
         s = self.spec.settings
         self.automatic_optimization = not graphs_whole(s, parts)
         if self.automatic_optimization and s.resources.step == "graphed":
             log.warning("fused fit: its forward graphed, not its whole step (%d parts a step, %d workers; a whole step "
                         "is graphed in one part on one worker)", parts, s.resources.workers)  # fmt: skip
-        return not self.automatic_optimization
+        return super().lightning_clip(parts) if self.automatic_optimization else None
 
     def training_step(self, batch: Batch, batch_idx):
         flops = 3 * self.batch_flops(batch.lengths)

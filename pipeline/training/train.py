@@ -219,10 +219,11 @@ class SequenceModel(L.LightningModule):
             right = right + ok.all(-1).sum(-1)
         return right.reshape(-1).double() / len(data)
 
-    def whole_step(self, parts: int) -> bool:
-        """Whether this fit's step runs whole as one program, its clip inside (a fused trial's, graphed); a trial's is
-        Lightning's automatic step, its forward as ``sweep.resources.step`` runs it."""
-        return False
+    def lightning_clip(self, parts: int) -> float | None:
+        """The gradient clip Lightning applies to this fit of ``parts`` micro-batches a step, deciding how it steps: a
+        trial's is Lightning's automatic step (its forward as ``sweep.resources.step`` runs it) with the setting's clip;
+        a fused trial's graphed step runs whole and clips its own (None)."""
+        return self.spec.settings.optim.grad_clip
 
     def training_step(self, batch: Batch, batch_idx):
         loss = self.training_loss(batch)
@@ -386,7 +387,6 @@ def fit_module(
     val = read_dataset(Path(spec.cell.val_path)).head(s.evaluation.val_samples)
     module = build(val)
     parts = micro_batches(s, module.model, int(train.lengths.max()), device)
-    clip = None if module.whole_step(parts) else s.optim.grad_clip  # a whole step clips its own gradients
     train_loader = training_loader(spec, train, parts, device, rank)
     with scratch_dir() as scratch:  # a killed trial's is removed by the node's next trial
         assert isinstance(train_loader.batch_sampler, LengthBuckets)  # loader's
@@ -395,7 +395,7 @@ def fit_module(
             s,
             parts,
             **parallelism(s.resources),
-            gradient_clip_val=clip,
+            gradient_clip_val=module.lightning_clip(parts),
             max_epochs=s.optim.epochs,
             # in loader batches, which are micro-batches: every val_every_steps optimiser steps
             val_check_interval=s.evaluation.val_every_steps and s.evaluation.val_every_steps * parts,
