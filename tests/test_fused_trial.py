@@ -195,6 +195,7 @@ def test_the_whole_step_as_one_program_trains_every_member_bit_for_bit_as_lightn
     assert len({program for _, program in run.warmed}) == 1 + len(stops), (run.warmed, stops)
 
 
+@pytest.mark.slow
 def test_a_whole_steps_checkpoints_resume_as_automatic_ones_and_automatic_ones_in_it(specs, tmp_path):
     """A fit whose step runs whole counts its steps as Lightning's manual optimization does: its members' checkpoints
     still resume, alone as separate trials or fused with the whole step again, at their step and to the same end;
