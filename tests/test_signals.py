@@ -188,15 +188,21 @@ def test_a_stage_stops_when_the_process_that_ran_it_ends_through_a_shell_that_ou
     way the stage watches dvc (a stand-in here, killed), not the shell, and stops saying why."""
     stage = tmp_path / "stage.py"
     stage.write_text(textwrap.dedent("""
-        import sys, time
+        import os, sys, time
         from pipeline.common.signals import STOP, Stopped
+
+        def say(path, text):  # whole or not at all: the test reads the file once it exists
+            with open(path + ".part", "w") as f:
+                f.write(text)
+            os.replace(path + ".part", path)
+
         STOP.install()
         STOP.with_parent()
-        open(sys.argv[1], "w").write(str(STOP.parent))
+        say(sys.argv[1], str(STOP.parent))
         try:
             time.sleep(60)
         except Stopped as err:
-            open(sys.argv[2], "w").write(str(err))
+            say(sys.argv[2], str(err))
     """))
     dvc = tmp_path / "dvc.py"  # runs the stage as dvc does and waits for it
     dvc.write_text(f"import subprocess, sys; subprocess.run([{shell!r}, '-c', sys.argv[1]])")
