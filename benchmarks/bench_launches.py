@@ -148,8 +148,9 @@ class CountSteps(L.Callback):
 
         def run(*inputs):
             if self.counting:
-                self.mode.kernels += 1 + sum(t is not None for t in inputs)
-                self.mode.ops["graph replay and its inputs' copies"] += 1 + sum(t is not None for t in inputs)
+                launches = 1 + sum(t is not None for t in inputs)
+                self.mode.kernels += launches
+                self.mode.ops["graph replay and its inputs' copies"] += launches
             self.mode.paused = True
             try:
                 return fn(*inputs)

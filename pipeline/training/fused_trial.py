@@ -291,8 +291,7 @@ class FusedSequenceModel(SequenceModel):
         optimizer step, which counts it; the closure steps the members (``Stepped``)."""
         optimizer = self.optimizers()
         assert isinstance(optimizer, LightningOptimizer)  # one: configure_optimizers'
-        fused = optimizer.optimizer
-        assert isinstance(fused, FusedAdam)  # configure_optimizers'
+        fused = self.fused_adam
         fused.flat()  # its buffers (a resumed fit's, loaded) before the step's program is read: a graph holds them
         if self.whole is None:
             self.whole = GraphedStep(self.train_step, self.device, lambda: fused.program)
@@ -302,14 +301,19 @@ class FusedSequenceModel(SequenceModel):
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor, at: torch.Tensor | None) -> torch.Tensor:
         """One step of every member (``train_members``): forward, each member's loss, backward, clip, update."""
-        optimizer = self.trainer.optimizers[0]
-        assert isinstance(optimizer, FusedAdam)  # configure_optimizers'
 
         def losses() -> torch.Tensor:
             logits = self.model(inputs) if at is None else self.model(inputs, at=at)  # (K, B, T or R, V)
             return self.member_losses(logits, inputs, targets)
 
-        return train_members(optimizer, losses, self.spec.settings.optim.grad_clip)
+        return train_members(self.fused_adam, losses, self.spec.settings.optim.grad_clip)
+
+    @property
+    def fused_adam(self) -> FusedAdam:
+        """The fit's optimizer."""
+        optimizer = self.trainer.optimizers[0]
+        assert isinstance(optimizer, FusedAdam)  # configure_optimizers'
+        return optimizer
 
     def member_losses(self, logits: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """(K, B, T, V) -> (K,): each member's ``SequenceModel.loss``, for all of them at once."""
