@@ -52,7 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import models
 from benchmarks.results import Results, figure, out_option, out_path
 from models.fused import Fused
-from pipeline.common.config import Precision, StepMode, VerdictSection, load_config
+from pipeline.common.config import Config, Precision, StepMode, VerdictSection, load_config
 from pipeline.costs.throughput import measure
 from pipeline.search.cells import defined_cells
 from pipeline.training.verdict import Verdict
@@ -184,13 +184,20 @@ def as_on_cuda():
         adam._default_to_fused_or_foreach = chosen
 
 
+def on_one_thread(cfg: Config) -> Config:
+    """``cfg`` with a trial on one CPU thread: threads change no op's count, and two on a busy 2-core machine (the
+    test tier's other worker) ran a count 2-3x slower than one."""
+    resources = cfg.sweep.resources.model_copy(update={"cpus_per_trial": 1})
+    return cfg.model_copy(update={"sweep": cfg.sweep.model_copy(update={"resources": resources})})
+
+
 def count(
     arch: str, depth: int, k: int, precision: Precision, task: str = "index_lookup", step: StepMode = "eager"
 ) -> dict:
     """Per optimizer step of ``arch`` at ``depth`` on ``task``: kernel-like ops and host syncs, one trial alone
     (``k`` 1) or ``k`` fused; ``step`` graphed: the fused trial's whole step as one graph, its eager twin's ops
     outside it counted, and it as a GPU replays it (``CountSteps.replayed``)."""
-    cfg = load_config(profile=PROFILE)
+    cfg = on_one_thread(load_config(profile=PROFILE))
     base = next(c for c in defined_cells(cfg).values() if c.task == task)  # as the profile runs it, arch replaced
     cell = replace(base, cell=base.cell._replace(arch=arch, width=WIDTH, depth=depth), max_len=LENGTH, arch_options={})
     counter = CountSteps(WARMUP, STEPS)
