@@ -24,7 +24,7 @@ from enum import StrEnum
 import pandas as pd
 
 from pipeline.common.status import Status
-from pipeline.reporting.tables import cell_means, min_gflops
+from pipeline.reporting.tables import cell_means, smallest_widths
 
 INF = math.inf
 CellKey = tuple[str, int, str, int, int]  # (task, size, arch, width, depth)
@@ -145,7 +145,7 @@ def percent(x: float, line: float) -> str:
 
 class Evidence:
     """What the rules read, at ``threshold``: per (task, size) its cells (``tables.cell_means``) and unsettled rows,
-    per (task, size, arch, depth) the smallest width solved (``tables.min_gflops`` of the confirmed table). Its
+    per (task, size, arch, depth) the smallest width solved (``tables.smallest_widths`` of the confirmed table). Its
     lookups are pure; a case reads it through a ``Look``."""
 
     def __init__(self, table: pd.DataFrame, threshold: float):
@@ -159,12 +159,14 @@ class Evidence:
             (r.task, int(r.size), r.arch, int(r.width), int(r.depth)) for r in flipped.itertuples()
         }
         kept = self.table.get("lr", pd.Series(dtype=float)).dropna()
-        rates = kept.groupby([self.table.loc[kept.index, k] for k in keys]).agg(
-            lambda v: ", ".join(f"{x:g}" for x in sorted(set(v)))
+        rates = (
+            kept.groupby([self.table.loc[kept.index, k] for k in keys])
+            .agg(lambda v: ", ".join(f"{x:g}" for x in sorted(set(v))))
+            .to_dict()
         )
         measured = self.table.measured.astype(bool)
         unsolved = (self.table.status == Status.UNSOLVED) & measured
-        misses = unsolved.groupby([self.table[k] for k in keys]).sum()
+        misses = unsolved.groupby([self.table[k] for k in keys]).sum().to_dict()  # dicts: a Series.get costs 40 us
         for r in cell_means(self.table).itertuples():
             key = (r.task, r.size, r.arch, r.width, r.depth)
             record = CellRecord(
@@ -181,8 +183,8 @@ class Evidence:
                 Unsettled(r.arch, int(r.depth), int(r.width), name, why.split(";")[0])
             )
         self.best = {
-            (r.task, int(r.size), r.arch, int(r.depth)): INF if pd.isna(r.width) else float(r.width)
-            for r in min_gflops(self.table).itertuples()
+            (task, int(size), arch, int(depth)): INF if found.width is None else float(found.width)
+            for (task, size, arch, depth), found in smallest_widths(self.table).items()
         }
 
     def sizes(self, task: str) -> list[int]:

@@ -131,16 +131,22 @@ def min_gflops(table: pd.DataFrame) -> pd.DataFrame:
     where the paper states its own length; ``undecided``: the undecided cells that could make the width narrower,
     or make one solve where none did ("; "-joined, "" when the row is decided); ``borderline``: a seed's test
     accuracy at the minimum width is borderline."""
+    cells = cell_means(table).set_index(["task", "size", "arch", "width", "depth"])
+    rows = [
+        min_width_row(task, size, arch, depth, found, cells.loc[(task, size, arch)].xs(depth, level="depth"))
+        for (task, size, arch, depth), found in sorted(smallest_widths(table).items())
+    ]
+    return pd.DataFrame(rows).reindex(columns=MIN_GFLOPS_COLUMNS)
+
+
+def smallest_widths(table: pd.DataFrame) -> dict[tuple[str, int, str, int], MinWidth]:
+    """Per (task, size, arch, depth): the smallest width solved by every seed and the undecided cells that bound it
+    (``frontier.min_widths``, the search's rule), without ``min_gflops``'s costs."""
     outcomes = {
         Cell(r.task, r.size, r.arch, r.width, r.depth, r.seed): Outcome(searched(Status(r.status)), bool(r.measured))
         for r in table.itertuples()
     }
-    cells = cell_means(table).set_index(["task", "size", "arch", "width", "depth"])
-    rows = [
-        min_width_row(task, size, arch, depth, found, cells.loc[(task, size, arch)].xs(depth, level="depth"))
-        for (task, size, arch, depth), found in sorted(min_widths(outcomes).items())
-    ]
-    return pd.DataFrame(rows).reindex(columns=MIN_GFLOPS_COLUMNS)
+    return min_widths(outcomes)
 
 
 def min_width_row(task: str, size: int, arch: str, depth: int, found: MinWidth, group: pd.DataFrame) -> dict:
