@@ -572,7 +572,7 @@ def test_eq_shortcut_learns_the_count_shortcut_and_scores_the_exact_rule(tmp_pat
 
 @pytest.mark.slow
 def test_a_fused_step_launches_at_most_a_quarter_of_k_trials_kernels_and_no_step_waits_on_the_host():
-    """benchmarks.bench_launches (about a minute and a half): for every architecture a fused trial stacks, at depths 1
+    """benchmarks.bench_launches (under a minute): for every architecture a fused trial stacks, at depths 1
     and 6, a trial's real step counted op by op (Lightning, the loss, the verdict's checks, the optimizer): 7 trials
     alone launch at least 4 times the kernels of one fused trial of 7, and neither reads anything back to the host
     in a step (float32; bf16 for two, its casts on both sides; eq_ncp's loss for one)."""
