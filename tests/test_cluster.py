@@ -73,8 +73,7 @@ def test_an_autoscaler_starts_the_nodes_the_sweep_asks_for(uninterrupted, genera
     resource check's request starts one node, the trial waiting for the second slot (``max_concurrent_trials``) a
     second; the verdicts are a local run's."""
     local, _ = uninterrupted
-    repo = copy_generated(generated, tmp_path / "checkout",
-                          KILLABLE_SWEEP + "\n  resources: {max_concurrent_trials: 2}")
+    repo = copy_generated(generated, tmp_path / "checkout", KILLABLE_SWEEP)  # asks for 2 trials at once
     group = {"cpu": {"resources": {"CPU": 1}, "max_workers": 2}}
     with services.ray_cluster(tmp_path / "ray", nodes=1, head_cpus=0, autoscaler=group) as cluster:
         env = cluster.driver_env(CAPACITY_ATLAS_STORAGE=str(tmp_path / "shared"))

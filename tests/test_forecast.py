@@ -29,8 +29,10 @@ from tests.helpers import ROOT, make_cell, write_params
 from tests.helpers.without import run_without
 
 TASKS = "tasks: [" + ", ".join(tasks.TASKS) + "]\n"  # every registered task, as params.yaml lists them
-# 2 architectures x 2 widths on one dataset: 4 trials of 8 steps of 32 sequences, on a CPU profile
-FOUR = "sweep: {grid: {architectures: [standard, lstm], widths: [8, 16], datasets: {arithmetic: [2]}}}\n"
+# 2 architectures x 2 widths on one dataset: 4 trials of 8 steps of 32 sequences, on a CPU profile, as many at once as
+# the CPUs hold (tiny runs one at a time)
+FOUR = ("sweep: {grid: {architectures: [standard, lstm], widths: [8, 16], datasets: {arithmetic: [2]}}, "
+        "resources: {max_concurrent_trials: null}}\n")
 
 
 def load(tmp_path, profile: str, overrides: str = "") -> Config:

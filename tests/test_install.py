@@ -94,10 +94,13 @@ def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachab
     (tmp_path / "index" / "torch" / "index.html").write_text(f'<a href="{WHEEL}">{WHEEL}</a>')
     other = tmp_path / "other"
     other.mkdir()
+    # without bytecode (uv's UV_COMPILE_BYTECODE=0): compiling the 2.5 GB venv, twice, is what this test would
+    # spend most of its CPU on (36 of 85 CPU-s), and it checks the builds picked, not the compiler
     (other / "python3").write_text(PYTHON_312)
     (other / "python3").chmod(0o755)
     try:
         done = install(root=repo, dry=False, wheels=tmp_path / "empty", path=f"{other}:{os.environ['PATH']}",
+                       UV_COMPILE_BYTECODE="0",
                        CAPACITY_ATLAS_TORCH_INDEX=(tmp_path / "index").as_uri())
         assert done.returncode == 0, done.stdout + done.stderr
         assert "cpu build" in done.stdout and "torch 2.13.0+cpu, CUDA available: False" in done.stdout
@@ -115,6 +118,7 @@ def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachab
         (tmp_path / "cu128" / "torch" / "index.html").write_text(f'<a href="{stand_in.name}">{stand_in.name}</a>')
         tools = tool_path(tmp_path, **{"nvidia-smi": smi_of("575.57.08")})
         cu128 = install(root=repo, dry=False, wheels=tmp_path / "empty", path=f"{tools}:{os.environ['PATH']}",
+                        UV_COMPILE_BYTECODE="0",
                         CAPACITY_ATLAS_TORCH_INDEX=(tmp_path / "cu128").as_uri())
         assert cu128.returncode == 0, cu128.stdout + cu128.stderr
         assert "the newest CUDA build it runs is CUDA 12.8 (570.26 or later)" in cu128.stdout

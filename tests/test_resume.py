@@ -260,7 +260,7 @@ def test_a_killed_fused_sweep_resumes_each_member_from_its_own_checkpoint(genera
     retried trial's own last checkpoint (past the dead sweep's). Each member ends as the uninterrupted fused sweep
     did, one whole MLflow run each, no checkpoint left."""
     fused = KILLABLE_SWEEP.replace("[standard, lstm]", "[standard]") + (
-        "\n  search: {lrs: [0.003, 0.001]}\n  resources: {fuse: learning_rates}")
+        "\n    fuse: learning_rates\n  search: {lrs: [0.003, 0.001]}")  # under its resources
     reference = copy_generated(generated, tmp_path / "whole", fused)
     assert run(["dvc", "repro", "sweep"], reference).returncode == 0
     repo = copy_generated(generated, tmp_path / "killed", fused)

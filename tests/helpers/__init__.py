@@ -91,8 +91,8 @@ def write_params(path: Path, text: str) -> Path:
     return path
 
 
-# Two trials (one per architecture, 1,600 steps) long enough to be killed mid-way, and to spread over two nodes, on 2
-# busy cores; dropout on, so that the RNG must resume too. The sweep of the kill tests (tests/test_resume.py,
+# Two trials (one per architecture, 1,600 steps) at once (tiny runs one at a time), long enough to be killed mid-way,
+# and to spread over two nodes, on 2 busy cores; dropout on, so that the RNG must resume too. The sweep of the kill tests (tests/test_resume.py,
 # tests/test_lost_node.py) and the cluster tests (tests/test_cluster.py)
 KILLABLE_SWEEP = """sweep:
   grid:
@@ -107,7 +107,9 @@ KILLABLE_SWEEP = """sweep:
   verdict:
     stop_when_solved: false
   evaluation:
-    val_every_steps: 20"""
+    val_every_steps: 20
+  resources:
+    max_concurrent_trials: 2"""
 
 # Each task's small sizes, as the task declares them (``Task.test_sizes``)
 SMALL_SIZES = {name: list(task.test_sizes) for name, task in TASKS.items()}

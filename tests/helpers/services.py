@@ -133,8 +133,15 @@ class MlflowServer:
         return tree(self.root)
 
 
+# A `ray start` node starts idle workers ahead of any task when a driver joins (Ray's system config, read from
+# RAY_<setting>). A trial's actor cannot use them (it runs in the driver's runtime env, py_modules and all) and starts
+# its own: on 2 cores they are CPU spent for nothing (0.4 CPU-s each, counted on a two-node cluster).
+NO_IDLE_WORKERS = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
+
+
 def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
+    """This process's environment without foreign Ray and MLflow settings, for a subprocess of a test's cluster."""
+    return {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV} | NO_IDLE_WORKERS
 
 
 def free_port(host: str = "127.0.0.1") -> int:
