@@ -92,8 +92,8 @@ def write_params(path: Path, text: str) -> Path:
 
 
 # Two trials (one per architecture, 1,600 steps) at once (tiny runs one at a time), long enough to be killed mid-way,
-# and to spread over two nodes, on 2 busy cores; dropout on, so that the RNG must resume too. The sweep of the kill tests (tests/test_resume.py,
-# tests/test_lost_node.py) and the cluster tests (tests/test_cluster.py)
+# and to spread over two nodes, on 2 busy cores; dropout on, so that the RNG must resume too. The sweep of the kill
+# tests (tests/test_resume.py, tests/test_lost_node.py) and the cluster tests (tests/test_cluster.py)
 KILLABLE_SWEEP = """sweep:
   grid:
     architectures: [standard, lstm]
