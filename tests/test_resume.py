@@ -297,7 +297,7 @@ def test_retries_count_failures_without_progress(tmp_path):
 
     from pipeline.scheduling.tuning import RetriesOnProgress
     from tests.helpers import ROOT
-    from tests.helpers.training import flaky
+    from tests.helpers.flaky import flaky
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # the workers import tests.helpers

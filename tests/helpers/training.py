@@ -1,11 +1,10 @@
 """Training helpers: `Curve`, a trial's (step, training loss, validation accuracy) at each validation; `Copies`, its
 checkpoints as a test keeps them (`MemberCopies`, a fused trial's); `with_settings`, a trial under other settings;
 `short_trial`, a 20-step trial on the tiny profile; `needs_cpu_bf16`, a skip where this CPU cannot train an
-architecture in bf16; `flaky`, a Ray Tune trainable that dies after each checkpoint, or before any."""
+architecture in bf16."""
 
 import dataclasses
 import shutil
-from pathlib import Path
 
 import lightning as L
 import pytest
@@ -85,24 +84,3 @@ def needs_cpu_bf16(arch: str) -> None:
     if why := models.bf16_on_cpu(arch):
         pytest.skip(why)
 
-
-def flaky(config: dict) -> None:
-    """A trial that saves a checkpoint one step further than it started and dies, five times (``progress``), or dies
-    before saving any (not ``progress``); then, where it gets there, finishes."""
-    import tempfile
-
-    from ray import tune
-
-    checkpoint = tune.get_checkpoint()
-    step = 0
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            step = int((Path(directory) / "step").read_text())
-    if config["progress"] and step < 5:
-        with tempfile.TemporaryDirectory() as directory:
-            (Path(directory) / "step").write_text(str(step + 1))
-            tune.report({"step": step + 1}, checkpoint=tune.Checkpoint.from_directory(directory))
-        raise RuntimeError(f"killed after step {step + 1}")
-    if not config["progress"]:
-        raise RuntimeError("killed before any checkpoint")
-    tune.report({"step": step, "done": True})
