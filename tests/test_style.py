@@ -101,6 +101,20 @@ def test_every_dotted_reference_in_the_docs_and_the_code_resolves():
     assert not stale, sorted(stale)
 
 
+def test_the_docs_prose_is_wrapped_at_120_characters():
+    """README.md and docs/ read in an editor as the code does: prose lines at most 120 characters (ruff's line
+    length); a table row or a line in a code block may be longer, since wrapping would break it."""
+    long = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        in_code = False
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_code = not in_code
+            elif not in_code and len(line) > 120 and not line.lstrip().startswith("|"):
+                long.append(f"{path.relative_to(ROOT)}:{number} ({len(line)})")
+    assert not long, long
+
+
 def test_no_class_name_is_defined_twice():
     """A reader finds a concept by its name: one class a name across the code and the benchmarks (two ``Verdict``
     classes, a claim's and a trial's, once were)."""
