@@ -94,10 +94,10 @@ def test_the_cpu_build_installs_from_pytorchs_index_or_a_mirror_and_an_unreachab
     (tmp_path / "index" / "torch" / "index.html").write_text(f'<a href="{WHEEL}">{WHEEL}</a>')
     other = tmp_path / "other"
     other.mkdir()
-    # without bytecode (uv's UV_COMPILE_BYTECODE=0): compiling the 2.5 GB venv, twice, is what this test would
-    # spend most of its CPU on (36 of 85 CPU-s), and it checks the builds picked, not the compiler
     (other / "python3").write_text(PYTHON_312)
     (other / "python3").chmod(0o755)
+    # both installs without bytecode (uv's UV_COMPILE_BYTECODE=0): compiling the 2.5 GB venv twice was 36 of this
+    # test's 85 CPU-s, and it checks the builds picked, not the compiler
     try:
         done = install(root=repo, dry=False, wheels=tmp_path / "empty", path=f"{other}:{os.environ['PATH']}",
                        UV_COMPILE_BYTECODE="0",
