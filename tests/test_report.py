@@ -200,17 +200,19 @@ def test_the_page_in_chromium_shows_every_figure_and_the_claim_table(synthetic):
 
 def test_a_broken_figure_or_claim_table_is_caught_in_chromium(synthetic, tmp_path):
     """The check can fail: a figure that is not an image, one whose file is gone, one the page does not show, a
-    page wider than the window, and a claim table that disagrees with claims.json."""
+    page wider than the window, a claim table scrolled sideways, and a claim table that disagrees with claims.json."""
     broken = Path(shutil.copytree(synthetic[0], tmp_path / "report"))
     (broken / "heatmap_lis_standard_d2.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))  # a header, no image
     (broken / "sep_width_index_lookup.png").unlink()
     shutil.copy(broken / "heatmap_lis_sparse_d2.png", broken / "stray.png")
     with open(broken / "index.html", "a") as page:
         page.write("<p style='width:3000px'>a line that does not wrap</p>")
+        page.write("<style>.claims td{white-space:nowrap}</style>")  # its rows one line each: wider than the page
     claims = json.loads((broken / "claims.json").read_text())
     (broken / "claims.json").write_text(json.dumps(claims[:-1]))
     problems = report_problems(broken)
     assert re.fullmatch(r"the page is \d+ px wider than the window", problems.pop(3))
+    assert re.fullmatch(r"claim table not-decided-claims: \d+ px of its columns scrolled out of sight", problems.pop(3))
     assert problems == [
         "not loaded: img heatmap_lis_standard_d2.png",
         "not loaded: img sep_width_index_lookup.png",

@@ -120,7 +120,8 @@ def claims_html(checks: list[dict], table_id: str) -> str:
 
 
 def with_legend(body: str, legend: str) -> str:
-    """``body`` (a table) with its notation in a legend beside it."""
+    """``body`` (a table) with its notation in a legend beside it, or under it where the table needs the width
+    (``STYLE``)."""
     return f"<div class='with-legend'><div class='body'>{body}</div><aside class='legend'>{legend}</aside></div>"
 
 
@@ -316,8 +317,12 @@ STYLE = (
     "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}img{margin:4px;max-width:100%}"
     # a table wider than the page (all cells: ~30 columns) scrolls by itself, its rows one line each
     "table{display:block;max-width:100%;overflow-x:auto}table:not(.claims) td{white-space:nowrap}"
-    ".with-legend{display:flex;gap:12px;align-items:flex-start}.with-legend .body{flex:1;min-width:0}"
-    ".legend{flex:0 0 240px;font-size:12px;background:#f7f7f7;padding:6px;border:1px solid #ddd}"
+    # a legend beside its table where the table leaves it room, else under it, the whole width: a claim table is
+    # read whole, not scrolled sideways past a legend (its 12 columns in a smaller type: they fit 1200 px)
+    ".claims{font-size:12px}"
+    ".with-legend{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}"
+    ".with-legend .body{flex:999 1 auto;min-width:0}"
+    ".legend{flex:1 0 240px;font-size:12px;background:#f7f7f7;padding:6px;border:1px solid #ddd}"
     "figure{display:inline-block;margin:4px}figcaption{font-size:12px}.omitted{color:#666}</style>"
 )
 

@@ -273,9 +273,9 @@ class Page:
 def report_problems(report: Path) -> list[str]:
     """What a reader of ``report/index.html`` would find broken, as Chromium shows it: a figure the report
     directory holds that the page does not show, a figure that did not load (missing, or not a decodable image),
-    any resource that failed to load, a page wider than the window (it scrolls sideways as a whole), or claim
-    tables whose rows differ from ``claims.json`` (the decided claims with their verdict, then the rest with what
-    each needs)."""
+    any resource that failed to load, a page wider than the window (it scrolls sideways as a whole), a claim table
+    that scrolls sideways (the verdicts are read whole, at the window's 1280 px), or claim tables whose rows differ
+    from ``claims.json`` (the decided claims with their verdict, then the rest with what each needs)."""
     from pipeline.reporting.claims import ClaimStatus
 
     claims = json.loads((report / "claims.json").read_text())
@@ -283,10 +283,13 @@ def report_problems(report: Path) -> list[str]:
         figures, failed = page.figures(), page.failed_loads()
         shown_claims = {table_id: page.table(table_id) for table_id in CLAIM_TABLES}
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        hidden = {table_id: page.evaluate(f"(t => t ? t.scrollWidth - t.clientWidth : 0)"
+                                          f"(document.getElementById('{table_id}'))") for table_id in CLAIM_TABLES}
     problems = [f"not loaded: {f.kind} {f.src}" for f in figures if not f.loaded]
     problems += [f"failed to load: {url}" for url in failed]
     if overflow > 0:
         problems.append(f"the page is {overflow} px wider than the window")
+    problems += [f"claim table {t}: {px} px of its columns scrolled out of sight" for t, px in hidden.items() if px > 0]
     shown = {f.src for f in figures}
     problems += [f"not on the page: {p.name}" for p in sorted(report.glob("*.png")) if p.name not in shown]
     if not figures:
