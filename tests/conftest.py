@@ -5,9 +5,11 @@ the tiers (`integration` and `cluster` imply `slow`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,20 +44,33 @@ from tests.helpers import KILLABLE_SWEEP  # noqa: E402
 
 # Marks that make a test slow whatever else it is marked: `-m "not slow"`, the developer's loop, runs none of them
 IMPLY_SLOW = ("integration", "cluster")
+# Seconds each module's slow tests took in a measured run (`pytest -m slow --store-durations` writes it): the slow
+# tier starts with its longest modules
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help=f"write the seconds each module's slow tests took in this run to {DURATIONS.name}, which "
+                          "orders the slow tier, longest module first")  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects, so that it selects on the marks added here
 def pytest_collection_modifyitems(config, items):
     """The tiers: ``integration`` and ``cluster`` tests are ``slow`` too. ``gpu`` tests need CUDA: skipped, and said
-    so, where there is none. The modules that hold slow tests run first: with ``-n 2`` each module goes whole to the
-    next free worker in this order, so the long ones start early and the many short ones even out the end."""
+    so, where there is none. The modules that hold slow tests run first, the longest first (``DURATIONS``): with
+    ``-n 2`` each module goes whole to the next free worker in this order, so the long ones start early and the many
+    short ones even out the end (in alphabetical order the slow tier's longest, test_resume.py, began 17 minutes in
+    and ended alone)."""
     import torch
 
     for item in items:
         if any(item.get_closest_marker(mark) for mark in IMPLY_SLOW) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)  # stable: each module's tests keep their order
+    seconds = json.loads(DURATIONS.read_text())
+    # stable: each module's tests keep their order, and stay together (one module's key is all its tests')
+    items.sort(key=lambda item: (item.path not in slow, -seconds.get(item.nodeid.split("::")[0], 0)))
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")
         for item in items:
@@ -154,3 +169,21 @@ def uninterrupted(generated, tmp_path_factory) -> tuple[Path, float]:
 
     repo, seconds = once(tmp_path_factory, "whole", make)
     return repo, float(seconds)
+
+
+_slow_seconds: Counter[str] = Counter()  # module -> seconds of its slow tests in this run (setup, call, teardown)
+
+
+def pytest_runtest_logreport(report):
+    if "slow" in report.keywords:
+        _slow_seconds[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_sessionfinish(session):
+    """``--store-durations``: this run's seconds of each module's slow tests into ``DURATIONS``, the modules it did
+    not run kept (under xdist the controller writes it: it sees every worker's reports)."""
+    if not session.config.getoption("store_durations") or hasattr(session.config, "workerinput"):
+        return
+    kept = json.loads(DURATIONS.read_text())
+    merged = kept | {module: round(seconds, 1) for module, seconds in _slow_seconds.items()}
+    DURATIONS.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")

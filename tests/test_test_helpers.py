@@ -62,3 +62,15 @@ def test_integration_and_cluster_tests_are_slow_so_the_fast_tier_runs_none(reque
     marked, fast = collected(("-m", "integration or cluster"), ("-m", "not slow"))
     assert marked and {f.split("::")[0] for f in marked} == set(UNMARKED)
     assert fast and not marked & fast
+
+
+def test_the_slow_tiers_order_has_a_figure_for_each_module_with_slow_tests_and_no_other():
+    """tests/durations.json orders the slow tier, longest module first (tests/conftest.py): a module it lacks would
+    start last whatever its length. A new module of slow tests: `pytest -n 2 -m slow --store-durations`."""
+    import json
+    import re
+
+    marked = {f"tests/{path.name}" for path in TESTS.glob("test_*.py")
+              if re.search(r"mark\.(slow|integration|cluster)\b", path.read_text())}
+    recorded = json.loads((TESTS / "durations.json").read_text())
+    assert set(recorded) == marked and all(seconds > 0 for seconds in recorded.values())
