@@ -89,6 +89,8 @@ def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
         assert (out / name).stat().st_size > 1000 and f"src='{name}'" in page
     assert "left out: the report ran without MLflow" in page  # learning curves: never an empty plot
     assert "left out: needs both ed and ed_local" in page and "left out: dyck: not in the profile" in page
+    scan = page.index("<h3>Separations paper: width scan</h3>")  # its figure under its heading, what it left out after
+    assert scan < page.index("src='sep_width_index_lookup.png'") < page.index("left out: dyck", scan)
     assert "fail" in page and not (out.parent / "report.tmp").exists()
 
 

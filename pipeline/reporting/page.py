@@ -5,6 +5,7 @@ figures, the claims not decided at this scale with what each needs, the conventi
 from __future__ import annotations
 
 import html
+import itertools
 import re
 import time
 
@@ -258,18 +259,18 @@ def fidelity_markdown(cfg: Config, checks: list[dict], best: pd.DataFrame) -> st
 
 
 def figures_html(figures: list[Figure]) -> str:
-    parts, section = [], None
-    for fig in figures:
-        if fig.section != section:
-            section = fig.section
-            parts.append(f"<h3>{html.escape(section)}</h3>")
-        if fig.name:
-            parts.append(
-                f"<figure><img src='{fig.name}' alt='{html.escape(fig.caption)}'>"
-                f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>"
-            )
-        else:
-            parts.append(f"<p class='omitted'>{html.escape(fig.caption)}</p>")
+    """Each section's heading, its figures, then what it left out and why: a figure stays under its heading."""
+    parts = []
+    for section, group in itertools.groupby(figures, key=lambda fig: fig.section):
+        parts.append(f"<h3>{html.escape(section)}</h3>")
+        for fig in sorted(group, key=lambda fig: fig.name is None):  # stable: each kind in its own order
+            if fig.name:
+                parts.append(
+                    f"<figure><img src='{fig.name}' alt='{html.escape(fig.caption)}'>"
+                    f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>"
+                )
+            else:
+                parts.append(f"<p class='omitted'>{html.escape(fig.caption)}</p>")
     return "".join(parts)
 
 
