@@ -77,6 +77,9 @@ def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
     checks = json.loads((out / "claims.json").read_text())
     detail = next(c["detail"] for c in checks if c["id"] == "dp_width_grows")
     assert "lis d3 sparse: needs two sizes or more where a model learned it (not run at 3 layers" in detail
+    # a reason reads once, with nothing empty before it (a chain not run, two comparisons stopped by it)
+    parts = {c["id"]: c["detail"].split("; ") for c in checks}
+    assert not [i for i, part in parts.items() if any(": :" in p for p in part) or len(set(part)) < len(part)]
     detail = next(c["detail"] for c in checks if c["id"] == "sep_index_lookup_one_layer")
     assert "(at 99%: validation held 95.0% when the trial stopped, not converged" in detail
     md = (out / "min_gflops.md").read_text()

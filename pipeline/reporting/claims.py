@@ -221,13 +221,14 @@ class ClaimCheck:
 
 
 def listed(cases: Sequence[Case]) -> str:
-    """The cases' texts, the first few, then a count; models not run gathered per model and task."""
+    """The cases' texts, each once (two comparisons can stop at the same missing chain), the first few, then a count;
+    models not run gathered per model and task."""
     absent: dict[tuple[str, str], list[int]] = {}
     texts = []
     for c in cases:
         if c.reading == Reading.NOT_RUN:
             absent.setdefault((c.subject, c.task), []).extend(c.sizes)
-        else:
+        elif c.text not in texts:
             texts.append(c.text)
     texts += [
         f"{subject} not run on {task} at {size_name(task)} = {', '.join(map(str, sizes))}"

@@ -342,7 +342,8 @@ def set_aside(task: str, sizes: tuple[int, ...]) -> str:
 
 
 def chain_text(task: str, arch: str, depth: int, sizes: tuple[int, ...], widths: list[float]) -> str:
-    return f"{task} d{depth} {arch}: " + ", ".join(f"n={s} D={width_text(w)}" for s, w in zip(sizes, widths))
+    chain = ", ".join(f"n={s} D={width_text(w)}" for s, w in zip(sizes, widths))
+    return f"{task} d{depth} {arch}: " + (chain or f"not run at {depth} layers within the paper's sizes")
 
 
 def doublings(widths: list[float]) -> float:
@@ -521,8 +522,8 @@ class LocalityReduces(Rule):
     def decide(self, look: Look, arch: str, sizes: tuple[int, ...], aside: tuple[int, ...]) -> Decision:
         """Over the sizes the grid can tell (``tells``): ed_local's width at most ed's at each, smaller at one."""
         pairs = [tuple(look.min_width(t, s, arch, self.depth) for t in ("ed_local", "ed")) for s in sizes]
-        text = f"d{self.depth} {arch}: " + "; ".join(self.pair(look.ev, arch, s) for s in sizes)
-        text += set_aside("ed_local", aside)
+        shown = "; ".join(self.pair(look.ev, arch, s) for s in sizes)
+        text = f"d{self.depth} {arch}" + (f": {shown}" if shown else "") + set_aside("ed_local", aside)
         if not pairs:
             return Decision(Reading.SILENT, text + ": no n shows a difference the grid can tell")
         reduces = all(a <= b for a, b in pairs) and any(a < b for a, b in pairs)
@@ -562,7 +563,7 @@ class SteeperWithLessLocality(Rule):
             spans = bool(kept) and kept[0] == low and kept[-1] == high and len(kept) == len(sizes)
             if not spans or widths[0] == INF or any(math.isnan(w) for w in widths):
                 why = f"{task} needs a chain from n={low} to n={high}, solved at the first, where a model learned each"
-                return Decision(Reading.SILENT, "; ".join(texts) + f": {why}")
+                return Decision(Reading.SILENT, "; ".join(texts) + f" ({why})")
             growth.append(doublings(widths))
         text = "; ".join(texts) + f": {growth[0]:g} doublings against {growth[1]:g}"
         if growth[0] == growth[1] == INF:
