@@ -76,7 +76,9 @@ def test_report_page_claims_tables_figures_and_failed_cells(synthetic):
     assert summary["failed"] == 6 and summary["undecided"] == 1 and summary["borderline"] == 1
     checks = json.loads((out / "claims.json").read_text())
     detail = next(c["detail"] for c in checks if c["id"] == "dp_width_grows")
-    assert "lis d3 sparse: needs two sizes or more where a model learned it (not run at 3 layers" in detail
+    # one reason, once, after every chain it stops
+    assert "ed d3 linear, lis d3 sparse, lis d3 linear: needs two sizes or more where a model learned it (not run " \
+           "at 3 layers within the paper's sizes)" in detail
     # a reason reads once, with nothing empty before it (a chain not run, two comparisons stopped by it)
     parts = {c["id"]: c["detail"].split("; ") for c in checks}
     assert not [i for i, part in parts.items() if any(": :" in p for p in part) or len(set(part)) < len(part)]

@@ -221,15 +221,13 @@ class ClaimCheck:
 
 
 def listed(cases: Sequence[Case]) -> str:
-    """The cases' texts, each once (two comparisons can stop at the same missing chain), the first few, then a count;
-    models not run gathered per model and task."""
+    """The cases' texts, the first few, then a count: one reason given for several subjects once, after all of them
+    (``gathered``); models not run gathered per model and task."""
     absent: dict[tuple[str, str], list[int]] = {}
-    texts = []
     for c in cases:
         if c.reading == Reading.NOT_RUN:
             absent.setdefault((c.subject, c.task), []).extend(c.sizes)
-        elif c.text not in texts:
-            texts.append(c.text)
+    texts = gathered([c.text for c in cases if c.reading != Reading.NOT_RUN])
     texts += [
         f"{subject} not run on {task} at {size_name(task)} = {', '.join(map(str, sizes))}"
         for (subject, task), sizes in absent.items()
@@ -237,6 +235,19 @@ def listed(cases: Sequence[Case]) -> str:
     shown = texts[:SHOWN_CASES]
     more = len(texts) - len(shown)
     return "; ".join(shown) + (f"; and {more} more" if more else "")
+
+
+def gathered(texts: Sequence[str]) -> list[str]:
+    """Each text once, and texts that give one reason for several subjects ("lis d3 sparse: needs two sizes ...",
+    "lis d3 linear: needs two sizes ...") as one ("lis d3 sparse, lis d3 linear: needs two sizes ..."), in the order
+    the reasons first come."""
+    subjects: dict[str, list[str]] = {}  # reason -> its subjects ('' where a text names none)
+    for text in texts:
+        subject, colon, reason = text.partition(": ")
+        subjects.setdefault(reason if colon else text, [])
+        if colon and subject not in subjects[reason]:
+            subjects[reason].append(subject)
+    return [f"{', '.join(names)}: {reason}" if names else reason for reason, names in subjects.items()]
 
 
 CASE_WORDS = {
