@@ -128,7 +128,7 @@ def near_perfect_rows(solved_from: dict, depth: int = 2) -> list[dict]:
 def test_the_example_claim_holds_fails_and_is_undecided_on_synthetic_tables():
     solved = check(near_perfect_rows({20: 32, 50: 64}))
     assert solved["status"] == "holds in part" and solved["id"] == "sep_dyck_two_layers"
-    assert solved["detail"].startswith("for (2): 2-layer transformer D=64 N=20: 99.5%; 2-layer transformer D=64 N=50")
+    assert solved["detail"].startswith("for (2): 2-layer transformer D=64 N=20, 2-layer transformer D=64 N=50: 99.5%")
     assert solved["coverage"] == ("dyck N = 20, 50 held; 100, 200, 400 not run (of 20, 50, 100, 200, 400); 1 of 1 "
                                   "models decided (2-layer transformer D=64)")
     # its own converged miss at N = 50 refutes it, whether or not another model learned N = 50
