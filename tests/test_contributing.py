@@ -137,7 +137,7 @@ def test_the_example_claim_holds_fails_and_is_undecided_on_synthetic_tables():
     assert "2-layer transformer D=64 N=50: 30.0%, converged below 99%" in failed["detail"]
     one_layer = check(near_perfect_rows({20: 32}, depth=1))
     assert one_layer["status"] == "not tested"
-    assert "2-layer transformer D=64 not run on dyck at N = 20, 50" in one_layer["detail"]
+    assert "2-layer transformer D=64: not run on dyck at N = 20, 50" in one_layer["detail"]
     pending = check(rows("dyck", "transformer", 2, {20: None}, widths=(64,), undecided={(20, 64)}))
     assert pending["status"] == "undecided"
     assert "dyck n=20 transformer d2: seed 0 D=64 undecided (budget: " in pending["detail"]

@@ -221,17 +221,19 @@ class ClaimCheck:
 
 
 def listed(cases: Sequence[Case]) -> str:
-    """The cases' texts, the first few, then a count: one reason given for several subjects once, after all of them
-    (``gathered``); models not run gathered per model and task."""
+    """The cases' texts, the first few, then a count: the sizes a model was not run at gathered per model and task,
+    and one reason given for several subjects once, after all of them (``gathered``)."""
     absent: dict[tuple[str, str], list[int]] = {}
     for c in cases:
         if c.reading == Reading.NOT_RUN:
             absent.setdefault((c.subject, c.task), []).extend(c.sizes)
     texts = gathered([c.text for c in cases if c.reading != Reading.NOT_RUN])
-    texts += [
-        f"{subject} not run on {task} at {size_name(task)} = {', '.join(map(str, sizes))}"
-        for (subject, task), sizes in absent.items()
-    ]
+    texts += gathered(
+        [
+            f"{subject}: not run on {task} at {size_name(task)} = {', '.join(map(str, sizes))}"
+            for (subject, task), sizes in absent.items()
+        ]
+    )
     shown = texts[:SHOWN_CASES]
     more = len(texts) - len(shown)
     return "; ".join(shown) + (f"; and {more} more" if more else "")
