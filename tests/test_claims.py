@@ -48,6 +48,13 @@ def test_every_claim_quotes_its_paper_names_its_threshold_and_is_not_tested_on_a
         assert (r["paper_outcome"], r["needs"]) == (claim.paper_outcome, claim.needs)
 
 
+def test_a_model_not_run_at_a_size_outside_the_papers_is_no_gap():
+    """lis n=4 lies below the DP paper's 40-250: that no 3-layer model ran there is not listed as something missing."""
+    result = check(rows("lis", "standard", 2, {4: 16}), "dp_nearly_perfect")
+    assert result["status"] == "not tested"
+    assert "3-layer standard, 3-layer linear: not run on lis at n = 40, 110, 175, 250" in result["detail"]
+
+
 def test_a_claim_naming_an_unknown_task_or_model_a_threshold_outside_0_1_or_a_quote_not_verbatim_is_refused(
         tmp_path, monkeypatch):
     claim = CLAIMS[0]

@@ -265,8 +265,12 @@ CASE_WORDS = {
 def judge(cases: Sequence[Case], claim_scope: Scope, most: bool = False) -> ClaimCheck:
     """The verdict of ``cases`` on ``claim_scope``: see the module's docstring. ``most``: the claim says
     "generally", so it fails only when as many cases missed as held. A case outside the paper's sizes tells
-    nothing."""
-    cases = [c if c.reading == Reading.NOT_RUN or claim_scope.covers(c) else claim_scope.outside(c) for c in cases]
+    nothing, and a model not run there is no gap: the claim is not made there."""
+    cases = [
+        c if claim_scope.covers(c) else claim_scope.outside(c)
+        for c in cases
+        if c.reading != Reading.NOT_RUN or claim_scope.covers(c)
+    ]
     by = {r: [c for c in cases if c.reading == r] for r in READ_ORDER}
     held, missed = by[Reading.HELD], by[Reading.MISSED]
     read: dict[Point, Reading] = {}
