@@ -341,9 +341,14 @@ def set_aside(task: str, sizes: tuple[int, ...]) -> str:
     return f" (n = {', '.join(map(str, sizes))} set aside: outside the paper's {low}-{high})"
 
 
+def no_chain(depth: int) -> str:
+    """What a chain with no size says: the model never ran at ``depth`` layers within the paper's sizes."""
+    return f"not run at {depth} layers within the paper's sizes"
+
+
 def chain_text(task: str, arch: str, depth: int, sizes: tuple[int, ...], widths: list[float]) -> str:
     chain = ", ".join(f"n={s} D={width_text(w)}" for s, w in zip(sizes, widths))
-    return f"{task} d{depth} {arch}: " + (chain or f"not run at {depth} layers within the paper's sizes")
+    return f"{task} d{depth} {arch}: " + (chain or no_chain(depth))
 
 
 def doublings(widths: list[float]) -> float:
@@ -386,7 +391,7 @@ class WidthGrows(Rule):
         widths = [look.min_width(task, s, arch, self.depth) for s in sizes]
         text = chain_text(task, arch, self.depth, sizes, widths) + set_aside(task, aside)
         if len(sizes) < 2:
-            ran = f"n={sizes[0]} only" if sizes else f"not run at {self.depth} layers within the paper's sizes"
+            ran = f"n={sizes[0]} only" if sizes else no_chain(self.depth)
             why = f"{task} d{self.depth} {arch}: needs two sizes or more where a model learned it ({ran})"
             return Decision(Reading.SILENT, why + set_aside(task, aside))
         if all(w == INF for w in widths) or all(w == look.ev.narrowest(task, arch) for w in widths):
