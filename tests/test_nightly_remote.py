@@ -6,7 +6,6 @@ anything runs, and the night's summary says why."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,17 +16,18 @@ import pytest
 
 from pipeline.tracking import experiments
 from tests.helpers import ROOT
-from tests.helpers.upstream import VENV, git, upstream_and_clone
+from tests.helpers.repo import pipeline_env
+from tests.helpers.upstream import git, upstream_and_clone
 
 SHIPPED_REMOTE = "/srv/capacity-atlas-dvc-remote"  # .dvc/config's: beside the shipped schedules' checkout
 
 
 def nightly(repo: Path, *args: str, code: Path = ROOT) -> subprocess.CompletedProcess:
     """``python -m pipeline.nightly --repo repo --profile tiny args...`` run in ``code`` (a clone runs its own: the
-    MLflow store is its code's), this venv's tools on the PATH (DVC's stages run `python -m ...`)."""
+    MLflow store is its code's), with ``pipeline_env``: this venv's tools on the PATH (DVC's stages run `python -m
+    ...`) and no MLflow server an earlier test of this worker left in the environment."""
     return subprocess.run([sys.executable, "-m", "pipeline.nightly", "--repo", str(repo), "--profile", "tiny", *args],
-                          cwd=code, capture_output=True, text=True, timeout=600,
-                          env=os.environ | {"PYTHONPATH": str(code), "PATH": f"{VENV}/bin:{os.environ['PATH']}"})
+                          cwd=code, capture_output=True, text=True, timeout=600, env=pipeline_env(PYTHONPATH=str(code)))
 
 
 def dvc(repo: Path, *args: str) -> str:
